@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The one definition of every struct the kernel side hands to user space.
+ *
+ * Mirrored once, with ctypes, in daemon/buildidd/events.py; tests/test_events.py
+ * compiles this header with gcc and checks that sizes and offsets agree.
+ * Fixed-width types only, explicit padding, no bitfields.
+ */
+#ifndef BUILDIDD_EVENTS_H
+#define BUILDIDD_EVENTS_H
+
+#include <linux/types.h>
+
+#define BUILDIDD_COMM_LEN 16
+/* Bytes of path carried by an event; a power of two (the BPF side masks with it). */
+#define BUILDIDD_PATH_MAX 4096
+
+/* event_header.type */
+enum buildidd_event_type {
+	BUILDIDD_EV_MAP = 1,	/* struct map_event: an executable file mapping */
+	BUILDIDD_EV_EXEC = 2,	/* struct exec_event: execve() succeeded */
+	BUILDIDD_EV_FORK = 3,	/* struct task_event: a task was created */
+	BUILDIDD_EV_EXIT = 4,	/* struct task_event: a process (thread-group leader) exited */
+	BUILDIDD_EV_COMM = 5,	/* struct task_event: comm changed (prctl, /proc/PID/comm) */
+};
+
+/* map_event.origin: how the mapping came to be */
+enum buildidd_map_origin {
+	BUILDIDD_ORIGIN_MMAP = 1,	  /* mmap(2) with PROT_EXEC of a file */
+	BUILDIDD_ORIGIN_MPROTECT = 2,	  /* mprotect(2) made a file mapping executable */
+	BUILDIDD_ORIGIN_EXEC_MAIN = 3,	  /* mapped by execve: the main executable */
+	BUILDIDD_ORIGIN_EXEC_INTERP = 4,  /* mapped by execve: the ELF interpreter (ld.so) */
+};
+
+/* map_event.id_flags / exec_event.id_flags */
+#define BUILDIDD_ID_KNOWN 0x1		/* identity is in the known_ids map: path not sent */
+#define BUILDIDD_PATH_TRUNCATED 0x2	/* path longer than BUILDIDD_PATH_MAX or too deep */
+#define BUILDIDD_PATH_UNREACHABLE 0x4	/* dentry walk hit its depth limit or a read failed */
+
+/* Indexes of the per-CPU drop counters (map "drops"). */
+enum buildidd_drop_cause {
+	BUILDIDD_DROP_RINGBUF_FULL = 0,	/* bpf_ringbuf_output failed: consumer too slow */
+	BUILDIDD_DROP_PENDING_FULL = 1,	/* no room to remember a syscall between enter and exit */
+	BUILDIDD_DROP_NO_VMA = 2,	/* the mapping's VMA was not found in the mm's maple tree */
+	BUILDIDD_DROP_READ_FAILED = 3,	/* a bpf_probe_read_kernel of a task/mm/file field failed */
+	BUILDIDD_DROP_NCAUSES = 4,
+};
+
+/* Common to every event. */
+struct event_header {
+	__u32 type;		/* enum buildidd_event_type */
+	__u32 pid;		/* tgid of the task (the user-space "pid") */
+	__u32 tid;		/* pid of the task (the user-space "tid") */
+	__u32 _pad0;
+	__u64 time_ns;		/* bpf_ktime_get_boot_ns(): ns since boot, incl. suspend */
+	char comm[BUILDIDD_COMM_LEN];	/* task_struct.comm, NUL-padded */
+};
+
+/* Identity of a file, read from its inode at the moment of the event. */
+struct file_id {
+	__u64 ino;		/* inode.i_ino */
+	__u64 size;		/* inode.i_size, bytes */
+	__s64 mtime_sec;	/* inode.i_mtime_sec (time64_t) */
+	__u32 mtime_nsec;	/* inode.i_mtime_nsec */
+	__u32 dev;		/* inode.i_sb->s_dev: kernel dev_t, MAJOR << 20 | MINOR */
+	__u32 generation;	/* inode.i_generation (FS_IOC_GETVERSION) */
+	__u32 nlink;		/* inode.i_nlink: 0 once the file is deleted */
+};
+
+struct map_event {
+	struct event_header hdr;
+	__u64 start;		/* vm_start of the mapping, bytes */
+	__u64 len;		/* bytes */
+	__u64 pgoff;		/* file offset of start, bytes (as PERF_RECORD_MMAP2 pgoff) */
+	__u32 prot;		/* PROT_* */
+	__u32 flags;		/* MAP_* (for exec-time mappings: MAP_PRIVATE or MAP_SHARED) */
+	__u32 origin;		/* enum buildidd_map_origin */
+	__u32 id_flags;		/* BUILDIDD_ID_* / BUILDIDD_PATH_* */
+	struct file_id file;
+	__u16 path_len;		/* bytes of path used, no NUL */
+	__u8 _pad1[6];
+	char path[BUILDIDD_PATH_MAX];	/* path in the task's mount namespace; only
+					 * path_len bytes of it are sent */
+};
+
+struct exec_event {
+	struct event_header hdr;
+	__u32 old_pid;		/* tid before exec (differs when a non-leader thread execs) */
+	__u32 id_flags;		/* BUILDIDD_PATH_* */
+	struct file_id file;	/* linux_binprm.file: the executable */
+	__u16 path_len;
+	__u8 _pad1[6];
+	char path[BUILDIDD_PATH_MAX];	/* linux_binprm.filename, as passed to execve */
+};
+
+struct task_event {
+	struct event_header hdr;
+	__u32 ppid;		/* FORK: tgid of the parent; EXIT: exit_code; COMM: 0 */
+	__u32 ptid;		/* FORK: pid of the parent thread; otherwise 0 */
+};
+
+/* Key and value of the known_ids map: identities user space already resolved. */
+struct known_key {
+	__u64 ino;
+	__u32 dev;
+	__u32 generation;
+};
+
+struct known_value {
+	__u64 size;
+	__s64 mtime_sec;
+	__u32 mtime_nsec;
+	__u32 _pad;
+};
+
+/* Per-CPU record of when drops happened (map "drop_times"), ns since boot. */
+struct drop_time {
+	__u64 first_ns;
+	__u64 last_ns;
+};
+
+#endif /* BUILDIDD_EVENTS_H */

@@ -1,0 +1,258 @@
+"""The kernel side: compile bpf/buildidd.bpf.c with BCC, attach, drain the ring buffer.
+
+Kernel struct offsets come from BTF (:mod:`buildidd.btf`) and reach the C code as
+``-DOFF_<STRUCT>_<FIELD>=<bytes>``; the installed kernel headers are used only by
+BCC's compiler for its own boilerplate, never for a struct layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from .btf import Btf
+from .errors import BtfError, ProbeError
+from .events import BPF_DIR, N_DROP_CAUSES, DropCause, Identity
+
+log = logging.getLogger(__name__)
+
+#: (macro, struct, dotted member path) for every kernel field the BPF side reads.
+KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("OFF_TASK_STRUCT_MM", "task_struct", "mm"),
+    ("OFF_TASK_STRUCT_TGID", "task_struct", "tgid"),
+    ("OFF_TASK_STRUCT_PID", "task_struct", "pid"),
+    ("OFF_TASK_STRUCT_COMM", "task_struct", "comm"),
+    ("OFF_TASK_STRUCT_EXIT_CODE", "task_struct", "exit_code"),
+    ("OFF_MM_STRUCT_MM_MT", "mm_struct", "mm_mt"),
+    ("OFF_MM_STRUCT_SAVED_AUXV", "mm_struct", "saved_auxv"),
+    ("OFF_MAPLE_TREE_MA_ROOT", "maple_tree", "ma_root"),
+    ("OFF_MAPLE_RANGE_64_PIVOT", "maple_node", "mr64.pivot"),
+    ("OFF_MAPLE_RANGE_64_SLOT", "maple_node", "mr64.slot"),
+    ("OFF_MAPLE_ARANGE_64_PIVOT", "maple_node", "ma64.pivot"),
+    ("OFF_MAPLE_ARANGE_64_SLOT", "maple_node", "ma64.slot"),
+    ("OFF_VM_AREA_STRUCT_VM_START", "vm_area_struct", "vm_start"),
+    ("OFF_VM_AREA_STRUCT_VM_END", "vm_area_struct", "vm_end"),
+    ("OFF_VM_AREA_STRUCT_VM_PGOFF", "vm_area_struct", "vm_pgoff"),
+    ("OFF_VM_AREA_STRUCT_VM_FILE", "vm_area_struct", "vm_file"),
+    ("OFF_VM_AREA_STRUCT_VM_FLAGS", "vm_area_struct", "vm_flags"),
+    ("OFF_FILE_F_INODE", "file", "f_inode"),
+    ("OFF_FILE_F_PATH_DENTRY", "file", "f_path.dentry"),
+    ("OFF_FILE_F_PATH_MNT", "file", "f_path.mnt"),
+    ("OFF_INODE_I_INO", "inode", "i_ino"),
+    ("OFF_INODE_I_SIZE", "inode", "i_size"),
+    ("OFF_INODE_I_GENERATION", "inode", "i_generation"),
+    ("OFF_INODE_I_NLINK", "inode", "i_nlink"),
+    ("OFF_INODE_I_SB", "inode", "i_sb"),
+    ("OFF_SUPER_BLOCK_S_DEV", "super_block", "s_dev"),
+    ("OFF_DENTRY_D_PARENT", "dentry", "d_parent"),
+    ("OFF_DENTRY_D_NAME_LEN", "dentry", "d_name.len"),
+    ("OFF_DENTRY_D_NAME_NAME", "dentry", "d_name.name"),
+    ("OFF_MOUNT_MNT", "mount", "mnt"),
+    ("OFF_MOUNT_MNT_PARENT", "mount", "mnt_parent"),
+    ("OFF_MOUNT_MNT_MOUNTPOINT", "mount", "mnt_mountpoint"),
+    ("OFF_VFSMOUNT_MNT_ROOT", "vfsmount", "mnt_root"),
+    ("OFF_LINUX_BINPRM_FILE", "linux_binprm", "file"),
+    ("OFF_LINUX_BINPRM_FILENAME", "linux_binprm", "filename"),
+)
+
+
+def kernel_layout(btf: Btf) -> dict[str, int]:
+    """Every macro the BPF program needs, from BTF: offsets (bytes), array lengths, enum values.
+
+    The inode mtime moved from ``i_mtime`` (struct timespec64) to
+    ``i_mtime_sec``/``i_mtime_nsec`` in Linux 6.7 (commit 3aa63a569c64); both are
+    handled.
+
+    Raises:
+        BtfError: a struct or member the BPF side needs is not in this kernel's BTF.
+    """
+    out = {macro: btf.offsetof(struct, path) for macro, struct, path in KERNEL_FIELDS}
+    try:
+        out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", "i_mtime_sec")
+        out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", "i_mtime_nsec")
+    except BtfError:
+        out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", "i_mtime.tv_sec")
+        out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", "i_mtime.tv_nsec")
+    out["AUXV_LEN"] = btf.array_len("mm_struct", "saved_auxv")
+    out["MR64_NPIVOTS"] = btf.array_len("maple_range_64", "pivot")
+    out["MA64_NPIVOTS"] = btf.array_len("maple_arange_64", "pivot")
+    out["MAPLE_LEAF_64"] = btf.enum_value("maple_type", "maple_leaf_64")
+    out["MAPLE_RANGE_64"] = btf.enum_value("maple_type", "maple_range_64")
+    out["MAPLE_ARANGE_64"] = btf.enum_value("maple_type", "maple_arange_64")
+    if out["MR64_NPIVOTS"] > 16 or out["MA64_NPIVOTS"] > out["MR64_NPIVOTS"]:
+        raise BtfError(f"unexpected maple node layout: {out['MR64_NPIVOTS']}/{out['MA64_NPIVOTS']} pivots")
+    return out
+
+
+def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
+    """Mount tracefs at path when it is not mounted (BCC resolves syscall tracepoints there).
+
+    Raises:
+        ProbeError: the mount failed.
+    """
+    if os.path.exists(os.path.join(path, "events")):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"nodev", path.encode(), b"tracefs", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise ProbeError(f"cannot mount tracefs at {path}: {os.strerror(err)}")
+
+
+@dataclass
+class DropReport:
+    """Kernel-side drops since the previous report.
+
+    Attributes:
+        counts: cause name → events lost since the previous report.
+        first_ns, last_ns: ns since boot of the first and last drop in the
+            interval (0 when there was none).
+    """
+
+    counts: dict[str, int] = field(default_factory=dict)
+    first_ns: int = 0
+    last_ns: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class Tracer:
+    """The loaded and attached BPF programs and their ring buffer.
+
+    Args:
+        ringbuf_bytes: ring buffer size, a power of two multiple of the page size.
+        known_ids_max: capacity of the kernel map of identities already resolved.
+
+    Raises:
+        ProbeError: BTF lacks a needed field, compilation, load or attach failed.
+    """
+
+    PROGRAMS = (
+        ("tracepoint", "syscalls:sys_enter_mmap"),
+        ("tracepoint", "syscalls:sys_exit_mmap"),
+        ("tracepoint", "syscalls:sys_enter_mprotect"),
+        ("tracepoint", "syscalls:sys_exit_mprotect"),
+        ("raw_tracepoint", "sched_process_exec"),
+        ("raw_tracepoint", "sched_process_fork"),
+        ("raw_tracepoint", "sched_process_exit"),
+        ("raw_tracepoint", "task_rename"),
+    )
+
+    def __init__(self, *, ringbuf_bytes: int = 16 << 20, known_ids_max: int = 65536,
+                 btf_path: str = "/sys/kernel/btf/vmlinux"):
+        t0 = time.monotonic()
+        try:
+            from bcc import BPF
+        except ImportError as e:
+            raise ProbeError("BCC (python3-bpfcc) is not importable; run scripts/setup") from e
+        self._BPF = BPF
+        ensure_tracefs()
+        btf = Btf.load(btf_path)
+        self.layout = kernel_layout(btf)
+        pages = max(1, ringbuf_bytes // os.sysconf("SC_PAGE_SIZE"))
+        if pages & (pages - 1):
+            raise ProbeError(f"ring buffer of {ringbuf_bytes} bytes is not a power-of-two number of pages")
+        cflags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
+        cflags += [f"-DRINGBUF_PAGES={pages}", f"-DKNOWN_IDS_MAX={known_ids_max}", f"-I{BPF_DIR}",
+                   "-Wno-unused-function"]
+        try:
+            self.bpf = BPF(src_file=os.path.join(BPF_DIR, "buildidd.bpf.c").encode(), cflags=cflags)
+        except Exception as e:  # BCC raises bare Exception on compile/load failure
+            raise ProbeError(f"BPF program failed to compile or load: {e}") from e
+        self.compile_s = time.monotonic() - t0
+        self._raw: list[bytes] = []
+        self._known = self.bpf["known_ids"]
+        self.known_ids_max = known_ids_max
+        self._known_count = 0
+        self.known_full = 0
+        self._drop_totals = [0] * N_DROP_CAUSES
+        raw = self._raw
+
+        def _on_event(_ctx, data, size, _append=raw.append, _string_at=ctypes.string_at):
+            _append(_string_at(data, size))
+            return 0
+
+        self._callback = _on_event
+        self.bpf["events"].open_ring_buffer(_on_event)
+        self._attach()
+        self.attach_s = time.monotonic() - t0 - self.compile_s
+
+    def _attach(self) -> None:
+        BPF = self._BPF
+        try:
+            tail = self.bpf.load_func(b"exec_vmas", BPF.RAW_TRACEPOINT)
+            self.bpf["exec_tail"][ctypes.c_int(0)] = ctypes.c_int(tail.fd)
+        except Exception as e:
+            raise ProbeError(f"cannot load exec_vmas: {e}") from e
+        for kind, name in self.PROGRAMS:
+            try:
+                if kind == "tracepoint":
+                    category, event = name.split(":")
+                    if not BPF.tracepoint_exists(category, event):
+                        raise ProbeError(f"tracepoint {name} does not exist on this kernel")
+                    # TRACEPOINT_PROBE(category, event) is attached by BCC on load.
+                else:
+                    self.bpf.attach_raw_tracepoint(tp=name.encode(), fn_name=f"on_{name}".encode())
+            except ProbeError:
+                raise
+            except Exception as e:
+                raise ProbeError(f"cannot attach {kind} {name}: {e}") from e
+
+    def drain(self) -> list[bytes]:
+        """Consume every record now in the ring buffer; returns them as raw bytes, in order."""
+        self.bpf.ring_buffer_consume()
+        if not self._raw:
+            return []
+        out = self._raw[:]
+        del self._raw[:]
+        return out
+
+    def drops(self) -> DropReport:
+        """Kernel-side drops since the previous call (counters summed over CPUs)."""
+        report = DropReport()
+        table = self.bpf["drops"]
+        for cause in DropCause:
+            total = sum(table[ctypes.c_int(cause)])
+            delta = total - self._drop_totals[cause]
+            if delta:
+                report.counts[cause.name.lower()] = delta
+                self._drop_totals[cause] = total
+        if report.counts:
+            times = self.bpf["drop_times"]
+            key = ctypes.c_int(0)
+            per_cpu = times[key]
+            firsts = [t.first_ns for t in per_cpu if t.first_ns]
+            report.first_ns = min(firsts) if firsts else 0
+            report.last_ns = max((t.last_ns for t in per_cpu), default=0)
+            times[key] = times.Leaf()  # Leaf is already the per-CPU array type
+        return report
+
+    def mark_known(self, ident: Identity, kdev: int) -> bool:
+        """Tell the kernel side this identity is resolved, so its events carry no path.
+
+        Args:
+            ident: the identity as decoded; kdev: its kernel dev_t.
+        Returns:
+            False when the map is full (counted in known_full; events then keep their path).
+        """
+        if self._known_count >= self.known_ids_max:
+            self.known_full += 1
+            return False
+        key = self._known.Key(ino=ident.ino, dev=kdev, generation=ident.generation)
+        val = self._known.Leaf(size=ident.size, mtime_sec=ident.mtime_ns // 1_000_000_000,
+                               mtime_nsec=ident.mtime_ns % 1_000_000_000)
+        try:
+            self._known[key] = val
+        except Exception:
+            self.known_full += 1
+            return False
+        self._known_count += 1
+        return True
+
+    def close(self) -> None:
+        """Detach and unload every program."""
+        self.bpf.cleanup()
