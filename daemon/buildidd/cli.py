@@ -1,0 +1,198 @@
+"""Command line: ``buildidd run | record | show``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from . import config as configmod
+from .errors import BuildiddError
+from .sessionlog import read_session
+
+log = logging.getLogger("buildidd")
+
+
+def _config_from_args(args) -> configmod.Config:
+    cfg = configmod.load(args.config, required=args.config != configmod.DEFAULT_CONFIG_PATH)
+    return cfg.replace(session_root=args.session_root, segment_max_bytes=args.segment_max_bytes,
+                       segment_max_age_s=args.segment_max_age,
+                       compress=False if args.no_compress else None)
+
+
+def _add_session_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
+                   help="TOML configuration file (default %(default)s; absent is fine)")
+    p.add_argument("--session-root", help="directory of session directories "
+                   f"(default {configmod.Config.session_root})")
+    p.add_argument("--session-dir", help="exact directory for this session (overrides --session-root)")
+    p.add_argument("--segment-max-bytes", type=int, help="rotate a segment at this size (bytes)")
+    p.add_argument("--segment-max-age", type=float, help="rotate a segment at this age (seconds)")
+    p.add_argument("--no-compress", action="store_true", help="keep closed segments uncompressed")
+
+
+def cmd_run(args) -> int:
+    from .daemon import Recorder
+
+    cfg = _config_from_args(args)
+    stop = {"flag": False}
+
+    def _stop(signum, _frame):
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    rec = Recorder(cfg, session_dir=args.session_dir)
+    log.info("loading BPF programs and synthesizing running processes ...")
+    rec.start()
+    log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
+             rec.session_dir, rec.ready_s, rec.stats.synthesized)
+    try:
+        rec.run(lambda: stop["flag"] or (args.duration is not None
+                                         and time.monotonic() - rec.started_mono >= args.duration))
+    finally:
+        rec.close()
+    log.info("session closed: %s", rec.session_dir)
+    return 0
+
+
+def cmd_record(args) -> int:
+    from .daemon import Recorder
+
+    if not args.command:
+        log.error("record: give a command after --")
+        return 2
+    cfg = _config_from_args(args)
+    rec = Recorder(cfg, session_dir=args.session_dir, follow=True)
+    rec.start()
+    try:
+        child = subprocess.Popen(args.command)
+    except OSError as e:
+        rec.close()
+        log.error("cannot run %s: %s", args.command[0], e)
+        return 127
+    rec.follow(child.pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child gets it; we end with it
+    try:
+        rec.run(lambda: child.poll() is not None)
+    finally:
+        child.wait()
+        rec.close()
+    summary = _dso_summary(rec.session_dir)
+    print(f"buildidd: session {rec.session_dir}", file=sys.stderr)
+    for path, bid, err in summary:
+        print(f"  {bid or '-':<40}  {path}{'  (' + err + ')' if err else ''}", file=sys.stderr)
+    return child.returncode if child.returncode >= 0 else 128 - child.returncode
+
+
+def _dso_summary(session_dir: Path) -> list[tuple[str, str | None, str | None]]:
+    seen = {}
+    for r in read_session(session_dir):
+        if r.get("type") == "mmap":
+            seen.setdefault((r["path"], r["build_id"]), r.get("error"))
+    return sorted((p, b, e) for (p, b), e in seen.items())
+
+
+def _resolve_session(arg: str, root: str) -> Path:
+    p = Path(arg)
+    if p.is_dir():
+        return p
+    if arg == "latest":
+        dirs = sorted(d for d in Path(root).iterdir() if d.is_dir()) if Path(root).is_dir() else []
+        if dirs:
+            return dirs[-1]
+    elif (Path(root) / arg).is_dir():
+        return Path(root) / arg
+    raise BuildiddError(f"no session {arg!r} (looked in . and {root})")
+
+
+def _fmt(r: dict) -> str:
+    t = r.get("type")
+    ts = r.get("time_ns", 0) / 1e9
+    head = f"{ts:14.6f} {r.get('pid', ''):>7} {r.get('comm', ''):<16} {t:<6}"
+    if t == "mmap":
+        bid = r.get("build_id") or f"({r.get('error')})"
+        return (f"{head} {r['start']:#x}+{r['len']:#x} @{r['pgoff']:#x} {r.get('origin')} "
+                f"{r['path']} {bid}")
+    if t == "exec":
+        return f"{head} {r.get('filename')} {r.get('build_id') or '(' + str(r.get('error')) + ')'}"
+    if t == "fork":
+        return f"{head} parent {r.get('ppid')}"
+    if t == "exit":
+        return f"{head} code {r.get('exit_code')}"
+    if t == "comm":
+        return f"{head}"
+    return f"{ts:14.6f} {t}: " + json.dumps({k: v for k, v in r.items() if k not in ('type', 'time_ns')})
+
+
+def cmd_show(args) -> int:
+    cfg = configmod.Config()
+    session = _resolve_session(args.session, args.session_root or cfg.session_root)
+    types = set(args.type) if args.type else None
+    pids = set(args.pid) if args.pid else None
+    torn = []
+    out = sys.stdout
+    try:
+        for r in read_session(session, on_torn=lambda seg, line: torn.append((seg, line))):
+            if types and r.get("type") not in types:
+                continue
+            if pids and r.get("pid") not in pids:
+                continue
+            out.write((json.dumps(r, separators=(",", ":")) if args.json else _fmt(r)) + "\n")
+    except BrokenPipeError:
+        return 0
+    for seg, line in torn:
+        print(f"buildidd: skipped a torn or corrupt record in {seg} line {line}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="buildidd", description="Record executable mappings with exact build-ids.")
+    p.add_argument("--version", action="version", version=f"buildidd {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    run = sub.add_parser("run", help="record this host in the foreground until SIGTERM/SIGINT")
+    _add_session_options(run)
+    run.add_argument("--duration", type=float, help="stop after this many seconds")
+    run.set_defaults(func=cmd_run)
+
+    rec = sub.add_parser("record", help="record one command and its descendants: record -- CMD ...")
+    _add_session_options(rec)
+    rec.add_argument("command", nargs=argparse.REMAINDER)
+    rec.set_defaults(func=cmd_record)
+
+    show = sub.add_parser("show", help="decode a session to the terminal")
+    show.add_argument("session", help="session directory, its name under the session root, or 'latest'")
+    show.add_argument("--session-root", help="where to look for a session name")
+    show.add_argument("--pid", type=int, action="append", help="only this pid (repeatable)")
+    show.add_argument("--type", action="append",
+                      choices=["session", "mmap", "exec", "fork", "exit", "comm", "lost", "end"],
+                      help="only records of this type (repeatable)")
+    show.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    show.set_defaults(func=cmd_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "command", None) and args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="buildidd: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except BuildiddError as e:
+        log.error("%s", e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Configuration: one frozen dataclass holding every default and its unit.
+
+Read from TOML (default /etc/buildidd/buildidd.toml, a flat table whose keys are
+the field names below) and overridden by command-line options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/buildidd/buildidd.toml"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every tunable of the daemon.
+
+    Attributes:
+        session_root: directory under which each run gets its session directory.
+        segment_max_bytes: a segment is closed once it holds this many bytes.
+        segment_max_age_s: ... or once it is this many seconds old.
+        compress: zstd-compress closed segments.
+        ringbuf_bytes: size of the BPF ring buffer (power-of-two pages).
+        poll_interval_s: the ring buffer is drained this often (events are
+            submitted without wake-ups, see bpf/buildidd.bpf.c).
+        drop_check_interval_s: how often kernel drop counters are read.
+        identity_cache_entries: identities whose build-id answer is kept (LRU);
+            also the size of the kernel's known_ids map.
+        pending_lines_max_bytes: records kept in memory while the log cannot
+            be written (full disk); beyond it the oldest are dropped and counted.
+    """
+
+    session_root: str = "/var/lib/buildidd/sessions"
+    segment_max_bytes: int = 64 << 20
+    segment_max_age_s: float = 3600.0
+    compress: bool = True
+    ringbuf_bytes: int = 16 << 20
+    poll_interval_s: float = 0.005
+    drop_check_interval_s: float = 0.1
+    identity_cache_entries: int = 65536
+    pending_lines_max_bytes: int = 64 << 20
+
+    def replace(self, **changes) -> "Config":
+        """A copy with changes applied (None values are ignored). Raises ConfigError."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        try:
+            new = dataclasses.replace(self, **changes)
+        except TypeError as e:
+            raise ConfigError(str(e)) from e
+        new.validate()
+        return new
+
+    def validate(self) -> None:
+        """Raises ConfigError on a value out of range."""
+        if self.segment_max_bytes < 4096:
+            raise ConfigError("segment_max_bytes must be at least 4096")
+        if self.segment_max_age_s <= 0:
+            raise ConfigError("segment_max_age_s must be positive")
+        if not 0 < self.poll_interval_s <= 1:
+            raise ConfigError("poll_interval_s must be in (0, 1]")
+        if self.identity_cache_entries < 16:
+            raise ConfigError("identity_cache_entries must be at least 16")
+
+
+def load(path: str | None, *, required: bool = False) -> Config:
+    """Config from a TOML file; the defaults when path is None or (not required) absent.
+
+    Raises:
+        ConfigError: unreadable or invalid file, unknown key, wrong type.
+    """
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{path}: no such file") from None
+        return Config()
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: {e}") from e
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"{path}: unknown key {key!r}")
+        want = type(getattr(Config(), key))
+        if want is float and isinstance(value, int):
+            value = float(value)
+            data[key] = value
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ConfigError(f"{path}: {key} must be {want.__name__}")
+    return Config().replace(**data)

@@ -1,0 +1,323 @@
+"""The recorder: composes tracer → decode → enrichment → session log.
+
+Lifecycle: :meth:`Recorder.start` loads and attaches the BPF programs, writes
+the session record and synthesizes the executable mappings of every running
+process (like ``perf record`` synthesizing existing tasks); from then on every
+mapping is recordable (READY).  :meth:`Recorder.step` drains the ring buffer
+once; :meth:`Recorder.run` steps until told to stop; :meth:`Recorder.close`
+drains what is left and closes the session with an ``end`` record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import __version__, clock, host, procfs
+from .config import Config
+from .enrich import Enricher, Resolution
+from .errors import SessionLogError
+from .events import (DecodeError, EventType, Identity, MapOrigin, RawEvent, decode, ID_KNOWN)
+from .procfs import Source
+from .records import ORIGIN_NAMES, RECOVERED, SYNTHESIZED, dict_line, exec_line, mmap_line, task_line
+from .sessionlog import SessionWriter
+from .tracer import Tracer
+
+log = logging.getLogger(__name__)
+
+MAP_SHARED, MAP_PRIVATE = 0x01, 0x02
+
+
+def st_dev_to_kdev(dev: int) -> int:
+    """User-space st_dev → kernel dev_t (MAJOR << 20 | MINOR, include/linux/kdev_t.h)."""
+    return (os.major(dev) << 20) | os.minor(dev)
+
+
+def new_session_dir(root: str) -> Path:
+    """A fresh session directory name under root: UTC start time and daemon pid."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return Path(root) / f"{stamp}-{os.getpid()}"
+
+
+@dataclass
+class Stats:
+    """Counters of one session (reported in the end record and by status)."""
+
+    events: dict[str, int] = field(default_factory=dict)
+    decode_errors: int = 0
+    lost: dict[str, int] = field(default_factory=dict)
+    recovered: int = 0
+    synthesized: int = 0
+    synth_skipped: int = 0
+    log_write_errors: int = 0
+    log_lines_dropped: int = 0
+
+
+class Recorder:
+    """One recording session.
+
+    Args:
+        config: the Config.
+        session_dir: where to write (default: a new directory under config.session_root).
+        follow: record only the processes given to :meth:`follow` and their
+            descendants (``buildidd record``), and synthesize nothing at start;
+            False records the whole host.
+    Raises (from start):
+        ProbeError: the BPF side cannot be loaded or attached.
+        SessionLogError: the session directory cannot be created.
+    """
+
+    def __init__(self, config: Config, *, session_dir: str | os.PathLike | None = None,
+                 follow: bool = False):
+        self.config = config
+        self.session_dir = Path(session_dir) if session_dir else new_session_dir(config.session_root)
+        self.tracked: set[int] | None = set() if follow else None
+        self.stats = Stats()
+        self.tracer: Tracer | None = None
+        self.writer: SessionWriter | None = None
+        self.enricher = Enricher(config.identity_cache_entries, on_resolved=self._on_resolved,
+                                 on_evicted=self._on_evicted)
+        self._pending_lines: list[bytes] = []
+        self._pending_bytes = 0
+        self._held_exec: dict[int, tuple[RawEvent, int]] = {}
+        self._steps = 0
+        self._live: dict[int, set[tuple[int, int]]] = {}
+        self._next_drop_check = 0.0
+        self.started_mono = time.monotonic()
+        self.ready_s: float | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        """Load BPF, open the session, synthesize running processes. Returns at READY."""
+        t0 = time.monotonic()
+        self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes,
+                             known_ids_max=self.config.identity_cache_entries)
+        self.writer = SessionWriter(self.session_dir, max_segment_bytes=self.config.segment_max_bytes,
+                                    max_segment_age_s=self.config.segment_max_age_s,
+                                    compress=self.config.compress)
+        record = {"type": "session", "version": __version__, "session": self.session_dir.name,
+                  "time_ns": clock.boot_ns(), "boot_to_wall_offset_ns": clock.boot_to_wall_offset_ns(),
+                  "daemon_pid": os.getpid(), "bpf_compile_s": round(self.tracer.compile_s, 3),
+                  "mode": "host" if self.tracked is None else "command"}
+        record.update(host.describe())
+        self._emit(dict_line(record))
+        self._scan(SYNTHESIZED)
+        self._flush()
+        self.ready_s = time.monotonic() - t0
+
+    def follow(self, pid: int) -> None:
+        """Record pid and, from now on, every process it forks (follow mode only)."""
+        if self.tracked is None:
+            raise ValueError("follow() needs a Recorder made with follow=True")
+        self.tracked.add(pid)
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        """Step every poll interval until should_stop() returns True."""
+        interval = self.config.poll_interval_s
+        while not should_stop():
+            t = time.monotonic()
+            self.step()
+            left = interval - (time.monotonic() - t)
+            if left > 0:
+                time.sleep(left)
+
+    def step(self) -> int:
+        """Drain the ring buffer once, record what it held; returns the number of events."""
+        raws = self.tracer.drain()
+        for raw in raws:
+            try:
+                ev = decode(raw)
+            except DecodeError:
+                self.stats.decode_errors += 1
+                continue
+            self._handle(ev)
+        self._release_held_exec()
+        now = time.monotonic()
+        if now >= self._next_drop_check:
+            self._next_drop_check = now + self.config.drop_check_interval_s
+            self._check_drops()
+        self._flush()
+        return len(raws)
+
+    def close(self) -> None:
+        """Drain what is left, write the end record, close the log and detach BPF."""
+        if self.tracer is not None:
+            self.step()
+        self._release_held_exec(everything=True)
+        if self.writer is not None:
+            self._emit(dict_line({"type": "end", "time_ns": clock.boot_ns(), **self.summary()}))
+            self._flush()
+            self.writer.close()
+            self.writer = None
+        if self.tracer is not None:
+            self.tracer.close()
+            self.tracer = None
+
+    def summary(self) -> dict:
+        """Totals of the session so far (JSON-ready)."""
+        e = self.enricher
+        lookups = e.hits + e.misses
+        return {"events": dict(self.stats.events), "lost": dict(self.stats.lost),
+                "decode_errors": self.stats.decode_errors, "recovered": self.stats.recovered,
+                "synthesized": self.stats.synthesized, "synth_skipped": self.stats.synth_skipped,
+                "build_ids_resolved": e.resolved, "build_ids_missing": dict(e.missing),
+                "identity_cache": {"entries": len(e.cache), "hits": e.hits, "misses": e.misses,
+                                   "hit_rate": round(e.hits / lookups, 4) if lookups else None},
+                "known_ids_full": self.tracer.known_full if self.tracer else 0,
+                "log_write_errors": self.stats.log_write_errors,
+                "log_lines_dropped": self.stats.log_lines_dropped}
+
+    # -- events ------------------------------------------------------------
+    def _count(self, name: str) -> None:
+        ev = self.stats.events
+        ev[name] = ev.get(name, 0) + 1
+
+    def _wanted(self, ev: RawEvent) -> bool:
+        return self.tracked is None or ev.pid in self.tracked
+
+    def _handle(self, ev: RawEvent) -> None:
+        t = ev.type
+        if t == EventType.MAP:
+            if not self._wanted(ev):
+                return
+            held = self._held_exec.pop(ev.tid, None)
+            res = self.enricher.resolve(ev)
+            if held is not None:
+                self._emit_exec(held[0], res if held[0].identity == ev.identity else None)
+            self._record_map(ev, ORIGIN_NAMES.get(ev.origin, "mmap"), res)
+        elif t == EventType.EXEC:
+            if not self._wanted(ev):
+                return
+            # Hold it until the main executable's mapping (next from this tid)
+            # gives the absolute path to resolve it by.
+            prev = self._held_exec.pop(ev.tid, None)
+            if prev is not None:
+                self._emit_exec(prev[0], None)
+            self._held_exec[ev.tid] = (ev, self._steps)
+            self._live.pop(ev.pid, None)
+        elif t == EventType.FORK:
+            if self.tracked is not None:
+                if ev.ppid not in self.tracked:
+                    return
+                self.tracked.add(ev.pid)
+            self._count("fork")
+            self._emit(task_line(ev))
+        else:
+            if not self._wanted(ev):
+                return
+            if t == EventType.EXIT:
+                self._live.pop(ev.pid, None)
+            self._count("exit" if t == EventType.EXIT else "comm")
+            self._emit(task_line(ev))
+
+    def _emit_exec(self, ev: RawEvent, res: Resolution | None) -> None:
+        if res is None:
+            res = self.enricher.resolve(ev)
+        self._count("exec")
+        self._emit(exec_line(ev, res))
+
+    def _release_held_exec(self, everything: bool = False) -> None:
+        # An exec whose main mapping did not follow within one more batch
+        # (dropped, or not found): record it with its own resolution.
+        self._steps += 1
+        for tid, (ev, step) in list(self._held_exec.items()):
+            if everything or step < self._steps - 1:
+                del self._held_exec[tid]
+                self._emit_exec(ev, None)
+
+    def _record_map(self, ev: RawEvent, origin: str, res: Resolution) -> None:
+        path = ev.path if ev.path else res.path
+        self.enricher.count(res)
+        self._count("mmap")
+        live = self._live.get(ev.pid)
+        if live is None:
+            live = self._live[ev.pid] = set()
+        if len(live) < 4096:
+            live.add((ev.start, ev.identity.ino))
+        self._emit(mmap_line(ev, origin, path, res))
+
+    def _on_resolved(self, ident: Identity, res: Resolution) -> None:
+        if self.tracer is not None:
+            self.tracer.mark_known(ident, st_dev_to_kdev(ident.dev))
+
+    def _on_evicted(self, ident: Identity) -> None:
+        if self.tracer is not None:
+            self.tracer.forget(ident, st_dev_to_kdev(ident.dev))
+
+    # -- /proc scans: synthesis at start, recovery after a loss -------------
+    def _scan(self, origin: str) -> None:
+        pids = list(self.tracked) if self.tracked is not None else list(procfs.pids())
+        me = os.getpid()
+        for pid in pids:
+            if pid == me and self.tracked is None:
+                continue
+            try:
+                maps = procfs.exec_file_mappings(pid)
+            except OSError:
+                continue
+            comm = procfs.read_comm(pid)
+            live = self._live.get(pid, set())
+            for m in maps:
+                if origin == RECOVERED and (m.start, m.ino) in live:
+                    continue
+                self._record_scanned(pid, comm, m, origin)
+
+    def _record_scanned(self, pid: int, comm: str, m: procfs.MapsEntry, origin: str) -> None:
+        try:
+            fd = procfs.open_map_file(pid, m.start, m.end)
+        except OSError:
+            self.stats.synth_skipped += 1
+            return
+        try:
+            ident = procfs.identity_of(fd)
+            res = self.enricher.resolve_open(ident, fd, Source.MAP_FILES, m.path)
+        except OSError:
+            self.stats.synth_skipped += 1
+            return
+        finally:
+            os.close(fd)
+        ev = RawEvent(EventType.MAP, pid, pid, clock.boot_ns(), comm, m.start, m.end - m.start, m.offset,
+                      m.prot, MAP_SHARED if m.perms[3] == "s" else MAP_PRIVATE, None, ident,
+                      0 if m.deleted else 1, 0, m.path)
+        if origin == RECOVERED:
+            self.stats.recovered += 1
+        else:
+            self.stats.synthesized += 1
+        self._record_map(ev, origin, res)
+
+    def _check_drops(self) -> None:
+        report = self.tracer.drops()
+        if not report.total:
+            return
+        for cause, n in report.counts.items():
+            self.stats.lost[cause] = self.stats.lost.get(cause, 0) + n
+        self._emit(dict_line({"type": "lost", "time_ns": clock.boot_ns(), "counts": report.counts,
+                              "first_ns": report.first_ns, "last_ns": report.last_ns,
+                              "recovery": "rescan of /proc/*/maps follows (origin recovered)"}))
+        self._scan(RECOVERED)
+
+    # -- the log -----------------------------------------------------------
+    def _emit(self, line: bytes) -> None:
+        self._pending_lines.append(line)
+        self._pending_bytes += len(line) + 1
+
+    def _flush(self) -> None:
+        if not self._pending_lines or self.writer is None:
+            return
+        try:
+            self.writer.write_lines(self._pending_lines)
+        except SessionLogError as e:
+            # Keep the records (bounded) and retry at the next step.
+            self.stats.log_write_errors += 1
+            if self.stats.log_write_errors <= 3 or self.stats.log_write_errors % 1000 == 0:
+                log.warning("session log write failed (%d times): %s", self.stats.log_write_errors, e)
+            while self._pending_bytes > self.config.pending_lines_max_bytes and self._pending_lines:
+                self._pending_bytes -= len(self._pending_lines.pop(0)) + 1
+                self.stats.log_lines_dropped += 1
+            return
+        self._pending_lines = []
+        self._pending_bytes = 0

@@ -1,0 +1,75 @@
+"""The session log's records and their JSON form.
+
+One JSON object per line, with a ``"type"``:
+
+``session``  first record: host, kernel, boot id, clocks, daemon version.
+``mmap``     an executable file mapping: time_ns, pid, tid, comm, start, len,
+             pgoff, prot, flags, origin, deleted, dev, ino, ino_generation, size,
+             mtime_ns, path, build_id, build_id_source, error.
+``exec``     execve() succeeded: the file executed (identity and build-id as mmap).
+``fork``     pid/tid created by ppid/ptid.
+``exit``     a process ended (exit_code as in task_struct.exit_code).
+``comm``     a task's comm changed.
+``lost``     the kernel side dropped events: counts per cause and the gap's
+             time range; mappings recovered by a rescan follow with
+             origin "recovered".
+``end``      last record of a cleanly closed session: totals.
+
+Units: ``time_ns`` is ns since boot (CLOCK_BOOTTIME; the session record gives the
+offset to wall-clock time), ``start``/``len``/``pgoff``/``size`` are bytes,
+``mtime_ns`` is ns since the epoch, ``dev`` is the user-space st_dev.
+Mapping records are encoded with f-strings around pre-encoded fragments: they
+are the hot path, and json.dumps costs several µs per record.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .enrich import Resolution, json_str
+from .events import EventType, MapOrigin, RawEvent
+
+#: map_event.origin → the record's "origin"; plus the two user-space origins.
+ORIGIN_NAMES = {
+    MapOrigin.MMAP: "mmap",
+    MapOrigin.MPROTECT: "mprotect",
+    MapOrigin.EXEC_MAIN: "exec",
+    MapOrigin.EXEC_INTERP: "interp",
+}
+SYNTHESIZED = "synthesized"   #: found in /proc/PID/maps at start (perf's synthesized MMAP2)
+RECOVERED = "recovered"       #: found in /proc/PID/maps by the rescan after a loss
+
+TYPE_NAMES = {EventType.FORK: "fork", EventType.EXIT: "exit", EventType.COMM: "comm"}
+
+
+def mmap_line(ev: RawEvent, origin: str, path: str, res: Resolution) -> bytes:
+    """The JSON line of a mapping record."""
+    return (f'{{"type":"mmap","time_ns":{ev.time_ns},"pid":{ev.pid},"tid":{ev.tid},'
+            f'"comm":{json_str(ev.comm)},"start":{ev.start},"len":{ev.length},"pgoff":{ev.pgoff},'
+            f'"prot":{ev.prot},"flags":{ev.flags},"origin":"{origin}",'
+            f'"deleted":{"true" if ev.nlink == 0 else "false"},"path":{json_str(path)},'
+            f'{res.json_tail}}}').encode("utf-8", "surrogateescape")
+
+
+def exec_line(ev: RawEvent, res: Resolution) -> bytes:
+    """The JSON line of an exec record (filename as passed to execve; the executable's build-id)."""
+    return (f'{{"type":"exec","time_ns":{ev.time_ns},"pid":{ev.pid},"tid":{ev.tid},'
+            f'"comm":{json_str(ev.comm)},"old_tid":{ev.old_pid},"filename":{json_str(ev.path)},'
+            f'{res.json_tail}}}').encode("utf-8", "surrogateescape")
+
+
+def task_line(ev: RawEvent) -> bytes:
+    """The JSON line of a fork, exit or comm record."""
+    name = TYPE_NAMES[ev.type]
+    head = (f'{{"type":"{name}","time_ns":{ev.time_ns},"pid":{ev.pid},"tid":{ev.tid},'
+            f'"comm":{json_str(ev.comm)}')
+    if ev.type == EventType.FORK:
+        return f'{head},"ppid":{ev.ppid},"ptid":{ev.ptid}}}'.encode()
+    if ev.type == EventType.EXIT:
+        return f'{head},"exit_code":{ev.ppid}}}'.encode()
+    return f"{head}}}".encode()
+
+
+def dict_line(record: dict) -> bytes:
+    """A rare record (session, lost, end) as compact JSON."""
+    return json.dumps(record, separators=(",", ":"), sort_keys=False).encode()

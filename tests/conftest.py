@@ -1,0 +1,83 @@
+"""Shared fixtures: gcc-built ELF files, BPF availability, a recorder factory.
+
+Tests that need root and a loadable BPF program use the ``bpf`` fixture: they
+skip when BPF is unavailable, and fail instead under BUILDIDD_REQUIRE_BPF=1 (CI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REQUIRE_BPF = os.environ.get("BUILDIDD_REQUIRE_BPF") == "1"
+
+
+def need(condition: bool, why: str) -> None:
+    """Skip (or fail under BUILDIDD_REQUIRE_BPF=1) when condition is false."""
+    if not condition:
+        if REQUIRE_BPF:
+            pytest.fail(f"required for BPF tests: {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def bpf():
+    """Asserts that this process can load and attach buildidd's BPF programs."""
+    need(os.geteuid() == 0, "needs root")
+    need(os.path.exists("/sys/kernel/btf/vmlinux"), "needs kernel BTF")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        need(False, "BCC (python3-bpfcc) not importable")
+    return True
+
+
+def gcc(src: str, out: Path, *flags: str) -> Path:
+    """Compile C source text to out with gcc; returns out. Fails the test on a compiler error."""
+    c = out.with_suffix(out.suffix + ".c") if out.suffix else out.with_name(out.name + ".c")
+    c.write_text(src)
+    r = subprocess.run(["gcc", "-O1", "-o", str(out), str(c), *flags], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def readelf_build_id(path: str | os.PathLike) -> str | None:
+    """The build-id `readelf -n` reports for path (lower-case hex), or None."""
+    r = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True)
+    m = re.search(r"Build ID:\s*([0-9a-fA-F]+)", r.stdout)
+    return m.group(1).lower() if m else None
+
+
+@pytest.fixture
+def recorder(bpf, tmp_path):
+    """Factory: a started host-mode Recorder writing under tmp_path; closed at teardown."""
+    from buildidd.config import Config
+    from buildidd.daemon import Recorder
+
+    made = []
+
+    def make(**overrides):
+        follow = overrides.pop("follow", False)
+        cfg = Config(session_root=str(tmp_path / "sessions")).replace(**overrides)
+        rec = Recorder(cfg, follow=follow)
+        rec.start()
+        made.append(rec)
+        return rec
+
+    yield make
+    for rec in made:
+        rec.close()
+
+
+def session_records(session_dir) -> list[dict]:
+    from buildidd.sessionlog import read_session
+
+    return list(read_session(session_dir))
+
+
+assert shutil.which("gcc"), "gcc is needed to build test inputs"
