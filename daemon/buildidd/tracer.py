@@ -253,6 +253,15 @@ class Tracer:
         self._known_count += 1
         return True
 
+    def forget(self, ident: Identity, kdev: int) -> None:
+        """Remove an identity from the kernel's known_ids map (its events carry a path again)."""
+        key = self._known.Key(ino=ident.ino, dev=kdev, generation=ident.generation)
+        try:
+            del self._known[key]
+            self._known_count -= 1
+        except KeyError:
+            pass
+
     def close(self) -> None:
         """Detach and unload every program."""
         self.bpf.cleanup()
