@@ -165,7 +165,7 @@ class Tracer:
             raise ProbeError(f"BPF program failed to compile or load: {e}") from e
         self.compile_s = time.monotonic() - t0
         self._raw: list[bytes] = []
-        self._known = self.bpf["known_ids"]
+        self._known = self.bpf[b"known_ids"]
         self.known_ids_max = known_ids_max
         self._known_count = 0
         self.known_full = 0
@@ -177,7 +177,7 @@ class Tracer:
             return 0
 
         self._callback = _on_event
-        self.bpf["events"].open_ring_buffer(_on_event)
+        self.bpf[b"events"].open_ring_buffer(_on_event)
         self._attach()
         self.attach_s = time.monotonic() - t0 - self.compile_s
 
@@ -185,7 +185,7 @@ class Tracer:
         BPF = self._BPF
         try:
             tail = self.bpf.load_func(b"exec_vmas", BPF.RAW_TRACEPOINT)
-            self.bpf["exec_tail"][ctypes.c_int(0)] = ctypes.c_int(tail.fd)
+            self.bpf[b"exec_tail"][ctypes.c_int(0)] = ctypes.c_int(tail.fd)
         except Exception as e:
             raise ProbeError(f"cannot load exec_vmas: {e}") from e
         for kind, name in self.PROGRAMS:
@@ -214,7 +214,7 @@ class Tracer:
     def drops(self) -> DropReport:
         """Kernel-side drops since the previous call (counters summed over CPUs)."""
         report = DropReport()
-        table = self.bpf["drops"]
+        table = self.bpf[b"drops"]
         for cause in DropCause:
             total = sum(table[ctypes.c_int(cause)])
             delta = total - self._drop_totals[cause]
@@ -222,7 +222,7 @@ class Tracer:
                 report.counts[cause.name.lower()] = delta
                 self._drop_totals[cause] = total
         if report.counts:
-            times = self.bpf["drop_times"]
+            times = self.bpf[b"drop_times"]
             key = ctypes.c_int(0)
             per_cpu = times[key]
             firsts = [t.first_ns for t in per_cpu if t.first_ns]

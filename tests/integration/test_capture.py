@@ -1,0 +1,133 @@
+"""Real BPF, real processes: every executable mapping is recorded with the build-id readelf reports."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import gcc, readelf_build_id, session_records
+
+LIB_SRC = "int lib_answer(void) { return 42; }\n"
+MAIN_SRC = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc > 1) {
+        void *h = dlopen(argv[1], RTLD_NOW);
+        if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+        int (*f)(void) = (int (*)(void))dlsym(h, "lib_answer");
+        if (!f || f() != 42) return 2;
+    }
+    return 0;
+}
+"""
+
+
+def _step_until(rec, pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec.step()
+        rec._flush()
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _mmaps(rec, **match):
+    out = []
+    for r in session_records(rec.session_dir):
+        if r.get("type") == "mmap" and all(r.get(k) == v for k, v in match.items()):
+            out.append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bins")
+    out = {}
+    for style in ("sha1", "md5", "none"):
+        out[f"exe_{style}"] = gcc(MAIN_SRC, d / f"exe_{style}", f"-Wl,--build-id={style}", "-ldl")
+    out["lib_sha1"] = gcc(LIB_SRC, d / "libanswer.so", "-shared", "-fPIC", "-Wl,--build-id=sha1")
+    out["lib_hex"] = gcc(LIB_SRC, d / "libhex.so", "-shared", "-fPIC", "-Wl,--build-id=0x0123456789abcdef")
+    return out
+
+
+def test_gcc_binaries_and_dlopen_have_readelf_build_ids(recorder, binaries):
+    rec = recorder()
+    procs = []
+    for style in ("sha1", "md5", "none"):
+        exe = binaries[f"exe_{style}"]
+        lib = binaries["lib_sha1"] if style != "md5" else binaries["lib_hex"]
+        p = subprocess.run([str(exe), str(lib)], check=True)
+        procs.append(p)
+    want = {str(p): readelf_build_id(p) for p in binaries.values()}
+    assert want[str(binaries["exe_none"])] is None
+    assert len(want[str(binaries["exe_md5"])]) == 32 and len(want[str(binaries["exe_sha1"])]) == 40
+
+    def complete():
+        got = {r["path"] for r in _mmaps(rec)}
+        return all(p in got for p in want)
+
+    assert _step_until(rec, complete), "not every binary was recorded"
+    for path, bid in want.items():
+        recs = _mmaps(rec, path=path)
+        assert recs, path
+        for r in recs:
+            assert r["build_id"] == bid, (path, r)
+            st = os.stat(path)
+            assert (r["dev"], r["ino"], r["size"], r["mtime_ns"]) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if bid is None:
+                assert r["error"] == "no_build_id"
+            else:
+                assert r["error"] is None and r["build_id_source"] in ("map_files", "proc_root", "path")
+    # The main executables come from execve (origin exec), the libraries from dlopen's mmap.
+    assert {r["origin"] for r in _mmaps(rec, path=str(binaries["exe_sha1"]))} == {"exec"}
+    assert {r["origin"] for r in _mmaps(rec, path=str(binaries["lib_sha1"]))} == {"mmap"}
+    # Every process also has its ELF interpreter, with the build-id readelf gives for it.
+    interp = [r for r in _mmaps(rec) if r["origin"] == "interp" and r["comm"].startswith("exe_")]
+    assert len({r["pid"] for r in interp}) == 3
+    for r in interp:
+        assert r["build_id"] == readelf_build_id(r["path"])
+    execs = [r for r in session_records(rec.session_dir) if r.get("type") == "exec"
+             and r["filename"] in want]
+    assert {r["filename"] for r in execs} == {str(binaries[f"exe_{s}"]) for s in ("sha1", "md5", "none")}
+    for r in execs:
+        assert r["build_id"] == want[r["filename"]]
+
+
+def test_kernel_identity_matches_stat_for_mmap_and_mprotect(recorder, tmp_path, binaries):
+    """mmap(PROT_EXEC) and mprotect(+PROT_EXEC) of a file: dev/ino/size/mtime as os.stat gives them."""
+    rec = recorder()
+    target = tmp_path / "blob.bin"
+    target.write_bytes(os.urandom(3 * mmap.PAGESIZE))
+    code = f"""
+import ctypes, mmap, os
+fd = os.open({str(target)!r}, os.O_RDONLY)
+m = mmap.mmap(fd, 2 * mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC, flags=mmap.MAP_PRIVATE, offset=mmap.PAGESIZE)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+addr = libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+assert libc.mprotect(ctypes.c_void_p(addr), mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_EXEC) == 0
+print(hex(addr))
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    mprot_addr = int(out.strip(), 16)
+    st = os.stat(target)
+    assert _step_until(rec, lambda: len(_mmaps(rec, path=str(target))) >= 2)
+    recs = _mmaps(rec, path=str(target))
+    by_origin = {r["origin"]: r for r in recs}
+    assert set(by_origin) == {"mmap", "mprotect"}
+    for r in recs:
+        assert (r["dev"], r["ino"], r["size"], r["mtime_ns"]) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        assert r["build_id"] is None and r["error"] == "not_elf"
+        assert r["prot"] & mmap.PROT_EXEC
+    assert by_origin["mmap"]["pgoff"] == mmap.PAGESIZE and by_origin["mmap"]["len"] == 2 * mmap.PAGESIZE
+    assert by_origin["mprotect"]["start"] == mprot_addr and by_origin["mprotect"]["pgoff"] == 0
