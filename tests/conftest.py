@@ -81,3 +81,28 @@ def session_records(session_dir) -> list[dict]:
 
 
 assert shutil.which("gcc"), "gcc is needed to build test inputs"
+
+
+@pytest.fixture(scope="session")
+def workloads(tmp_path_factory):
+    """The C workloads of scripts/workloads, built with gcc for this test session."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "workloads"))
+    import build
+    return build.build(tmp_path_factory.mktemp("workloads"), n_libs=8)
+
+
+class Background:
+    """Runs Recorder.run in a thread until stop()."""
+
+    def __init__(self, rec):
+        import threading
+        self.rec = rec
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=rec.run, args=(self._stop.is_set,), daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()

@@ -1,0 +1,188 @@
+"""The yardstick: run ``perf record -e dummy -a --buildid-mmap`` and compare sessions with it.
+
+With ``--buildid-mmap`` the kernel puts the build-id it read at mmap time into
+each PERF_RECORD_MMAP2 (kernel/events/core.c perf_event_mmap_event, lib/buildid.c).
+It reads without faulting, so when the ELF header page is not in the page cache
+the record carries dev/ino/generation instead; those are counted apart, never
+as a failure of either side.  Used by the tests and by scripts/bench.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+# comm pid [cpu] time: PERF_RECORD_MMAP2 pid/tid: [0xSTART(0xLEN) @ PGOFF <BUILDID>]: perms path
+# or ... @ PGOFF MAJ:MIN INO GEN]: perms path
+_MMAP2 = re.compile(
+    r"^\s*(?P<comm>.*?)\s+(?P<spid>-?\d+)\s+\[\d+\]\s+(?P<time>[\d.]+):\s+PERF_RECORD_MMAP2\s+"
+    r"(?P<pid>-?\d+)/(?P<tid>-?\d+):\s+\[0x(?P<start>[0-9a-f]+)\(0x(?P<len>[0-9a-f]+)\)\s+@\s+"
+    r"(?P<pgoff>0x[0-9a-f]+|0)\s+(?:<(?P<bid>[0-9a-f]*)>|(?P<maj>[0-9a-f]+):(?P<min>[0-9a-f]+)\s+"
+    r"(?P<ino>\d+)\s+(?P<gen>\d+))\]:\s+(?P<perms>\S+)\s+(?P<path>.*)$")
+
+
+@dataclass(frozen=True)
+class PerfMmap:
+    """One PERF_RECORD_MMAP2 as `perf script --show-mmap-events` prints it.
+
+    Attributes:
+        comm, pid, tid; time_s: perf's timestamp (s, 0.0 for synthesized records);
+        start, length, pgoff: bytes; build_id: hex or None (then dev/ino were sent);
+        perms: e.g. "r-xp"; path: the file; synthesized: made by perf from /proc at start.
+    """
+
+    comm: str
+    pid: int
+    tid: int
+    time_s: float
+    start: int
+    length: int
+    pgoff: int
+    build_id: str | None
+    perms: str
+    path: str
+
+    @property
+    def synthesized(self) -> bool:
+        return self.time_s == 0.0
+
+
+def parse_perf_script(text: str) -> list[PerfMmap]:
+    """Every executable file MMAP2 in `perf script --show-mmap-events` output."""
+    out = []
+    for line in text.splitlines():
+        if "PERF_RECORD_MMAP2" not in line:
+            continue
+        m = _MMAP2.match(line)
+        if not m or "x" not in m["perms"] or not m["path"].startswith("/"):
+            continue
+        out.append(PerfMmap(m["comm"], int(m["pid"]), int(m["tid"]), float(m["time"]),
+                            int(m["start"], 16), int(m["len"], 16), int(m["pgoff"], 16),
+                            m["bid"] or None, m["perms"], m["path"]))
+    return out
+
+
+class PerfRecorder:
+    """A running ``perf record -e dummy -a --buildid-mmap``, started like a daemon.
+
+    Args:
+        output: the perf.data path to write.
+    Raises:
+        RuntimeError: perf is missing or did not start.
+    """
+
+    def __init__(self, output: str | os.PathLike, *, extra: Iterable[str] = ()):
+        self.output = Path(output)
+        self.output.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(["perf", "record", "-e", "dummy", "-a", "--buildid-mmap", "-q",
+                                      "-o", str(self.output), *extra],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # perf writes the file header once its events are open and enabled.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"perf record exited: {self.proc.stderr.read().decode()[-500:]}")
+            if self.output.exists() and self.output.stat().st_size > 0:
+                time.sleep(0.3)
+                return
+            time.sleep(0.02)
+        raise RuntimeError("perf record did not start within 20 s")
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> list[PerfMmap]:
+        """SIGINT perf, wait for it, and return its executable MMAP2 records."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        r = subprocess.run(["perf", "script", "-i", str(self.output), "--show-mmap-events"],
+                           capture_output=True, text=True, errors="replace")
+        return parse_perf_script(r.stdout)
+
+
+@dataclass
+class Comparison:
+    """How a session's mmap records cover perf's.
+
+    Attributes:
+        perf_with_build_id: perf MMAP2 records considered that carry a build-id.
+        matched: ... for which the session has a record with the same build-id.
+        wrong: ... for which the session's record has a different build-id (must be 0).
+        missing: ... with no session record at that pid and address.
+        no_build_id: ... with a session record that has no build-id (reason in examples).
+        perf_without_build_id: perf records that carried dev/ino instead.
+        resolved_where_perf_had_none: ... of which the session has a build-id.
+        examples: a few mismatches, for the failure message.
+    """
+
+    perf_with_build_id: int = 0
+    matched: int = 0
+    wrong: int = 0
+    missing: int = 0
+    no_build_id: int = 0
+    perf_without_build_id: int = 0
+    resolved_where_perf_had_none: int = 0
+    examples: list = field(default_factory=list)
+
+    @property
+    def match_rate(self) -> float:
+        return self.matched / self.perf_with_build_id if self.perf_with_build_id else 1.0
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "examples"}
+        d["match_rate"] = round(self.match_rate, 6)
+        return d
+
+
+def compare(perf: list[PerfMmap], records: Iterable[dict], comms: set[str] | None = None,
+            pids: set[int] | None = None) -> Comparison:
+    """Compare perf's non-synthesized exec MMAP2 records with a session's mmap records.
+
+    Args:
+        perf: from PerfRecorder.stop() or parse_perf_script().
+        records: the session's records (any types; mmap ones are used).
+        comms, pids: consider only perf records of these comms / pids.
+    """
+    ours: dict[tuple[int, int], list[dict]] = {}
+    for r in records:
+        if r.get("type") == "mmap":
+            ours.setdefault((r["pid"], r["start"]), []).append(r)
+    c = Comparison()
+    for p in perf:
+        if p.synthesized:
+            continue
+        if comms is not None and p.comm not in comms:
+            continue
+        if pids is not None and p.pid not in pids:
+            continue
+        cands = ours.get((p.pid, p.start), [])
+        if p.build_id is None:
+            c.perf_without_build_id += 1
+            if any(r["build_id"] for r in cands):
+                c.resolved_where_perf_had_none += 1
+            continue
+        c.perf_with_build_id += 1
+        if not cands:
+            c.missing += 1
+            if len(c.examples) < 10:
+                c.examples.append(("missing", p))
+        elif any(r["build_id"] == p.build_id for r in cands):
+            c.matched += 1
+        elif any(r["build_id"] for r in cands):
+            c.wrong += 1
+            c.examples.append(("wrong", p, cands[0]))
+        else:
+            c.no_build_id += 1
+            if len(c.examples) < 10:
+                c.examples.append(("no_build_id", p, cands[0].get("error")))
+    return c

@@ -1,0 +1,54 @@
+"""Completeness against the kernel's own MMAP2 build-ids (perf record --buildid-mmap)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+from buildidd.perfcompare import PerfRecorder, compare
+
+from conftest import Background, need, session_records
+
+WORKLOAD_COMMS = {"bidd_child", "bidd_storm", "bidd_dlopen", "bidd_mmap"}
+
+
+def test_every_mapping_perf_saw_with_a_build_id_has_the_same_build_id(recorder, workloads, tmp_path):
+    need(shutil.which("perf") is not None, "perf (linux-perf) not installed")
+    perf = PerfRecorder(tmp_path / "perf.data")
+    rec = recorder()
+    bg = Background(rec)
+    try:
+        w = workloads
+        subprocess.run([str(w["storm"]), "300", str(w["child"])], check=True)
+        libs = [str(w[f"lib{i}"]) for i in range(8)]
+        subprocess.run([str(w["dlopen_storm"]), "3", *libs], check=True)
+        subprocess.run([str(w["mmap_storm"]), libs[0], "200"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([str(w["mmap_storm"]), libs[1], "200"], check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "MPROTECT": "1"})
+        time.sleep(0.3)
+    finally:
+        perf_maps = perf.stop()
+        bg.stop()
+    rec.close()
+    records = session_records(rec.session_dir)
+    c = compare(perf_maps, records, comms=WORKLOAD_COMMS)
+    print("perf comparison:", c.as_dict())
+    # The storm alone: 300 children x (exe, ld.so, libc) exec mappings.
+    assert c.perf_with_build_id + c.perf_without_build_id >= 300 * 3 + 8 * 3 + 400
+    assert c.wrong == 0, c.examples
+    assert c.missing == 0, c.examples
+    assert c.no_build_id == 0, c.examples
+    assert c.matched == c.perf_with_build_id
+    assert c.resolved_where_perf_had_none == c.perf_without_build_id
+    lost = [r for r in records if r["type"] == "lost"]
+    assert not lost, lost
+    # Every child of the storm: its exec record, its executable and its interpreter.
+    kids = {r["pid"] for r in records if r["type"] == "exec" and r["filename"] == str(workloads["child"])}
+    assert len(kids) == 300
+    by_pid = {}
+    for r in records:
+        if r["type"] == "mmap" and r["pid"] in kids:
+            by_pid.setdefault(r["pid"], set()).add(r["origin"])
+    assert all({"exec", "interp", "mmap"} <= by_pid.get(pid, set()) for pid in kids)
