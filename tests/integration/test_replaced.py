@@ -1,0 +1,114 @@
+"""Binaries replaced (rename over) or deleted while, or after, a process mapped them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from conftest import gcc, readelf_build_id, session_records
+
+SLEEPER = "#include <unistd.h>\nvolatile int version = VERSION;\nint main(void) { for (;;) pause(); }\n"
+QUICK = "volatile int version = VERSION;\nint main(void) { return version - VERSION; }\n"
+
+
+def _build(tmp_path, name, src, version):
+    out = gcc(src, tmp_path / f"{name}.v{version}", f"-DVERSION={version}", "-Wl,--build-id=sha1")
+    return out, readelf_build_id(out)
+
+
+def _install(built, dest):
+    """rename(2) built over dest, as a package manager does."""
+    tmp = dest.with_name(dest.name + ".new")
+    tmp.write_bytes(built.read_bytes())
+    os.chmod(tmp, 0o755)
+    os.rename(tmp, dest)
+
+
+def _start(path):
+    p = subprocess.Popen([str(path)])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{p.pid}/exe").startswith(str(path)):
+                return p
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError("process did not exec")
+
+
+def _exec_maps(records, pid):
+    return [r for r in records if r["type"] == "mmap" and r["pid"] == pid and r["origin"] in ("exec", "synthesized")
+            and r["path"].endswith(("/app_a", "/app_b", "/app_c", "/app_d"))]
+
+
+def test_replaced_and_deleted_while_running_keep_the_old_build_id(recorder, tmp_path):
+    v1, old_bid = _build(tmp_path, "sleeper", SLEEPER, 1)
+    v2, new_bid = _build(tmp_path, "sleeper", SLEEPER, 2)
+    assert old_bid and new_bid and old_bid != new_bid
+    app_a, app_b = tmp_path / "app_a", tmp_path / "app_b"
+    _install(v1, app_a)
+    _install(v1, app_b)
+    # c and d run before the daemon starts: they are found by synthesis.
+    app_c, app_d = tmp_path / "app_c", tmp_path / "app_d"
+    _install(v1, app_c)
+    _install(v1, app_d)
+    pc, pd = _start(app_c), _start(app_d)
+    _install(v2, app_c)
+    os.unlink(app_d)
+    procs = [pc, pd]
+    try:
+        rec = recorder()
+        # a and b exec while recording; the daemon reads their events only after
+        # the files were replaced and deleted.
+        pa, pb = _start(app_a), _start(app_b)
+        procs += [pa, pb]
+        _install(v2, app_a)
+        os.unlink(app_b)
+        for _ in range(5):
+            rec.step()
+            time.sleep(0.02)
+        records = session_records(rec.session_dir)
+        for p, origin in ((pa, "exec"), (pb, "exec"), (pc, "synthesized"), (pd, "synthesized")):
+            maps = _exec_maps(records, p.pid)
+            assert maps, (p.args, origin)
+            for r in maps:
+                assert r["origin"] == origin
+                assert r["build_id"] == old_bid, r
+                assert r["build_id_source"] == "map_files", r
+        assert all(r["deleted"] for r in _exec_maps(records, pd.pid))
+        assert readelf_build_id(app_a) == new_bid  # the path now names the new build
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_gone_process_with_replaced_file_gets_a_reason_not_a_guess(recorder, tmp_path):
+    v1, old_bid = _build(tmp_path, "quick", QUICK, 1)
+    v2, new_bid = _build(tmp_path, "quick", QUICK, 2)
+    replaced, deleted = tmp_path / "gone_replaced", tmp_path / "gone_deleted"
+    _install(v1, replaced)
+    _install(v1, deleted)
+    rec = recorder()
+    subprocess.run([str(replaced)], check=True)
+    subprocess.run([str(deleted)], check=True)
+    _install(v2, replaced)       # the processes are gone; the paths name other files now
+    os.unlink(deleted)
+    for _ in range(5):
+        rec.step()
+        time.sleep(0.02)
+    records = session_records(rec.session_dir)
+    by_path = {}
+    for r in records:
+        if r["type"] == "mmap" and r["origin"] == "exec" and r["path"] in (str(replaced), str(deleted)):
+            by_path.setdefault(r["path"], []).append(r)
+    assert set(by_path) == {str(replaced), str(deleted)}
+    for r in by_path[str(replaced)]:
+        assert r["build_id"] is None and r["error"] == "file_replaced", r
+    for r in by_path[str(deleted)]:
+        assert r["build_id"] is None and r["error"] == "file_vanished", r
+    summary = rec.summary()
+    assert summary["build_ids_missing"].get("file_replaced", 0) >= 1
+    assert summary["build_ids_missing"].get("file_vanished", 0) >= 1
