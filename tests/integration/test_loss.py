@@ -1,0 +1,39 @@
+"""Ring-buffer overflow: losses are counted per cause, written as a record, and recovered by a rescan."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from conftest import readelf_build_id, session_records
+
+
+def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
+    rec = recorder(ringbuf_bytes=4096)   # one page: a few dozen events
+    t0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    subprocess.run([str(workloads["storm"]), "100", str(workloads["child"])], check=True)
+    idle = subprocess.Popen([str(workloads["idle"])])
+    try:
+        time.sleep(0.3)   # idle has mapped its libraries; the ring has long been full
+        rec.step()
+        rec._next_drop_check = 0
+        rec.step()
+        records = session_records(rec.session_dir)
+        lost = [r for r in records if r["type"] == "lost"]
+        assert len(lost) >= 1
+        assert lost[0]["counts"].get("ringbuf_full", 0) > 0
+        assert t0 <= lost[0]["first_ns"] <= lost[0]["last_ns"] <= lost[0]["time_ns"]
+        assert rec.summary()["lost"]["ringbuf_full"] == sum(r["counts"].get("ringbuf_full", 0) for r in lost)
+        recovered = [r for r in records if r["type"] == "mmap" and r["pid"] == idle.pid]
+        assert recovered and all(r["origin"] == "recovered" for r in recovered)
+        paths = {r["path"] for r in recovered}
+        for i in range(4):
+            assert str(workloads[f"lib{i}"]) in paths
+        assert str(workloads["idle"]) in paths and any("libc.so" in p for p in paths)
+        for r in recovered:
+            assert r["build_id"] == readelf_build_id(r["path"]) and r["build_id_source"] == "map_files"
+        # The recovered records come after the lost record that explains them.
+        assert records.index(lost[0]) < records.index(recovered[0])
+    finally:
+        idle.kill()
+        idle.wait()
