@@ -224,10 +224,18 @@ static __always_inline __u32 read_path(const void *file, struct map_scratch *s, 
 			continue;
 		}
 		parent = rdptr(AT(dentry, OFF_DENTRY_D_PARENT));
-		if (!parent || parent == dentry) {
+		if (!parent) {
 			s->w_done = 1;
 			continue;
 		}
+		/*
+		 * A root dentry that is not its mount's root: a pseudo file
+		 * (memfd, anon inode: alloc_file_pseudo) or a disconnected
+		 * dentry.  Its own name is the path, as d_path() shows
+		 * "/memfd:NAME (deleted)"; then the walk ends.
+		 */
+		if (parent == dentry)
+			s->w_done = 1;
 		len = rd32(AT(dentry, OFF_DENTRY_D_NAME_LEN)) & NAME_MASK;
 		name = rdptr(AT(dentry, OFF_DENTRY_D_NAME_NAME));
 		off = s->w_off;
