@@ -40,25 +40,49 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args) -> int:
     from .daemon import Recorder
+    from .service import Signals, Ticker, notify, watchdog_interval_s
 
     cfg = _config_from_args(args)
-    stop = {"flag": False}
-
-    def _stop(signum, _frame):
-        stop["flag"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    signals = Signals()
     rec = Recorder(cfg, session_dir=args.session_dir)
     log.info("loading BPF programs and synthesizing running processes ...")
     rec.start()
+    notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
     log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
              rec.session_dir, rec.ready_s, rec.stats.synthesized)
+    status = Ticker(2.0, lambda: notify(f"STATUS={rec.status_line()}"))
+    watchdog = Ticker(watchdog_interval_s(), lambda: notify("WATCHDOG=1"))
+
+    def tick():
+        now = time.monotonic()
+        status.poke(now)
+        watchdog.poke(now)
+        if signals.reload:
+            signals.reload = False
+            try:
+                rec.reconfigure(_config_from_args(args))
+                log.info("configuration reloaded")
+            except BuildiddError as e:
+                log.error("reload failed, keeping the old configuration: %s", e)
+            rec.rotate()
+
+    def should_stop():
+        return signals.stop or (args.duration is not None
+                                and time.monotonic() - rec.started_mono >= args.duration)
+
+    profiler = None
+    if args.profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     try:
-        rec.run(lambda: stop["flag"] or (args.duration is not None
-                                         and time.monotonic() - rec.started_mono >= args.duration))
+        rec.run(should_stop, tick)
     finally:
+        notify("STOPPING=1")
         rec.close()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
     log.info("session closed: %s", rec.session_dir)
     return 0
 
@@ -162,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="record this host in the foreground until SIGTERM/SIGINT")
     _add_session_options(run)
     run.add_argument("--duration", type=float, help="stop after this many seconds")
+    run.add_argument("--profile", metavar="FILE", help="write a cProfile of the event loop to FILE")
     run.set_defaults(func=cmd_run)
 
     rec = sub.add_parser("record", help="record one command and its descendants: record -- CMD ...")
@@ -185,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="buildidd: %(message)s", stream=sys.stderr)
+    from .service import setup_logging
+    setup_logging(args.verbose)
     try:
         return args.func(args)
     except BuildiddError as e:

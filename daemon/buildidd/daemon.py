@@ -115,15 +115,37 @@ class Recorder:
             raise ValueError("follow() needs a Recorder made with follow=True")
         self.tracked.add(pid)
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
-        """Step every poll interval until should_stop() returns True."""
+    def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None] | None = None) -> None:
+        """Step every poll interval until should_stop() returns True; on_tick runs after each step."""
         interval = self.config.poll_interval_s
         while not should_stop():
             t = time.monotonic()
             self.step()
+            if on_tick is not None:
+                on_tick()
             left = interval - (time.monotonic() - t)
             if left > 0:
                 time.sleep(left)
+
+    def rotate(self) -> None:
+        """Close the current segment (it is compressed in the background) and start the next."""
+        self._flush()
+        if self.writer is not None:
+            self.writer.rotate()
+
+    def reconfigure(self, config: Config) -> None:
+        """Apply a reloaded configuration: rotation limits apply from the next segment."""
+        self.config = config
+        if self.writer is not None:
+            self.writer.set_limits(config.segment_max_bytes, config.segment_max_age_s)
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=."""
+        ev = self.stats.events
+        e = self.enricher
+        return (f"{sum(ev.values())} events ({ev.get('mmap', 0)} mmap, {ev.get('exec', 0)} exec), "
+                f"{e.resolved} build-ids, {sum(e.missing.values())} missing, "
+                f"{sum(self.stats.lost.values())} lost")
 
     def step(self) -> int:
         """Drain the ring buffer once, record what it held; returns the number of events."""

@@ -216,6 +216,14 @@ class SessionWriter:
 
     # -- writing ---------------------------------------------------------
 
+    def set_limits(self, max_segment_bytes: int, max_segment_age_s: float) -> None:
+        """Change the rotation limits (bytes, seconds); they apply from the next write."""
+        if max_segment_bytes <= 0 or max_segment_age_s <= 0:
+            raise ValueError("rotation limits must be positive")
+        with self._lock:
+            self._max_segment_bytes = max_segment_bytes
+            self._max_segment_age_s = max_segment_age_s
+
     def write_lines(self, lines: Sequence[bytes]) -> None:
         """Append already-encoded records as one batch.
 
