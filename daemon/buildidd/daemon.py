@@ -19,22 +19,32 @@ from typing import Callable
 
 from . import __version__, clock, host, procfs
 from .config import Config
-from .enrich import Enricher, Resolution
+from .enrich import Enricher, Resolution, json_str
 from .errors import SessionLogError
-from .events import (DecodeError, EventType, Identity, MapOrigin, RawEvent, decode, ID_KNOWN)
+from .events import (MAP_PATH_OFF, MAP_PREFIX, DecodeError, EventType, Identity, RawEvent, decode,
+                     file_key, st_dev_to_kdev)
 from .procfs import Source
-from .records import ORIGIN_NAMES, RECOVERED, SYNTHESIZED, dict_line, exec_line, mmap_line, task_line
+from .records import (MMAP_LINE, ORIGIN_NAMES, RECOVERED, SYNTHESIZED, dict_line, exec_line, mmap_line,
+                      mmap_tail, task_line)
 from .sessionlog import SessionWriter
 from .tracer import Tracer
 
 log = logging.getLogger(__name__)
 
+_ORIGINS = {int(k): v for k, v in ORIGIN_NAMES.items()}
+_ORIGINS_B = {k: v.encode() for k, v in _ORIGINS.items()}
+_COMM_JSON: dict[bytes, bytes] = {}
+
+
+def _comm_json(raw: bytes) -> bytes:
+    """JSON string (bytes) of a raw 16-byte task comm, memoized (bounded)."""
+    text = json_str(raw.split(b"\0", 1)[0].decode("utf-8", "replace")).encode("utf-8", "surrogateescape")
+    if len(_COMM_JSON) >= 65536:
+        _COMM_JSON.clear()
+    _COMM_JSON[raw] = text
+    return text
+
 MAP_SHARED, MAP_PRIVATE = 0x01, 0x02
-
-
-def st_dev_to_kdev(dev: int) -> int:
-    """User-space st_dev → kernel dev_t (MAJOR << 20 | MINOR, include/linux/kdev_t.h)."""
-    return (os.major(dev) << 20) | os.minor(dev)
 
 
 def new_session_dir(root: str) -> Path:
@@ -84,6 +94,9 @@ class Recorder:
         self._pending_lines: list[bytes] = []
         self._pending_bytes = 0
         self._held_exec: dict[int, tuple[RawEvent, int]] = {}
+        # Fast path: raw kernel file_id bytes → (Resolution, JSON of its path),
+        # for identities with a final answer (see step()).
+        self._fast: dict[bytes, tuple[Resolution, bytes]] = {}
         self._steps = 0
         self._live: dict[int, set[tuple[int, int]]] = {}
         self._next_drop_check = 0.0
@@ -148,15 +161,65 @@ class Recorder:
                 f"{sum(self.stats.lost.values())} lost")
 
     def step(self) -> int:
-        """Drain the ring buffer once, record what it held; returns the number of events."""
+        """Drain the ring buffer once, record what it held; returns the number of events.
+
+        The common event, a mapping of a file whose identity already has a
+        final answer, takes a fast path: one struct unpack, a dict lookup on
+        the raw identity bytes and one f-string, with no per-event objects.
+        """
         raws = self.tracer.drain()
+        fast = self._fast
+        tracked = self.tracked
+        held = self._held_exec
+        emit = self._pending_lines.append
+        unpack = MAP_PREFIX.unpack_from
+        min_len = MAP_PREFIX.size
+        n_fast = n_bytes = n_resolved = 0
+        missing: dict[str, int] = {}
+        live = self._live
+        comm_json = _COMM_JSON
         for raw in raws:
+            if raw[0] == EventType.MAP and len(raw) >= min_len:
+                (_t, pid, tid, _p, time_ns, comm, start, length, pgoff, prot, flags, origin, _idf,
+                 key, nlink, plen) = unpack(raw)
+                hit = fast.get(key)
+                if hit is not None and (tracked is None or pid in tracked) and tid not in held:
+                    res, tail = hit
+                    if plen:   # the kernel sent a path after all (map full): use it
+                        tail = mmap_tail(raw[MAP_PATH_OFF:MAP_PATH_OFF + plen].decode("utf-8", "surrogateescape"),
+                                         res)
+                    cj = comm_json.get(comm)
+                    if cj is None:
+                        cj = _comm_json(comm)
+                    line = MMAP_LINE % (time_ns, pid, tid, cj, start, length, pgoff, prot, flags,
+                                         _ORIGINS_B.get(origin, b"mmap"), b"false" if nlink else b"true", tail)
+                    emit(line)
+                    n_bytes += len(line) + 1
+                    n_fast += 1
+                    if res.build_id:
+                        n_resolved += 1
+                    else:
+                        missing[res.error] = missing.get(res.error, 0) + 1
+                    pl = live.get(pid)
+                    if pl is None:
+                        pl = live[pid] = set()
+                    if len(pl) < 4096:
+                        pl.add((start, key))
+                    continue
             try:
                 ev = decode(raw)
             except DecodeError:
                 self.stats.decode_errors += 1
                 continue
             self._handle(ev)
+        if n_fast:
+            self._pending_bytes += n_bytes
+            ev_counts = self.stats.events
+            ev_counts["mmap"] = ev_counts.get("mmap", 0) + n_fast
+            self.enricher.hits += n_fast
+            self.enricher.resolved += n_resolved
+            for k, v in missing.items():
+                self.enricher.missing[k] = self.enricher.missing.get(k, 0) + v
         self._release_held_exec()
         now = time.monotonic()
         if now >= self._next_drop_check:
@@ -258,8 +321,11 @@ class Recorder:
         live = self._live.get(ev.pid)
         if live is None:
             live = self._live[ev.pid] = set()
+        key = file_key(ev.identity)
         if len(live) < 4096:
-            live.add((ev.start, ev.identity.ino))
+            live.add((ev.start, key))
+        if res.final and ev.origin is not None and path:
+            self._fast[key] = (res, mmap_tail(path, res))
         self._emit(mmap_line(ev, origin, path, res))
 
     def _on_resolved(self, ident: Identity, res: Resolution) -> None:
@@ -267,6 +333,7 @@ class Recorder:
             self.tracer.mark_known(ident, st_dev_to_kdev(ident.dev))
 
     def _on_evicted(self, ident: Identity) -> None:
+        self._fast.pop(file_key(ident), None)
         if self.tracer is not None:
             self.tracer.forget(ident, st_dev_to_kdev(ident.dev))
 
@@ -284,7 +351,7 @@ class Recorder:
             comm = procfs.read_comm(pid)
             live = self._live.get(pid, set())
             for m in maps:
-                if origin == RECOVERED and (m.start, m.ino) in live:
+                if origin == RECOVERED and any(s == m.start for s, _k in live):
                     continue
                 self._record_scanned(pid, comm, m, origin)
 

@@ -172,6 +172,13 @@ _EXEC_PATH_OFF = ExecEvent.path.offset
 _TASK_BODY_OFF = TaskEvent.ppid.offset
 
 
+#: A MAP event's fixed part in one unpack, for the recorder's fast path:
+#: header fields, start, len, pgoff, prot, flags, origin, id_flags,
+#: the file_id without nlink as raw bytes (the identity key), nlink, path_len.
+MAP_PREFIX = struct.Struct("<IIIIQ16sQQQIIII36sIH")
+_FILE_KEY = struct.Struct("<QQqIII")
+
+
 def _check_formats() -> None:
     assert _HDR.size == ctypes.sizeof(EventHeader)
     assert _FILE.size == ctypes.sizeof(FileId)
@@ -182,9 +189,23 @@ def _check_formats() -> None:
     assert _EXEC_PATH_OFF == _EXEC_PLEN_OFF + _MAP_TAIL.size
     assert _TASK_BODY_OFF == _HDR.size
     assert ctypes.sizeof(TaskEvent) == _TASK_BODY_OFF + _TASK_BODY.size
+    assert MAP_PREFIX.size == _MAP_PLEN_OFF + 2
+    assert _FILE_KEY.size == FileId.nlink.offset
 
 
 _check_formats()
+MAP_PATH_OFF = _MAP_PATH_OFF
+
+
+def file_key(ident: "Identity") -> bytes:
+    """The raw struct file_id bytes (without nlink) the kernel sends for ident: a cheap dict key."""
+    return _FILE_KEY.pack(ident.ino, ident.size, ident.mtime_ns // 1_000_000_000,
+                          ident.mtime_ns % 1_000_000_000, st_dev_to_kdev(ident.dev), ident.generation)
+
+
+def st_dev_to_kdev(dev: int) -> int:
+    """User-space st_dev → kernel dev_t (MAJOR << 20 | MINOR, include/linux/kdev_t.h)."""
+    return (os.major(dev) << 20) | os.minor(dev)
 
 
 @dataclass(frozen=True, slots=True)

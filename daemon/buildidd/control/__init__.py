@@ -1,0 +1,18 @@
+"""The control socket: a local, authenticated JSON-lines command channel.
+
+::
+
+    ControlClient ──"{"cmd":...}\\n"──▶ ControlServer (own thread, selectors)
+       (CLI, tests) ◀─"{"ok":...}\\n"───   │  SO_PEERCRED check, size cap, timeouts
+                                          ▼
+                                     handlers[cmd](args) → JSON result
+
+``protocol`` is the wire format (JSON only, never pickle), ``server`` serves
+handlers, ``client`` is the one client.
+"""
+
+from .client import ControlClient
+from .protocol import ControlError, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
+from .server import ControlServer
+
+__all__ = ["ControlClient", "ControlError", "ControlServer", "MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES"]

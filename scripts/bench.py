@@ -1,0 +1,399 @@
+"""buildidd against perf record --buildid-mmap: overhead, cost, memory, start-up, completeness.
+
+Run as root after scripts/setup:  scripts/bench [--smoke] [--json out.json]
+
+Each scenario runs with nothing attached, with perf attached (started before the
+workload, like a daemon) and with buildidd attached, the three alternating
+within each repetition so machine drift cancels; ratios are medians of the
+per-repetition ratios against "nothing".  A further run per scenario attaches
+both at once and compares their build-ids (completeness).  Workloads are the C
+programs of scripts/workloads, built with gcc at bench time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+import build  # noqa: E402
+
+from buildidd.perfcompare import PerfRecorder, compare  # noqa: E402
+from buildidd.sessionlog import read_session  # noqa: E402
+
+PY = sys.executable
+
+
+class RssSampler:
+    """Samples a process's RSS (bytes) every interval_s in a thread: peak and last."""
+
+    def __init__(self, pid: int, interval_s: float = 0.05):
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self.last = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                rss = self.proc.memory_info().rss
+            except psutil.Error:
+                return
+            self.peak = max(self.peak, rss)
+            self.last = rss
+            self._stop.wait(0.05)
+
+    def stop(self):
+        self._stop.set()
+        self._t.join()
+
+
+class Buildidd:
+    """`buildidd run` as a daemon; READY is awaited on our own NOTIFY_SOCKET."""
+
+    def __init__(self, workdir: Path, *, extra: list[str] = (), env: dict | None = None):
+        self.root = Path(tempfile.mkdtemp(prefix="sessions-", dir=workdir))
+        sock_path = workdir / f"notify-{os.getpid()}-{time.monotonic_ns()}.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(sock_path))
+        self.sock.settimeout(60)
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([PY, "-m", "buildidd.cli", "run", "--session-root", str(self.root),
+                                      "--no-compress", *extra],
+                                     env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(sock_path)},
+                                     stderr=subprocess.PIPE)
+        while True:
+            try:
+                msg = self.sock.recv(4096).decode()
+            except socket.timeout:
+                raise RuntimeError("buildidd did not become READY in 60 s: "
+                                   + self.proc.stderr.read1(4000).decode(errors="replace"))
+            if "READY=1" in msg:
+                break
+        self.ready_s = time.monotonic() - t0
+        sock_path.unlink()
+        self.ps = psutil.Process(self.proc.pid)
+        self.rss = RssSampler(self.proc.pid)
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def stop(self) -> list[dict]:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=120)
+        self.rss.stop()
+        self.sock.close()
+        (sdir,) = list(self.root.iterdir())
+        self.session_dir = sdir
+        return list(read_session(sdir))
+
+
+@dataclass
+class Rep:
+    none_s: float = 0.0
+    perf_s: float = 0.0
+    bidd_s: float = 0.0
+
+
+@dataclass
+class Result:
+    name: str
+    reps: list[Rep] = field(default_factory=list)
+    bidd_cpu_us_per_event: list[float] = field(default_factory=list)
+    perf_cpu_us_per_event: list[float] = field(default_factory=list)
+    bidd_events: list[int] = field(default_factory=list)
+    rss_steady: list[int] = field(default_factory=list)
+    rss_peak: list[int] = field(default_factory=list)
+    losses: int = 0
+    bidd_ready_s: list[float] = field(default_factory=list)
+    perf_ready_s: list[float] = field(default_factory=list)
+    completeness: dict = field(default_factory=dict)
+
+    def ratio(self, attr: str) -> float | None:
+        vals = [getattr(r, attr) / r.none_s for r in self.reps if r.none_s > 0 and getattr(r, attr) > 0]
+        return statistics.median(vals) if vals else None
+
+    def as_dict(self) -> dict:
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        return {
+            "scenario": self.name,
+            "wall_s": {"none": med([r.none_s for r in self.reps]), "perf": med([r.perf_s for r in self.reps]),
+                       "buildidd": med([r.bidd_s for r in self.reps])},
+            "overhead_ratio": {"perf": self.ratio("perf_s"), "buildidd": self.ratio("bidd_s")},
+            "cpu_us_per_event": {"buildidd": med(self.bidd_cpu_us_per_event), "perf": med(self.perf_cpu_us_per_event)},
+            "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
+            "buildidd_events": med(self.bidd_events),
+            "rss_mib": {"steady": (med(self.rss_steady) or 0) / 2**20, "peak": max(self.rss_peak or [0]) / 2**20},
+            "losses": self.losses,
+            "ready_s": {"buildidd": med(self.bidd_ready_s), "perf": med(self.perf_ready_s)},
+            "completeness": self.completeness,
+        }
+
+
+def _mmap_records(records):
+    return [r for r in records if r.get("type") == "mmap" and r.get("origin") not in ("synthesized",)]
+
+
+def _lost(records) -> int:
+    return sum(sum(r["counts"].values()) for r in records if r.get("type") == "lost")
+
+
+def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, workdir: Path,
+                 env: dict | None = None) -> Result:
+    res = Result(name)
+    modes = ["none", "perf", "buildidd"]
+    for i in range(reps):
+        rep = Rep()
+        order = modes[i % 3:] + modes[:i % 3]
+        for mode in order:
+            if mode == "none":
+                t = time.monotonic()
+                subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+                rep.none_s = time.monotonic() - t
+            elif mode == "perf":
+                t_start = time.monotonic()
+                perf = PerfRecorder(workdir / "perf.data")
+                res.perf_ready_s.append(time.monotonic() - t_start)
+                pps = psutil.Process(perf.proc.pid)
+                c0 = sum(pps.cpu_times()[:2])
+                t = time.monotonic()
+                subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+                rep.perf_s = time.monotonic() - t
+                time.sleep(0.2)
+                c1 = sum(pps.cpu_times()[:2])
+                maps = perf.stop()
+                n = sum(1 for m in maps if not m.synthesized)
+                if n:
+                    res.perf_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
+            else:
+                d = Buildidd(workdir)
+                res.bidd_ready_s.append(d.ready_s)
+                time.sleep(0.3)
+                c0 = d.cpu_s()
+                t = time.monotonic()
+                subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+                rep.bidd_s = time.monotonic() - t
+                time.sleep(0.2)   # let it drain
+                c1 = d.cpu_s()
+                records = d.stop()
+                n = len(_mmap_records(records))
+                res.bidd_events.append(n)
+                if n:
+                    res.bidd_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
+                res.rss_steady.append(d.rss.last)
+                res.rss_peak.append(d.rss.peak)
+                res.losses += _lost(records)
+                shutil.rmtree(d.root, ignore_errors=True)
+        res.reps.append(rep)
+        print(f"  {name} rep {i + 1}/{reps}: none {rep.none_s:.3f}s perf {rep.perf_s:.3f}s "
+              f"buildidd {rep.bidd_s:.3f}s", flush=True)
+    # Completeness: both attached at once.
+    perf = PerfRecorder(workdir / "perf.data")
+    d = Buildidd(workdir)
+    subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+    time.sleep(0.3)
+    maps = perf.stop()
+    records = d.stop()
+    c = compare(maps, records, comms=comms)
+    res.completeness = c.as_dict()
+    res.losses += _lost(records)
+    if c.examples:
+        print(f"  {name}: mismatches, e.g. {c.examples[:3]}", flush=True)
+    shutil.rmtree(d.root, ignore_errors=True)
+    return res
+
+
+def many_processes(n: int, w: dict, workdir: Path, reps: int) -> Result:
+    """n idle processes exist before the daemon starts: time to READY, and synthesis completeness."""
+    res = Result(f"{n} processes at start")
+    procs = [subprocess.Popen([str(w["idle"])]) for _ in range(n)]
+    try:
+        time.sleep(1.0)
+        pids = {p.pid for p in procs}
+        for _ in range(reps):
+            t = time.monotonic()
+            perf = PerfRecorder(workdir / "perf.data")
+            res.perf_ready_s.append(time.monotonic() - t)
+            perf_maps = perf.stop()
+            d = Buildidd(workdir)
+            res.bidd_ready_s.append(d.ready_s)
+            time.sleep(0.3)
+            res.rss_steady.append(d.rss.last)
+            res.rss_peak.append(d.rss.peak)
+            records = d.stop()
+            synth = [r for r in records if r.get("type") == "mmap" and r.get("pid") in pids]
+            res.bidd_events.append(len(synth))
+            ours = {(r["pid"], r["start"]): r["build_id"] for r in synth}
+            theirs = [m for m in perf_maps if m.pid in pids and m.synthesized and m.build_id]
+            matched = sum(1 for m in theirs if ours.get((m.pid, m.start)) == m.build_id)
+            wrong = sum(1 for m in theirs if ours.get((m.pid, m.start)) not in (None, m.build_id))
+            res.completeness = {"perf_with_build_id": len(theirs), "matched": matched, "wrong": wrong,
+                                "match_rate": round(matched / len(theirs), 6) if theirs else 1.0}
+            res.losses += _lost(records)
+            shutil.rmtree(d.root, ignore_errors=True)
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+    return res
+
+
+def ramp(w: dict, workdir: Path, rates: list[int], seconds: float) -> list[dict]:
+    """mmap storm paced at each rate with buildidd attached: losses, completeness, daemon CPU share."""
+    out = []
+    for rate in rates:
+        count = int(rate * seconds) if rate else int(400_000 * seconds)
+        d = Buildidd(workdir)
+        time.sleep(0.3)
+        c0, t0 = d.cpu_s(), time.monotonic()
+        r = subprocess.run([str(w["mmap_storm"]), str(w["lib0"]), str(count), str(rate)],
+                           check=True, capture_output=True, text=True)
+        dt = time.monotonic() - t0
+        cpu_share = (d.cpu_s() - c0) / dt
+        time.sleep(0.5)
+        records = d.stop()
+        got = sum(1 for x in records if x.get("type") == "mmap" and x.get("comm") == "bidd_mmap"
+                  and x.get("origin") == "mmap")
+        row = {"target_per_s": rate or "max", "achieved_per_s": int(r.stdout.strip()), "events": count,
+               "recorded": got, "losses": _lost(records), "daemon_cpu_share": round(cpu_share, 3),
+               "kept_up": got == count and _lost(records) == 0}
+        print(f"  ramp {row}", flush=True)
+        out.append(row)
+        shutil.rmtree(d.root, ignore_errors=True)
+    return out
+
+
+def profile(w: dict, workdir: Path, count: int) -> list[str]:
+    """cProfile of the daemon's event loop during an mmap storm: top functions by own time."""
+    prof = workdir / "bidd.prof"
+    d = Buildidd(workdir, extra=["--profile", str(prof)])
+    time.sleep(0.3)
+    subprocess.run([str(w["mmap_storm"]), str(w["lib0"]), str(count)], check=True, stdout=subprocess.DEVNULL)
+    time.sleep(0.3)
+    d.stop()
+    st = pstats.Stats(str(prof))
+    total = st.total_tt
+    rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+    lines = []
+    for (fname, line, func), (cc, nc, tt, ct, _callers) in rows:
+        lines.append(f"{tt / total * 100:5.1f}%  {tt:7.3f}s  {nc:>9}  {Path(fname).name}:{line}({func})")
+    shutil.rmtree(d.root, ignore_errors=True)
+    return lines
+
+
+def fmt_table(results: list[Result]) -> str:
+    hdr = (f"{'scenario':<24} {'none s':>8} {'perf':>14} {'buildidd':>14} {'bidd µs/ev':>10} "
+           f"{'perf µs/ev':>10} {'RSS MiB st/pk':>14} {'lost':>5} {'READY s bidd/perf':>18} "
+           f"{'complete (wrong)':>18} {'perf-no-bid resolved':>20}")
+    lines = [hdr, "-" * len(hdr)]
+    for r in results:
+        d = r.as_dict()
+        w, o = d["wall_s"], d["overhead_ratio"]
+
+        def cell(s, ratio):
+            return f"{s:.3f}s ({ratio:.3f})" if s and ratio else "-"
+        c = d["completeness"]
+        comp = f"{c.get('match_rate', 0) * 100:.2f}% ({c.get('wrong', 0)})" if c else "-"
+        nob = (f"{c.get('resolved_where_perf_had_none', 0)}/{c.get('perf_without_build_id', 0)}"
+               if "perf_without_build_id" in c else "-")
+        cpu = d["cpu_us_per_event"]
+        ready = d["ready_s"]
+        lines.append(
+            f"{r.name:<24} {w['none'] or 0:>8.3f} {cell(w['perf'], o['perf']):>14} {cell(w['buildidd'], o['buildidd']):>14} "
+            f"{cpu['buildidd'] or 0:>10.2f} {cpu['perf'] or 0:>10.2f} "
+            f"{d['rss_mib']['steady']:>6.1f}/{d['rss_mib']['peak']:<7.1f} {d['losses']:>5} "
+            f"{ready['buildidd'] or 0:>8.2f}/{ready['perf'] or 0:<8.2f} {comp:>18} {nob:>20}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="small N, one repetition; fail on losses or incompleteness")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--exec-n", type=int, default=2000)
+    ap.add_argument("--dlopen-libs", type=int, default=50)
+    ap.add_argument("--dlopen-rounds", type=int, default=10)
+    ap.add_argument("--mmap-n", type=int, default=200_000)
+    ap.add_argument("--procs", type=int, default=500)
+    ap.add_argument("--ramp", default="50000,100000,200000,300000,0", help="rates (maps/s; 0 = unpaced)")
+    ap.add_argument("--ramp-seconds", type=float, default=3.0)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench: must run as root", file=sys.stderr)
+        return 2
+    if args.smoke:
+        args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 10, 3
+        args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 20_000, 50, "100000", 1.0
+    workdir = Path(tempfile.mkdtemp(prefix="buildidd-bench-"))
+    try:
+        w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
+        libs = [str(w[f"lib{i}"]) for i in range(args.dlopen_libs)]
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        print(f"buildidd bench, {started}, {os.cpu_count()} CPUs, kernel {os.uname().release}", flush=True)
+        results = [
+            run_scenario(f"exec storm N={args.exec_n}", [str(w["storm"]), str(args.exec_n), str(w["child"])],
+                         {"bidd_child", "bidd_storm"}, args.reps, workdir),
+            run_scenario(f"dlopen storm M={args.dlopen_libs}x{args.dlopen_rounds}",
+                         [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"}, args.reps, workdir),
+            run_scenario(f"mmap storm N={args.mmap_n}", [str(w["mmap_storm"]), libs[0], str(args.mmap_n)],
+                         {"bidd_mmap"}, args.reps, workdir),
+            many_processes(args.procs, w, workdir, max(1, min(args.reps, 3))),
+        ]
+        rates = [int(x) for x in args.ramp.split(",") if x.strip()]
+        ramp_rows = ramp(w, workdir, rates, args.ramp_seconds)
+        prof = profile(w, workdir, args.mmap_n)
+        print()
+        print(fmt_table(results))
+        print("\nsustained mapping-event rate (mmap storm paced, buildidd attached):")
+        for row in ramp_rows:
+            print(f"  target {row['target_per_s']!s:>8}/s achieved {row['achieved_per_s']:>8}/s "
+                  f"recorded {row['recorded']}/{row['events']} lost {row['losses']} "
+                  f"daemon CPU {row['daemon_cpu_share'] * 100:.0f}% {'OK' if row['kept_up'] else 'FELL BEHIND'}")
+        print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
+        print("\n".join("  " + line for line in prof))
+        out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release,
+               "scenarios": [r.as_dict() for r in results], "ramp": ramp_rows, "profile": prof}
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2))
+        failures = []
+        for r in results:
+            c = r.completeness
+            if r.losses:
+                failures.append(f"{r.name}: {r.losses} events lost")
+            if c.get("wrong"):
+                failures.append(f"{r.name}: {c['wrong']} wrong build-ids")
+            if c and c.get("match_rate", 1.0) < 1.0:
+                failures.append(f"{r.name}: completeness {c['match_rate']}")
+        if args.smoke and failures:
+            print("bench smoke FAILED: " + "; ".join(failures), file=sys.stderr)
+            return 1
+        if failures:
+            print("targets missed: " + "; ".join(failures))
+        return 0
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
