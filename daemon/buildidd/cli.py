@@ -24,7 +24,8 @@ def _config_from_args(args) -> configmod.Config:
     cfg = configmod.load(args.config, required=args.config != configmod.DEFAULT_CONFIG_PATH)
     return cfg.replace(session_root=args.session_root, segment_max_bytes=args.segment_max_bytes,
                        segment_max_age_s=args.segment_max_age,
-                       compress=False if args.no_compress else None)
+                       compress=False if args.no_compress else None,
+                       control_socket=getattr(args, "control_socket", None))
 
 
 def _add_session_options(p: argparse.ArgumentParser) -> None:
@@ -50,6 +51,12 @@ def cmd_run(args) -> int:
     notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
     log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
              rec.session_dir, rec.ready_s, rec.stats.synthesized)
+    server = None
+    if cfg.control_socket:
+        from .control.handlers import make_handlers
+        from .control.server import ControlServer
+        server = ControlServer(cfg.control_socket, make_handlers(rec), group=cfg.control_group)
+        server.start()
     status = Ticker(2.0, lambda: notify(f"STATUS={rec.status_line()}"))
     watchdog = Ticker(watchdog_interval_s(), lambda: notify("WATCHDOG=1"))
 
@@ -79,6 +86,8 @@ def cmd_run(args) -> int:
         rec.run(should_stop, tick)
     finally:
         notify("STOPPING=1")
+        if server is not None:
+            server.stop()
         rec.close()
         if profiler is not None:
             profiler.disable()
@@ -177,6 +186,66 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _client(args):
+    from .control.client import ControlClient
+    return ControlClient(args.socket, timeout_s=args.timeout)
+
+
+def _human_status(s: dict) -> str:
+    lines = [f"session   {s['session']}  ({s['session_dir']})",
+             f"uptime    {s['uptime_s']:.0f} s (ready in {s['ready_s']:.2f} s)"]
+    ev, rate = s.get("events", {}), s.get("events_per_s", {})
+    lines.append("events    " + ", ".join(f"{k} {v} ({rate.get(k, 0):.0f}/s)" for k, v in sorted(ev.items())))
+    lost = s.get("lost") or {}
+    lines.append(f"lost      {sum(lost.values())}" + (f" ({lost})" if lost else ""))
+    ic = s.get("identity_cache", {})
+    hr = ic.get("hit_rate")
+    lines.append(f"identity  {ic.get('entries', 0)} cached, hit rate {hr * 100:.2f}%" if hr is not None
+                 else f"identity  {ic.get('entries', 0)} cached")
+    missing = s.get("build_ids_missing") or {}
+    lines.append(f"build-ids {s.get('build_ids_resolved', 0)} resolved, {sum(missing.values())} missing"
+                 + (f" ({', '.join(f'{k} {v}' for k, v in sorted(missing.items()))})" if missing else ""))
+    snap = s.get("snapshots")
+    if snap:
+        lines.append(f"snapshots {snap.get('stored', 0)} stored, {snap.get('queued', 0)} queued, "
+                     f"{snap.get('failed', 0)} failed; store {snap.get('store_bytes', 0) / 2**20:.1f} MiB"
+                     f" of {snap.get('quota_bytes') and snap['quota_bytes'] / 2**20 or 'unlimited'} MiB")
+    for e in s.get("last_errors") or []:
+        lines.append(f"error     {e.get('error')}")
+    return "\n".join(lines)
+
+
+def cmd_status(args) -> int:
+    with _client(args) as c:
+        s = c.request("status")
+    print(json.dumps(s, indent=2) if args.json else _human_status(s))
+    return 0
+
+
+def cmd_rotate(args) -> int:
+    with _client(args) as c:
+        r = c.request("rotate")
+    print("rotated" + (f"; now writing {r['segment']}" if r.get("segment") else
+                       "; the next segment opens with the next record"))
+    return 0
+
+
+def cmd_lookup(args) -> int:
+    with _client(args) as c:
+        r = c.request("lookup", pid=args.pid, addr=int(args.addr, 0))
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"{r['start']:#x}-{r['end']:#x} {r['perms']} +{r['file_offset']:#x} {r['path']}"
+              f"{' (deleted)' if r['deleted'] else ''} {r['build_id'] or '(' + str(r['error']) + ')'}")
+    return 0
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket", default=configmod.Config.control_socket, help="control socket (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="buildidd", description="Record executable mappings with exact build-ids.")
     p.add_argument("--version", action="version", version=f"buildidd {__version__}")
@@ -187,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_session_options(run)
     run.add_argument("--duration", type=float, help="stop after this many seconds")
     run.add_argument("--profile", metavar="FILE", help="write a cProfile of the event loop to FILE")
+    run.add_argument("--control-socket", help="control socket path ('' disables it)")
     run.set_defaults(func=cmd_run)
 
     rec = sub.add_parser("record", help="record one command and its descendants: record -- CMD ...")
@@ -203,6 +273,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only records of this type (repeatable)")
     show.add_argument("--json", action="store_true", help="JSON lines instead of text")
     show.set_defaults(func=cmd_show)
+
+    st = sub.add_parser("status", help="ask the running daemon what it is doing")
+    _add_client_options(st)
+    st.add_argument("--json", action="store_true", help="the same as JSON")
+    st.set_defaults(func=cmd_status)
+    ro = sub.add_parser("rotate", help="close the daemon's current segment")
+    _add_client_options(ro)
+    ro.set_defaults(func=cmd_rotate)
+    lk = sub.add_parser("lookup", help="which mapping, file, offset and build-id cover PID's ADDR now")
+    _add_client_options(lk)
+    lk.add_argument("pid", type=int)
+    lk.add_argument("addr", help="address (0x... hex or decimal)")
+    lk.add_argument("--json", action="store_true")
+    lk.set_defaults(func=cmd_lookup)
     return p
 
 
@@ -215,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BuildiddError as e:
+        log.error("%s", e)
+        return 1
+    except OSError as e:   # the control socket is absent or refused us
         log.error("%s", e)
         return 1
 

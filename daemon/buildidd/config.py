@@ -32,6 +32,8 @@ class Config:
             also the size of the kernel's known_ids map.
         pending_lines_max_bytes: records kept in memory while the log cannot
             be written (full disk); beyond it the oldest are dropped and counted.
+        control_socket: path of the control socket ("" disables it).
+        control_group: group whose members may use the control socket.
     """
 
     session_root: str = "/var/lib/buildidd/sessions"
@@ -43,6 +45,8 @@ class Config:
     drop_check_interval_s: float = 0.1
     identity_cache_entries: int = 65536
     pending_lines_max_bytes: int = 64 << 20
+    control_socket: str = "/run/buildidd/control.sock"
+    control_group: str = "buildidd"
 
     def replace(self, **changes) -> "Config":
         """A copy with changes applied (None values are ignored). Raises ConfigError."""

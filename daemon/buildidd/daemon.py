@@ -10,8 +10,10 @@ drains what is left and closes the session with an ``end`` record.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +104,10 @@ class Recorder:
         self._next_drop_check = 0.0
         self.started_mono = time.monotonic()
         self.ready_s: float | None = None
+        self._rate_window: collections.deque = collections.deque(maxlen=12)
+        self.last_errors: collections.deque = collections.deque(maxlen=10)
+        self._rotate_wanted = threading.Event()
+        self._rotate_done = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -145,6 +151,31 @@ class Recorder:
         self._flush()
         if self.writer is not None:
             self.writer.rotate()
+
+    def request_rotate(self, timeout_s: float) -> bool:
+        """Ask the recording thread to rotate at its next step; True once done (any thread)."""
+        self._rotate_done.clear()
+        self._rotate_wanted.set()
+        return self._rotate_done.wait(timeout_s)
+
+    def current_segment(self) -> str | None:
+        """Path of the segment being written, or None."""
+        return self.writer.stats.get("current_segment") if self.writer is not None else None
+
+    def status(self) -> dict:
+        """What the daemon is doing (JSON-ready; read by the control socket's thread)."""
+        now = time.monotonic()
+        window = list(self._rate_window)
+        rates = {}
+        if len(window) >= 2:
+            (t0, c0), (t1, c1) = window[0], window[-1]
+            rates = {k: round((v - c0.get(k, 0)) / (t1 - t0), 1) for k, v in c1.items()}
+        out = {"session": self.session_dir.name, "session_dir": str(self.session_dir),
+               "uptime_s": round(now - self.started_mono, 1), "ready_s": self.ready_s,
+               "events_per_s": rates, "last_errors": list(self.last_errors),
+               "log": dict(self.writer.stats) if self.writer is not None else None}
+        out.update(self.summary())
+        return out
 
     def reconfigure(self, config: Config) -> None:
         """Apply a reloaded configuration: rotation limits apply from the next segment."""
@@ -225,7 +256,13 @@ class Recorder:
         if now >= self._next_drop_check:
             self._next_drop_check = now + self.config.drop_check_interval_s
             self._check_drops()
+            if not self._rate_window or now - self._rate_window[-1][0] >= 1.0:
+                self._rate_window.append((now, dict(self.stats.events)))
         self._flush()
+        if self._rotate_wanted.is_set():
+            self._rotate_wanted.clear()
+            self.rotate()
+            self._rotate_done.set()
         return len(raws)
 
     def close(self) -> None:
@@ -402,6 +439,7 @@ class Recorder:
         except SessionLogError as e:
             # Keep the records (bounded) and retry at the next step.
             self.stats.log_write_errors += 1
+            self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"session log: {e}"})
             if self.stats.log_write_errors <= 3 or self.stats.log_write_errors % 1000 == 0:
                 log.warning("session log write failed (%d times): %s", self.stats.log_write_errors, e)
             while self._pending_bytes > self.config.pending_lines_max_bytes and self._pending_lines:
