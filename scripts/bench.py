@@ -57,6 +57,8 @@ class RssSampler:
                 rss = self.proc.memory_info().rss
             except psutil.Error:
                 return
+            if not rss:      # a zombie reports 0
+                return
             self.peak = max(self.peak, rss)
             self.last = rss
             self._stop.wait(0.05)
@@ -93,6 +95,10 @@ class Buildidd:
         self.ps = psutil.Process(self.proc.pid)
         self.rss = RssSampler(self.proc.pid)
 
+    def uss(self) -> int:
+        """Unique set size (bytes): memory only this process holds (RSS less shared library pages)."""
+        return self.ps.memory_full_info().uss
+
     def cpu_s(self) -> float:
         t = self.ps.cpu_times()
         return t.user + t.system
@@ -123,6 +129,7 @@ class Result:
     bidd_events: list[int] = field(default_factory=list)
     rss_steady: list[int] = field(default_factory=list)
     rss_peak: list[int] = field(default_factory=list)
+    uss: list[int] = field(default_factory=list)
     losses: int = 0
     bidd_ready_s: list[float] = field(default_factory=list)
     perf_ready_s: list[float] = field(default_factory=list)
@@ -142,7 +149,8 @@ class Result:
             "cpu_us_per_event": {"buildidd": med(self.bidd_cpu_us_per_event), "perf": med(self.perf_cpu_us_per_event)},
             "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
             "buildidd_events": med(self.bidd_events),
-            "rss_mib": {"steady": (med(self.rss_steady) or 0) / 2**20, "peak": max(self.rss_peak or [0]) / 2**20},
+            "rss_mib": {"steady": (med(self.rss_steady) or 0) / 2**20, "peak": max(self.rss_peak or [0]) / 2**20,
+                        "uss_steady": (med(self.uss) or 0) / 2**20},
             "losses": self.losses,
             "ready_s": {"buildidd": med(self.bidd_ready_s), "perf": med(self.perf_ready_s)},
             "completeness": self.completeness,
@@ -194,12 +202,13 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 rep.bidd_s = time.monotonic() - t
                 time.sleep(0.2)   # let it drain
                 c1 = d.cpu_s()
+                res.rss_steady.append(d.rss.last)
+                res.uss.append(d.uss())
                 records = d.stop()
                 n = len(_mmap_records(records))
                 res.bidd_events.append(n)
                 if n:
                     res.bidd_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
-                res.rss_steady.append(d.rss.last)
                 res.rss_peak.append(d.rss.peak)
                 res.losses += _lost(records)
                 shutil.rmtree(d.root, ignore_errors=True)
@@ -239,6 +248,7 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int) -> Result:
             time.sleep(0.3)
             res.rss_steady.append(d.rss.last)
             res.rss_peak.append(d.rss.peak)
+            res.uss.append(d.uss())
             records = d.stop()
             synth = [r for r in records if r.get("type") == "mmap" and r.get("pid") in pids]
             res.bidd_events.append(len(synth))
@@ -272,7 +282,7 @@ def ramp(w: dict, workdir: Path, rates: list[int], seconds: float) -> list[dict]
         cpu_share = (d.cpu_s() - c0) / dt
         time.sleep(0.5)
         records = d.stop()
-        got = sum(1 for x in records if x.get("type") == "mmap" and x.get("comm") == "bidd_mmap"
+        got = sum(1 for x in records if x.get("type") == "mmap" and x.get("path") == str(w["lib0"])
                   and x.get("origin") == "mmap")
         row = {"target_per_s": rate or "max", "achieved_per_s": int(r.stdout.strip()), "events": count,
                "recorded": got, "losses": _lost(records), "daemon_cpu_share": round(cpu_share, 3),
@@ -303,7 +313,7 @@ def profile(w: dict, workdir: Path, count: int) -> list[str]:
 
 def fmt_table(results: list[Result]) -> str:
     hdr = (f"{'scenario':<24} {'none s':>8} {'perf':>14} {'buildidd':>14} {'bidd µs/ev':>10} "
-           f"{'perf µs/ev':>10} {'RSS MiB st/pk':>14} {'lost':>5} {'READY s bidd/perf':>18} "
+           f"{'perf µs/ev':>10} {'RSS/USS/peak MiB':>17} {'lost':>5} {'READY s bidd/perf':>18} "
            f"{'complete (wrong)':>18} {'perf-no-bid resolved':>20}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
@@ -321,7 +331,7 @@ def fmt_table(results: list[Result]) -> str:
         lines.append(
             f"{r.name:<24} {w['none'] or 0:>8.3f} {cell(w['perf'], o['perf']):>14} {cell(w['buildidd'], o['buildidd']):>14} "
             f"{cpu['buildidd'] or 0:>10.2f} {cpu['perf'] or 0:>10.2f} "
-            f"{d['rss_mib']['steady']:>6.1f}/{d['rss_mib']['peak']:<7.1f} {d['losses']:>5} "
+            f"{d['rss_mib']['steady']:>5.0f}/{d['rss_mib']['uss_steady']:>4.0f}/{d['rss_mib']['peak']:<6.0f} {d['losses']:>5} "
             f"{ready['buildidd'] or 0:>8.2f}/{ready['perf'] or 0:<8.2f} {comp:>18} {nob:>20}")
     return "\n".join(lines)
 

@@ -34,6 +34,12 @@ class Config:
             be written (full disk); beyond it the oldest are dropped and counted.
         control_socket: path of the control socket ("" disables it).
         control_group: group whose members may use the control socket.
+        store_root: the build-id store, laid out as perf's build-id cache
+            ("" disables snapshots).
+        store_quota_bytes: the store's size limit (0: none).
+        snapshot_rate_bytes_per_s: copy bandwidth for snapshots (0: unlimited).
+        session_max_age_s: sessions older than this are deleted (0: kept).
+        session_max_total_bytes: oldest sessions go while all exceed this (0: no limit).
     """
 
     session_root: str = "/var/lib/buildidd/sessions"
@@ -47,6 +53,11 @@ class Config:
     pending_lines_max_bytes: int = 64 << 20
     control_socket: str = "/run/buildidd/control.sock"
     control_group: str = "buildidd"
+    store_root: str = "/var/lib/buildidd/store"
+    store_quota_bytes: int = 10 << 30
+    snapshot_rate_bytes_per_s: int = 50 << 20
+    session_max_age_s: float = 30 * 86400.0
+    session_max_total_bytes: int = 5 << 30
 
     def replace(self, **changes) -> "Config":
         """A copy with changes applied (None values are ignored). Raises ConfigError."""

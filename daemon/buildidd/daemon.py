@@ -22,7 +22,7 @@ from typing import Callable
 from . import __version__, clock, host, procfs
 from .config import Config
 from .enrich import Enricher, Resolution, json_str
-from .errors import SessionLogError
+from .errors import SessionLogError, StoreError
 from .events import (MAP_PATH_OFF, MAP_PREFIX, DecodeError, EventType, Identity, RawEvent, decode,
                      file_key, st_dev_to_kdev)
 from .procfs import Source
@@ -92,7 +92,8 @@ class Recorder:
         self.tracer: Tracer | None = None
         self.writer: SessionWriter | None = None
         self.enricher = Enricher(config.identity_cache_entries, on_resolved=self._on_resolved,
-                                 on_evicted=self._on_evicted)
+                                 on_evicted=self._on_evicted, on_build_id=self._on_build_id)
+        self.snapshotter = None
         self._pending_lines: list[bytes] = []
         self._pending_bytes = 0
         self._held_exec: dict[int, tuple[RawEvent, int]] = {}
@@ -124,6 +125,8 @@ class Recorder:
                   "mode": "host" if self.tracked is None else "command"}
         record.update(host.describe())
         self._emit(dict_line(record))
+        if self.config.store_root:
+            self._start_snapshots(record.get("kernel_build_id"))
         self._scan(SYNTHESIZED)
         self._flush()
         self.ready_s = time.monotonic() - t0
@@ -173,7 +176,8 @@ class Recorder:
         out = {"session": self.session_dir.name, "session_dir": str(self.session_dir),
                "uptime_s": round(now - self.started_mono, 1), "ready_s": self.ready_s,
                "events_per_s": rates, "last_errors": list(self.last_errors),
-               "log": dict(self.writer.stats) if self.writer is not None else None}
+               "log": dict(self.writer.stats) if self.writer is not None else None,
+               "snapshots": self.snapshotter.status() if self.snapshotter is not None else None}
         out.update(self.summary())
         return out
 
@@ -270,6 +274,8 @@ class Recorder:
         if self.tracer is not None:
             self.step()
         self._release_held_exec(everything=True)
+        if self.snapshotter is not None:
+            self.snapshotter.stop()
         if self.writer is not None:
             self._emit(dict_line({"type": "end", "time_ns": clock.boot_ns(), **self.summary()}))
             self._flush()
@@ -368,6 +374,28 @@ class Recorder:
     def _on_resolved(self, ident: Identity, res: Resolution) -> None:
         if self.tracer is not None:
             self.tracer.mark_known(ident, st_dev_to_kdev(ident.dev))
+
+    def _start_snapshots(self, kernel_build_id: str | None) -> None:
+        from .snapshot import Snapshotter
+        from .store import Store
+
+        cfg = self.config
+        store = Store(cfg.store_root, quota_bytes=cfg.store_quota_bytes or None)
+        if kernel_build_id:
+            try:
+                store.add_kallsyms(kernel_build_id)
+            except (StoreError, OSError) as e:
+                self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"kallsyms snapshot: {e}"})
+        self.snapshotter = Snapshotter(
+            store, rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s,
+            session_root=self.session_dir.parent, current_session=self.session_dir,
+            retention_max_age_s=cfg.session_max_age_s or None,
+            retention_max_total_bytes=cfg.session_max_total_bytes or None)
+        self.snapshotter.start()
+
+    def _on_build_id(self, ident: Identity, res: Resolution, fd: int) -> None:
+        if self.snapshotter is not None:
+            self.snapshotter.submit(res.build_id, res.path, ident, fd)
 
     def _on_evicted(self, ident: Identity) -> None:
         self._fast.pop(file_key(ident), None)

@@ -69,15 +69,20 @@ class Enricher:
         on_resolved: called with (identity, Resolution) when an identity gets a
             final answer (the tracer then stops sending its path).
         on_evicted: called with an identity dropped from the cache.
+        on_build_id: called with (identity, Resolution, fd) when a build-id was
+            just read from fd (still open: the callee may dup it, e.g. to
+            snapshot the exact inode).
     """
 
     def __init__(self, cache_entries: int = 65536,
                  on_resolved: Callable[[Identity, Resolution], None] | None = None,
-                 on_evicted: Callable[[Identity], None] | None = None):
+                 on_evicted: Callable[[Identity], None] | None = None,
+                 on_build_id: Callable[[Identity, Resolution, int], None] | None = None):
         self.cache: OrderedDict[Identity, Resolution] = OrderedDict()
         self.cache_entries = cache_entries
         self.on_resolved = on_resolved
         self.on_evicted = on_evicted
+        self.on_build_id = on_build_id
         self.hits = 0
         self.misses = 0
         self.resolved = 0
@@ -143,7 +148,10 @@ class Enricher:
         if bid is None:
             return Resolution(None, source.value, "no_build_id", path,
                               _tail(ident, None, source.value, "no_build_id"))
-        return Resolution(bid.hex, source.value, None, path, _tail(ident, bid.hex, source.value, None))
+        res = Resolution(bid.hex, source.value, None, path, _tail(ident, bid.hex, source.value, None))
+        if self.on_build_id is not None:
+            self.on_build_id(ident, res, fd)
+        return res
 
     def _try_map_files(self, ev: RawEvent, ident: Identity, path: str) -> Resolution | None:
         if ev.start == 0 or ev.length == 0:
