@@ -110,6 +110,20 @@ static __always_inline const void *rdptr(const void *p)
 	return (const void *)rd64(p);
 }
 
+static __always_inline void count_drop(__u32 cause);
+
+/*
+ * bpf_ringbuf_output, tried twice: since Linux 6.15 the ring buffer's lock is
+ * a resilient spinlock (rqspinlock) whose acquisition can fail under
+ * contention even when there is room; a second try almost always succeeds.
+ */
+static __always_inline void output_event(void *data, __u64 size)
+{
+	if (events.ringbuf_output(data, size, BPF_RB_NO_WAKEUP) &&
+	    events.ringbuf_output(data, size, BPF_RB_NO_WAKEUP))
+		count_drop(BUILDIDD_DROP_RINGBUF_FULL);
+}
+
 static __always_inline void count_drop(__u32 cause)
 {
 	__u64 *n = drops.lookup(&cause);
@@ -347,8 +361,7 @@ static __always_inline void submit_map_event(struct map_scratch *s)
 {
 	__u32 size = offsetof(struct map_event, path) + (s->ev.path_len & PATH_MASK);
 
-	if (events.ringbuf_output(&s->ev, size, BPF_RB_NO_WAKEUP))
-		count_drop(BUILDIDD_DROP_RINGBUF_FULL);
+	output_event(&s->ev, size);
 }
 
 static __always_inline __u32 vm_flags_to_prot(__u64 vm_flags)
@@ -584,8 +597,7 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	n = bpf_probe_read_kernel_str(s->ev.path, sizeof(s->ev.path), filename);
 	s->ev.path_len = n > 0 ? n - 1 : 0;
 	size = offsetof(struct exec_event, path) + (s->ev.path_len & PATH_MASK);
-	if (events.ringbuf_output(&s->ev, size, BPF_RB_NO_WAKEUP))
-		count_drop(BUILDIDD_DROP_RINGBUF_FULL);
+	output_event(&s->ev, size);
 
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
 	if (!mm || bpf_probe_read_kernel(s->auxv, sizeof(s->auxv),
@@ -639,8 +651,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 
 static __always_inline void submit_task_event(struct task_event *ev)
 {
-	if (events.ringbuf_output(ev, sizeof(*ev), BPF_RB_NO_WAKEUP))
-		count_drop(BUILDIDD_DROP_RINGBUF_FULL);
+	output_event(ev, sizeof(*ev));
 }
 
 /* Attached by tracer.py to the raw tracepoint sched_process_fork. */

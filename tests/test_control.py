@@ -431,7 +431,9 @@ def test_heartbeat_never_stalls_during_abuse(serve):
         t.join()
     assert not errors, errors
     assert good_rounds[0] == 50
-    assert ticks > 300 and max_gap_s < 0.2, (ticks, max_gap_s)
+    # A server that waited on a silent client would stall for its 0.5 s timeout;
+    # the bound sits below that, with room for a loaded machine's scheduling.
+    assert ticks > 300 and max_gap_s < 0.45, (ticks, max_gap_s)
     wait_for(lambda: len(srv._conns) == 0, timeout_s=5 * TIMEOUT_S)
     assert srv.stats["dropped"] == 2
     assert srv.stats["errors"]["timeout"] >= 2 and srv.stats["errors"]["too_large"] == 1

@@ -46,7 +46,7 @@ class Config:
     segment_max_bytes: int = 64 << 20
     segment_max_age_s: float = 3600.0
     compress: bool = True
-    ringbuf_bytes: int = 16 << 20
+    ringbuf_bytes: int = 32 << 20
     poll_interval_s: float = 0.005
     drop_check_interval_s: float = 0.1
     identity_cache_entries: int = 65536

@@ -59,6 +59,7 @@ from pathlib import Path
 
 import zstandard
 
+from .sched import make_current_thread_idle
 from buildidd.errors import SessionLogError
 
 __all__ = [
@@ -433,6 +434,7 @@ class SessionWriter:
         self._queue.put(path)
 
     def _compress_loop(self) -> None:
+        make_current_thread_idle()
         while (path := self._queue.get()) is not None:
             try:
                 self._compress_segment(path)

@@ -22,6 +22,7 @@ from pathlib import Path
 from . import procfs
 from .errors import StoreError
 from .events import Identity
+from .sched import make_current_thread_idle
 from .store import Store, enforce_retention, session_build_ids
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class Snapshotter:
 
     # -- the worker --------------------------------------------------------
     def _run(self) -> None:
+        make_current_thread_idle()
         next_housekeeping = time.monotonic()
         while True:
             with self._cv:
