@@ -51,13 +51,6 @@
 #define KNOWN_IDS_MAX 65536
 #endif
 
-struct pending_mmap {
-	__u64 len;
-	__u64 pgoff;		/* bytes */
-	__u32 prot;
-	__u32 flags;
-};
-
 struct pending_mprotect {
 	__u64 start;
 	__u64 len;
@@ -83,7 +76,6 @@ BPF_PERCPU_ARRAY(drops, __u64, BUILDIDD_DROP_NCAUSES);
 BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
 BPF_PERCPU_ARRAY(map_scratch, struct map_scratch, 1);
 BPF_PERCPU_ARRAY(exec_scratch, struct exec_scratch, 1);
-BPF_HASH(pending_mmap, __u32, struct pending_mmap, 16384);
 BPF_HASH(pending_mprotect, __u32, struct pending_mprotect, 16384);
 BPF_HASH(known_ids, struct known_key, struct known_value, KNOWN_IDS_MAX);
 
@@ -165,21 +157,28 @@ static __always_inline void fill_task_header(struct event_header *h, __u32 type,
 	bpf_probe_read_kernel(h->comm, sizeof(h->comm), AT(task, OFF_TASK_STRUCT_COMM));
 }
 
-/* Identity of file->f_inode, as stat(2) would report it. */
+/*
+ * Identity of file->f_inode, as stat(2) would report it.  The inode fields
+ * lie within INODE_SPAN_LEN bytes from INODE_SPAN_BASE (computed from BTF by
+ * tracer.py), so one probe read fetches them all.
+ */
+#define INODE_FIELD(buf, off, type) (*(type *)((buf) + (off) - INODE_SPAN_BASE))
+
 static __always_inline int read_file_id(const void *file, struct file_id *id)
 {
 	const void *inode = rdptr(AT(file, OFF_FILE_F_INODE));
+	__u8 buf[INODE_SPAN_LEN];
 	const void *sb;
 
-	if (!inode)
+	if (!inode || bpf_probe_read_kernel(buf, sizeof(buf), AT(inode, INODE_SPAN_BASE)))
 		return -1;
-	id->ino = rd64(AT(inode, OFF_INODE_I_INO));
-	id->size = rd64(AT(inode, OFF_INODE_I_SIZE));
-	id->mtime_sec = rd64(AT(inode, OFF_INODE_I_MTIME_SEC));
-	id->mtime_nsec = rd32(AT(inode, OFF_INODE_I_MTIME_NSEC));
-	id->generation = rd32(AT(inode, OFF_INODE_I_GENERATION));
-	id->nlink = rd32(AT(inode, OFF_INODE_I_NLINK));
-	sb = rdptr(AT(inode, OFF_INODE_I_SB));
+	id->ino = INODE_FIELD(buf, OFF_INODE_I_INO, __u64);
+	id->size = INODE_FIELD(buf, OFF_INODE_I_SIZE, __u64);
+	id->mtime_sec = INODE_FIELD(buf, OFF_INODE_I_MTIME_SEC, __s64);
+	id->mtime_nsec = INODE_FIELD(buf, OFF_INODE_I_MTIME_NSEC, __u32);
+	id->generation = INODE_FIELD(buf, OFF_INODE_I_GENERATION, __u32);
+	id->nlink = INODE_FIELD(buf, OFF_INODE_I_NLINK, __u32);
+	sb = INODE_FIELD(buf, OFF_INODE_I_SB, const void *);
 	id->dev = sb ? rd32(AT(sb, OFF_SUPER_BLOCK_S_DEV)) : 0;
 	return 0;
 }
@@ -374,57 +373,44 @@ static __always_inline __u32 vm_flags_to_map(__u64 vm_flags)
 	return (vm_flags & VM_SHARED) ? MAP_SHARED : MAP_PRIVATE;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
-{
-	struct pending_mmap p = {};
-	__u32 tid;
-
-	if (!(args->prot & PROT_EXEC) || (args->flags & MAP_ANONYMOUS) ||
-	    (long)args->fd < 0)
-		return 0;
-	tid = (__u32)bpf_get_current_pid_tgid();
-	p.len = args->len;
-	p.pgoff = args->off;
-	p.prot = args->prot;
-	p.flags = args->flags;
-	if (pending_mmap.update(&tid, &p))
-		count_drop(BUILDIDD_DROP_PENDING_FULL);
-	return 0;
-}
-
+/*
+ * mmap(2): everything is read from the new VMA at syscall exit, as perf's
+ * PERF_RECORD_MMAP2 does (vm_start, vm_end - vm_start, vm_pgoff, vm_flags):
+ * no state between enter and exit, and the file is the one actually mapped.
+ */
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct pending_mmap *pp = pending_mmap.lookup(&tid);
-	struct pending_mmap p;
 	struct map_scratch *s;
 	const void *task, *mm, *vma, *file;
+	__u64 ret = (__u64)args->ret, vm_start, vm_end, vm_flags;
 	__u32 zero = 0;
-	__u64 ret = (__u64)args->ret;
 
-	if (!pp)
-		return 0;
-	p = *pp;
-	pending_mmap.delete(&tid);
 	if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
 		return 0;
 	task = (const void *)bpf_get_current_task();
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
 	vma = mm ? find_vma(mm, ret) : NULL;
-	file = vma ? rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) : NULL;
-	if (!file) {
+	if (!vma) {
 		count_drop(BUILDIDD_DROP_NO_VMA);
 		return 0;
 	}
+	vm_flags = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_FLAGS));
+	if (!(vm_flags & VM_EXEC))
+		return 0;
+	file = rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE));
+	if (!file)
+		return 0;
+	vm_start = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START));
+	vm_end = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_END));
 	s = map_scratch.lookup(&zero);
 	if (!s)
 		return 0;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
-	s->ev.start = ret;
-	s->ev.len = p.len;
-	s->ev.pgoff = p.pgoff;
-	s->ev.prot = p.prot;
-	s->ev.flags = p.flags;
+	s->ev.start = vm_start;
+	s->ev.len = vm_end - vm_start;
+	s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << 12;
+	s->ev.prot = vm_flags_to_prot(vm_flags);
+	s->ev.flags = vm_flags_to_map(vm_flags);
 	s->ev.origin = BUILDIDD_ORIGIN_MMAP;
 	if (prepare_map_event(s, file) < 0) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);

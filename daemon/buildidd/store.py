@@ -41,7 +41,11 @@ with perf 6.1 (Debian linux-perf) on this project's test host::
   (``build_id_cache__add``: ``memcpy(tmp, "../..", 5)``).  A file is found by
   build-id through the link: ``ROOT/.build-id/xx/rest/elf`` (``…/debug``,
   ``…/kallsyms``, ``…/vdso``: ``__dso__build_id_filename``).
-* ``probes`` is written for every regular file (not for kallsyms).
+* ``probes`` is written for every regular file (not for kallsyms), byte for
+  byte as perf writes it (:func:`sdt_probe_cache`).
+* Build-ids of 2 to 64 bytes are stored; perf handles at most 20
+  (``BUILD_ID_SIZE``) and lists (``-l``) only those of 8 to 20 bytes
+  (build-id.c ``lsdir_bid_tail_filter``: ``SBUILD_ID_MIN_SIZE``, ``SBUILD_ID_SIZE``).
 * perf finds the directory from ``perf --buildid-dir DIR`` or the config key
   ``buildid.dir``, default ``$HOME/.debug``.  perf 6.1 does not *read*
   ``PERF_BUILDID_DIR``: ``set_buildid_dir()`` (util/config.c) sets it for the
@@ -332,7 +336,7 @@ class Store:
         """
         if quota_bytes is not None and quota_bytes < 0:
             raise ValueError(f"quota_bytes must be >= 0, got {quota_bytes}")
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))
         self.debug_root = Path(debug_root)
         self.quota_bytes = quota_bytes
         self.throttle: Callable[[int], None] | None = None
@@ -406,7 +410,7 @@ class Store:
 
     # -- adding -------------------------------------------------------------------
 
-    def add_from_fd(self, fd: int, path: str, build_id_hex: str, *,
+    def add_from_fd(self, fd: int, path: str | os.PathLike, build_id_hex: str, *,
                     identity: Identity | None = None) -> AddResult:
         """Copy the open file fd into the store as ``path`` with build-id ``build_id_hex``.
 
@@ -442,6 +446,7 @@ class Store:
             ValueError: path is not absolute (or has ``..``), build_id_hex is not hex.
         """
         bid = _hex(build_id_hex)
+        path = os.fspath(path)
         rel = _relative(path)
         with self._lock:
             present = self._entry_dir(bid)
@@ -564,7 +569,10 @@ class Store:
 
     def _add_vmlinux(self, entry_dir: Path, bid: str, candidates: Iterable[str | os.PathLike],
                      done: _Installed) -> int:
-        """Copy the first candidate with build-id bid to entry_dir/vmlinux; bytes added (0: none)."""
+        """Copy the first candidate with build-id bid to entry_dir/vmlinux; bytes added (0: none).
+
+        Like debuginfo, a failure is counted (``debuginfo_errors``) and logged, not raised.
+        """
         for candidate in candidates:
             try:
                 fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
@@ -577,8 +585,13 @@ class Store:
                     continue
                 if got is None or got.hex != bid:
                     continue
-                _, size = self._install_copy(fd, os.fstat(fd), entry_dir / VMLINUX_NAME, bid, done,
-                                             what=str(candidate))
+                try:
+                    _, size = self._install_copy(fd, os.fstat(fd), entry_dir / VMLINUX_NAME, bid, done,
+                                                 what=str(candidate))
+                except (StoreError, OSError) as e:
+                    self.counters["debuginfo_errors"] += 1
+                    self._warn("%s: vmlinux not stored: %s", candidate, e)
+                    return 0
                 self.counters["debuginfo_added"] += 1
                 return size
             finally:
@@ -748,6 +761,10 @@ class Store:
                     continue
                 raise
             if n == 0:
+                if len(ways) > 1:  # copy_file_range answers 0 where it cannot copy (some file systems)
+                    ways.pop(0)
+                    continue
+                self.counters["identity_mismatch"] += 1
                 raise StoreError(f"{what}: ended at {offset} of {size} bytes while being copied")
             offset += n
             self.counters["bytes_copied"] += n
@@ -997,13 +1014,17 @@ class Store:
         count = 0
         with self._lock:
             for dirpath, dirnames, filenames in os.walk(self.root):
-                for name in filenames:
-                    if name.startswith(".") and _TEMP_INFIX in name:
-                        try:
-                            os.unlink(os.path.join(dirpath, name))
-                            count += 1
-                        except OSError as e:
-                            self._warn("%s: cannot remove: %s", os.path.join(dirpath, name), e.strerror)
+                # A temporary link to an entry directory is listed in dirnames (os.walk does not follow it).
+                for name in dirnames + filenames:
+                    temp = os.path.join(dirpath, name)
+                    is_temp = name.startswith(".") and _TEMP_INFIX in name
+                    if not is_temp or (os.path.isdir(temp) and not os.path.islink(temp)):
+                        continue
+                    try:
+                        os.unlink(temp)
+                        count += 1
+                    except OSError as e:
+                        self._warn("%s: cannot remove: %s", temp, e.strerror)
         return count
 
     def _warn(self, msg: str, *args) -> None:
@@ -1154,7 +1175,8 @@ def sdt_probe_cache(f, path: str, *, machine: str | None = None) -> bytes:
         notes = _sdt_notes(f)
     except _NoSdt:
         return b""
-    except (ELFError, ELFParseError, struct.error, ValueError, IndexError, KeyError, AssertionError):
+    except (ELFError, ELFParseError, struct.error, ValueError, IndexError, KeyError, AssertionError,
+            OverflowError):
         return b""  # pyelftools' ways of saying "malformed"; perf fails the same scan
     x86 = (machine or platform.machine()) in ("x86_64", "amd64", "i386", "i486", "i586", "i686")
     target = os.fsencode(path)

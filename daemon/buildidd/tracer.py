@@ -77,6 +77,18 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     except BtfError:
         out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", "i_mtime.tv_sec")
         out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", "i_mtime.tv_nsec")
+    # The inode fields read per event, as one span (one probe read in the BPF side).
+    inode_fields = [("OFF_INODE_I_INO", "i_ino"), ("OFF_INODE_I_SIZE", "i_size"),
+                    ("OFF_INODE_I_GENERATION", "i_generation"), ("OFF_INODE_I_NLINK", "i_nlink"),
+                    ("OFF_INODE_I_SB", "i_sb")]
+    ends = [out[m] + btf.member_size("inode", f) for m, f in inode_fields]
+    ends += [out["OFF_INODE_I_MTIME_SEC"] + 8, out["OFF_INODE_I_MTIME_NSEC"] + 4]
+    starts = [out[m] for m, _ in inode_fields] + [out["OFF_INODE_I_MTIME_SEC"], out["OFF_INODE_I_MTIME_NSEC"]]
+    base = min(starts) & ~7
+    span = (max(ends) - base + 7) & ~7
+    if span > 256:
+        raise BtfError(f"inode fields span {span} bytes; the BPF side reads at most 256 at once")
+    out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = base, span
     out["AUXV_LEN"] = btf.array_len("mm_struct", "saved_auxv")
     out["MR64_NPIVOTS"] = btf.array_len("maple_range_64", "pivot")
     out["MA64_NPIVOTS"] = btf.array_len("maple_arange_64", "pivot")
@@ -195,7 +207,6 @@ class Tracer:
     """
 
     PROGRAMS = (
-        ("tracepoint", "syscalls:sys_enter_mmap"),
         ("tracepoint", "syscalls:sys_exit_mmap"),
         ("tracepoint", "syscalls:sys_enter_mprotect"),
         ("tracepoint", "syscalls:sys_exit_mprotect"),
