@@ -79,7 +79,7 @@ class Buildidd:
         self.sock.settimeout(60)
         t0 = time.monotonic()
         self.proc = subprocess.Popen([PY, "-m", "buildidd.cli", "run", "--session-root", str(self.root),
-                                      "--no-compress", *extra],
+                                      "--no-compress", "--store-root", f"{self.root}-store", *extra],
                                      env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(sock_path)},
                                      stderr=subprocess.PIPE)
         while True:
@@ -102,6 +102,10 @@ class Buildidd:
     def cpu_s(self) -> float:
         t = self.ps.cpu_times()
         return t.user + t.system
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(f"{self.root}-store", ignore_errors=True)
 
     def stop(self) -> list[dict]:
         self.proc.send_signal(signal.SIGTERM)
@@ -211,7 +215,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                     res.bidd_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
                 res.rss_peak.append(d.rss.peak)
                 res.losses += _lost(records)
-                shutil.rmtree(d.root, ignore_errors=True)
+                d.cleanup()
         res.reps.append(rep)
         print(f"  {name} rep {i + 1}/{reps}: none {rep.none_s:.3f}s perf {rep.perf_s:.3f}s "
               f"buildidd {rep.bidd_s:.3f}s", flush=True)
@@ -227,7 +231,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
     res.losses += _lost(records)
     if c.examples:
         print(f"  {name}: mismatches, e.g. {c.examples[:3]}", flush=True)
-    shutil.rmtree(d.root, ignore_errors=True)
+    d.cleanup()
     return res
 
 
@@ -259,7 +263,7 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int) -> Result:
             res.completeness = {"perf_with_build_id": len(theirs), "matched": matched, "wrong": wrong,
                                 "match_rate": round(matched / len(theirs), 6) if theirs else 1.0}
             res.losses += _lost(records)
-            shutil.rmtree(d.root, ignore_errors=True)
+            d.cleanup()
     finally:
         for p in procs:
             p.kill()
@@ -289,7 +293,7 @@ def ramp(w: dict, workdir: Path, rates: list[int], seconds: float) -> list[dict]
                "kept_up": got == count and _lost(records) == 0}
         print(f"  ramp {row}", flush=True)
         out.append(row)
-        shutil.rmtree(d.root, ignore_errors=True)
+        d.cleanup()
     return out
 
 
@@ -307,7 +311,7 @@ def profile(w: dict, workdir: Path, count: int) -> list[str]:
     lines = []
     for (fname, line, func), (cc, nc, tt, ct, _callers) in rows:
         lines.append(f"{tt / total * 100:5.1f}%  {tt:7.3f}s  {nc:>9}  {Path(fname).name}:{line}({func})")
-    shutil.rmtree(d.root, ignore_errors=True)
+    d.cleanup()
     return lines
 
 
@@ -342,7 +346,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--exec-n", type=int, default=2000)
     ap.add_argument("--dlopen-libs", type=int, default=50)
-    ap.add_argument("--dlopen-rounds", type=int, default=10)
+    ap.add_argument("--dlopen-rounds", type=int, default=200)
     ap.add_argument("--mmap-n", type=int, default=200_000)
     ap.add_argument("--procs", type=int, default=500)
     ap.add_argument("--ramp", default="50000,100000,200000,300000,0", help="rates (maps/s; 0 = unpaced)")

@@ -63,6 +63,7 @@ def recorder(bpf, tmp_path):
 
     def make(**overrides):
         follow = overrides.pop("follow", False)
+        overrides.setdefault("store_root", "")     # snapshots only where a test asks for them
         cfg = Config(session_root=str(tmp_path / "sessions")).replace(**overrides)
         rec = Recorder(cfg, follow=follow)
         rec.start()

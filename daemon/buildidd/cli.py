@@ -25,7 +25,8 @@ def _config_from_args(args) -> configmod.Config:
     return cfg.replace(session_root=args.session_root, segment_max_bytes=args.segment_max_bytes,
                        segment_max_age_s=args.segment_max_age,
                        compress=False if args.no_compress else None,
-                       control_socket=getattr(args, "control_socket", None))
+                       control_socket=getattr(args, "control_socket", None),
+                       store_root=args.store_root)
 
 
 def _add_session_options(p: argparse.ArgumentParser) -> None:
@@ -37,6 +38,8 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment-max-bytes", type=int, help="rotate a segment at this size (bytes)")
     p.add_argument("--segment-max-age", type=float, help="rotate a segment at this age (seconds)")
     p.add_argument("--no-compress", action="store_true", help="keep closed segments uncompressed")
+    p.add_argument("--store-root", help="build-id store for binary snapshots "
+                   f"(default {configmod.Config.store_root}; '' disables snapshots)")
 
 
 def cmd_run(args) -> int:
@@ -48,15 +51,15 @@ def cmd_run(args) -> int:
     rec = Recorder(cfg, session_dir=args.session_dir)
     log.info("loading BPF programs and synthesizing running processes ...")
     rec.start()
-    notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
-    log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
-             rec.session_dir, rec.ready_s, rec.stats.synthesized)
     server = None
     if cfg.control_socket:
         from .control.handlers import make_handlers
         from .control.server import ControlServer
         server = ControlServer(cfg.control_socket, make_handlers(rec), group=cfg.control_group)
         server.start()
+    notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
+    log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
+             rec.session_dir, rec.ready_s, rec.stats.synthesized)
     status = Ticker(2.0, lambda: notify(f"STATUS={rec.status_line()}"))
     watchdog = Ticker(watchdog_interval_s(), lambda: notify("WATCHDOG=1"))
 

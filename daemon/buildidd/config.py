@@ -7,6 +7,7 @@ the field names below) and overridden by command-line options.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass
 
@@ -77,6 +78,9 @@ class Config:
             raise ConfigError("segment_max_age_s must be positive")
         if not 0 < self.poll_interval_s <= 1:
             raise ConfigError("poll_interval_s must be in (0, 1]")
+        if self.store_root and os.path.abspath(self.store_root).startswith(
+                os.path.abspath(self.session_root).rstrip("/") + "/"):
+            raise ConfigError("store_root must not lie inside session_root (retention deletes its subdirectories)")
         if self.identity_cache_entries < 16:
             raise ConfigError("identity_cache_entries must be at least 16")
 

@@ -15,7 +15,7 @@ BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
 
 def test_record_python_import_ssl_matches_readelf_for_every_dso(bpf, tmp_path):
     sdir = tmp_path / "sess"
-    r = subprocess.run([*BUILDIDD, "record", "--session-dir", str(sdir), "--",
+    r = subprocess.run([*BUILDIDD, "record", "--session-dir", str(sdir), "--store-root", str(tmp_path / "store"), "--",
                         "/usr/bin/python3", "-c", "import ssl"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"session {sdir}" in r.stderr
@@ -34,7 +34,7 @@ def test_record_python_import_ssl_matches_readelf_for_every_dso(bpf, tmp_path):
 
 def test_show_filters_by_type_and_pid(bpf, tmp_path):
     sdir = tmp_path / "sess"
-    subprocess.run([*BUILDIDD, "record", "--session-dir", str(sdir), "--no-compress", "--", "/bin/true"],
+    subprocess.run([*BUILDIDD, "record", "--session-dir", str(sdir), "--store-root", str(tmp_path / "store"), "--no-compress", "--", "/bin/true"],
                    check=True, capture_output=True, timeout=120)
     out = subprocess.run([*BUILDIDD, "show", str(sdir), "--type", "mmap", "--json"],
                          check=True, capture_output=True, text=True).stdout
@@ -55,7 +55,7 @@ def test_show_filters_by_type_and_pid(bpf, tmp_path):
 
 def test_run_records_the_host_and_stops_cleanly(bpf, tmp_path):
     root = tmp_path / "root"
-    r = subprocess.run([*BUILDIDD, "run", "--session-root", str(root), "--duration", "1"],
+    r = subprocess.run([*BUILDIDD, "run", "--session-root", str(root), "--store-root", str(tmp_path / "store"), "--duration", "1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     (sdir,) = list(root.iterdir())

@@ -38,7 +38,7 @@ def test_notify_ready_watchdog_stopping_and_complete_last_segment(bpf, tmp_path)
     root = tmp_path / "sessions"
     env = {**os.environ, "NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "200000"}
     env.pop("WATCHDOG_PID", None)
-    p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--session-root", str(root)],
+    p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--session-root", str(root), "--store-root", str(tmp_path / "store")],
                          env=env, stderr=subprocess.PIPE)
     try:
         msgs = _recv_until(sock, "READY=1", 60)
@@ -67,7 +67,7 @@ def test_notify_ready_watchdog_stopping_and_complete_last_segment(bpf, tmp_path)
 
 def test_sighup_rotates(bpf, tmp_path):
     root = tmp_path / "sessions"
-    p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--session-root", str(root),
+    p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--session-root", str(root), "--store-root", str(tmp_path / "store"),
                           "--no-compress"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
