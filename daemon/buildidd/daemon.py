@@ -23,8 +23,8 @@ from . import __version__, clock, host, procfs
 from .config import Config
 from .enrich import Enricher, Resolution, json_str
 from .errors import SessionLogError, StoreError
-from .events import (MAP_PATH_OFF, MAP_PREFIX, DecodeError, EventType, Identity, RawEvent, decode,
-                     file_key, st_dev_to_kdev)
+from .events import (MAP_PATH_OFF, MAP_PREFIX, TASK_EVENT, DecodeError, EventType, Identity, RawEvent, decode,
+                     exec_file_key, file_key, st_dev_to_kdev)
 from .procfs import Source
 from .records import (MMAP_LINE, ORIGIN_NAMES, RECOVERED, SYNTHESIZED, dict_line, exec_line, mmap_line,
                       mmap_tail, task_line)
@@ -34,7 +34,7 @@ from .tracer import Tracer
 log = logging.getLogger(__name__)
 
 _ORIGINS = {int(k): v for k, v in ORIGIN_NAMES.items()}
-_ORIGINS_B = {k: v.encode() for k, v in _ORIGINS.items()}
+_ORIGINS_T = tuple(_ORIGINS.get(i, "mmap").encode() for i in range(5))
 _COMM_JSON: dict[bytes, bytes] = {}
 
 
@@ -95,8 +95,7 @@ class Recorder:
                                  on_evicted=self._on_evicted, on_build_id=self._on_build_id)
         self.snapshotter = None
         self._pending_lines: list[bytes] = []
-        self._pending_bytes = 0
-        self._held_exec: dict[int, tuple[RawEvent, int]] = {}
+        self._held_exec: dict[int, tuple[RawEvent, int, bytes]] = {}
         # Fast path: raw kernel file_id bytes → (Resolution, JSON of its path),
         # for identities with a final answer (see step()).
         self._fast: dict[bytes, tuple[Resolution, bytes]] = {}
@@ -209,17 +208,46 @@ class Recorder:
         emit = self._pending_lines.append
         unpack = MAP_PREFIX.unpack_from
         min_len = MAP_PREFIX.size
-        n_fast = n_bytes = n_resolved = 0
+        n_fast = n_resolved = 0
+        origins = _ORIGINS_T
         missing: dict[str, int] = {}
         live = self._live
         comm_json = _COMM_JSON
+        unpack_task = TASK_EVENT.unpack_from
+        task_size = TASK_EVENT.size
+        task_counts = [0, 0, 0]
         for raw in raws:
-            if raw[0] == EventType.MAP and len(raw) >= min_len:
+            etype = raw[0]
+            if etype >= EventType.FORK:       # fork, exit, comm: always this path
+                if len(raw) < task_size or etype > EventType.COMM:
+                    self.stats.decode_errors += 1
+                    continue
+                _t, pid, tid, _p, time_ns, comm, a, b = unpack_task(raw)
+                if tracked is not None:
+                    if etype == EventType.FORK:
+                        if a not in tracked:
+                            continue
+                        tracked.add(pid)
+                    elif pid not in tracked:
+                        continue
+                if etype == EventType.EXIT:
+                    live.pop(pid, None)
+                cj = comm_json.get(comm)
+                if cj is None:
+                    cj = _comm_json(comm)
+                emit(task_line(etype, time_ns, pid, tid, cj, a, b))
+                task_counts[etype - EventType.FORK] += 1
+                continue
+            if etype == EventType.MAP and len(raw) >= min_len:
                 (_t, pid, tid, _p, time_ns, comm, start, length, pgoff, prot, flags, origin, _idf,
                  key, nlink, plen) = unpack(raw)
                 hit = fast.get(key)
-                if hit is not None and (tracked is None or pid in tracked) and tid not in held:
+                if hit is not None and (tracked is None or pid in tracked):
                     res, tail = hit
+                    if held:
+                        h = held.pop(tid, None)
+                        if h is not None:       # the exec this mapping belongs to
+                            self._emit_exec(h[0], res if h[2] == key else None)
                     if plen:   # the kernel sent a path after all (map full): use it
                         tail = mmap_tail(raw[MAP_PATH_OFF:MAP_PATH_OFF + plen].decode("utf-8", "surrogateescape"),
                                          res)
@@ -227,9 +255,9 @@ class Recorder:
                     if cj is None:
                         cj = _comm_json(comm)
                     line = MMAP_LINE % (time_ns, pid, tid, cj, start, length, pgoff, prot, flags,
-                                         _ORIGINS_B.get(origin, b"mmap"), b"false" if nlink else b"true", tail)
+                                        origins[origin] if origin < 5 else b"mmap",
+                                        b"false" if nlink else b"true", tail)
                     emit(line)
-                    n_bytes += len(line) + 1
                     n_fast += 1
                     if res.build_id:
                         n_resolved += 1
@@ -246,10 +274,15 @@ class Recorder:
             except DecodeError:
                 self.stats.decode_errors += 1
                 continue
-            self._handle(ev)
+            if etype == EventType.EXEC:
+                self._hold_exec(ev, exec_file_key(raw))
+            else:
+                self._handle_map(ev)
+        ev_counts = self.stats.events
+        for name, n in zip(("fork", "exit", "comm"), task_counts):
+            if n:
+                ev_counts[name] = ev_counts.get(name, 0) + n
         if n_fast:
-            self._pending_bytes += n_bytes
-            ev_counts = self.stats.events
             ev_counts["mmap"] = ev_counts.get("mmap", 0) + n_fast
             self.enricher.hits += n_fast
             self.enricher.resolved += n_resolved
@@ -307,40 +340,25 @@ class Recorder:
     def _wanted(self, ev: RawEvent) -> bool:
         return self.tracked is None or ev.pid in self.tracked
 
-    def _handle(self, ev: RawEvent) -> None:
-        t = ev.type
-        if t == EventType.MAP:
-            if not self._wanted(ev):
-                return
-            held = self._held_exec.pop(ev.tid, None)
-            res = self.enricher.resolve(ev)
-            if held is not None:
-                self._emit_exec(held[0], res if held[0].identity == ev.identity else None)
-            self._record_map(ev, ORIGIN_NAMES.get(ev.origin, "mmap"), res)
-        elif t == EventType.EXEC:
-            if not self._wanted(ev):
-                return
-            # Hold it until the main executable's mapping (next from this tid)
-            # gives the absolute path to resolve it by.
-            prev = self._held_exec.pop(ev.tid, None)
-            if prev is not None:
-                self._emit_exec(prev[0], None)
-            self._held_exec[ev.tid] = (ev, self._steps)
-            self._live.pop(ev.pid, None)
-        elif t == EventType.FORK:
-            if self.tracked is not None:
-                if ev.ppid not in self.tracked:
-                    return
-                self.tracked.add(ev.pid)
-            self._count("fork")
-            self._emit(task_line(ev))
-        else:
-            if not self._wanted(ev):
-                return
-            if t == EventType.EXIT:
-                self._live.pop(ev.pid, None)
-            self._count("exit" if t == EventType.EXIT else "comm")
-            self._emit(task_line(ev))
+    def _handle_map(self, ev: RawEvent) -> None:
+        """A mapping whose identity has no final answer yet (or an exec'd one): the slow path."""
+        if not self._wanted(ev):
+            return
+        held = self._held_exec.pop(ev.tid, None)
+        res = self.enricher.resolve(ev)
+        if held is not None:
+            self._emit_exec(held[0], res if held[0].identity == ev.identity else None)
+        self._record_map(ev, ORIGIN_NAMES.get(ev.origin, "mmap"), res)
+
+    def _hold_exec(self, ev: RawEvent, key: bytes) -> None:
+        """Hold an exec until the main executable's mapping (next from this tid) resolves it."""
+        if not self._wanted(ev):
+            return
+        prev = self._held_exec.pop(ev.tid, None)
+        if prev is not None:
+            self._emit_exec(prev[0], None)
+        self._held_exec[ev.tid] = (ev, self._steps, key)
+        self._live.pop(ev.pid, None)
 
     def _emit_exec(self, ev: RawEvent, res: Resolution | None) -> None:
         if res is None:
@@ -352,7 +370,7 @@ class Recorder:
         # An exec whose main mapping did not follow within one more batch
         # (dropped, or not found): record it with its own resolution.
         self._steps += 1
-        for tid, (ev, step) in list(self._held_exec.items()):
+        for tid, (ev, step, _key) in list(self._held_exec.items()):
             if everything or step < self._steps - 1:
                 del self._held_exec[tid]
                 self._emit_exec(ev, None)
@@ -457,22 +475,26 @@ class Recorder:
     # -- the log -----------------------------------------------------------
     def _emit(self, line: bytes) -> None:
         self._pending_lines.append(line)
-        self._pending_bytes += len(line) + 1
 
     def _flush(self) -> None:
         if not self._pending_lines or self.writer is None:
             return
         try:
-            self.writer.write_lines(self._pending_lines)
+            self.writer.write_lines(self._pending_lines, trusted=True)
         except SessionLogError as e:
             # Keep the records (bounded) and retry at the next step.
             self.stats.log_write_errors += 1
             self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"session log: {e}"})
             if self.stats.log_write_errors <= 3 or self.stats.log_write_errors % 1000 == 0:
                 log.warning("session log write failed (%d times): %s", self.stats.log_write_errors, e)
-            while self._pending_bytes > self.config.pending_lines_max_bytes and self._pending_lines:
-                self._pending_bytes -= len(self._pending_lines.pop(0)) + 1
-                self.stats.log_lines_dropped += 1
+            excess = sum(map(len, self._pending_lines)) + len(self._pending_lines) \
+                - self.config.pending_lines_max_bytes
+            drop = 0
+            while excess > 0 and drop < len(self._pending_lines):
+                excess -= len(self._pending_lines[drop]) + 1
+                drop += 1
+            if drop:
+                del self._pending_lines[:drop]
+                self.stats.log_lines_dropped += drop
             return
         self._pending_lines = []
-        self._pending_bytes = 0

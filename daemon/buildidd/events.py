@@ -177,6 +177,8 @@ _TASK_BODY_OFF = TaskEvent.ppid.offset
 #: the file_id without nlink as raw bytes (the identity key), nlink, path_len.
 MAP_PREFIX = struct.Struct("<IIIIQ16sQQQIIII36sIH")
 _FILE_KEY = struct.Struct("<QQqIII")
+#: A fork/exit/comm event in one unpack: header fields, ppid, ptid.
+TASK_EVENT = struct.Struct("<IIIIQ16sII")
 
 
 def _check_formats() -> None:
@@ -191,10 +193,16 @@ def _check_formats() -> None:
     assert ctypes.sizeof(TaskEvent) == _TASK_BODY_OFF + _TASK_BODY.size
     assert MAP_PREFIX.size == _MAP_PLEN_OFF + 2
     assert _FILE_KEY.size == FileId.nlink.offset
+    assert TASK_EVENT.size == ctypes.sizeof(TaskEvent)
 
 
 _check_formats()
 MAP_PATH_OFF = _MAP_PATH_OFF
+
+
+def exec_file_key(buf: bytes) -> bytes:
+    """The identity key (see file_key) of a raw EXEC record's executable."""
+    return buf[_EXEC_FILE_OFF:_EXEC_FILE_OFF + _FILE_KEY.size]
 
 
 def file_key(ident: "Identity") -> bytes:

@@ -68,16 +68,20 @@ def exec_line(ev: RawEvent, res: Resolution) -> bytes:
             f'{res.json_tail}}}').encode("utf-8", "surrogateescape")
 
 
-def task_line(ev: RawEvent) -> bytes:
-    """The JSON line of a fork, exit or comm record."""
-    name = TYPE_NAMES[ev.type]
-    head = (f'{{"type":"{name}","time_ns":{ev.time_ns},"pid":{ev.pid},"tid":{ev.tid},'
-            f'"comm":{json_str(ev.comm)}')
-    if ev.type == EventType.FORK:
-        return f'{head},"ppid":{ev.ppid},"ptid":{ev.ptid}}}'.encode()
-    if ev.type == EventType.EXIT:
-        return f'{head},"exit_code":{ev.ppid}}}'.encode()
-    return f"{head}}}".encode()
+#: fork, exit and comm records: time_ns, pid, tid, comm (JSON), then ppid, ptid (fork)
+#: or exit_code (exit).
+FORK_LINE = b'{"type":"fork","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"ppid":%d,"ptid":%d}'
+EXIT_LINE = b'{"type":"exit","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"exit_code":%d}'
+COMM_LINE = b'{"type":"comm","time_ns":%d,"pid":%d,"tid":%d,"comm":%s}'
+
+
+def task_line(etype: int, time_ns: int, pid: int, tid: int, comm_json: bytes, a: int, b: int) -> bytes:
+    """The JSON line of a fork, exit or comm record (a, b: task_event.ppid, .ptid)."""
+    if etype == EventType.FORK:
+        return FORK_LINE % (time_ns, pid, tid, comm_json, a, b)
+    if etype == EventType.EXIT:
+        return EXIT_LINE % (time_ns, pid, tid, comm_json, a)
+    return COMM_LINE % (time_ns, pid, tid, comm_json)
 
 
 def dict_line(record: dict) -> bytes:

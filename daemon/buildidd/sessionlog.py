@@ -225,7 +225,7 @@ class SessionWriter:
             self._max_segment_bytes = max_segment_bytes
             self._max_segment_age_s = max_segment_age_s
 
-    def write_lines(self, lines: Sequence[bytes]) -> None:
+    def write_lines(self, lines: Sequence[bytes], *, trusted: bool = False) -> None:
         """Append already-encoded records as one batch.
 
         Args:
@@ -233,6 +233,10 @@ class SessionWriter:
                 :data:`MAX_LINE_BYTES` bytes.  The batch is written as
                 ``b"\\n".join(lines) + b"\\n"`` with one ``os.write`` (looping
                 only on a short write), into one segment.
+
+        trusted: the caller guarantees the line rules (its records are
+            JSON-encoded, so no raw newline, and bounded), so the per-byte
+            checks are skipped; they cost ~1 µs per record on the hot path.
 
         Rotates first when the open segment holds at least
         ``max_segment_bytes`` bytes or is ``max_segment_age_s`` seconds old.
@@ -251,10 +255,11 @@ class SessionWriter:
         if not lines:
             return
         data = b"\n".join(lines) + b"\n"
-        if data.count(b"\n") != len(lines):
-            raise ValueError("a record contains a newline byte")
-        if max(map(len, lines)) > MAX_LINE_BYTES:
-            raise ValueError(f"a record is longer than {MAX_LINE_BYTES} bytes")
+        if not trusted:
+            if data.count(b"\n") != len(lines):
+                raise ValueError("a record contains a newline byte")
+            if max(map(len, lines)) > MAX_LINE_BYTES:
+                raise ValueError(f"a record is longer than {MAX_LINE_BYTES} bytes")
         with self._lock:
             if self._closed:
                 raise SessionLogError(f"{self._dir}: session writer is closed")
