@@ -492,62 +492,18 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 /*
  * After execve the new mm holds the executable's and the interpreter's
  * segments, mapped by the kernel itself (fs/binfmt_elf.c), not through mmap(2).
- * Starting at the VMA holding start_addr, emit every executable VMA of the same
- * struct file among the next EXEC_MAX_VMAS VMAs.
+ * exec_vmas walks them, one VMA per (tail) call so that each call verifies as
+ * a small program: starting at the VMA holding AT_PHDR (then AT_BASE), it
+ * emits every executable VMA of that same struct file among the next
+ * EXEC_MAX_VMAS VMAs.  Its state lives in exec_stages between calls.
  */
-static __always_inline void emit_file_vmas(const void *mm, __u64 start_addr, __u32 origin)
-{
-	const void *vma = find_vma(mm, start_addr);
-	const void *file, *f;
-	struct map_scratch *s;
-	__u32 zero = 0;
-	int k;
-
-	if (!vma) {
-		count_drop(BUILDIDD_DROP_NO_VMA);
-		return;
-	}
-	file = rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE));
-	if (!file) {
-		count_drop(BUILDIDD_DROP_NO_VMA);
-		return;
-	}
-	s = map_scratch.lookup(&zero);
-	if (!s)
-		return;
-	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
-	s->ev.origin = origin;
-	if (prepare_map_event(s, file) < 0) {
-		count_drop(BUILDIDD_DROP_READ_FAILED);
-		return;
-	}
-	for (k = 0; k < EXEC_MAX_VMAS; k++) {
-		__u64 vm_start = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START));
-		__u64 vm_end = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_END));
-		__u64 vm_flags = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_FLAGS));
-
-		if (vm_flags & VM_EXEC) {
-			s->ev.start = vm_start;
-			s->ev.len = vm_end - vm_start;
-			s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << 12;
-			s->ev.prot = vm_flags_to_prot(vm_flags);
-			s->ev.flags = vm_flags_to_map(vm_flags);
-			submit_map_event(s);
-		}
-		vma = find_vma(mm, vm_end);
-		if (!vma)
-			break;
-		f = rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE));
-		if (f != file)
-			break;
-	}
-}
-
 struct exec_stage {
 	const void *mm;
 	__u64 addr[2];		/* AT_PHDR (or AT_ENTRY), AT_BASE; 0: none */
-	__u32 next;		/* index into addr of the next file to walk */
-	__u32 _pad;
+	__u32 k;		/* index into addr of the file being walked */
+	__u32 remaining;	/* VMAs left to look at for this file */
+	const void *file;	/* the file being walked; NULL: start file k */
+	__u64 cur;		/* address of the next VMA to look at */
 };
 
 BPF_PERCPU_ARRAY(exec_stages, struct exec_stage, 1);
@@ -606,32 +562,76 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	st->mm = mm;
 	st->addr[0] = at_phdr ? at_phdr : at_entry;
 	st->addr[1] = at_base;
-	st->next = 0;
+	st->k = 0;
+	st->file = NULL;
 	exec_tail.call(ctx, 0);
 	count_drop(BUILDIDD_DROP_READ_FAILED);	/* the tail call failed */
 	return 0;
 }
 
-/* Tail-called from sched_process_exec: walks one file per call, then itself again. */
+/* Tail-called from sched_process_exec, then from itself: one VMA per call. */
 int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 {
 	struct exec_stage *st;
+	struct map_scratch *s;
+	const void *vma, *file;
+	__u64 vm_start, vm_end, vm_flags;
 	__u32 zero = 0, k;
-	__u64 addr;
 
 	st = exec_stages.lookup(&zero);
-	if (!st)
+	s = map_scratch.lookup(&zero);
+	if (!st || !s)
 		return 0;
-	k = st->next;
+	k = st->k;
 	if (k >= 2)
 		return 0;
-	st->next = k + 1;
-	addr = st->addr[k & 1];
-	if (addr)
-		emit_file_vmas(st->mm, addr, k == 0 ? BUILDIDD_ORIGIN_EXEC_MAIN
-						    : BUILDIDD_ORIGIN_EXEC_INTERP);
-	if (k == 0 && st->addr[1])
+	if (!st->file) {
+		/* Start walking file k: the one mapped at addr[k]. */
+		__u64 addr = st->addr[k & 1];
+
+		vma = addr ? find_vma(st->mm, addr) : NULL;
+		file = vma ? rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) : NULL;
+		if (!file) {
+			if (addr)
+				count_drop(BUILDIDD_DROP_NO_VMA);
+			st->k = k + 1;
+			exec_tail.call(ctx, 0);
+			return 0;
+		}
+		fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
+		s->ev.origin = k == 0 ? BUILDIDD_ORIGIN_EXEC_MAIN : BUILDIDD_ORIGIN_EXEC_INTERP;
+		if (prepare_map_event(s, file) < 0) {
+			count_drop(BUILDIDD_DROP_READ_FAILED);
+			st->k = k + 1;
+			exec_tail.call(ctx, 0);
+			return 0;
+		}
+		st->file = file;
+		st->cur = addr;
+		st->remaining = EXEC_MAX_VMAS;
+	}
+	vma = st->remaining ? find_vma(st->mm, st->cur) : NULL;
+	if (!vma || rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) != st->file) {
+		/* Past this file's VMAs: on to the next file. */
+		st->file = NULL;
+		st->k = k + 1;
 		exec_tail.call(ctx, 0);
+		return 0;
+	}
+	vm_start = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START));
+	vm_end = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_END));
+	vm_flags = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_FLAGS));
+	if (vm_flags & VM_EXEC) {
+		s->ev.start = vm_start;
+		s->ev.len = vm_end - vm_start;
+		s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << 12;
+		s->ev.prot = vm_flags_to_prot(vm_flags);
+		s->ev.flags = vm_flags_to_map(vm_flags);
+		submit_map_event(s);
+	}
+	st->cur = vm_end;
+	st->remaining -= 1;
+	exec_tail.call(ctx, 0);
 	return 0;
 }
 

@@ -71,7 +71,7 @@ class RssSampler:
 class Buildidd:
     """`buildidd run` as a daemon; READY is awaited on our own NOTIFY_SOCKET."""
 
-    def __init__(self, workdir: Path, *, extra: list[str] = (), env: dict | None = None):
+    def __init__(self, workdir: Path, *, extra: list[str] = (), env: dict | None = None, compress: bool = False):
         self.root = Path(tempfile.mkdtemp(prefix="sessions-", dir=workdir))
         sock_path = workdir / f"notify-{os.getpid()}-{time.monotonic_ns()}.sock"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -79,7 +79,8 @@ class Buildidd:
         self.sock.settimeout(60)
         t0 = time.monotonic()
         self.proc = subprocess.Popen([PY, "-m", "buildidd.cli", "run", "--session-root", str(self.root),
-                                      "--no-compress", "--store-root", f"{self.root}-store", *extra],
+                                      *([] if compress else ["--no-compress"]),
+                                      "--store-root", f"{self.root}-store", "--control-socket", "", *extra],
                                      env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(sock_path)},
                                      stderr=subprocess.PIPE)
         while True:
