@@ -12,7 +12,6 @@ growth from the end of the first minute to the end.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile

@@ -6,6 +6,9 @@ skip when BPF is unavailable, and fail instead under BUILDIDD_REQUIRE_BPF=1 (CI)
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 import re
 import shutil
@@ -107,3 +110,30 @@ class Background:
         self._stop.set()
         self.thread.join(timeout=30)
         assert not self.thread.is_alive()
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_MNT_DETACH = 2
+
+
+@pytest.fixture
+def tmpfs_mount(tmp_path):
+    """Factory: mount(size) mounts a tmpfs of that size ("256k", "1m") under tmp_path (a full disk
+    on demand); skips on EPERM, fails under BUILDIDD_REQUIRE_BPF=1; unmounted at teardown."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        if _libc.mount(b"tmpfs", bytes(mnt), b"tmpfs", 0, f"size={size},mode=0755".encode()) != 0:
+            err = ctypes.get_errno()
+            if err == errno.EPERM and not REQUIRE_BPF:
+                pytest.skip("mounting a tmpfs needs CAP_SYS_ADMIN (EPERM)")
+            pytest.fail(f"mount tmpfs on {mnt}: {os.strerror(err)}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        if _libc.umount2(bytes(mnt), _MNT_DETACH) != 0:
+            raise OSError(ctypes.get_errno(), f"umount {mnt}")

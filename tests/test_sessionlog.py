@@ -5,8 +5,6 @@ The zstd CLI (and jq when present) are the oracles for the compressed segments.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import hashlib
 import json
@@ -360,25 +358,10 @@ def test_reading_without_callback_and_missing_directory(tmp_path, caplog):
 
 # -- full disk (tmpfs, root) -----------------------------------------------------
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_MNT_DETACH = 2
-
-
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 256 KiB tmpfs, like ``mount -t tmpfs -o size=256k tmpfs DIR``."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if _libc.mount(b"tmpfs", bytes(mnt), b"tmpfs", 0, b"size=256k,mode=0755") != 0:
-        err = ctypes.get_errno()
-        if err == errno.EPERM and os.environ.get("BUILDIDD_REQUIRE_BPF") != "1":
-            pytest.skip("mounting a tmpfs needs CAP_SYS_ADMIN (EPERM)")
-        pytest.fail(f"mount tmpfs on {mnt}: {os.strerror(err)}")
-    try:
-        yield mnt
-    finally:
-        if _libc.umount2(bytes(mnt), _MNT_DETACH) != 0:
-            raise OSError(ctypes.get_errno(), f"umount {mnt}")
+def small_tmpfs(tmpfs_mount):
+    """A 256 KiB tmpfs (a disk that fills up)."""
+    return tmpfs_mount("256k")
 
 
 def fill(path: Path) -> None:

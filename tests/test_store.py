@@ -8,8 +8,6 @@ checks live in tests/integration/test_store_perf.py.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import hashlib
 import os
@@ -432,25 +430,10 @@ def test_io_error_is_a_store_error(st, tmp_path, monkeypatch):
 
 # -- full disk (tmpfs, root) -----------------------------------------------------------
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_MNT_DETACH = 2
-
-
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 1 MiB tmpfs, like ``mount -t tmpfs -o size=1m tmpfs DIR``."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if _libc.mount(b"tmpfs", bytes(mnt), b"tmpfs", 0, b"size=1m,mode=0755") != 0:
-        err = ctypes.get_errno()
-        if err == errno.EPERM and os.environ.get("BUILDIDD_REQUIRE_BPF") != "1":
-            pytest.skip("mounting a tmpfs needs CAP_SYS_ADMIN (EPERM)")
-        pytest.fail(f"mount tmpfs on {mnt}: {os.strerror(err)}")
-    try:
-        yield mnt
-    finally:
-        if _libc.umount2(bytes(mnt), _MNT_DETACH) != 0:
-            raise OSError(ctypes.get_errno(), f"umount {mnt}")
+def small_tmpfs(tmpfs_mount):
+    """A 1 MiB tmpfs (a disk that fills up)."""
+    return tmpfs_mount("1m")
 
 
 def test_full_disk(small_tmpfs, tmp_path):

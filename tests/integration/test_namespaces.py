@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
-import os
 import shutil
 import subprocess
 import sys

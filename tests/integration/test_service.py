@@ -41,7 +41,7 @@ def test_notify_ready_watchdog_stopping_and_complete_last_segment(bpf, tmp_path)
     p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--session-root", str(root), "--store-root", str(tmp_path / "store")],
                          env=env, stderr=subprocess.PIPE)
     try:
-        msgs = _recv_until(sock, "READY=1", 60)
+        _recv_until(sock, "READY=1", 60)
         # READY only after the programs are attached and running processes synthesized:
         (sdir,) = list(root.iterdir())
         before = session_records(sdir)
