@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from . import __version__, clock
 from . import config as configmod
 from .errors import BuildiddError
 from .sessionlog import read_session
@@ -148,10 +148,14 @@ def _resolve_session(arg: str, root: str) -> Path:
     raise BuildiddError(f"no session {arg!r} (looked in . and {root})")
 
 
-def _fmt(r: dict) -> str:
+def _fmt(r: dict, offset_ns: int | None) -> str:
     t = r.get("type")
-    ts = r.get("time_ns", 0) / 1e9
-    head = f"{ts:14.6f} {r.get('pid', ''):>7} {r.get('comm', ''):<16} {t:<6}"
+    if offset_ns is not None:
+        wall = clock.wall_ns(r.get("time_ns", 0), offset_ns)
+        ts = time.strftime("%H:%M:%S", time.localtime(wall // 10**9)) + f".{wall % 10**9 // 1000:06d}"
+    else:
+        ts = f"{r.get('time_ns', 0) / 1e9:.6f}"
+    head = f"{ts:>15} {r.get('pid', ''):>7} {r.get('comm', ''):<16} {t:<6}"
     if t == "mmap":
         bid = r.get("build_id") or f"({r.get('error')})"
         return (f"{head} {r['start']:#x}+{r['len']:#x} @{r['pgoff']:#x} {r.get('origin')} "
@@ -164,7 +168,7 @@ def _fmt(r: dict) -> str:
         return f"{head} code {r.get('exit_code')}"
     if t == "comm":
         return f"{head}"
-    return f"{ts:14.6f} {t}: " + json.dumps({k: v for k, v in r.items() if k not in ('type', 'time_ns')})
+    return f"{ts:>15} {t}: " + json.dumps({k: v for k, v in r.items() if k not in ('type', 'time_ns')})
 
 
 def cmd_show(args) -> int:
@@ -174,13 +178,16 @@ def cmd_show(args) -> int:
     pids = set(args.pid) if args.pid else None
     torn = []
     out = sys.stdout
+    offset_ns = None
     try:
         for r in read_session(session, on_torn=lambda seg, line: torn.append((seg, line))):
+            if r.get("type") == "session":
+                offset_ns = r.get("boot_to_wall_offset_ns")
             if types and r.get("type") not in types:
                 continue
             if pids and r.get("pid") not in pids:
                 continue
-            out.write((json.dumps(r, separators=(",", ":")) if args.json else _fmt(r)) + "\n")
+            out.write((json.dumps(r, separators=(",", ":")) if args.json else _fmt(r, offset_ns)) + "\n")
     except BrokenPipeError:
         return 0
     for seg, line in torn:

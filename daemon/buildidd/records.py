@@ -39,7 +39,6 @@ ORIGIN_NAMES = {
 SYNTHESIZED = "synthesized"   #: found in /proc/PID/maps at start (perf's synthesized MMAP2)
 RECOVERED = "recovered"       #: found in /proc/PID/maps by the rescan after a loss
 
-TYPE_NAMES = {EventType.FORK: "fork", EventType.EXIT: "exit", EventType.COMM: "comm"}
 
 
 #: A mapping record: time_ns, pid, tid, comm (JSON), start, len, pgoff, prot,
