@@ -108,14 +108,15 @@ class Buildidd:
         shutil.rmtree(self.root, ignore_errors=True)
         shutil.rmtree(f"{self.root}-store", ignore_errors=True)
 
-    def stop(self) -> list[dict]:
+    def stop(self, read: bool = True) -> list[dict]:
+        """SIGTERM the daemon, wait; the session's records (a list: mind the size) when read."""
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=120)
         self.rss.stop()
         self.sock.close()
         (sdir,) = list(self.root.iterdir())
         self.session_dir = sdir
-        return list(read_session(sdir))
+        return list(read_session(sdir)) if read else []
 
 
 @dataclass

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     finally:
         storm.kill()
         storm.wait()
-        d.stop()
+        d.stop(read=False)
         d.cleanup()
     after_1min = [r for r in rows if r[0] >= 60]
     if after_1min:
