@@ -26,8 +26,9 @@ class Config:
         segment_max_age_s: ... or once it is this many seconds old.
         compress: zstd-compress closed segments.
         ringbuf_bytes: size of the BPF ring buffer (power-of-two pages).
-        poll_interval_s: the ring buffer is drained this often (events are
-            submitted without wake-ups, see bpf/buildidd.bpf.c).
+        poll_interval_s: the ring buffers are drained this often while events
+            arrive (they are submitted without wake-ups, see bpf/buildidd.bpf.c).
+        idle_poll_interval_s: ... and at most this often while none do.
         drop_check_interval_s: how often kernel drop counters are read.
         identity_cache_entries: identities whose build-id answer is kept (LRU);
             also the size of the kernel's known_ids map.
@@ -49,7 +50,8 @@ class Config:
     compress: bool = True
     ringbuf_bytes: int = 32 << 20
     poll_interval_s: float = 0.005
-    drop_check_interval_s: float = 0.1
+    idle_poll_interval_s: float = 0.05
+    drop_check_interval_s: float = 0.25
     identity_cache_entries: int = 65536
     pending_lines_max_bytes: int = 64 << 20
     control_socket: str = "/run/buildidd/control.sock"

@@ -137,13 +137,21 @@ class Recorder:
         self.tracked.add(pid)
 
     def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None] | None = None) -> None:
-        """Step every poll interval until should_stop() returns True; on_tick runs after each step."""
-        interval = self.config.poll_interval_s
+        """Step until should_stop() returns True; on_tick runs after each step.
+
+        Steps come every poll_interval_s while events arrive; while none do,
+        the pause doubles up to idle_poll_interval_s (the rings absorb far
+        more than that pause's worth of events), so an idle host costs little.
+        """
+        base = self.config.poll_interval_s
+        idle_max = max(base, self.config.idle_poll_interval_s)
+        interval = base
         while not should_stop():
             t = time.monotonic()
-            self.step()
+            n = self.step()
             if on_tick is not None:
                 on_tick()
+            interval = base if n else min(idle_max, interval * 2)
             left = interval - (time.monotonic() - t)
             if left > 0:
                 time.sleep(left)
