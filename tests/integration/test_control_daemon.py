@@ -107,4 +107,18 @@ except PermissionError:
         look = c.request("lookup", pid=p.pid, addr=int(open(f"/proc/{p.pid}/maps").readline().split("-")[0], 16))
         assert look["pid"] == p.pid and look["path"]
         assert c.request("rotate")["rotated"]
+    # The CLI, as an operator types it.
+    cli = [sys.executable, "-m", "buildidd.cli"]
+    text = subprocess.run([*cli, "status", "--socket", str(ctl)], capture_output=True, text=True, timeout=30)
+    assert text.returncode == 0, text.stderr
+    for word in ("session", "uptime", "events", "lost", "identity", "build-ids", "snapshots"):
+        assert word in text.stdout, (word, text.stdout)
+    as_json = json.loads(subprocess.run([*cli, "status", "--socket", str(ctl), "--json"], capture_output=True,
+                                        text=True, timeout=30).stdout)
+    assert as_json["session"] == before["session"]
+    lk = subprocess.run([*cli, "lookup", "--socket", str(ctl), str(p.pid), hex(look["addr"])],
+                        capture_output=True, text=True, timeout=30)
+    assert lk.returncode == 0 and look["path"] in lk.stdout
+    gone = subprocess.run([*cli, "status", "--socket", str(ctl) + ".absent"], capture_output=True, text=True)
+    assert gone.returncode == 1 and "No such file" in gone.stderr
     assert p.poll() is None
