@@ -44,6 +44,9 @@
 
 #define MAPLE_NODE_MASK	0xffULL		/* lib/maple_tree.c: MAPLE_NODE_MASK */
 
+#ifndef PAGE_SHIFT
+#define PAGE_SHIFT 12
+#endif
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 4096
 #endif
@@ -474,7 +477,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
 	s->ev.start = vm_start;
 	s->ev.len = vm_end - vm_start;
-	s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << 12;
+	s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << PAGE_SHIFT;
 	s->ev.prot = vm_flags_to_prot(vm_flags);
 	s->ev.flags = vm_flags_to_map(vm_flags);
 	s->ev.origin = BUILDIDD_ORIGIN_MMAP;
@@ -543,7 +546,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
 	s->ev.start = p.start;
 	s->ev.len = p.len;
-	s->ev.pgoff = (vm_pgoff << 12) + (p.start - vm_start);
+	s->ev.pgoff = (vm_pgoff << PAGE_SHIFT) + (p.start - vm_start);
 	s->ev.prot = p.prot;
 	s->ev.flags = vm_flags_to_map(vm_flags);
 	s->ev.origin = BUILDIDD_ORIGIN_MPROTECT;
@@ -690,7 +693,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 	if (vm_flags & VM_EXEC) {
 		s->ev.start = vm_start;
 		s->ev.len = vm_end - vm_start;
-		s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << 12;
+		s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << PAGE_SHIFT;
 		s->ev.prot = vm_flags_to_prot(vm_flags);
 		s->ev.flags = vm_flags_to_map(vm_flags);
 		submit_map_event(s);

@@ -78,3 +78,19 @@ def test_maps_line_parsing():
     assert m.dev == os.makedev(0xFE, 0x01)
     assert parse_maps_line("garbage") is None
     assert parse_maps_line("zz-yy r-xp 0 0:0 0") is None
+
+
+def test_anonymous_devices_compare_equal_but_real_ones_do_not():
+    from buildidd.events import Identity
+    from buildidd.procfs import mismatch
+    a = Identity(os.makedev(0, 40), 5, 0, 10, 99)
+    assert mismatch(a, Identity(os.makedev(0, 51), 5, 0, 10, 99)) is None       # btrfs subvolume anon_dev
+    assert mismatch(a, Identity(os.makedev(254, 1), 5, 0, 10, 99)) == "other_inode"
+    assert mismatch(a, Identity(os.makedev(0, 40), 6, 0, 10, 99)) == "other_inode"
+    assert mismatch(a, Identity(os.makedev(0, 40), 5, 0, 11, 99)) == "modified"
+
+
+def test_a_path_with_a_nul_byte_gets_a_reason_not_an_exception(tmp_path):
+    f = gcc("int main(void){return 0;}\n", tmp_path / "a", "-Wl,--build-id=sha1")
+    res = Enricher().resolve(_event(str(f) + "\0junk", _ident(f)))
+    assert res.build_id is None and res.error == "file_vanished"

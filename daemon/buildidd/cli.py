@@ -115,6 +115,8 @@ def cmd_record(args) -> int:
         return 127
     rec.follow(child.pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child gets it; we end with it
+    # SIGTERM to us ends the command; the session then closes normally.
+    signal.signal(signal.SIGTERM, lambda _s, _f: child.terminate())
     try:
         rec.run(lambda: child.poll() is not None)
     finally:

@@ -23,7 +23,7 @@ from . import __version__, clock, host, procfs
 from .config import Config
 from .enrich import Enricher, Resolution, json_str
 from .errors import SessionLogError, StoreError
-from .events import (MAP_PATH_OFF, MAP_PREFIX, TASK_EVENT, DecodeError, EventType, Identity, RawEvent, decode,
+from .events import (MAP_PATH_OFF, MAP_PREFIX, PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, DecodeError, EventType, Identity, RawEvent, decode,
                      exec_file_key, file_key, st_dev_to_kdev)
 from .procfs import Source
 from .records import (MMAP_LINE, ORIGIN_NAMES, RECOVERED, SYNTHESIZED, dict_line, exec_line, mmap_line,
@@ -157,10 +157,18 @@ class Recorder:
                 time.sleep(left)
 
     def rotate(self) -> None:
-        """Close the current segment (it is compressed in the background) and start the next."""
+        """Close the current segment (it is compressed in the background) and start the next.
+
+        A failure (fsync or close of the old segment) is counted in last_errors;
+        the writer carries on in a new segment.
+        """
         self._flush()
         if self.writer is not None:
-            self.writer.rotate()
+            try:
+                self.writer.rotate()
+            except SessionLogError as e:
+                self.stats.log_write_errors += 1
+                self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"rotate: {e}"})
 
     def request_rotate(self, timeout_s: float) -> bool:
         """Ask the recording thread to rotate at its next step; True once done (any thread)."""
@@ -240,6 +248,8 @@ class Recorder:
                         continue
                 if etype == EventType.EXIT:
                     live.pop(pid, None)
+                    if tracked is not None:
+                        tracked.discard(pid)   # a reused pid is someone else
                 cj = comm_json.get(comm)
                 if cj is None:
                     cj = _comm_json(comm)
@@ -306,8 +316,10 @@ class Recorder:
         self._flush()
         if self._rotate_wanted.is_set():
             self._rotate_wanted.clear()
-            self.rotate()
-            self._rotate_done.set()
+            try:
+                self.rotate()
+            finally:
+                self._rotate_done.set()
         return len(raws)
 
     def close(self) -> None:
@@ -393,7 +405,7 @@ class Recorder:
         key = file_key(ev.identity)
         if len(live) < 4096:
             live.add((ev.start, key))
-        if res.final and ev.origin is not None and path:
+        if res.final and ev.origin is not None and path and not ev.id_flags & (PATH_TRUNCATED | PATH_UNREACHABLE):
             self._fast[key] = (res, mmap_tail(path, res))
         self._emit(mmap_line(ev, origin, path, res))
 
@@ -442,7 +454,8 @@ class Recorder:
             comm = procfs.read_comm(pid)
             live = self._live.get(pid, set())
             for m in maps:
-                if origin == RECOVERED and any(s == m.start for s, _k in live):
+                if origin == RECOVERED and any(s == m.start and int.from_bytes(k[:8], "little") == m.ino
+                                               for s, k in live):
                     continue
                 self._record_scanned(pid, comm, m, origin)
 

@@ -123,7 +123,7 @@ class Enricher:
                 self.cache.move_to_end(ident)
                 return res
             # Unreachable before: only the mapping itself can still help.
-            got = self._try_map_files(ev, ident, res.path)
+            got = self._try_map_files(ev, ident, ev.path or res.path)
             return self._store(ident, got) if got is not None else res
         self.misses += 1
         return self._store(ident, self._resolve_uncached(ev, ident))
@@ -165,6 +165,8 @@ class Enricher:
             if mismatch(ident, identity_of(fd, ident.generation != 0)) is not None:
                 return None
             return self._read(ident, fd, Source.MAP_FILES, path)
+        except OSError:
+            return None
         finally:
             os.close(fd)
 
@@ -175,7 +177,7 @@ class Enricher:
             return got
         seen_other = False
         denied = False
-        if path and not path.startswith("/memfd:"):
+        if path and "\0" not in path and not path.startswith("/memfd:"):
             for source, opener, arg in ((Source.PROC_ROOT, open_in_root, (ev.pid, path)),
                                         (Source.PATH, open_path, (path,))):
                 try:

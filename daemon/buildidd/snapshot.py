@@ -92,13 +92,12 @@ class Snapshotter:
         """Queue a copy of the file with build_id (first sighting only); fd is dup'ed if given."""
         if build_id in self._seen:
             return
-        self._seen.add(build_id)
         urgent = False
         if path.startswith("/"):
             try:
                 st = os.stat(path)
                 urgent = ident is not None and (st.st_dev, st.st_ino) != (ident.dev, ident.ino)
-            except OSError:
+            except (OSError, ValueError):
                 urgent = True     # the path names nothing now: deleted (or memfd)
         else:
             urgent = True
@@ -113,6 +112,7 @@ class Snapshotter:
                     self._fds += 1
                 except OSError:
                     dup = None
+            self._seen.add(build_id)
             if urgent:
                 self.stats["urgent"] += 1
             heapq.heappush(self._heap, (0 if urgent else 1, next(self._seq), build_id, path, ident, dup))
@@ -161,6 +161,10 @@ class Snapshotter:
                     return
                 job = heapq.heappop(self._heap) if self._heap else None
             if job is not None:
+                held = job[5] is not None
+                if held:
+                    with self._cv:
+                        self._fds = max(0, self._fds - 1)
                 self._copy(*job[2:])
             if time.monotonic() >= next_housekeeping:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
@@ -189,14 +193,12 @@ class Snapshotter:
         finally:
             if fd is not None:
                 os.close(fd)
-                with self._cv:
-                    self._fds = max(0, self._fds - 1)
 
     @staticmethod
     def _open_by_path(path: str, ident: Identity | None) -> int | None:
         try:
             fd = procfs.open_path(path)
-        except OSError:
+        except (OSError, ValueError):
             return None
         try:
             if ident is not None and procfs.mismatch(ident, procfs.identity_of(fd, ident.generation != 0)):

@@ -244,7 +244,7 @@ class Tracer:
             raise ProbeError(f"ring buffer of {ringbuf_bytes} bytes does not split into {self.nrings} "
                              f"rings of a power-of-two number of pages")
         cflags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
-        cflags += [f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}", f"-DKNOWN_IDS_MAX={known_ids_max}",
+        cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}", f"-DKNOWN_IDS_MAX={known_ids_max}",
                    f"-I{BPF_DIR}",
                    "-Wno-unused-function"]
         try:

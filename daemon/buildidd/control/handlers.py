@@ -60,7 +60,7 @@ def _int_arg(args: dict, name: str) -> int:
     v = args.get(name)
     if isinstance(v, str):
         try:
-            return int(v, 0)
+            v = int(v, 0)
         except ValueError:
             pass
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
