@@ -23,13 +23,14 @@ from . import __version__, clock, host, procfs
 from .config import Config
 from .enrich import Enricher, Resolution, json_str
 from .errors import SessionLogError, StoreError
-from .events import (MAP_PATH_OFF, MAP_PREFIX, PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, DecodeError, EventType, Identity, RawEvent, decode,
+from .events import (MAP_PATH_OFF, MAP_PREFIX, PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, TASK_PPID_OFF,
+                     DecodeError, EventType, Identity, RawEvent, decode,
                      exec_file_key, file_key, st_dev_to_kdev)
 from .procfs import Source
 from .records import (MMAP_LINE, ORIGIN_NAMES, RECOVERED, SYNTHESIZED, dict_line, exec_line, mmap_line,
                       mmap_tail, task_line)
 from .sessionlog import SessionWriter
-from .tracer import Tracer
+from .tracer import Tracer, event_time
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Recorder:
         # Fast path: raw kernel file_id bytes → (Resolution, JSON of its path),
         # for identities with a final answer (see step()).
         self._fast: dict[bytes, tuple[Resolution, bytes]] = {}
+        self._deferred: list[bytes] = []      # follow mode: see _follow_filter
         self._steps = 0
         self._live: dict[int, set[tuple[int, int]]] = {}
         self._next_drop_check = 0.0
@@ -218,6 +220,8 @@ class Recorder:
         the raw identity bytes and one f-string, with no per-event objects.
         """
         raws = self.tracer.drain()
+        if self.tracked is not None:
+            raws = self._follow_filter(raws)
         fast = self._fast
         tracked = self.tracked
         held = self._held_exec
@@ -359,6 +363,37 @@ class Recorder:
 
     def _wanted(self, ev: RawEvent) -> bool:
         return self.tracked is None or ev.pid in self.tracked
+
+    def _follow_filter(self, raws: list[bytes]) -> list[bytes]:
+        """Follow mode: the records of tracked processes (and forks from them), in time order.
+
+        A record of an untracked pid is held back for one step: its parent's
+        FORK may sit in another CPU's ring that was read just before the
+        parent's CPU committed it.  Held twice, it is dropped.
+        """
+        prev = self._deferred
+        self._deferred = []
+        if prev:
+            held_before = {id(r) for r in prev}
+            raws = sorted(prev + raws, key=event_time)
+        else:
+            held_before = ()
+        tracked = self.tracked
+        out = []
+        for raw in raws:
+            if len(raw) < 12:
+                out.append(raw)          # let decoding count it
+                continue
+            pid = int.from_bytes(raw[4:8], "little")
+            if pid in tracked:
+                out.append(raw)
+            elif raw[0] == EventType.FORK and len(raw) >= TASK_EVENT.size and \
+                    int.from_bytes(raw[TASK_PPID_OFF:TASK_PPID_OFF + 4], "little") in tracked:
+                tracked.add(pid)
+                out.append(raw)
+            elif id(raw) not in held_before and len(self._deferred) < 65536:
+                self._deferred.append(raw)
+        return out
 
     def _handle_map(self, ev: RawEvent) -> None:
         """A mapping whose identity has no final answer yet (or an exec'd one): the slow path."""

@@ -198,6 +198,7 @@ def _check_formats() -> None:
 
 _check_formats()
 MAP_PATH_OFF = _MAP_PATH_OFF
+TASK_PPID_OFF = _TASK_BODY_OFF    #: offset of task_event.ppid in a raw record
 
 
 def exec_file_key(buf: bytes) -> bytes:

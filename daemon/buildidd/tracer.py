@@ -118,7 +118,7 @@ def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
 MAX_RINGS = 8
 
 
-def _event_time(raw: bytes) -> int:
+def event_time(raw: bytes) -> int:
     """event_header.time_ns of a raw record (bytes 16..24, little-endian)."""
     return int.from_bytes(raw[16:24], "little")
 
@@ -294,7 +294,7 @@ class Tracer:
         for ring in self.rings:
             nonempty += ring.read(out) > 0
         if nonempty > 1:
-            out.sort(key=_event_time)
+            out.sort(key=event_time)
         return out
 
     def drops(self) -> DropReport:

@@ -68,3 +68,23 @@ def test_run_records_the_host_and_stops_cleanly(bpf, tmp_path):
     assert all(x["build_id"] == readelf_build_id(x["path"]) for x in synth if not x["deleted"] and x["build_id"])
     assert records[-1]["type"] == "end"
     assert list(sdir.glob("*.zst")), "closed segment not compressed"
+
+
+def test_record_follows_the_command_tree_and_nothing_else(bpf, tmp_path):
+    sdir = tmp_path / "sess"
+    r = subprocess.run([*BUILDIDD, "record", "--session-dir", str(sdir), "--store-root", str(tmp_path / "store"),
+                        "--", "/bin/sh", "-c", "/bin/true & /usr/bin/env true; wait; /bin/true"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    records = session_records(sdir)
+    execs = [x for x in records if x["type"] == "exec"]
+    assert sorted(x["filename"] for x in execs) == sorted(["/bin/sh", "/bin/true", "/usr/bin/env", "/usr/bin/true",
+                                                           "/bin/true"])
+    root = next(x["pid"] for x in execs if x["filename"] == "/bin/sh")
+    tree = {root} | {x["pid"] for x in records if x["type"] == "fork"}
+    forks = [x for x in records if x["type"] == "fork"]
+    assert all(f["ppid"] in tree for f in forks)
+    assert {x["pid"] for x in records if x["type"] in ("mmap", "exec", "exit")} <= tree
+    for pid in {x["pid"] for x in execs}:       # every process: its executable, ld.so and libc
+        origins = {x["origin"] for x in records if x["type"] == "mmap" and x["pid"] == pid}
+        assert {"exec", "interp"} <= origins, (pid, origins)
