@@ -42,6 +42,7 @@ def _add_session_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args) -> int:
+    """`buildidd run`: record the host until SIGTERM/SIGINT (or --duration); SIGHUP reloads and rotates."""
     from .daemon import Recorder
     from .service import Signals, Ticker, notify, watchdog_interval_s
 
@@ -99,6 +100,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_record(args) -> int:
+    """`buildidd record -- CMD`: a session around one command and its descendants; exits with its status."""
     from .daemon import Recorder
 
     if not args.command:
@@ -174,6 +176,7 @@ def _fmt(r: dict, offset_ns: int | None) -> str:
 
 
 def cmd_show(args) -> int:
+    """`buildidd show SESSION`: decode a session (text or --json), filtered by --pid/--type."""
     cfg = configmod.Config()
     session = _resolve_session(args.session, args.session_root or cfg.session_root)
     types = set(args.type) if args.type else None
@@ -227,6 +230,7 @@ def _human_status(s: dict) -> str:
 
 
 def cmd_status(args) -> int:
+    """`buildidd status`: the daemon's status over the control socket."""
     with _client(args) as c:
         s = c.request("status")
     print(json.dumps(s, indent=2) if args.json else _human_status(s))
@@ -234,6 +238,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_rotate(args) -> int:
+    """`buildidd rotate`: close the daemon's current segment."""
     with _client(args) as c:
         r = c.request("rotate")
     print("rotated" + (f"; now writing {r['segment']}" if r.get("segment") else
@@ -242,6 +247,7 @@ def cmd_rotate(args) -> int:
 
 
 def cmd_lookup(args) -> int:
+    """`buildidd lookup PID ADDR`: the mapping, file, offset and build-id covering ADDR now."""
     with _client(args) as c:
         r = c.request("lookup", pid=args.pid, addr=int(args.addr, 0))
     if args.json:
@@ -258,6 +264,7 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of every subcommand."""
     p = argparse.ArgumentParser(prog="buildidd", description="Record executable mappings with exact build-ids.")
     p.add_argument("--version", action="version", version=f"buildidd {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -302,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point: parse, set up logging, run the subcommand; returns the exit status."""
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]

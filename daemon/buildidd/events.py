@@ -55,6 +55,7 @@ PATH_UNREACHABLE = 0x4
 
 
 class EventHeader(ctypes.Structure):
+    """struct event_header of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("type", ctypes.c_uint32),
         ("pid", ctypes.c_uint32),       # tgid
@@ -66,6 +67,7 @@ class EventHeader(ctypes.Structure):
 
 
 class FileId(ctypes.Structure):
+    """struct file_id of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("ino", ctypes.c_uint64),
         ("size", ctypes.c_uint64),       # bytes
@@ -78,6 +80,7 @@ class FileId(ctypes.Structure):
 
 
 class MapEvent(ctypes.Structure):
+    """struct map_event of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("hdr", EventHeader),
         ("start", ctypes.c_uint64),
@@ -95,6 +98,7 @@ class MapEvent(ctypes.Structure):
 
 
 class ExecEvent(ctypes.Structure):
+    """struct exec_event of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("hdr", EventHeader),
         ("old_pid", ctypes.c_uint32),
@@ -107,6 +111,7 @@ class ExecEvent(ctypes.Structure):
 
 
 class TaskEvent(ctypes.Structure):
+    """struct task_event of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("hdr", EventHeader),
         ("ppid", ctypes.c_uint32),
@@ -115,6 +120,7 @@ class TaskEvent(ctypes.Structure):
 
 
 class KnownKey(ctypes.Structure):
+    """struct known_key of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("ino", ctypes.c_uint64),
         ("dev", ctypes.c_uint32),
@@ -123,6 +129,7 @@ class KnownKey(ctypes.Structure):
 
 
 class KnownValue(ctypes.Structure):
+    """struct known_value of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("size", ctypes.c_uint64),
         ("mtime_sec", ctypes.c_int64),
@@ -132,6 +139,7 @@ class KnownValue(ctypes.Structure):
 
 
 class DropTime(ctypes.Structure):
+    """struct drop_time of bpf/events.h (see the field comments there)."""
     _fields_ = [("first_ns", ctypes.c_uint64), ("last_ns", ctypes.c_uint64)]
 
 

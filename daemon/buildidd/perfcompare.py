@@ -50,6 +50,7 @@ class PerfMmap:
 
     @property
     def synthesized(self) -> bool:
+        """True for records perf made from /proc at start (timestamp 0)."""
         return self.time_s == 0.0
 
 
@@ -95,6 +96,7 @@ class PerfRecorder:
         raise RuntimeError("perf record did not start within 20 s")
 
     def pid(self) -> int:
+        """perf record's pid."""
         return self.proc.pid
 
     def stop(self) -> list[PerfMmap]:
@@ -136,9 +138,11 @@ class Comparison:
 
     @property
     def match_rate(self) -> float:
+        """matched / perf_with_build_id (1.0 when perf saw none)."""
         return self.matched / self.perf_with_build_id if self.perf_with_build_id else 1.0
 
     def as_dict(self) -> dict:
+        """The counters and match_rate, JSON-ready."""
         d = {k: v for k, v in self.__dict__.items() if k != "examples"}
         d["match_rate"] = round(self.match_rate, 6)
         return d

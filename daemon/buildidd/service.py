@@ -100,6 +100,7 @@ class Ticker:
         self.next = 0.0
 
     def poke(self, now: float | None = None) -> None:
+        """Call fn if interval_s has passed since the last call (now: time.monotonic())."""
         if self.interval_s is None:
             return
         now = time.monotonic() if now is None else now

@@ -119,10 +119,12 @@ class Snapshotter:
             self._cv.notify()
 
     def queued(self) -> int:
+        """Jobs waiting."""
         return len(self._heap)
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
+        """Start the worker thread."""
         self._thread.start()
 
     def stop(self, drain_timeout_s: float = 10.0) -> None:

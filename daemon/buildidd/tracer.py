@@ -181,6 +181,7 @@ class RingReader:
         return n
 
     def close(self) -> None:
+        """Unmap the ring."""
         self._cons.close()
         self._data.close()
 
@@ -201,6 +202,7 @@ class DropReport:
 
     @property
     def total(self) -> int:
+        """Events dropped in the interval, all causes."""
         return sum(self.counts.values())
 
 
