@@ -354,6 +354,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ramp", default="50000,100000,200000,300000,0", help="rates (maps/s; 0 = unpaced)")
     ap.add_argument("--ramp-seconds", type=float, default=3.0)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--scenarios", default="exec,dlopen,mmap,procs,ramp,profile",
+                    help="comma-separated subset of exec,dlopen,mmap,procs,ramp,profile")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench: must run as root", file=sys.stderr)
@@ -367,18 +369,24 @@ def main(argv=None) -> int:
         libs = [str(w[f"lib{i}"]) for i in range(args.dlopen_libs)]
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         print(f"buildidd bench, {started}, {os.cpu_count()} CPUs, kernel {os.uname().release}", flush=True)
-        results = [
-            run_scenario(f"exec storm N={args.exec_n}", [str(w["storm"]), str(args.exec_n), str(w["child"])],
-                         {"bidd_child", "bidd_storm"}, args.reps, workdir),
-            run_scenario(f"dlopen storm M={args.dlopen_libs}x{args.dlopen_rounds}",
-                         [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"}, args.reps, workdir),
-            run_scenario(f"mmap storm N={args.mmap_n}", [str(w["mmap_storm"]), libs[0], str(args.mmap_n)],
-                         {"bidd_mmap"}, args.reps, workdir),
-            many_processes(args.procs, w, workdir, max(1, min(args.reps, 3))),
-        ]
+        want = set(args.scenarios.split(","))
+        results = []
+        if "exec" in want:
+            results.append(run_scenario(f"exec storm N={args.exec_n}",
+                                        [str(w["storm"]), str(args.exec_n), str(w["child"])],
+                                        {"bidd_child", "bidd_storm"}, args.reps, workdir))
+        if "dlopen" in want:
+            results.append(run_scenario(f"dlopen storm M={args.dlopen_libs}x{args.dlopen_rounds}",
+                                        [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"},
+                                        args.reps, workdir))
+        if "mmap" in want:
+            results.append(run_scenario(f"mmap storm N={args.mmap_n}", [str(w["mmap_storm"]), libs[0], str(args.mmap_n)],
+                                        {"bidd_mmap"}, args.reps, workdir))
+        if "procs" in want:
+            results.append(many_processes(args.procs, w, workdir, max(1, min(args.reps, 3))))
         rates = [int(x) for x in args.ramp.split(",") if x.strip()]
-        ramp_rows = ramp(w, workdir, rates, args.ramp_seconds)
-        prof = profile(w, workdir, args.mmap_n)
+        ramp_rows = ramp(w, workdir, rates, args.ramp_seconds) if "ramp" in want else []
+        prof = profile(w, workdir, args.mmap_n) if "profile" in want else []
         print()
         print(fmt_table(results))
         print("\nsustained mapping-event rate (mmap storm paced, buildidd attached):")
