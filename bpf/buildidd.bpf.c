@@ -344,9 +344,12 @@ static __always_inline __u32 read_path(const void *file, struct map_scratch *s, 
 
 /*
  * The VMA of mm covering addr, or NULL: the lookup walk of lib/maple_tree.c
- * (mtree_lookup_walk) over mm->mm_mt, with node layouts from BTF.
+ * (mtree_lookup_walk) over mm->mm_mt, with node layouts from BTF.  With
+ * or_next, an addr in a gap yields the VMA right after the gap when the same
+ * leaf holds it (the exec walk crosses the gaps between an ELF file's
+ * segments, e.g. binaries linked with -z max-page-size=0x200000).
  */
-static __always_inline const void *find_vma(const void *mm, __u64 addr)
+static __always_inline const void *find_vma_in(const void *mm, __u64 addr, int or_next)
 {
 	__u64 entry = rd64(AT(mm, OFF_MM_STRUCT_MM_MT + OFF_MAPLE_TREE_MA_ROOT));
 	__u64 pivots[MAPLE_MAX_PIVOTS];
@@ -387,18 +390,25 @@ static __always_inline const void *find_vma(const void *mm, __u64 addr)
 				idx = i;
 		}
 		entry = rd64(AT(node, slot_off + (idx & (MAPLE_MAX_PIVOTS - 1)) * 8));
+		if (!entry && or_next && type == MAPLE_LEAF_64 && idx < npivots)
+			entry = rd64(AT(node, slot_off + ((idx + 1) & (MAPLE_MAX_PIVOTS - 1)) * 8));
 		if (!entry)
 			return NULL;
 		if (type == MAPLE_LEAF_64) {
 			const void *vma = (const void *)entry;
 
-			if (rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START)) > addr ||
+			if ((!or_next && rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START)) > addr) ||
 			    rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_END)) <= addr)
 				return NULL;
 			return vma;
 		}
 	}
 	return NULL;
+}
+
+static __always_inline const void *find_vma(const void *mm, __u64 addr)
+{
+	return find_vma_in(mm, addr, 0);
 }
 
 /*
@@ -679,7 +689,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 		st->cur = addr;
 		st->remaining = EXEC_MAX_VMAS;
 	}
-	vma = st->remaining ? find_vma(st->mm, st->cur) : NULL;
+	vma = st->remaining ? find_vma_in(st->mm, st->cur, 1) : NULL;
 	if (!vma || rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) != st->file) {
 		/* Past this file's VMAs: on to the next file. */
 		st->file = NULL;

@@ -131,3 +131,23 @@ print(hex(addr))
         assert r["prot"] & mmap.PROT_EXEC
     assert by_origin["mmap"]["pgoff"] == mmap.PAGESIZE and by_origin["mmap"]["len"] == 2 * mmap.PAGESIZE
     assert by_origin["mprotect"]["start"] == mprot_addr and by_origin["mprotect"]["pgoff"] == 0
+
+
+def test_executable_segments_after_a_gap_are_recorded(recorder, tmp_path):
+    """Segments aligned to 2 MiB leave gaps between the VMAs; the exec walk must cross them."""
+    exe = gcc("#include <unistd.h>\nint main(void) { pause(); return 0; }\n", tmp_path / "gapped",
+              "-Wl,-z,max-page-size=0x200000", "-Wl,-z,separate-code", "-Wl,--build-id=sha1")
+    rec = recorder()
+    p = subprocess.Popen([str(exe)])
+    try:
+        assert _step_until(rec, lambda: _mmaps(rec, path=str(exe)))
+        maps = open(f"/proc/{p.pid}/maps").read().splitlines()
+        want = [line for line in maps if str(exe) in line and line.split()[1][2] == "x"]
+        assert len(want) == 1
+        start = int(want[0].split("-")[0], 16)
+        recs = _mmaps(rec, path=str(exe), origin="exec")
+        assert [r["start"] for r in recs] == [start], (recs, maps)
+        assert recs[0]["pgoff"] == int(want[0].split()[2], 16) and recs[0]["build_id"] == readelf_build_id(exe)
+    finally:
+        p.kill()
+        p.wait()
