@@ -104,6 +104,8 @@ class Recorder:
         self._steps = 0
         self._live: dict[int, set[tuple[int, int]]] = {}
         self._next_drop_check = 0.0
+        self._rescan_pending = False
+        self._next_rescan = 0.0
         self.started_mono = time.monotonic()
         self.ready_s: float | None = None
         self._rate_window: collections.deque = collections.deque(maxlen=12)
@@ -517,16 +519,25 @@ class Recorder:
             self.stats.synthesized += 1
         self._record_map(ev, origin, res)
 
+    #: At most one recovery rescan of /proc/*/maps per this many seconds: a
+    #: storm that keeps overflowing the rings must not also pay a rescan of
+    #: every process four times a second.
+    RESCAN_MIN_INTERVAL_S = 5.0
+
     def _check_drops(self) -> None:
         report = self.tracer.drops()
-        if not report.total:
-            return
-        for cause, n in report.counts.items():
-            self.stats.lost[cause] = self.stats.lost.get(cause, 0) + n
-        self._emit(dict_line({"type": "lost", "time_ns": clock.boot_ns(), "counts": report.counts,
-                              "first_ns": report.first_ns, "last_ns": report.last_ns,
-                              "recovery": "rescan of /proc/*/maps follows (origin recovered)"}))
-        self._scan(RECOVERED)
+        now = time.monotonic()
+        if report.total:
+            for cause, n in report.counts.items():
+                self.stats.lost[cause] = self.stats.lost.get(cause, 0) + n
+            self._emit(dict_line({"type": "lost", "time_ns": clock.boot_ns(), "counts": report.counts,
+                                  "first_ns": report.first_ns, "last_ns": report.last_ns,
+                                  "recovery": "rescan of /proc/*/maps follows (origin recovered)"}))
+            self._rescan_pending = True
+        if self._rescan_pending and now >= self._next_rescan:
+            self._rescan_pending = False
+            self._next_rescan = now + self.RESCAN_MIN_INTERVAL_S
+            self._scan(RECOVERED)
 
     # -- the log -----------------------------------------------------------
     def _emit(self, line: bytes) -> None:
