@@ -225,7 +225,6 @@ class Recorder:
         if self.tracked is not None:
             raws = self._follow_filter(raws)
         fast = self._fast
-        tracked = self.tracked
         held = self._held_exec
         emit = self._pending_lines.append
         unpack = MAP_PREFIX.unpack_from
@@ -245,17 +244,8 @@ class Recorder:
                     self.stats.decode_errors += 1
                     continue
                 _t, pid, tid, _p, time_ns, comm, a, b = unpack_task(raw)
-                if tracked is not None:
-                    if etype == EventType.FORK:
-                        if a not in tracked:
-                            continue
-                        tracked.add(pid)
-                    elif pid not in tracked:
-                        continue
                 if etype == EventType.EXIT:
                     live.pop(pid, None)
-                    if tracked is not None:
-                        tracked.discard(pid)   # a reused pid is someone else
                 cj = comm_json.get(comm)
                 if cj is None:
                     cj = _comm_json(comm)
@@ -266,7 +256,7 @@ class Recorder:
                 (_t, pid, tid, _p, time_ns, comm, start, length, pgoff, prot, flags, origin, _idf,
                  key, nlink, plen) = unpack(raw)
                 hit = fast.get(key)
-                if hit is not None and (tracked is None or pid in tracked):
+                if hit is not None:
                     res, tail = hit
                     if held:
                         h = held.pop(tid, None)
@@ -363,15 +353,13 @@ class Recorder:
         ev = self.stats.events
         ev[name] = ev.get(name, 0) + 1
 
-    def _wanted(self, ev: RawEvent) -> bool:
-        return self.tracked is None or ev.pid in self.tracked
-
     def _follow_filter(self, raws: list[bytes]) -> list[bytes]:
         """Follow mode: the records of tracked processes (and forks from them), in time order.
 
         A record of an untracked pid is held back for one step: its parent's
         FORK may sit in another CPU's ring that was read just before the
-        parent's CPU committed it.  Held twice, it is dropped.
+        parent's CPU committed it.  Held twice, it is dropped.  This is the
+        only place follow mode filters: step() then records all it is given.
         """
         prev = self._deferred
         self._deferred = []
@@ -387,20 +375,25 @@ class Recorder:
                 out.append(raw)          # let decoding count it
                 continue
             pid = int.from_bytes(raw[4:8], "little")
+            if raw[0] == EventType.FORK and len(raw) >= TASK_EVENT.size:
+                # A fork belongs to the tree when its parent does (the fork
+                # that made the command itself came from buildidd: not kept).
+                if int.from_bytes(raw[TASK_PPID_OFF:TASK_PPID_OFF + 4], "little") in tracked:
+                    tracked.add(pid)
+                    out.append(raw)
+                elif id(raw) not in held_before and len(self._deferred) < 65536:
+                    self._deferred.append(raw)
+                continue
             if pid in tracked:
                 out.append(raw)
-            elif raw[0] == EventType.FORK and len(raw) >= TASK_EVENT.size and \
-                    int.from_bytes(raw[TASK_PPID_OFF:TASK_PPID_OFF + 4], "little") in tracked:
-                tracked.add(pid)
-                out.append(raw)
+                if raw[0] == EventType.EXIT:
+                    tracked.discard(pid)         # a reused pid is someone else
             elif id(raw) not in held_before and len(self._deferred) < 65536:
                 self._deferred.append(raw)
         return out
 
     def _handle_map(self, ev: RawEvent) -> None:
         """A mapping whose identity has no final answer yet (or an exec'd one): the slow path."""
-        if not self._wanted(ev):
-            return
         held = self._held_exec.pop(ev.tid, None)
         res = self.enricher.resolve(ev)
         if held is not None:
@@ -409,8 +402,6 @@ class Recorder:
 
     def _hold_exec(self, ev: RawEvent, key: bytes) -> None:
         """Hold an exec until the main executable's mapping (next from this tid) resolves it."""
-        if not self._wanted(ev):
-            return
         prev = self._held_exec.pop(ev.tid, None)
         if prev is not None:
             self._emit_exec(prev[0], None)

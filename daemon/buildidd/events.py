@@ -167,7 +167,6 @@ _FILE = struct.Struct("<QQqIIII")
 _MAP_BODY = struct.Struct("<QQQIIII")
 _MAP_TAIL = struct.Struct("<H6x")
 _EXEC_BODY = struct.Struct("<II")
-_TASK_BODY = struct.Struct("<II")
 
 _MAP_BODY_OFF = MapEvent.start.offset
 _MAP_FILE_OFF = MapEvent.file.offset
@@ -198,7 +197,6 @@ def _check_formats() -> None:
     assert _EXEC_FILE_OFF == _EXEC_BODY_OFF + _EXEC_BODY.size
     assert _EXEC_PATH_OFF == _EXEC_PLEN_OFF + _MAP_TAIL.size
     assert _TASK_BODY_OFF == _HDR.size
-    assert ctypes.sizeof(TaskEvent) == _TASK_BODY_OFF + _TASK_BODY.size
     assert MAP_PREFIX.size == _MAP_PLEN_OFF + 2
     assert _FILE_KEY.size == FileId.nlink.offset
     assert TASK_EVENT.size == ctypes.sizeof(TaskEvent)
@@ -263,7 +261,6 @@ class RawEvent:
         id_flags: ID_KNOWN / PATH_TRUNCATED / PATH_UNREACHABLE bits.
         path: file path in the task's mount namespace (MAP; "" when ID_KNOWN),
             or linux_binprm.filename (EXEC).
-        ppid, ptid: FORK parent; for EXIT, ppid holds the exit code.
         old_pid: EXEC only.
     """
 
@@ -282,8 +279,6 @@ class RawEvent:
     nlink: int = 1
     id_flags: int = 0
     path: str = ""
-    ppid: int = 0
-    ptid: int = 0
     old_pid: int = 0
 
 
@@ -309,10 +304,13 @@ class DecodeError(ValueError):
 
 
 def decode(buf: bytes) -> RawEvent:
-    """Decode one ring-buffer record (bytes as submitted by the BPF side).
+    """Decode one MAP or EXEC ring-buffer record (bytes as submitted by the BPF side).
+
+    Fork, exit and comm records are flat: the recorder unpacks them with
+    TASK_EVENT directly.
 
     Raises:
-        DecodeError: truncated record or unknown event type.
+        DecodeError: truncated record, or a type other than MAP and EXEC.
     """
     if len(buf) < _HDR.size:
         raise DecodeError(f"record of {len(buf)} bytes is shorter than its header")
@@ -335,9 +333,4 @@ def decode(buf: bytes) -> RawEvent:
         path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
         return RawEvent(etype, pid, tid, time_ns, _comm(comm), identity=ident, nlink=nlink,
                         id_flags=id_flags, path=path, old_pid=old_pid)
-    if etype in (EventType.FORK, EventType.EXIT, EventType.COMM):
-        if len(buf) < ctypes.sizeof(TaskEvent):
-            raise DecodeError(f"task record of {len(buf)} bytes")
-        ppid, ptid = _TASK_BODY.unpack_from(buf, _TASK_BODY_OFF)
-        return RawEvent(etype, pid, tid, time_ns, _comm(comm), ppid=ppid, ptid=ptid)
-    raise DecodeError(f"unknown event type {etype}")
+    raise DecodeError(f"event type {etype} is not decoded here (fork/exit/comm: unpack with TASK_EVENT)")
