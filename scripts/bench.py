@@ -8,6 +8,12 @@ within each repetition so machine drift cancels; ratios are medians of the
 per-repetition ratios against "nothing".  A further run per scenario attaches
 both at once and compares their build-ids (completeness).  Workloads are the C
 programs of scripts/workloads, built with gcc at bench time.
+
+The daemons share one build-id store, warmed first by a daemon that snapshots
+what is already running, as on a host where buildidd has been running: the
+workload's own DSOs are new to it (first sightings, in the first repetition).
+The "cold store" scenario gives every daemon an empty store instead (a host's
+first start: every running DSO is copied while the workload runs).
 """
 
 from __future__ import annotations
@@ -71,8 +77,11 @@ class RssSampler:
 class Buildidd:
     """`buildidd run` as a daemon; READY is awaited on our own NOTIFY_SOCKET."""
 
-    def __init__(self, workdir: Path, *, extra: list[str] = (), env: dict | None = None, compress: bool = False):
+    def __init__(self, workdir: Path, *, extra: list[str] = (), env: dict | None = None, compress: bool = False,
+                 store: Path | None = None):
         self.root = Path(tempfile.mkdtemp(prefix="sessions-", dir=workdir))
+        self.own_store = store is None
+        self.store = Path(f"{self.root}-store") if store is None else store
         sock_path = workdir / f"notify-{os.getpid()}-{time.monotonic_ns()}.sock"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(sock_path))
@@ -80,7 +89,7 @@ class Buildidd:
         t0 = time.monotonic()
         self.proc = subprocess.Popen([PY, "-m", "buildidd.cli", "run", "--session-root", str(self.root),
                                       *([] if compress else ["--no-compress"]),
-                                      "--store-root", f"{self.root}-store", "--control-socket", "", *extra],
+                                      "--store-root", str(self.store), "--control-socket", "", *extra],
                                      env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(sock_path)},
                                      stderr=subprocess.PIPE)
         while True:
@@ -106,7 +115,8 @@ class Buildidd:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-        shutil.rmtree(f"{self.root}-store", ignore_errors=True)
+        if self.own_store:
+            shutil.rmtree(self.store, ignore_errors=True)
 
     def stop(self, read: bool = True) -> list[dict]:
         """SIGTERM the daemon, wait; the session's records (a list: mind the size) when read."""
@@ -171,8 +181,22 @@ def _lost(records) -> int:
     return sum(sum(r["counts"].values()) for r in records if r.get("type") == "lost")
 
 
+def warm_store(workdir: Path) -> Path:
+    """A store holding what a running daemon would have snapshotted already (returned path)."""
+    store = workdir / "store"
+    t = time.monotonic()
+    d = Buildidd(workdir, store=store)
+    time.sleep(1.0)
+    d.stop()          # stop() lets the snapshotter finish its queue
+    d.cleanup()
+    size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file() and not f.is_symlink())
+    print(f"  store warmed: {size / 2**20:.1f} MiB in {time.monotonic() - t:.1f} s", flush=True)
+    return store
+
+
 def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, workdir: Path,
-                 env: dict | None = None) -> Result:
+                 env: dict | None = None, store: Path | None = None) -> Result:
+    """The three modes alternating for reps repetitions, then completeness; store None: each daemon a fresh one."""
     res = Result(name)
     modes = ["none", "perf", "buildidd"]
     for i in range(reps):
@@ -199,7 +223,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 if n:
                     res.perf_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
             else:
-                d = Buildidd(workdir)
+                d = Buildidd(workdir, store=store)
                 res.bidd_ready_s.append(d.ready_s)
                 time.sleep(0.3)
                 c0 = d.cpu_s()
@@ -223,7 +247,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
               f"buildidd {rep.bidd_s:.3f}s", flush=True)
     # Completeness: both attached at once.
     perf = PerfRecorder(workdir / "perf.data")
-    d = Buildidd(workdir)
+    d = Buildidd(workdir, store=store)
     subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
     time.sleep(0.3)
     maps = perf.stop()
@@ -237,7 +261,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
     return res
 
 
-def many_processes(n: int, w: dict, workdir: Path, reps: int) -> Result:
+def many_processes(n: int, w: dict, workdir: Path, reps: int, store: Path | None) -> Result:
     """n idle processes exist before the daemon starts: time to READY, and synthesis completeness."""
     res = Result(f"{n} processes at start")
     procs = [subprocess.Popen([str(w["idle"])]) for _ in range(n)]
@@ -249,7 +273,7 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int) -> Result:
             perf = PerfRecorder(workdir / "perf.data")
             res.perf_ready_s.append(time.monotonic() - t)
             perf_maps = perf.stop()
-            d = Buildidd(workdir)
+            d = Buildidd(workdir, store=store)
             res.bidd_ready_s.append(d.ready_s)
             time.sleep(0.3)
             res.rss_steady.append(d.rss.last)
@@ -274,12 +298,12 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int) -> Result:
     return res
 
 
-def ramp(w: dict, workdir: Path, rates: list[int], seconds: float) -> list[dict]:
+def ramp(w: dict, workdir: Path, rates: list[int], seconds: float, store: Path | None) -> list[dict]:
     """mmap storm paced at each rate with buildidd attached: losses, completeness, daemon CPU share."""
     out = []
     for rate in rates:
         count = int(rate * seconds) if rate else int(400_000 * seconds)
-        d = Buildidd(workdir)
+        d = Buildidd(workdir, store=store)
         time.sleep(0.3)
         c0, t0 = d.cpu_s(), time.monotonic()
         r = subprocess.run([str(w["mmap_storm"]), str(w["lib0"]), str(count), str(rate)],
@@ -299,10 +323,10 @@ def ramp(w: dict, workdir: Path, rates: list[int], seconds: float) -> list[dict]
     return out
 
 
-def profile(w: dict, workdir: Path, count: int) -> list[str]:
+def profile(w: dict, workdir: Path, count: int, store: Path | None) -> list[str]:
     """cProfile of the daemon's event loop during an mmap storm: top functions by own time."""
     prof = workdir / "bidd.prof"
-    d = Buildidd(workdir, extra=["--profile", str(prof)])
+    d = Buildidd(workdir, extra=["--profile", str(prof)], store=store)
     time.sleep(0.3)
     subprocess.run([str(w["mmap_storm"]), str(w["lib0"]), str(count)], check=True, stdout=subprocess.DEVNULL)
     time.sleep(0.3)
@@ -354,8 +378,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ramp", default="50000,100000,200000,300000,0", help="rates (maps/s; 0 = unpaced)")
     ap.add_argument("--ramp-seconds", type=float, default=3.0)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--scenarios", default="exec,dlopen,mmap,procs,ramp,profile",
-                    help="comma-separated subset of exec,dlopen,mmap,procs,ramp,profile")
+    ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,profile",
+                    help="comma-separated subset of exec,dlopen,mmap,dlopen-cold,procs,ramp,profile")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench: must run as root", file=sys.stderr)
@@ -370,23 +394,28 @@ def main(argv=None) -> int:
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         print(f"buildidd bench, {started}, {os.cpu_count()} CPUs, kernel {os.uname().release}", flush=True)
         want = set(args.scenarios.split(","))
+        store = warm_store(workdir)
         results = []
         if "exec" in want:
             results.append(run_scenario(f"exec storm N={args.exec_n}",
                                         [str(w["storm"]), str(args.exec_n), str(w["child"])],
-                                        {"bidd_child", "bidd_storm"}, args.reps, workdir))
+                                        {"bidd_child", "bidd_storm"}, args.reps, workdir, store=store))
         if "dlopen" in want:
             results.append(run_scenario(f"dlopen storm M={args.dlopen_libs}x{args.dlopen_rounds}",
                                         [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"},
-                                        args.reps, workdir))
+                                        args.reps, workdir, store=store))
         if "mmap" in want:
             results.append(run_scenario(f"mmap storm N={args.mmap_n}", [str(w["mmap_storm"]), libs[0], str(args.mmap_n)],
-                                        {"bidd_mmap"}, args.reps, workdir))
+                                        {"bidd_mmap"}, args.reps, workdir, store=store))
+        if "dlopen-cold" in want:
+            results.append(run_scenario("dlopen storm, cold store",
+                                        [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"},
+                                        args.reps, workdir, store=None))
         if "procs" in want:
-            results.append(many_processes(args.procs, w, workdir, max(1, min(args.reps, 3))))
+            results.append(many_processes(args.procs, w, workdir, max(1, min(args.reps, 3)), store))
         rates = [int(x) for x in args.ramp.split(",") if x.strip()]
-        ramp_rows = ramp(w, workdir, rates, args.ramp_seconds) if "ramp" in want else []
-        prof = profile(w, workdir, args.mmap_n) if "profile" in want else []
+        ramp_rows = ramp(w, workdir, rates, args.ramp_seconds, store) if "ramp" in want else []
+        prof = profile(w, workdir, args.mmap_n, store) if "profile" in want else []
         print()
         print(fmt_table(results))
         print("\nsustained mapping-event rate (mmap storm paced, buildidd attached):")

@@ -17,7 +17,8 @@ def test_bench_smoke(bpf, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads(out.read_text())
     names = [s["scenario"] for s in data["scenarios"]]
-    assert len(names) == 4 and any("exec storm" in n for n in names)
+    assert len(names) == 5 and any("exec storm" in n for n in names)
+    assert any("cold store" in n for n in names), names
     for s in data["scenarios"]:
         assert s["losses"] == 0, s
         c = s["completeness"]
