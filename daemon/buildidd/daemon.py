@@ -19,24 +19,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, clock, host, procfs
+from . import __version__, _fastpath, clock, host, procfs
 from .config import Config
 from .enrich import Enricher, Resolution, json_str
 from .errors import SessionLogError, StoreError
-from .events import (MAP_PATH_OFF, MAP_PREFIX, PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, TASK_PPID_OFF,
+from .events import (PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, TASK_PPID_OFF,
                      DecodeError, EventType, Identity, RawEvent, decode,
                      exec_file_key, file_key, st_dev_to_kdev)
 from .procfs import Source
-from .records import (MMAP_LINE, ORIGIN_NAMES, RECOVERED, SYNTHESIZED, dict_line, exec_line, mmap_line,
-                      mmap_tail, task_line)
+from .records import (COMM_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE, ORIGIN_NAMES, RECOVERED, SYNTHESIZED,
+                      dict_line, exec_line, mmap_line, mmap_tail, task_line)
 from .sessionlog import SessionWriter
-from .tracer import Tracer, event_time
+from .tracer import Tracer
 
 log = logging.getLogger(__name__)
 
 _ORIGINS = {int(k): v for k, v in ORIGIN_NAMES.items()}
 _ORIGINS_T = tuple(_ORIGINS.get(i, "mmap").encode() for i in range(5))
 _COMM_JSON: dict[bytes, bytes] = {}
+_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE)
 
 
 def _comm_json(raw: bytes) -> bytes:
@@ -97,9 +98,12 @@ class Recorder:
         self.snapshotter = None
         self._pending_lines: list[bytes] = []
         self._held_exec: dict[int, tuple[RawEvent, int, bytes]] = {}
-        # Fast path: raw kernel file_id bytes → (Resolution, JSON of its path),
-        # for identities with a final answer (see step()).
-        self._fast: dict[bytes, tuple[Resolution, bytes]] = {}
+        # Fast path: raw kernel file_id bytes → (Resolution, JSON of its path
+        # and identity, None or the reason there is no build-id), for
+        # identities with a final answer (see step() and _fastpath.run).
+        self._fast: dict[bytes, tuple[Resolution, bytes, str | None]] = {}
+        # None only to check the fast path against _slow_record (tests).
+        self._run_fast = _fastpath.run
         self._deferred: list[bytes] = []      # follow mode: see _follow_filter
         self._steps = 0
         self._live: dict[int, set[tuple[int, int]]] = {}
@@ -215,93 +219,42 @@ class Recorder:
                 f"{sum(self.stats.lost.values())} lost")
 
     def step(self) -> int:
-        """Drain the ring buffer once, record what it held; returns the number of events.
+        """Drain the ring buffers once, record what they held; returns the number of events.
 
-        The common event, a mapping of a file whose identity already has a
-        final answer, takes a fast path: one struct unpack, a dict lookup on
-        the raw identity bytes and one f-string, with no per-event objects.
+        The common events, a mapping of a file whose identity already has a
+        final answer and the fork/exit/comm records, are recorded by
+        _fastpath.run (C): a dict lookup on the raw identity bytes and one
+        line from records.py's template, with no per-event Python objects.
+        It stops at the first record that needs Python (an identity not yet
+        resolved, an exec, a path, a malformed record): _slow_record records
+        that one, and the fast path resumes after it.
         """
         raws = self.tracer.drain()
         if self.tracked is not None:
             raws = self._follow_filter(raws)
-        fast = self._fast
-        held = self._held_exec
-        emit = self._pending_lines.append
-        unpack = MAP_PREFIX.unpack_from
-        min_len = MAP_PREFIX.size
-        n_fast = n_resolved = 0
-        origins = _ORIGINS_T
-        missing: dict[str, int] = {}
-        live = self._live
-        comm_json = _COMM_JSON
-        unpack_task = TASK_EVENT.unpack_from
-        task_size = TASK_EVENT.size
-        task_counts = [0, 0, 0]
-        for raw in raws:
-            etype = raw[0]
-            if etype >= EventType.FORK:       # fork, exit, comm: always this path
-                if len(raw) < task_size or etype > EventType.COMM:
-                    self.stats.decode_errors += 1
-                    continue
-                _t, pid, tid, _p, time_ns, comm, a, b = unpack_task(raw)
-                if etype == EventType.EXIT:
-                    live.pop(pid, None)
-                cj = comm_json.get(comm)
-                if cj is None:
-                    cj = _comm_json(comm)
-                emit(task_line(etype, time_ns, pid, tid, cj, a, b))
-                task_counts[etype - EventType.FORK] += 1
-                continue
-            if etype == EventType.MAP and len(raw) >= min_len:
-                (_t, pid, tid, _p, time_ns, comm, start, length, pgoff, prot, flags, origin, _idf,
-                 key, nlink, plen) = unpack(raw)
-                hit = fast.get(key)
-                if hit is not None:
-                    res, tail = hit
-                    if held:
-                        h = held.pop(tid, None)
-                        if h is not None:       # the exec this mapping belongs to
-                            self._emit_exec(h[0], res if h[2] == key else None)
-                    if plen:   # the kernel sent a path after all (map full): use it
-                        tail = mmap_tail(raw[MAP_PATH_OFF:MAP_PATH_OFF + plen].decode("utf-8", "surrogateescape"),
-                                         res)
-                    cj = comm_json.get(comm)
-                    if cj is None:
-                        cj = _comm_json(comm)
-                    line = MMAP_LINE % (time_ns, pid, tid, cj, start, length, pgoff, prot, flags,
-                                        origins[origin] if origin < 5 else b"mmap",
-                                        b"false" if nlink else b"true", tail)
-                    emit(line)
-                    n_fast += 1
-                    if res.build_id:
-                        n_resolved += 1
-                    else:
-                        missing[res.error] = missing.get(res.error, 0) + 1
-                    pl = live.get(pid)
-                    if pl is None:
-                        pl = live[pid] = set()
-                    if len(pl) < 4096:
-                        pl.add((start, key))
-                    continue
-            try:
-                ev = decode(raw)
-            except DecodeError:
-                self.stats.decode_errors += 1
-                continue
-            if etype == EventType.EXEC:
-                self._hold_exec(ev, exec_file_key(raw))
-            else:
-                self._handle_map(ev)
+        run = self._run_fast
+        i, n = 0, len(raws)
+        n_map = n_resolved = n_fork = n_exit = n_comm = 0
+        while i < n:
+            if run is not None:
+                i, a, b, c, d, e = run(raws, i, self._fast, self._held_exec, self._live, _COMM_JSON,
+                                       _comm_json, _ORIGINS_T, self.enricher.missing, self._pending_lines)
+                n_map += a
+                n_resolved += b
+                n_fork += c
+                n_exit += d
+                n_comm += e
+                if i >= n:
+                    break
+            self._slow_record(raws[i])
+            i += 1
         ev_counts = self.stats.events
-        for name, n in zip(("fork", "exit", "comm"), task_counts):
-            if n:
-                ev_counts[name] = ev_counts.get(name, 0) + n
-        if n_fast:
-            ev_counts["mmap"] = ev_counts.get("mmap", 0) + n_fast
-            self.enricher.hits += n_fast
+        for name, k in (("mmap", n_map), ("fork", n_fork), ("exit", n_exit), ("comm", n_comm)):
+            if k:
+                ev_counts[name] = ev_counts.get(name, 0) + k
+        if n_map:
+            self.enricher.hits += n_map
             self.enricher.resolved += n_resolved
-            for k, v in missing.items():
-                self.enricher.missing[k] = self.enricher.missing.get(k, 0) + v
         self._release_held_exec()
         now = time.monotonic()
         if now >= self._next_drop_check:
@@ -353,6 +306,32 @@ class Recorder:
         ev = self.stats.events
         ev[name] = ev.get(name, 0) + 1
 
+    def _slow_record(self, raw: bytes) -> None:
+        """Record one raw ring record the fast path left to Python (any record type)."""
+        etype = raw[0]
+        if etype >= EventType.FORK:       # fork, exit, comm
+            if len(raw) < TASK_EVENT.size or etype > EventType.COMM:
+                self.stats.decode_errors += 1
+                return
+            _t, pid, tid, _p, time_ns, comm, a, b = TASK_EVENT.unpack(raw)
+            if etype == EventType.EXIT:
+                self._live.pop(pid, None)
+            cj = _COMM_JSON.get(comm)
+            if cj is None:
+                cj = _comm_json(comm)
+            self._emit(task_line(etype, time_ns, pid, tid, cj, a, b))
+            self._count(EventType(etype).name.lower())
+            return
+        try:
+            ev = decode(raw)
+        except DecodeError:
+            self.stats.decode_errors += 1
+            return
+        if etype == EventType.EXEC:
+            self._hold_exec(ev, exec_file_key(raw))
+        else:
+            self._handle_map(ev)
+
     def _follow_filter(self, raws: list[bytes]) -> list[bytes]:
         """Follow mode: the records of tracked processes (and forks from them), in time order.
 
@@ -365,7 +344,8 @@ class Recorder:
         self._deferred = []
         if prev:
             held_before = {id(r) for r in prev}
-            raws = sorted(prev + raws, key=event_time)
+            raws = prev + raws
+            _fastpath.sort_by_time(raws)
         else:
             held_before = ()
         tracked = self.tracked
@@ -434,7 +414,7 @@ class Recorder:
         if len(live) < 4096:
             live.add((ev.start, key))
         if res.final and ev.origin is not None and path and not ev.id_flags & (PATH_TRUNCATED | PATH_UNREACHABLE):
-            self._fast[key] = (res, mmap_tail(path, res))
+            self._fast[key] = (res, mmap_tail(path, res), None if res.build_id else res.error or "unknown")
         self._emit(mmap_line(ev, origin, path, res))
 
     def _on_resolved(self, ident: Identity, res: Resolution) -> None:

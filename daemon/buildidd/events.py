@@ -179,10 +179,6 @@ _EXEC_PATH_OFF = ExecEvent.path.offset
 _TASK_BODY_OFF = TaskEvent.ppid.offset
 
 
-#: A MAP event's fixed part in one unpack, for the recorder's fast path:
-#: header fields, start, len, pgoff, prot, flags, origin, id_flags,
-#: the file_id without nlink as raw bytes (the identity key), nlink, path_len.
-MAP_PREFIX = struct.Struct("<IIIIQ16sQQQIIII36sIH")
 _FILE_KEY = struct.Struct("<QQqIII")
 #: A fork/exit/comm event in one unpack: header fields, ppid, ptid.
 TASK_EVENT = struct.Struct("<IIIIQ16sII")
@@ -197,13 +193,11 @@ def _check_formats() -> None:
     assert _EXEC_FILE_OFF == _EXEC_BODY_OFF + _EXEC_BODY.size
     assert _EXEC_PATH_OFF == _EXEC_PLEN_OFF + _MAP_TAIL.size
     assert _TASK_BODY_OFF == _HDR.size
-    assert MAP_PREFIX.size == _MAP_PLEN_OFF + 2
     assert _FILE_KEY.size == FileId.nlink.offset
     assert TASK_EVENT.size == ctypes.sizeof(TaskEvent)
 
 
 _check_formats()
-MAP_PATH_OFF = _MAP_PATH_OFF
 TASK_PPID_OFF = _TASK_BODY_OFF    #: offset of task_event.ppid in a raw record
 
 

@@ -18,8 +18,11 @@ One JSON object per line, with a ``"type"``:
 Units: ``time_ns`` is ns since boot (CLOCK_BOOTTIME; the session record gives the
 offset to wall-clock time), ``start``/``len``/``pgoff``/``size`` are bytes,
 ``mtime_ns`` is ns since the epoch, ``dev`` is the user-space st_dev.
-Mapping records are encoded with f-strings around pre-encoded fragments: they
-are the hot path, and json.dumps costs several µs per record.
+Mapping, fork, exit and comm records are bytes templates around pre-encoded
+fragments: they are the hot path, and json.dumps costs several µs per record.
+The templates below are the one definition of those lines: the recorder's C
+fast path (_fastpath.c) is given them at import and fills them the way
+``%`` does here (tests/test_fastpath.py compares the two byte for byte).
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ RECOVERED = "recovered"       #: found in /proc/PID/maps by the rescan after a l
 
 
 #: A mapping record: time_ns, pid, tid, comm (JSON), start, len, pgoff, prot,
-#: flags, origin, deleted (true/false), then mmap_tail().  Bytes %-formatting
-#: is the cheapest way to build it in CPython (the recorder's fast path uses it too).
+#: flags, origin, deleted (true/false), then mmap_tail().  Only %d (unsigned
+#: decimal) and %s (bytes): the C fast path supports those two.
 MMAP_LINE = (b'{"type":"mmap","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"start":%d,"len":%d,'
              b'"pgoff":%d,"prot":%d,"flags":%d,"origin":"%s","deleted":%s,%s}')
 

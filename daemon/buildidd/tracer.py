@@ -10,10 +10,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import struct
 import time
 from dataclasses import dataclass, field
 
+from . import _fastpath
 from .btf import Btf
 from .errors import BtfError, ProbeError
 from .events import BPF_DIR, N_DROP_CAUSES, DropCause, Identity
@@ -118,11 +118,6 @@ def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
 MAX_RINGS = 8
 
 
-def event_time(raw: bytes) -> int:
-    """event_header.time_ns of a raw record (bytes 16..24, little-endian)."""
-    return int.from_bytes(raw[16:24], "little")
-
-
 class RingReader:
     """Consumer of a BPF ring buffer (BPF_MAP_TYPE_RINGBUF) through its mmap'ed pages.
 
@@ -132,18 +127,14 @@ class RingReader:
     contiguous.  Each record starts with an 8-byte header, u32 len (with
     BPF_RINGBUF_BUSY_BIT 1<<31 while the producer writes it,
     BPF_RINGBUF_DISCARD_BIT 1<<30 when discarded) and u32 page offset; records
-    are 8-byte aligned.  Reading here costs a header unpack and one slice per
-    record, against a ctypes callback per record through libbpf.
+    are 8-byte aligned.  The reading is _fastpath.read_ring's (C): one bytes
+    object per record, against a ctypes callback per record through libbpf.
 
     Args:
         map_fd: the ring buffer map's fd; size_bytes: its max_entries (power of two).
     Raises:
         OSError: the mmap failed.
     """
-
-    BUSY = 1 << 31
-    DISCARD = 1 << 30
-    HDR = 8
 
     def __init__(self, map_fd: int, size_bytes: int):
         import mmap as _mmap
@@ -153,32 +144,10 @@ class RingReader:
         self._cons = _mmap.mmap(map_fd, page, _mmap.MAP_SHARED, _mmap.PROT_READ | _mmap.PROT_WRITE, offset=0)
         self._data = _mmap.mmap(map_fd, page + 2 * size_bytes, _mmap.MAP_SHARED, _mmap.PROT_READ, offset=page)
         self._page = page
-        self._u64 = struct.Struct("<Q")
-        self._u32 = struct.Struct("<I")
 
     def read(self, out: list[bytes]) -> int:
         """Append every complete record now in the buffer to out; returns how many."""
-        u64 = self._u64.unpack_from
-        u32 = self._u32.unpack_from
-        data = self._data
-        cons = u64(self._cons, 0)[0]
-        prod = u64(data, 0)[0]
-        base = self._page
-        mask = self.mask
-        n = 0
-        append = out.append
-        busy, discard = self.BUSY, self.DISCARD
-        while cons < prod:
-            off = base + (cons & mask)
-            length = u32(data, off)[0]
-            if length & busy:
-                break
-            if not length & discard:
-                append(data[off + 8: off + 8 + length])
-                n += 1
-            cons += (length & ~(busy | discard)) + 15 & ~7
-        self._u64.pack_into(self._cons, 0, cons)
-        return n
+        return _fastpath.read_ring(self._cons, self._data, self._page, self.mask, out)
 
     def close(self) -> None:
         """Unmap the ring."""
@@ -296,7 +265,7 @@ class Tracer:
         for ring in self.rings:
             nonempty += ring.read(out) > 0
         if nonempty > 1:
-            out.sort(key=event_time)
+            _fastpath.sort_by_time(out)
         return out
 
     def drops(self) -> DropReport:
