@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import pstats
+import re
 import shutil
 import signal
 import socket
@@ -298,29 +299,71 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int, store: Path | None
     return res
 
 
-def ramp(w: dict, workdir: Path, rates: list[int], seconds: float, store: Path | None) -> list[dict]:
-    """mmap storm paced at each rate with buildidd attached: losses, completeness, daemon CPU share."""
+def parse_ramp(spec: str) -> list[tuple[int, int]]:
+    """"RATE[xPROCS],..." → [(maps/s per process, 0 = unpaced; processes)]."""
     out = []
-    for rate in rates:
-        count = int(rate * seconds) if rate else int(400_000 * seconds)
+    for tok in spec.split(","):
+        tok = tok.strip()
+        if tok:
+            rate, _, procs = tok.partition("x")
+            out.append((int(rate), int(procs or 1)))
+    return out
+
+
+def _storms(w: dict, rate: int, procs: int, seconds: float) -> tuple[int, int]:
+    """procs mmap storms at once (each rate maps/s, 0 = unpaced): (mappings made, total rate achieved)."""
+    count = int(rate * seconds) if rate else int(400_000 * seconds)
+    ps = [subprocess.Popen([str(w["mmap_storm"]), str(w["lib0"]), str(count), str(rate)],
+                           stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    achieved = 0
+    for p in ps:
+        out, _ = p.communicate()
+        if p.returncode:
+            raise RuntimeError(f"mmap_storm exited {p.returncode}")
+        achieved += int(out.strip())
+    return count * procs, achieved
+
+
+def ramp(w: dict, workdir: Path, rates: list[tuple[int, int]], seconds: float, store: Path | None) -> list[dict]:
+    """mmap storms at each (rate, processes) with buildidd attached: losses, completeness, daemon CPU share.
+
+    For each unpaced row, the same storms also run with perf attached, for
+    the highest rate this machine produces under perf and perf's own losses
+    (from `perf report --stats`: its MMAP2 records of the storms' file and
+    its LOST records).
+    """
+    out = []
+    for rate, procs in rates:
         d = Buildidd(workdir, store=store)
         time.sleep(0.3)
         c0, t0 = d.cpu_s(), time.monotonic()
-        r = subprocess.run([str(w["mmap_storm"]), str(w["lib0"]), str(count), str(rate)],
-                           check=True, capture_output=True, text=True)
+        count, achieved = _storms(w, rate, procs, seconds)
         dt = time.monotonic() - t0
         cpu_share = (d.cpu_s() - c0) / dt
         time.sleep(0.5)
         records = d.stop()
         got = sum(1 for x in records if x.get("type") == "mmap" and x.get("path") == str(w["lib0"])
                   and x.get("origin") == "mmap")
-        row = {"target_per_s": rate or "max", "achieved_per_s": int(r.stdout.strip()), "events": count,
-               "recorded": got, "losses": _lost(records), "daemon_cpu_share": round(cpu_share, 3),
-               "kept_up": got == count and _lost(records) == 0}
+        row = {"target_per_s": rate * procs or "max", "procs": procs, "achieved_per_s": achieved,
+               "events": count, "recorded": got, "losses": _lost(records),
+               "daemon_cpu_share": round(cpu_share, 3), "kept_up": got == count and _lost(records) == 0}
+        d.cleanup()
+        if not rate:
+            perf = PerfRecorder(workdir / "perf.data")
+            _, row["perf_achieved_per_s"] = _storms(w, rate, procs, seconds)
+            perf.finish()
+            row["perf_mmap2"], row["perf_lost"] = perf_stats(workdir / "perf.data")
         print(f"  ramp {row}", flush=True)
         out.append(row)
-        d.cleanup()
     return out
+
+
+def perf_stats(data: Path) -> tuple[int, int]:
+    """(MMAP2 records, lost records) of a perf.data file, from `perf report --stats`."""
+    r = subprocess.run(["perf", "report", "--stats", "-i", str(data)], capture_output=True, text=True)
+    counts = dict(re.findall(r"^\s*(\w+) events:\s+(\d+)", r.stdout, re.M))
+    lost = sum(int(v) for k, v in counts.items() if k.startswith("LOST"))
+    return int(counts.get("MMAP2", 0)), lost
 
 
 def profile(w: dict, workdir: Path, count: int, store: Path | None) -> list[str]:
@@ -375,7 +418,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dlopen-rounds", type=int, default=200)
     ap.add_argument("--mmap-n", type=int, default=200_000)
     ap.add_argument("--procs", type=int, default=500)
-    ap.add_argument("--ramp", default="50000,100000,200000,300000,0", help="rates (maps/s; 0 = unpaced)")
+    ap.add_argument("--ramp", default="100000,200000,300000,0,0x2",
+                    help="RATE[xPROCS],...: maps/s per storm process (0 = unpaced) and processes at once")
     ap.add_argument("--ramp-seconds", type=float, default=3.0)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,profile",
@@ -386,7 +430,7 @@ def main(argv=None) -> int:
         return 2
     if args.smoke:
         args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 10, 3
-        args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 20_000, 50, "100000", 1.0
+        args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 20_000, 50, "50000x2", 1.0
     workdir = Path(tempfile.mkdtemp(prefix="buildidd-bench-"))
     try:
         w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
@@ -413,16 +457,20 @@ def main(argv=None) -> int:
                                         args.reps, workdir, store=None))
         if "procs" in want:
             results.append(many_processes(args.procs, w, workdir, max(1, min(args.reps, 3)), store))
-        rates = [int(x) for x in args.ramp.split(",") if x.strip()]
+        rates = parse_ramp(args.ramp)
         ramp_rows = ramp(w, workdir, rates, args.ramp_seconds, store) if "ramp" in want else []
         prof = profile(w, workdir, args.mmap_n, store) if "profile" in want else []
         print()
         print(fmt_table(results))
-        print("\nsustained mapping-event rate (mmap storm paced, buildidd attached):")
+        print("\nsustained mapping-event rate (mmap storms, paced or not; buildidd attached, then perf):")
         for row in ramp_rows:
-            print(f"  target {row['target_per_s']!s:>8}/s achieved {row['achieved_per_s']:>8}/s "
-                  f"recorded {row['recorded']}/{row['events']} lost {row['losses']} "
-                  f"daemon CPU {row['daemon_cpu_share'] * 100:.0f}% {'OK' if row['kept_up'] else 'FELL BEHIND'}")
+            line = (f"  target {row['target_per_s']!s:>7}/s x{row['procs']} achieved {row['achieved_per_s']:>7}/s "
+                    f"recorded {row['recorded']}/{row['events']} lost {row['losses']} "
+                    f"daemon CPU {row['daemon_cpu_share'] * 100:.0f}% {'OK' if row['kept_up'] else 'FELL BEHIND'}")
+            if "perf_achieved_per_s" in row:
+                line += (f" | perf: achieved {row['perf_achieved_per_s']}/s, MMAP2 {row['perf_mmap2']}, "
+                         f"lost {row['perf_lost']}")
+            print(line)
         print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
         print("\n".join("  " + line for line in prof))
         out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release,
@@ -438,6 +486,10 @@ def main(argv=None) -> int:
                 failures.append(f"{r.name}: {c['wrong']} wrong build-ids")
             if c and c.get("match_rate", 1.0) < 1.0:
                 failures.append(f"{r.name}: completeness {c['match_rate']}")
+        for row in ramp_rows:
+            if not row["kept_up"]:
+                failures.append(f"mmap storms at {row['target_per_s']}/s x{row['procs']}: recorded "
+                                f"{row['recorded']}/{row['events']}, lost {row['losses']}")
         if args.smoke and failures:
             print("bench smoke FAILED: " + "; ".join(failures), file=sys.stderr)
             return 1

@@ -30,6 +30,9 @@ class Config:
             arrive (they are submitted without wake-ups, see bpf/buildidd.bpf.c).
         idle_poll_interval_s: ... and at most this often while none do.
         drop_check_interval_s: how often kernel drop counters are read.
+        recording_nice: nice value (-20..19) of the thread that drains the
+            rings and writes the log; negative so that CPU-bound work on every
+            core cannot starve it into losing events (see sched.py).
         identity_cache_entries: identities whose build-id answer is kept (LRU);
             also the size of the kernel's known_ids map.
         pending_lines_max_bytes: records kept in memory while the log cannot
@@ -52,6 +55,7 @@ class Config:
     poll_interval_s: float = 0.005
     idle_poll_interval_s: float = 0.05
     drop_check_interval_s: float = 0.25
+    recording_nice: int = -5
     identity_cache_entries: int = 65536
     pending_lines_max_bytes: int = 64 << 20
     control_socket: str = "/run/buildidd/control.sock"
@@ -83,6 +87,8 @@ class Config:
         if self.store_root and os.path.abspath(self.store_root).startswith(
                 os.path.abspath(self.session_root).rstrip("/") + "/"):
             raise ConfigError("store_root must not lie inside session_root (retention deletes its subdirectories)")
+        if not -20 <= self.recording_nice <= 19:
+            raise ConfigError("recording_nice must be in -20..19")
         if self.identity_cache_entries < 16:
             raise ConfigError("identity_cache_entries must be at least 16")
 

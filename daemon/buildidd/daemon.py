@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, _fastpath, clock, host, procfs
+from . import __version__, _fastpath, clock, host, procfs, sched
 from .config import Config
 from .enrich import Enricher, Resolution, json_str
 from .errors import SessionLogError, StoreError
@@ -147,10 +147,17 @@ class Recorder:
     def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None] | None = None) -> None:
         """Step until should_stop() returns True; on_tick runs after each step.
 
+        The calling thread records, at Config.recording_nice (see sched.py).
+
         Steps come every poll_interval_s while events arrive; while none do,
         the pause doubles up to idle_poll_interval_s (the rings absorb far
         more than that pause's worth of events), so an idle host costs little.
         """
+        try:
+            sched.set_current_thread_nice(self.config.recording_nice)
+        except OSError as e:
+            log.warning("cannot set the recording thread's nice to %d: %s", self.config.recording_nice, e)
+            self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"recording_nice: {e}"})
         base = self.config.poll_interval_s
         idle_max = max(base, self.config.idle_poll_interval_s)
         interval = base

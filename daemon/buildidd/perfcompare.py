@@ -99,14 +99,18 @@ class PerfRecorder:
         """perf record's pid."""
         return self.proc.pid
 
-    def stop(self) -> list[PerfMmap]:
-        """SIGINT perf, wait for it, and return its executable MMAP2 records."""
+    def finish(self) -> None:
+        """SIGINT perf and wait until it has written the file (killed after 60 s)."""
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def stop(self) -> list[PerfMmap]:
+        """SIGINT perf, wait for it, and return its executable MMAP2 records."""
+        self.finish()
         r = subprocess.run(["perf", "script", "-i", str(self.output), "--show-mmap-events"],
                            capture_output=True, text=True, errors="replace")
         return parse_perf_script(r.stdout)

@@ -38,3 +38,22 @@ def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
     finally:
         idle.kill()
         idle.wait()
+
+
+def test_recording_thread_runs_at_the_configured_nice(recorder):
+    from conftest import Background
+
+    for nice in (-5, 0):
+        rec = recorder(recording_nice=nice)
+        bg = Background(rec)
+        try:
+            tid = bg.thread.native_id
+            deadline = time.monotonic() + 5          # run() sets it before its first step
+            while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != nice:
+                time.sleep(0.01)
+            assert os.getpriority(os.PRIO_PROCESS, tid) == nice
+            assert os.getpriority(os.PRIO_PROCESS, 0) == 0          # the caller's thread: untouched
+            assert not rec.last_errors
+        finally:
+            bg.stop()
+            bg.thread.join(10)
