@@ -28,6 +28,7 @@ class FakeTracer:
     """Stands in for the BPF side: hands step() prepared records."""
 
     known_full = 0
+    fill = 0.0
 
     def __init__(self):
         self.batch: list[bytes] = []
@@ -235,17 +236,18 @@ def test_read_ring_reads_records_in_order_and_advances_the_consumer():
     recs = [bytes([k]) * (20 + k) for k in range(6)]
     cons, data, page, mask = _ring(recs, discard={2})
     out = []
-    assert _fastpath.read_ring(cons, data, page, mask, out) == 5
+    end = struct.unpack_from("<Q", data)[0]
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (5, end)
     assert out == [r for k, r in enumerate(recs) if k != 2]
-    assert struct.unpack_from("<Q", cons)[0] == struct.unpack_from("<Q", data)[0]
-    assert _fastpath.read_ring(cons, data, page, mask, out) == 0
+    assert struct.unpack_from("<Q", cons)[0] == end
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (0, 0)
 
 
 def test_read_ring_stops_at_a_record_being_written_and_wraps():
     recs = [bytes([k]) * 1000 for k in range(6)]       # 6 x 1008 bytes
     cons, data, page, mask = _ring(recs, size=8192, busy_at=4)
     out = []
-    assert _fastpath.read_ring(cons, data, page, mask, out) == 4
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (4, 4 * 1008)
     assert struct.unpack_from("<Q", cons)[0] == 4 * 1008
     # Records 2 and 3 (bytes 3024..6048 of a 4096-byte ring): record 2 wraps,
     # and is read whole from the second mapping of the data area.
@@ -253,7 +255,7 @@ def test_read_ring_stops_at_a_record_being_written_and_wraps():
     cons, data, page, mask = _ring(recs, size=4096)
     struct.pack_into("<Q", cons, 0, 2 * 1512)
     out = []
-    assert _fastpath.read_ring(cons, data, page, mask, out) == 2
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (2, 2 * 1512)
     assert out == recs[2:]
 
 
@@ -266,13 +268,25 @@ def test_read_ring_rejects_a_record_longer_than_the_ring():
         _fastpath.read_ring(cons, data[:100], page, mask, [])
 
 
-def test_sort_by_time_is_stable():
+def test_sort_by_time_merges_runs_stably():
     def rec(t, tag):
         return bytes(16) + struct.pack("<Q", t) + tag
 
     raws = [rec(5, b"a"), rec(1, b"b"), rec(5, b"c"), rec(0, b"d"), rec(1, b"e"), b"short"]
     _fastpath.sort_by_time(raws)
     assert [r[24:] for r in raws] == [b"d", b"", b"b", b"e", b"a", b"c"]   # "short": time 0, last
+    # Rings' runs (each ascending, with ties across and within them), and random input.
+    rng = random.Random(3)
+    for nruns in (1, 2, 3, 8, 500):
+        raws = []
+        for k in range(nruns):
+            t = 0
+            for j in range(rng.randrange(0, 300)):
+                t += rng.choice([0, 0, 1, 5])
+                raws.append(rec(t, b"%d.%d" % (k, j)))
+        want = sorted(raws, key=lambda r: r[16:24][::-1])      # Python's sort: stable
+        _fastpath.sort_by_time(raws)
+        assert raws == want
     with pytest.raises(TypeError):
         _fastpath.sort_by_time([b"x", "not bytes"])
 

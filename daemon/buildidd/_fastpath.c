@@ -18,7 +18,6 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "events.h"
@@ -43,10 +42,11 @@ static inline uint16_t ld_u16(const char *p) { uint16_t v; memcpy(&v, p, 2); ret
 /* ---- ring buffers ------------------------------------------------------ */
 
 PyDoc_STRVAR(read_ring_doc,
-"read_ring(cons, data, page, mask, out) -> int\n\n"
+"read_ring(cons, data, page, mask, out) -> (records, bytes)\n\n"
 "Append every complete record now in one BPF ring buffer to the list out (as\n"
 "bytes, without the 8-byte record header) and advance consumer_pos; returns how\n"
-"many.  cons: writable buffer over the consumer page; data: buffer over the\n"
+"many, and how many bytes of the ring they took (headers, discarded records and\n"
+"padding included: the backlog this read cleared).  cons: writable buffer over the consumer page; data: buffer over the\n"
 "producer page followed by the data area mapped twice (page bytes, then\n"
 "2 * (mask + 1)); mask: data size - 1 (a power of two minus one).  The layout\n"
 "and the ordering rules are the kernel's (kernel/bpf/ringbuf.c): producer_pos\n"
@@ -61,6 +61,7 @@ static PyObject *read_ring(PyObject *self, PyObject *args)
 	unsigned long long mask;
 	Py_buffer cons, data;
 	long n = 0;
+	unsigned long long consumed = 0;
 
 	if (!PyArg_ParseTuple(args, "OOnKO!", &cons_obj, &data_obj, &page, &mask, &PyList_Type, &out))
 		return NULL;
@@ -106,6 +107,7 @@ static PyObject *read_ring(PyObject *self, PyObject *args)
 			c += (size + RINGBUF_HDR_SZ + 7) & ~7ULL;
 		}
 		/* Records before c are consumed even when an error stopped the loop. */
+		consumed = c - __atomic_load_n(cons_pos, __ATOMIC_RELAXED);
 		__atomic_store_n(cons_pos, c, __ATOMIC_RELEASE);
 	}
 out:
@@ -113,22 +115,54 @@ out:
 	PyBuffer_Release(&cons);
 	if (PyErr_Occurred())
 		return NULL;
-	return PyLong_FromLong(n);
+	return Py_BuildValue("(lK)", n, consumed);
 }
 
 struct timed {
 	uint64_t time_ns;
-	Py_ssize_t index;
-	PyObject *obj;
+	PyObject *obj;		/* borrowed from the list being sorted */
 };
 
-static int cmp_timed(const void *a, const void *b)
+/*
+ * Stable natural merge sort: the records come as one ascending run per ring,
+ * so this takes log2(rings) linear passes.  Equal times keep list order.
+ * Returns v or tmp, whichever holds the result; NULL when out of memory.
+ */
+static struct timed *merge_runs(struct timed *v, struct timed *tmp, Py_ssize_t n)
 {
-	const struct timed *x = a, *y = b;
+	Py_ssize_t *starts = PyMem_Malloc(sizeof(*starts) * (size_t)(n + 1));
+	Py_ssize_t nruns = 0;
 
-	if (x->time_ns != y->time_ns)
-		return x->time_ns < y->time_ns ? -1 : 1;
-	return x->index < y->index ? -1 : x->index > y->index;
+	if (starts == NULL)
+		return NULL;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if (i == 0 || v[i].time_ns < v[i - 1].time_ns)
+			starts[nruns++] = i;
+	starts[nruns] = n;		/* sentinel: the end of the last run */
+	while (nruns > 1) {
+		Py_ssize_t out = 0, m = 0;
+		struct timed *swap;
+
+		for (Py_ssize_t k = 0; k < nruns; k += 2) {
+			Py_ssize_t a = starts[k], amid = starts[k + 1];
+			Py_ssize_t b = amid, bend = k + 2 <= nruns ? starts[k + 2] : n;
+
+			starts[m++] = out;
+			while (a < amid && b < bend)
+				tmp[out++] = v[b].time_ns < v[a].time_ns ? v[b++] : v[a++];
+			while (a < amid)
+				tmp[out++] = v[a++];
+			while (b < bend)
+				tmp[out++] = v[b++];
+		}
+		nruns = m;
+		starts[nruns] = n;
+		swap = v;
+		v = tmp;
+		tmp = swap;
+	}
+	PyMem_Free(starts);
+	return v;
 }
 
 /* event_header.time_ns, little-endian (of a short record: the bytes present of 16..24) */
@@ -152,7 +186,7 @@ PyDoc_STRVAR(sort_by_time_doc,
 static PyObject *sort_by_time(PyObject *self, PyObject *arg)
 {
 	Py_ssize_t n;
-	struct timed *v;
+	struct timed *v, *sorted;
 
 	if (!PyList_Check(arg)) {
 		PyErr_SetString(PyExc_TypeError, "sort_by_time() needs a list");
@@ -161,7 +195,7 @@ static PyObject *sort_by_time(PyObject *self, PyObject *arg)
 	n = PyList_GET_SIZE(arg);
 	if (n < 2)
 		Py_RETURN_NONE;
-	v = PyMem_Malloc(sizeof(*v) * (size_t)n);
+	v = PyMem_Malloc(2 * sizeof(*v) * (size_t)n);	/* the items, then merge space */
 	if (v == NULL)
 		return PyErr_NoMemory();
 	for (Py_ssize_t i = 0; i < n; i++) {
@@ -173,13 +207,16 @@ static PyObject *sort_by_time(PyObject *self, PyObject *arg)
 			return NULL;
 		}
 		v[i].time_ns = record_time(o);
-		v[i].index = i;
 		v[i].obj = o;
 	}
-	qsort(v, (size_t)n, sizeof(*v), cmp_timed);
+	sorted = merge_runs(v, v + n, n);
+	if (sorted == NULL) {
+		PyMem_Free(v);
+		return PyErr_NoMemory();
+	}
 	/* Same objects, permuted: the list's references carry over unchanged. */
 	for (Py_ssize_t i = 0; i < n; i++)
-		PyList_SET_ITEM(arg, i, v[i].obj);
+		PyList_SET_ITEM(arg, i, sorted[i].obj);
 	PyMem_Free(v);
 	Py_RETURN_NONE;
 }

@@ -30,9 +30,10 @@ class Config:
             arrive (they are submitted without wake-ups, see bpf/buildidd.bpf.c).
         idle_poll_interval_s: ... and at most this often while none do.
         drop_check_interval_s: how often kernel drop counters are read.
-        recording_nice: nice value (-20..19) of the thread that drains the
-            rings and writes the log; negative so that CPU-bound work on every
-            core cannot starve it into losing events (see sched.py).
+        recording_nice: nice value (-20..19) the thread that drains the rings
+            switches to while they fill faster than it drains them, so that
+            CPU-bound work on every core cannot starve it into losing events
+            (see Recorder._adjust_priority); not lower than the process's own.
         identity_cache_entries: identities whose build-id answer is kept (LRU);
             also the size of the kernel's known_ids map.
         pending_lines_max_bytes: records kept in memory while the log cannot

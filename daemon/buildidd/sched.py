@@ -9,10 +9,9 @@ and fsyncs go to the disk only when nothing else waits for it (honoured by the
 bfq scheduler; with none or mq-deadline the class is accepted and ignored).
 
 The recording thread itself runs at a raised priority (Config.recording_nice,
--5 by default): CPU-bound work on every core would otherwise hold it off the
-CPU long enough for the rings to fill (measured here: two unpaced mmap storms
-on 2 CPUs lost 13-59% of their events at nice 0, none at nice -3 to -10).
-auditd's priority_boost does the same for the same reason.
+-5 by default) while the rings fill faster than it drains them: CPU-bound work
+on every core would otherwise hold it off the CPU until they overflow (see
+Recorder._adjust_priority).
 """
 
 from __future__ import annotations

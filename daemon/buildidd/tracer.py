@@ -145,8 +145,8 @@ class RingReader:
         self._data = _mmap.mmap(map_fd, page + 2 * size_bytes, _mmap.MAP_SHARED, _mmap.PROT_READ, offset=page)
         self._page = page
 
-    def read(self, out: list[bytes]) -> int:
-        """Append every complete record now in the buffer to out; returns how many."""
+    def read(self, out: list[bytes]) -> tuple[int, int]:
+        """Append every complete record now in the buffer to out; returns (records, bytes of ring consumed)."""
         return _fastpath.read_ring(self._cons, self._data, self._page, self.mask, out)
 
     def close(self) -> None:
@@ -228,6 +228,7 @@ class Tracer:
         self._known_count = 0
         self.known_full = 0
         self._drop_totals = [0] * N_DROP_CAUSES
+        self.fill = 0.0
         self.rings = [RingReader(self.bpf[f"events{i}".encode()].map_fd, pages * page)
                       for i in range(self.nrings)]
         self._attach()
@@ -258,14 +259,21 @@ class Tracer:
         """Consume every record now in the ring buffers; returns them as raw bytes, in time order.
 
         Each ring is in order; when several held records, they are merged by
-        event_header.time_ns (a stable sort of presorted runs: linear time).
+        event_header.time_ns (a stable merge of the presorted runs).  Sets
+        fill: the largest share (0..1) of a ring that this drain found
+        occupied, the backlog the consumer let build up since the last one.
         """
         out: list[bytes] = []
         nonempty = 0
+        fill = 0.0
         for ring in self.rings:
-            nonempty += ring.read(out) > 0
+            n, nbytes = ring.read(out)
+            if n:
+                nonempty += 1
+                fill = max(fill, nbytes / ring.size)
         if nonempty > 1:
             _fastpath.sort_by_time(out)
+        self.fill = fill
         return out
 
     def drops(self) -> DropReport:

@@ -40,20 +40,29 @@ def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
         idle.wait()
 
 
-def test_recording_thread_runs_at_the_configured_nice(recorder):
+def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(recorder, workloads):
     from conftest import Background
 
-    for nice in (-5, 0):
-        rec = recorder(recording_nice=nice)
-        bg = Background(rec)
-        try:
-            tid = bg.thread.native_id
-            deadline = time.monotonic() + 5          # run() sets it before its first step
-            while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != nice:
-                time.sleep(0.01)
-            assert os.getpriority(os.PRIO_PROCESS, tid) == nice
-            assert os.getpriority(os.PRIO_PROCESS, 0) == 0          # the caller's thread: untouched
-            assert not rec.last_errors
-        finally:
-            bg.stop()
-            bg.thread.join(10)
+    rec = recorder(ringbuf_bytes=256 << 10, recording_nice=-5)
+    bg = Background(rec)
+    try:
+        tid = bg.thread.native_id
+        time.sleep(0.3)
+        assert os.getpriority(os.PRIO_PROCESS, tid) == 0          # no backlog: the process's own
+        storm = subprocess.Popen([str(workloads["mmap_storm"]), str(workloads["lib0"]), "300000"],
+                                 stdout=subprocess.DEVNULL)
+        seen = set()
+        while storm.poll() is None:
+            seen.add(os.getpriority(os.PRIO_PROCESS, tid))
+            time.sleep(0.002)
+        assert -5 in seen, seen
+        deadline = time.monotonic() + rec.CALM_S + 3
+        while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != 0:
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, tid) == 0          # calm again: back down
+        assert rec.summary()["priority_boosts"] >= 1
+        assert os.getpriority(os.PRIO_PROCESS, 0) == 0            # the caller's thread: untouched
+        assert not rec.last_errors
+    finally:
+        bg.stop()
+        bg.thread.join(10)
