@@ -144,7 +144,7 @@ def _workload(rng, elfs, n):
         elif kind < 0.88:       # an exec, then the mapping of its executable from that tid
             batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=p))
             batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, origin=3))
-            n_python += 2
+            n_python += 1 + (p == gone)      # the exec; its mapping (and the exec's line) are C's
         elif kind < 0.91:       # the kernel sent the path after all
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm, path=p))
             n_python += 1
@@ -186,7 +186,7 @@ def test_fast_path_lines_and_counters_equal_the_python_path(tmp_path, elfs):
     assert slow_calls == n_python
     assert n_python < sum(map(len, batches)) * 0.4
     s = fast.summary()
-    assert s["events"]["mmap"] > 10000 and s["events"]["fork"] > 500
+    assert s["events"]["mmap"] > 10000 and s["events"]["fork"] > 500 and s["events"]["exec"] > 300
     assert s["decode_errors"] > 50
     assert s["build_ids_resolved"] > 3000 and s["build_ids_missing"]["no_build_id"] > 3000
     assert any(b'"deleted":true' in line for line in fast._pending_lines)
@@ -208,8 +208,8 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     assert _fastpath.run(raws, 0, *args)[:4] == (2, 1, 1, 1)          # stops at the path
     assert _fastpath.run(raws, 3, *args)[0] == 4                      # stops at the unknown type
     assert len(lines) == 3
-    held = {1: "exec"}
-    assert _fastpath.run([plain], 0, rec._fast, held, *args[2:])[0] == 0   # its tid holds an exec
+    held = {1: (None, 0, b"another file".ljust(36), b"{")}
+    assert _fastpath.run([plain], 0, rec._fast, held, *args[2:])[0] == 0   # its tid holds another exec
     unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c")
     assert _fastpath.run([unknown], 0, *args)[0] == 0
     assert file_key(elfs[p]) in rec._fast
@@ -292,12 +292,14 @@ def test_sort_by_time_merges_runs_stably():
 
 
 def test_configure_rejects_a_template_it_cannot_fill():
-    from buildidd.records import COMM_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE
+    from buildidd.records import COMM_LINE, EXEC_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE
 
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, b'{"comm":%s}')
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, b'{"comm":%s}', EXEC_LINE)
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE + b"%x", FORK_LINE, EXIT_LINE, COMM_LINE)
+        _fastpath.configure(MMAP_LINE + b"%x", FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE)
+    with pytest.raises(ValueError):
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, b"%s%d")
     # A rejected set leaves the templates in use untouched.
     lines = []
     comm = task_raw(EventType.COMM, pid=7, tid=8, time_ns=9, comm=b"x", a=0, b=0)

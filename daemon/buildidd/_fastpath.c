@@ -243,9 +243,9 @@ struct arg {
 	Py_ssize_t len;
 };
 
-enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_N };
-static const char *const tmpl_convs[T_N] = {"dddsdddddsss", "dddsdd", "dddsd", "ddds"};
-static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE"};
+enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_EXEC, T_N };
+static const char *const tmpl_convs[T_N] = {"dddsdddddsss", "dddsdd", "dddsd", "ddds", "ss"};
+static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE", "EXEC_LINE"};
 static struct tmpl templates[T_N];
 
 static int parse_tmpl(struct tmpl *t, PyObject *b, int which)
@@ -331,9 +331,10 @@ static PyObject *format_line(const struct tmpl *t, const struct arg *a)
 }
 
 PyDoc_STRVAR(configure_doc,
-"configure(mmap_line, fork_line, exit_line, comm_line) -> None\n\n"
+"configure(mmap_line, fork_line, exit_line, comm_line, exec_line) -> None\n\n"
 "Give the line templates of records.py (MMAP_LINE, FORK_LINE, EXIT_LINE,\n"
-"COMM_LINE): bytes with %d (unsigned decimal) and %s (bytes) conversions.\n"
+"COMM_LINE, EXEC_LINE): bytes with %d (unsigned decimal) and %s (bytes)\n"
+"conversions.\n"
 "Raises ValueError when a template's conversions are not the ones run() fills.");
 
 static PyObject *configure(PyObject *self, PyObject *args)
@@ -341,7 +342,7 @@ static PyObject *configure(PyObject *self, PyObject *args)
 	PyObject *b[T_N];
 	struct tmpl parsed[T_N] = {0};
 
-	if (!PyArg_ParseTuple(args, "OOOO", &b[0], &b[1], &b[2], &b[3]))
+	if (!PyArg_ParseTuple(args, "OOOOO", &b[0], &b[1], &b[2], &b[3], &b[4]))
 		return NULL;
 	for (int i = 0; i < T_N; i++)
 		if (parse_tmpl(&parsed[i], b[i], i) < 0)
@@ -456,8 +457,50 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 struct last_key {
 	char key[KEY_LEN];
 	PyObject *key_obj;	/* owned */
-	PyObject *hit;		/* owned: fast[key], a (Resolution, tail, error) tuple */
+	PyObject *hit;		/* owned: fast[key], a (Resolution, mmap tail, error, res tail) tuple */
 };
+
+/*
+ * A mapping from a tid whose exec is held: when the exec's executable is this
+ * mapping's file, write the exec's line and release it (1); 0 when the tid
+ * holds nothing, or an exec of another file (Python decides); -1 on error.
+ */
+static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *lk, long *counts)
+{
+	PyObject *t = PyLong_FromUnsignedLong(tid), *h, *key, *prefix;
+	struct arg args[2];
+	int same;
+
+	if (t == NULL)
+		return -1;
+	h = PyDict_GetItemWithError(st->held, t);
+	if (h == NULL) {
+		Py_DECREF(t);
+		return PyErr_Occurred() ? -1 : 1;	/* nothing held: just the mapping */
+	}
+	if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 4 ||
+	    !PyBytes_Check(key = PyTuple_GET_ITEM(h, 2)) || !PyBytes_Check(prefix = PyTuple_GET_ITEM(h, 3))) {
+		Py_DECREF(t);
+		PyErr_SetString(PyExc_TypeError, "held execs must be (event, step, bytes, bytes)");
+		return -1;
+	}
+	same = PyBytes_GET_SIZE(key) == (Py_ssize_t)KEY_LEN && memcmp(PyBytes_AS_STRING(key), lk->key, KEY_LEN) == 0;
+	if (!same) {
+		Py_DECREF(t);
+		return 0;
+	}
+	args[0].s = PyBytes_AS_STRING(prefix);
+	args[0].len = PyBytes_GET_SIZE(prefix);
+	args[1].s = PyBytes_AS_STRING(PyTuple_GET_ITEM(lk->hit, 3));
+	args[1].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(lk->hit, 3));
+	if (emit(st, format_line(&templates[T_EXEC], args)) < 0 || PyDict_DelItem(st->held, t) < 0) {
+		Py_DECREF(t);
+		return -1;
+	}
+	Py_DECREF(t);
+	counts[T_EXEC]++;
+	return 1;
+}
 
 static int map_record(struct run_state *st, const char *r, struct last_key *lk, long *counts)
 {
@@ -482,10 +525,11 @@ static int map_record(struct run_state *st, const char *r, struct last_key *lk, 
 			Py_DECREF(key);
 			return PyErr_Occurred() ? -1 : 0;
 		}
-		if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 3 ||
-		    !PyBytes_Check(PyTuple_GET_ITEM(hit, 1))) {
+		if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 4 ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(hit, 1)) || !PyBytes_Check(PyTuple_GET_ITEM(hit, 3))) {
 			Py_DECREF(key);
-			PyErr_SetString(PyExc_TypeError, "fast-path entries must be (Resolution, bytes, error)");
+			PyErr_SetString(PyExc_TypeError,
+					"fast-path entries must be (Resolution, bytes, error, bytes)");
 			return -1;
 		}
 		Py_INCREF(hit);
@@ -493,17 +537,8 @@ static int map_record(struct run_state *st, const char *r, struct last_key *lk, 
 		Py_XSETREF(lk->key_obj, key);
 		memcpy(lk->key, file, KEY_LEN);
 	}
-	if (PyDict_GET_SIZE(st->held) != 0) {
-		PyObject *t = PyLong_FromUnsignedLong(tid);
-		int in;
-
-		if (t == NULL)
-			return -1;
-		in = PyDict_Contains(st->held, t);
-		Py_DECREF(t);
-		if (in != 0)
-			return in < 0 ? -1 : 0;	/* the exec this mapping completes: Python */
-	}
+	if (PyDict_GET_SIZE(st->held) != 0 && held_exec(st, tid, lk, counts) <= 0)
+		return PyErr_Occurred() ? -1 : 0;
 	hit = lk->hit;
 	tail = PyTuple_GET_ITEM(hit, 1);
 	error = PyTuple_GET_ITEM(hit, 2);
@@ -581,12 +616,17 @@ static int map_record(struct run_state *st, const char *r, struct last_key *lk, 
 
 PyDoc_STRVAR(run_doc,
 "run(raws, i, fast, held, live, comm_json, comm_fn, origins, missing, emit)\n"
-"    -> (next_i, n_mmap, n_resolved, n_fork, n_exit, n_comm)\n\n"
+"    -> (next_i, n_mmap, n_resolved, n_fork, n_exit, n_comm, n_exec)\n\n"
 "Record raws[i:] (raw ring records, bytes) for as long as each is one of:\n"
 "  * a MAP record (struct map_event) without a path whose identity key (the\n"
 "    struct file_id bytes before nlink) is in fast, a dict key -> (Resolution,\n"
-"    tail bytes: the path, identity and build-id fields of the line, error:\n"
-"    None when the build-id is known, else the reason), from a tid not in held;\n"
+"    mmap tail: the path, identity and build-id fields of its line, error:\n"
+"    None when the build-id is known, else the reason, res tail: the identity\n"
+"    and build-id fields alone).  When its tid is in held, a dict tid ->\n"
+"    (exec event, step, key, exec line prefix) of execs waiting for their\n"
+"    executable's mapping, and the key is the same, the exec's line is\n"
+"    written first (EXEC_LINE: prefix, res tail) and the tid leaves held; a\n"
+"    different key is left to Python;\n"
 "  * a FORK, EXIT or COMM record (struct task_event).\n"
 "Each becomes one line (records.py's templates, see configure()) appended to\n"
 "the list emit.  comm_json: memo of raw 16-byte comm -> JSON bytes, filled by\n"
@@ -595,7 +635,8 @@ PyDoc_STRVAR(run_doc,
 "each mapping without a build-id; live: dict pid -> set of (vm_start, key),\n"
 "added to (at most 4096 per pid), a pid removed on EXIT.  Returns the index of\n"
 "the first record not handled (len(raws) when all were) and the counts of\n"
-"mappings, mappings with a build-id, forks, exits and comm changes handled.\n"
+"mappings, mappings with a build-id, forks, exits, comm changes and execs\n"
+"handled.\n"
 "Raises RuntimeError before configure(); what comm_fn raises.");
 
 static PyObject *run(PyObject *self, PyObject *args)
@@ -604,7 +645,7 @@ static PyObject *run(PyObject *self, PyObject *args)
 	Py_ssize_t i, n;
 	struct run_state st = {0};
 	struct last_key lk = {0};
-	long counts[T_N + 2] = {0};	/* fork.. per template index, then mmap, resolved */
+	long counts[T_N + 2] = {0};	/* per template index, then mmap, resolved */
 	int rc = 1;
 
 	if (!PyArg_ParseTuple(args, "O!nO!O!O!O!OO!O!O!", &PyList_Type, &raws, &i, &PyDict_Type, &st.fast,
@@ -655,8 +696,8 @@ static PyObject *run(PyObject *self, PyObject *args)
 	Py_XDECREF(st.last_comm_json);
 	if (rc < 0)
 		return NULL;
-	return Py_BuildValue("(nlllll)", i, counts[T_N], counts[T_N + 1], counts[T_FORK], counts[T_EXIT],
-			     counts[T_COMM]);
+	return Py_BuildValue("(nllllll)", i, counts[T_N], counts[T_N + 1], counts[T_FORK], counts[T_EXIT],
+			     counts[T_COMM], counts[T_EXEC]);
 }
 
 static PyMethodDef methods[] = {

@@ -27,8 +27,8 @@ from .events import (PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, TASK_PPID_OFF
                      DecodeError, EventType, Identity, RawEvent, decode,
                      exec_file_key, file_key, st_dev_to_kdev)
 from .procfs import Source
-from .records import (COMM_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE, ORIGIN_NAMES, RECOVERED, SYNTHESIZED,
-                      dict_line, exec_line, mmap_line, mmap_tail, task_line)
+from .records import (COMM_LINE, EXEC_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE, ORIGIN_NAMES, RECOVERED,
+                      SYNTHESIZED, dict_line, exec_line, exec_prefix, mmap_line, mmap_tail, res_tail, task_line)
 from .sessionlog import SessionWriter
 from .tracer import Tracer
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 _ORIGINS = {int(k): v for k, v in ORIGIN_NAMES.items()}
 _ORIGINS_T = tuple(_ORIGINS.get(i, "mmap").encode() for i in range(5))
 _COMM_JSON: dict[bytes, bytes] = {}
-_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE)
+_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE)
 
 
 def _comm_json(raw: bytes) -> bytes:
@@ -98,11 +98,13 @@ class Recorder:
                                  on_evicted=self._on_evicted, on_build_id=self._on_build_id)
         self.snapshotter = None
         self._pending_lines: list[bytes] = []
-        self._held_exec: dict[int, tuple[RawEvent, int, bytes]] = {}
-        # Fast path: raw kernel file_id bytes → (Resolution, JSON of its path
-        # and identity, None or the reason there is no build-id), for
+        # tid → (exec event, step it came in, identity key, exec_prefix()):
+        # an exec waiting for its main executable's mapping (see _hold_exec).
+        self._held_exec: dict[int, tuple[RawEvent, int, bytes, bytes]] = {}
+        # Fast path: raw kernel file_id bytes → (Resolution, mmap_tail(),
+        # None or the reason there is no build-id, res_tail()), for
         # identities with a final answer (see step() and _fastpath.run).
-        self._fast: dict[bytes, tuple[Resolution, bytes, str | None]] = {}
+        self._fast: dict[bytes, tuple[Resolution, bytes, str | None, bytes]] = {}
         # None only to check the fast path against _slow_record (tests).
         self._run_fast = _fastpath.run
         self._deferred: list[bytes] = []      # follow mode: see _follow_filter
@@ -270,9 +272,10 @@ class Recorder:
         """Drain the ring buffers once, record what they held; returns the number of events.
 
         The common events, a mapping of a file whose identity already has a
-        final answer and the fork/exit/comm records, are recorded by
-        _fastpath.run (C): a dict lookup on the raw identity bytes and one
-        line from records.py's template, with no per-event Python objects.
+        final answer (and the held exec it completes) and the fork/exit/comm
+        records, are recorded by _fastpath.run (C): a dict lookup on the raw
+        identity bytes and one line from records.py's template, with no
+        per-event Python objects.
         It stops at the first record that needs Python (an identity not yet
         resolved, an exec, a path, a malformed record): _slow_record records
         that one, and the fast path resumes after it.
@@ -282,22 +285,23 @@ class Recorder:
             raws = self._follow_filter(raws)
         run = self._run_fast
         i, n = 0, len(raws)
-        n_map = n_resolved = n_fork = n_exit = n_comm = 0
+        n_map = n_resolved = n_fork = n_exit = n_comm = n_exec = 0
         while i < n:
             if run is not None:
-                i, a, b, c, d, e = run(raws, i, self._fast, self._held_exec, self._live, _COMM_JSON,
-                                       _comm_json, _ORIGINS_T, self.enricher.missing, self._pending_lines)
+                i, a, b, c, d, e, x = run(raws, i, self._fast, self._held_exec, self._live, _COMM_JSON,
+                                          _comm_json, _ORIGINS_T, self.enricher.missing, self._pending_lines)
                 n_map += a
                 n_resolved += b
                 n_fork += c
                 n_exit += d
                 n_comm += e
+                n_exec += x
                 if i >= n:
                     break
             self._slow_record(raws[i])
             i += 1
         ev_counts = self.stats.events
-        for name, k in (("mmap", n_map), ("fork", n_fork), ("exit", n_exit), ("comm", n_comm)):
+        for name, k in (("mmap", n_map), ("fork", n_fork), ("exit", n_exit), ("comm", n_comm), ("exec", n_exec)):
             if k:
                 ev_counts[name] = ev_counts.get(name, 0) + k
         if n_map:
@@ -434,7 +438,7 @@ class Recorder:
         prev = self._held_exec.pop(ev.tid, None)
         if prev is not None:
             self._emit_exec(prev[0], None)
-        self._held_exec[ev.tid] = (ev, self._steps, key)
+        self._held_exec[ev.tid] = (ev, self._steps, key, exec_prefix(ev))
         self._live.pop(ev.pid, None)
 
     def _emit_exec(self, ev: RawEvent, res: Resolution | None) -> None:
@@ -447,7 +451,7 @@ class Recorder:
         # An exec whose main mapping did not follow within one more batch
         # (dropped, or not found): record it with its own resolution.
         self._steps += 1
-        for tid, (ev, step, _key) in list(self._held_exec.items()):
+        for tid, (ev, step, _key, _prefix) in list(self._held_exec.items()):
             if everything or step < self._steps - 1:
                 del self._held_exec[tid]
                 self._emit_exec(ev, None)
@@ -463,7 +467,8 @@ class Recorder:
         if len(live) < 4096:
             live.add((ev.start, key))
         if res.final and ev.origin is not None and path and not ev.id_flags & (PATH_TRUNCATED | PATH_UNREACHABLE):
-            self._fast[key] = (res, mmap_tail(path, res), None if res.build_id else res.error or "unknown")
+            self._fast[key] = (res, mmap_tail(path, res), None if res.build_id else res.error or "unknown",
+                               res_tail(res))
         self._emit(mmap_line(ev, origin, path, res))
 
     def _on_resolved(self, ident: Identity, res: Resolution) -> None:

@@ -18,7 +18,7 @@ One JSON object per line, with a ``"type"``:
 Units: ``time_ns`` is ns since boot (CLOCK_BOOTTIME; the session record gives the
 offset to wall-clock time), ``start``/``len``/``pgoff``/``size`` are bytes,
 ``mtime_ns`` is ns since the epoch, ``dev`` is the user-space st_dev.
-Mapping, fork, exit and comm records are bytes templates around pre-encoded
+Mapping, exec, fork, exit and comm records are bytes templates around pre-encoded
 fragments: they are the hot path, and json.dumps costs several µs per record.
 The templates below are the one definition of those lines: the recorder's C
 fast path (_fastpath.c) is given them at import and fills them the way
@@ -53,7 +53,7 @@ MMAP_LINE = (b'{"type":"mmap","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"start":%
 
 def mmap_tail(path: str, res: Resolution) -> bytes:
     """The path, identity and build-id fields of a mapping record, encoded once per identity."""
-    return f'"path":{json_str(path)},{res.json_tail}'.encode("utf-8", "surrogateescape")
+    return f'"path":{json_str(path)},'.encode("utf-8", "surrogateescape") + res_tail(res)
 
 
 def mmap_line(ev: RawEvent, origin: str, path: str, res: Resolution) -> bytes:
@@ -63,11 +63,25 @@ def mmap_line(ev: RawEvent, origin: str, path: str, res: Resolution) -> bytes:
                         b"true" if ev.nlink == 0 else b"false", mmap_tail(path, res))
 
 
-def exec_line(ev: RawEvent, res: Resolution) -> bytes:
-    """The JSON line of an exec record (filename as passed to execve; the executable's build-id)."""
+def exec_prefix(ev: RawEvent) -> bytes:
+    """An exec record's line up to its identity and build-id fields (see exec_line)."""
     return (f'{{"type":"exec","time_ns":{ev.time_ns},"pid":{ev.pid},"tid":{ev.tid},'
             f'"comm":{json_str(ev.comm)},"old_tid":{ev.old_pid},"filename":{json_str(ev.path)},'
-            f'{res.json_tail}}}').encode("utf-8", "surrogateescape")
+            ).encode("utf-8", "surrogateescape")
+
+
+def res_tail(res: Resolution) -> bytes:
+    """The identity and build-id fields of a Resolution, encoded."""
+    return res.json_tail.encode("utf-8", "surrogateescape")
+
+
+#: An exec record: exec_prefix(), then res_tail() of the executable's Resolution.
+EXEC_LINE = b'%s%s}'
+
+
+def exec_line(ev: RawEvent, res: Resolution) -> bytes:
+    """The JSON line of an exec record (filename as passed to execve; the executable's build-id)."""
+    return EXEC_LINE % (exec_prefix(ev), res_tail(res))
 
 
 #: fork, exit and comm records: time_ns, pid, tid, comm (JSON), then ppid, ptid (fork)
