@@ -145,8 +145,12 @@ def _workload(rng, elfs, n):
             batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=p))
             batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, origin=3))
             n_python += 1 + (p == gone)      # the exec; its mapping (and the exec's line) are C's
-        elif kind < 0.91:       # the kernel sent the path after all
+        elif kind < 0.90:       # the kernel sent the path after all: the known one
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm, path=p))
+            n_python += p == gone
+        elif kind < 0.91:       # ... or another name of the file (a hard link, a rename)
+            batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm,
+                                 path=p + rng.choice([b".link", b"\xff"])))
             n_python += 1
         elif kind < 0.93:       # malformed: short, unknown type, short task record
             batch.append(rng.choice([b"\x01\x00\x00\x00" + bytes(30), b"\x09" + bytes(60),
@@ -202,12 +206,13 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     rec.step()
     plain = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", origin=1)
     fork = task_raw(EventType.FORK, pid=2, tid=2, time_ns=3, comm=b"c", a=1, b=1)
-    raws = [plain, fork, known, plain, b"\x09" + bytes(60)]
+    renamed = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", path=p + b".new", origin=1)
+    raws = [plain, fork, known, renamed, plain, b"\x09" + bytes(60)]
     lines = []
     args = (rec._fast, {}, {}, {}, lambda raw: b'"x"', (b"mmap",) * 5, {}, lines)
-    assert _fastpath.run(raws, 0, *args)[:4] == (2, 1, 1, 1)          # stops at the path
-    assert _fastpath.run(raws, 3, *args)[0] == 4                      # stops at the unknown type
-    assert len(lines) == 3
+    assert _fastpath.run(raws, 0, *args)[:4] == (3, 2, 2, 1)          # stops at another path
+    assert _fastpath.run(raws, 4, *args)[0] == 5                      # stops at the unknown type
+    assert len(lines) == 4
     held = {1: (None, 0, b"another file".ljust(36), b"{")}
     assert _fastpath.run([plain], 0, rec._fast, held, *args[2:])[0] == 0   # its tid holds another exec
     unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c")

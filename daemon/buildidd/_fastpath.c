@@ -457,7 +457,7 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 struct last_key {
 	char key[KEY_LEN];
 	PyObject *key_obj;	/* owned */
-	PyObject *hit;		/* owned: fast[key], a (Resolution, mmap tail, error, res tail) tuple */
+	PyObject *hit;		/* owned: fast[key], (Resolution, mmap tail, error, res tail, path) */
 };
 
 /*
@@ -502,7 +502,7 @@ static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *
 	return 1;
 }
 
-static int map_record(struct run_state *st, const char *r, struct last_key *lk, long *counts)
+static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struct last_key *lk, long *counts)
 {
 	const char *file = r + offsetof(struct map_event, file);
 	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
@@ -510,11 +510,10 @@ static int map_record(struct run_state *st, const char *r, struct last_key *lk, 
 	uint64_t start = ld_u64(r + offsetof(struct map_event, start));
 	uint32_t origin = ld_u32(r + offsetof(struct map_event, origin));
 	uint32_t nlink = ld_u32(file + offsetof(struct file_id, nlink));
+	Py_ssize_t plen = ld_u16(r + offsetof(struct map_event, path_len));
 	PyObject *hit, *tail, *error, *cj, *origin_name, *pl, *pid_obj, *item;
 	struct arg args[12];
 
-	if (ld_u16(r + offsetof(struct map_event, path_len)) != 0)
-		return 0;			/* a path after all: Python formats it */
 	if (lk->key_obj == NULL || memcmp(lk->key, file, KEY_LEN) != 0) {
 		PyObject *key = PyBytes_FromStringAndSize(file, KEY_LEN);
 
@@ -525,17 +524,26 @@ static int map_record(struct run_state *st, const char *r, struct last_key *lk, 
 			Py_DECREF(key);
 			return PyErr_Occurred() ? -1 : 0;
 		}
-		if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 4 ||
-		    !PyBytes_Check(PyTuple_GET_ITEM(hit, 1)) || !PyBytes_Check(PyTuple_GET_ITEM(hit, 3))) {
+		if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 5 || !PyBytes_Check(PyTuple_GET_ITEM(hit, 1)) ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(hit, 3)) || !PyBytes_Check(PyTuple_GET_ITEM(hit, 4))) {
 			Py_DECREF(key);
 			PyErr_SetString(PyExc_TypeError,
-					"fast-path entries must be (Resolution, bytes, error, bytes)");
+					"fast-path entries must be (Resolution, bytes, error, bytes, bytes)");
 			return -1;
 		}
 		Py_INCREF(hit);
 		Py_XSETREF(lk->hit, hit);
 		Py_XSETREF(lk->key_obj, key);
 		memcpy(lk->key, file, KEY_LEN);
+	}
+	if (plen != 0) {
+		/* The kernel sent a path after all (the record was made before the
+		 * identity was marked known): the tail holds when it is the same path. */
+		PyObject *path = PyTuple_GET_ITEM(lk->hit, 4);
+
+		if ((Py_ssize_t)MAP_MIN_LEN + plen > len || PyBytes_GET_SIZE(path) != plen ||
+		    memcmp(PyBytes_AS_STRING(path), r + MAP_MIN_LEN, plen) != 0)
+			return 0;
 	}
 	if (PyDict_GET_SIZE(st->held) != 0 && held_exec(st, tid, lk, counts) <= 0)
 		return PyErr_Occurred() ? -1 : 0;
@@ -618,11 +626,12 @@ PyDoc_STRVAR(run_doc,
 "run(raws, i, fast, held, live, comm_json, comm_fn, origins, missing, emit)\n"
 "    -> (next_i, n_mmap, n_resolved, n_fork, n_exit, n_comm, n_exec)\n\n"
 "Record raws[i:] (raw ring records, bytes) for as long as each is one of:\n"
-"  * a MAP record (struct map_event) without a path whose identity key (the\n"
+"  * a MAP record (struct map_event) whose identity key (the\n"
 "    struct file_id bytes before nlink) is in fast, a dict key -> (Resolution,\n"
 "    mmap tail: the path, identity and build-id fields of its line, error:\n"
 "    None when the build-id is known, else the reason, res tail: the identity\n"
-"    and build-id fields alone).  When its tid is in held, a dict tid ->\n"
+"    and build-id fields alone, path: the path bytes in mmap tail), and that\n"
+"    carries no path or that same path.  When its tid is in held, a dict tid ->\n"
 "    (exec event, step, key, exec line prefix) of execs waiting for their\n"
 "    executable's mapping, and the key is the same, the exec's line is\n"
 "    written first (EXEC_LINE: prefix, res tail) and the tid leaves held; a\n"
@@ -683,7 +692,7 @@ static PyObject *run(PyObject *self, PyObject *args)
 			break;
 		type = ld_u32(r);
 		if (type == BUILDIDD_EV_MAP && len >= (Py_ssize_t)MAP_MIN_LEN)
-			rc = map_record(&st, r, &lk, counts);
+			rc = map_record(&st, r, len, &lk, counts);
 		else if (type >= BUILDIDD_EV_FORK && type <= BUILDIDD_EV_COMM && len >= (Py_ssize_t)TASK_LEN)
 			rc = task_record(&st, r, type, counts);
 		else

@@ -102,9 +102,10 @@ class Recorder:
         # an exec waiting for its main executable's mapping (see _hold_exec).
         self._held_exec: dict[int, tuple[RawEvent, int, bytes, bytes]] = {}
         # Fast path: raw kernel file_id bytes → (Resolution, mmap_tail(),
-        # None or the reason there is no build-id, res_tail()), for
-        # identities with a final answer (see step() and _fastpath.run).
-        self._fast: dict[bytes, tuple[Resolution, bytes, str | None, bytes]] = {}
+        # None or the reason there is no build-id, res_tail(), the path in
+        # mmap_tail() as bytes), for identities with a final answer (see
+        # step() and _fastpath.run).
+        self._fast: dict[bytes, tuple[Resolution, bytes, str | None, bytes, bytes]] = {}
         # None only to check the fast path against _slow_record (tests).
         self._run_fast = _fastpath.run
         self._deferred: list[bytes] = []      # follow mode: see _follow_filter
@@ -175,11 +176,12 @@ class Recorder:
             if left > 0:
                 time.sleep(left)
 
-    #: A drain that finds a ring at least this full (share of its bytes)
-    #: raises the recording thread's priority; below CALM_FILL for CALM_S
-    #: seconds, it goes back to the process's own.
-    BOOST_FILL = 0.125
-    CALM_FILL = 0.02
+    #: A drain that finds a ring at least this full (share of its bytes:
+    #: 512 KiB of the default 16 MiB rings, ~3,600 mappings) raises the
+    #: recording thread's priority; below CALM_FILL (64 KiB, a few hundred
+    #: events per drain) for CALM_S seconds, it goes back to the process's own.
+    BOOST_FILL = 1 / 32
+    CALM_FILL = 1 / 256
     CALM_S = 2.0
 
     def _adjust_priority(self, fill: float, now: float) -> None:
@@ -192,6 +194,8 @@ class Recorder:
         13-59% of their events at nice 0, none at nice -3 to -10), so a
         drain that finds a ring BOOST_FILL full raises it until the rings stay
         near empty again (auditd's priority_boost, applied only when needed).
+        A storm that the raised thread keeps up with still leaves more than
+        CALM_FILL per drain, so the boost lasts as long as the storm.
         """
         if fill >= self.BOOST_FILL:
             self._calm_since = None
@@ -277,7 +281,7 @@ class Recorder:
         identity bytes and one line from records.py's template, with no
         per-event Python objects.
         It stops at the first record that needs Python (an identity not yet
-        resolved, an exec, a path, a malformed record): _slow_record records
+        resolved, an exec, a path other than the known one, a malformed record): _slow_record records
         that one, and the fast path resumes after it.
         """
         raws = self.tracer.drain()
@@ -466,9 +470,13 @@ class Recorder:
         key = file_key(ev.identity)
         if len(live) < 4096:
             live.add((ev.start, key))
-        if res.final and ev.origin is not None and path and not ev.id_flags & (PATH_TRUNCATED | PATH_UNREACHABLE):
+        # The fast path writes what this method writes for a record without
+        # a path (the Resolution's path) or with that same path; so its entry
+        # is made from an event that carried that path whole.
+        if (res.final and ev.origin is not None and path and path == res.path and key not in self._fast
+                and not ev.id_flags & (PATH_TRUNCATED | PATH_UNREACHABLE)):
             self._fast[key] = (res, mmap_tail(path, res), None if res.build_id else res.error or "unknown",
-                               res_tail(res))
+                               res_tail(res), path.encode("utf-8", "surrogateescape"))
         self._emit(mmap_line(ev, origin, path, res))
 
     def _on_resolved(self, ident: Identity, res: Resolution) -> None:
