@@ -178,10 +178,11 @@ class Recorder:
 
     #: A drain that finds a ring at least this full (share of its bytes:
     #: 512 KiB of the default 16 MiB rings, ~3,600 mappings) raises the
-    #: recording thread's priority; below CALM_FILL (64 KiB, a few hundred
-    #: events per drain) for CALM_S seconds, it goes back to the process's own.
+    #: recording thread's priority; below CALM_FILL (128 KiB, ~900 mappings
+    #: per drain: ~180k/s at the 5 ms poll interval) for CALM_S seconds, it
+    #: goes back to the process's own.
     BOOST_FILL = 1 / 32
-    CALM_FILL = 1 / 256
+    CALM_FILL = 1 / 128
     CALM_S = 2.0
 
     def _adjust_priority(self, fill: float, now: float) -> None:
