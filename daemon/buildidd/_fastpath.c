@@ -481,7 +481,7 @@ static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *
 	if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 4 ||
 	    !PyBytes_Check(key = PyTuple_GET_ITEM(h, 2)) || !PyBytes_Check(prefix = PyTuple_GET_ITEM(h, 3))) {
 		Py_DECREF(t);
-		PyErr_SetString(PyExc_TypeError, "held execs must be (event, step, bytes, bytes)");
+		PyErr_SetString(PyExc_TypeError, "held execs must be (record, step, bytes, bytes)");
 		return -1;
 	}
 	same = PyBytes_GET_SIZE(key) == (Py_ssize_t)KEY_LEN && memcmp(PyBytes_AS_STRING(key), lk->key, KEY_LEN) == 0;
@@ -632,7 +632,7 @@ PyDoc_STRVAR(run_doc,
 "    None when the build-id is known, else the reason, res tail: the identity\n"
 "    and build-id fields alone, path: the path bytes in mmap tail), and that\n"
 "    carries no path or that same path.  When its tid is in held, a dict tid ->\n"
-"    (exec event, step, key, exec line prefix) of execs waiting for their\n"
+"    (exec record, step, key, exec line prefix) of execs waiting for their\n"
 "    executable's mapping, and the key is the same, the exec's line is\n"
 "    written first (EXEC_LINE: prefix, res tail) and the tid leaves held; a\n"
 "    different key is left to Python;\n"

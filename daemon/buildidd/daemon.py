@@ -25,7 +25,7 @@ from .enrich import Enricher, Resolution, json_str
 from .errors import SessionLogError, StoreError
 from .events import (PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, TASK_PPID_OFF,
                      DecodeError, EventType, Identity, RawEvent, decode,
-                     exec_file_key, file_key, st_dev_to_kdev)
+                     exec_file_key, exec_head, file_key, st_dev_to_kdev)
 from .procfs import Source
 from .records import (COMM_LINE, EXEC_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE, ORIGIN_NAMES, RECOVERED,
                       SYNTHESIZED, dict_line, exec_line, exec_prefix, mmap_line, mmap_tail, res_tail, task_line)
@@ -98,9 +98,9 @@ class Recorder:
                                  on_evicted=self._on_evicted, on_build_id=self._on_build_id)
         self.snapshotter = None
         self._pending_lines: list[bytes] = []
-        # tid → (exec event, step it came in, identity key, exec_prefix()):
+        # tid → (raw exec record, step it came in, identity key, exec_prefix()):
         # an exec waiting for its main executable's mapping (see _hold_exec).
-        self._held_exec: dict[int, tuple[RawEvent, int, bytes, bytes]] = {}
+        self._held_exec: dict[int, tuple[bytes, int, bytes, bytes]] = {}
         # Fast path: raw kernel file_id bytes → (Resolution, mmap_tail(),
         # None or the reason there is no build-id, res_tail(), the path in
         # mmap_tail() as bytes), for identities with a final answer (see
@@ -381,14 +381,14 @@ class Recorder:
             self._count(EventType(etype).name.lower())
             return
         try:
-            ev = decode(raw)
+            decoded = exec_head(raw) if etype == EventType.EXEC else decode(raw)
         except DecodeError:
             self.stats.decode_errors += 1
             return
         if etype == EventType.EXEC:
-            self._hold_exec(ev, exec_file_key(raw))
+            self._hold_exec(raw, decoded)
         else:
-            self._handle_map(ev)
+            self._handle_map(decoded)
 
     def _follow_filter(self, raws: list[bytes]) -> list[bytes]:
         """Follow mode: the records of tracked processes (and forks from them), in time order.
@@ -435,31 +435,38 @@ class Recorder:
         held = self._held_exec.pop(ev.tid, None)
         res = self.enricher.resolve(ev)
         if held is not None:
-            self._emit_exec(held[0], res if held[0].identity == ev.identity else None)
+            self._emit_exec(held, res if held[2] == file_key(ev.identity) else None)
         self._record_map(ev, ORIGIN_NAMES.get(ev.origin, "mmap"), res)
 
-    def _hold_exec(self, ev: RawEvent, key: bytes) -> None:
-        """Hold an exec until the main executable's mapping (next from this tid) resolves it."""
-        prev = self._held_exec.pop(ev.tid, None)
-        if prev is not None:
-            self._emit_exec(prev[0], None)
-        self._held_exec[ev.tid] = (ev, self._steps, key, exec_prefix(ev))
-        self._live.pop(ev.pid, None)
+    def _hold_exec(self, raw: bytes, head: tuple[int, int, int, str, int, str]) -> None:
+        """Hold an exec until the main executable's mapping (next from this tid) resolves it.
 
-    def _emit_exec(self, ev: RawEvent, res: Resolution | None) -> None:
+        head: exec_head(raw).  The line's prefix is made now; the identity
+        stays raw (the key) until a fallback needs it decoded.
+        """
+        pid, tid, time_ns, comm, old_pid, path = head
+        prev = self._held_exec.pop(tid, None)
+        if prev is not None:
+            self._emit_exec(prev, None)
+        self._held_exec[tid] = (raw, self._steps, exec_file_key(raw),
+                                exec_prefix(time_ns, pid, tid, comm, old_pid, path))
+        self._live.pop(pid, None)
+
+    def _emit_exec(self, held: tuple[bytes, int, bytes, bytes], res: Resolution | None) -> None:
+        """Write a held exec with its executable's Resolution (None: resolved from the exec record)."""
         if res is None:
-            res = self.enricher.resolve(ev)
+            res = self.enricher.resolve(decode(held[0]))     # exec_head checked what decode checks
         self._count("exec")
-        self._emit(exec_line(ev, res))
+        self._emit(exec_line(held[3], res))
 
     def _release_held_exec(self, everything: bool = False) -> None:
         # An exec whose main mapping did not follow within one more batch
         # (dropped, or not found): record it with its own resolution.
         self._steps += 1
-        for tid, (ev, step, _key, _prefix) in list(self._held_exec.items()):
-            if everything or step < self._steps - 1:
+        for tid, held in list(self._held_exec.items()):
+            if everything or held[1] < self._steps - 1:
                 del self._held_exec[tid]
-                self._emit_exec(ev, None)
+                self._emit_exec(held, None)
 
     def _record_map(self, ev: RawEvent, origin: str, res: Resolution) -> None:
         path = ev.path if ev.path else res.path

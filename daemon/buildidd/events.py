@@ -167,6 +167,7 @@ _FILE = struct.Struct("<QQqIIII")
 _MAP_BODY = struct.Struct("<QQQIIII")
 _MAP_TAIL = struct.Struct("<H6x")
 _EXEC_BODY = struct.Struct("<II")
+_EXEC_HEAD = struct.Struct("<IIIIQ16sII")     # event_header, old_pid, id_flags: exec_head()
 
 _MAP_BODY_OFF = MapEvent.start.offset
 _MAP_FILE_OFF = MapEvent.file.offset
@@ -195,10 +196,25 @@ def _check_formats() -> None:
     assert _TASK_BODY_OFF == _HDR.size
     assert _FILE_KEY.size == FileId.nlink.offset
     assert TASK_EVENT.size == ctypes.sizeof(TaskEvent)
+    assert _EXEC_HEAD.size == _EXEC_FILE_OFF
 
 
 _check_formats()
 TASK_PPID_OFF = _TASK_BODY_OFF    #: offset of task_event.ppid in a raw record
+
+
+def exec_head(buf: bytes) -> tuple[int, int, int, str, int, str]:
+    """(pid, tid, time_ns, comm, old_pid, filename) of a raw EXEC record, its identity left raw.
+
+    Cheaper than decode() when the identity is only needed as a key
+    (exec_file_key).  Raises DecodeError as decode() does for a short record.
+    """
+    if len(buf) < _EXEC_PATH_OFF:
+        raise DecodeError(f"exec record of {len(buf)} bytes")
+    _t, pid, tid, _p, time_ns, comm, old_pid, _idf = _EXEC_HEAD.unpack_from(buf)
+    (plen,) = _MAP_TAIL.unpack_from(buf, _EXEC_PLEN_OFF)
+    path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
+    return pid, tid, time_ns, _comm(comm), old_pid, path
 
 
 def exec_file_key(buf: bytes) -> bytes:

@@ -63,10 +63,10 @@ def mmap_line(ev: RawEvent, origin: str, path: str, res: Resolution) -> bytes:
                         b"true" if ev.nlink == 0 else b"false", mmap_tail(path, res))
 
 
-def exec_prefix(ev: RawEvent) -> bytes:
+def exec_prefix(time_ns: int, pid: int, tid: int, comm: str, old_tid: int, filename: str) -> bytes:
     """An exec record's line up to its identity and build-id fields (see exec_line)."""
-    return (f'{{"type":"exec","time_ns":{ev.time_ns},"pid":{ev.pid},"tid":{ev.tid},'
-            f'"comm":{json_str(ev.comm)},"old_tid":{ev.old_pid},"filename":{json_str(ev.path)},'
+    return (f'{{"type":"exec","time_ns":{time_ns},"pid":{pid},"tid":{tid},'
+            f'"comm":{json_str(comm)},"old_tid":{old_tid},"filename":{json_str(filename)},'
             ).encode("utf-8", "surrogateescape")
 
 
@@ -79,9 +79,9 @@ def res_tail(res: Resolution) -> bytes:
 EXEC_LINE = b'%s%s}'
 
 
-def exec_line(ev: RawEvent, res: Resolution) -> bytes:
-    """The JSON line of an exec record (filename as passed to execve; the executable's build-id)."""
-    return EXEC_LINE % (exec_prefix(ev), res_tail(res))
+def exec_line(prefix: bytes, res: Resolution) -> bytes:
+    """The JSON line of an exec record: exec_prefix() (filename as passed to execve), the executable's build-id."""
+    return EXEC_LINE % (prefix, res_tail(res))
 
 
 #: fork, exit and comm records: time_ns, pid, tid, comm (JSON), then ppid, ptid (fork)
