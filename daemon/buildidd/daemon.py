@@ -157,9 +157,11 @@ class Recorder:
         The calling thread records; while the rings fill faster than it
         drains them it runs at Config.recording_nice (see _adjust_priority).
 
-        Steps come every poll_interval_s while events arrive; while none do,
-        the pause doubles up to idle_poll_interval_s (the rings absorb far
-        more than that pause's worth of events), so an idle host costs little.
+        Steps come every poll_interval_s while events arrive in batches of
+        SMALL_BATCH or more; after smaller batches the pause doubles up to
+        SMALL_BATCH_POLL_S, and while none arrive up to idle_poll_interval_s
+        (the rings absorb far more than that pause's worth of events), so an
+        idle host costs little and a busy one pays the per-step cost less often.
         """
         base = self.config.poll_interval_s
         idle_max = max(base, self.config.idle_poll_interval_s)
@@ -171,10 +173,24 @@ class Recorder:
             self._adjust_priority(self.tracer.fill, t)
             if on_tick is not None:
                 on_tick()
-            interval = base if n else min(idle_max, interval * 2)
+            if n >= self.SMALL_BATCH:
+                interval = base
+            elif n:
+                interval = min(max(base, self.SMALL_BATCH_POLL_S), interval * 2)
+            else:
+                interval = min(idle_max, interval * 2)
             left = interval - (time.monotonic() - t)
             if left > 0:
                 time.sleep(left)
+
+    #: A step that drains fewer events than SMALL_BATCH lets the next one
+    #: wait up to SMALL_BATCH_POLL_S: each step costs ~70 µs of CPU besides
+    #: its events (measured: a 1,000 events/s trickle costs 16 ms/s), and in
+    #: the exec storm 20 ms steps took 0.04 s of daemon CPU against 0.07 s
+    #: for 5 ms steps.  Bursts of SMALL_BATCH or more go back to
+    #: poll_interval_s.
+    SMALL_BATCH = 1024
+    SMALL_BATCH_POLL_S = 0.02
 
     #: A drain that finds a ring at least this full (share of its bytes:
     #: 512 KiB of the default 16 MiB rings, ~3,600 mappings) raises the
