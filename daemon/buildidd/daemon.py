@@ -35,7 +35,8 @@ from .tracer import Tracer
 log = logging.getLogger(__name__)
 
 _ORIGINS = {int(k): v for k, v in ORIGIN_NAMES.items()}
-_ORIGINS_T = tuple(_ORIGINS.get(i, "mmap").encode() for i in range(5))
+#: Record "origin" by map_event.origin, for the fast path (index 0 and unknown values: "mmap").
+_ORIGINS_T = tuple(_ORIGINS.get(i, "mmap").encode() for i in range(max(_ORIGINS) + 1))
 _COMM_JSON: dict[bytes, bytes] = {}
 _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE)
 
@@ -110,7 +111,8 @@ class Recorder:
         self._run_fast = _fastpath.run
         self._deferred: list[bytes] = []      # follow mode: see _follow_filter
         self._steps = 0
-        self._live: dict[int, set[tuple[int, int]]] = {}
+        # pid → {(vm_start, identity key)} of its recorded mappings (for the rescan after a loss)
+        self._live: dict[int, set[tuple[int, bytes]]] = {}
         self._next_drop_check = 0.0
         self._rescan_pending = False
         self._next_rescan = 0.0
