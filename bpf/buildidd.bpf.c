@@ -37,10 +37,11 @@
 #ifndef MAPLE_MAX_DEPTH
 #define MAPLE_MAX_DEPTH	8		/* maple tree levels walked */
 #endif
-#define MAPLE_MAX_PIVOTS 16
 #ifndef EXEC_MAX_VMAS
 #define EXEC_MAX_VMAS	8
 #endif		/* VMAs of one file walked after execve */
+
+#define EXEC_BATCH	4		/* executable VMAs emitted per leaf read */
 
 #define MAPLE_NODE_MASK	0xffULL		/* lib/maple_tree.c: MAPLE_NODE_MASK */
 
@@ -219,8 +220,18 @@ static __always_inline void fill_task_header(struct event_header *h, __u32 type,
 					     const void *task)
 {
 	h->type = type;
+#if OFF_TASK_STRUCT_TGID == OFF_TASK_STRUCT_PID + 4
+	{
+		__u32 ids[2] = {};	/* task_struct: pid_t pid; pid_t tgid; */
+
+		bpf_probe_read_kernel(ids, sizeof(ids), AT(task, OFF_TASK_STRUCT_PID));
+		h->pid = ids[1];
+		h->tid = ids[0];
+	}
+#else
 	h->pid = rd32(AT(task, OFF_TASK_STRUCT_TGID));
 	h->tid = rd32(AT(task, OFF_TASK_STRUCT_PID));
+#endif
 	h->_pad0 = 0;
 	h->time_ns = bpf_ktime_get_boot_ns();
 	bpf_probe_read_kernel(h->comm, sizeof(h->comm), AT(task, OFF_TASK_STRUCT_COMM));
@@ -343,72 +354,117 @@ static __always_inline __u32 read_path(const void *file, struct map_scratch *s, 
 }
 
 /*
- * The VMA of mm covering addr, or NULL: the lookup walk of lib/maple_tree.c
- * (mtree_lookup_walk) over mm->mm_mt, with node layouts from BTF.  With
- * or_next, an addr in a gap yields the VMA right after the gap when the same
- * leaf holds it (the exec walk crosses the gaps between an ELF file's
- * segments, e.g. binaries linked with -z max-page-size=0x200000).
+ * One maple node and one VMA, each fetched with a single probe read into
+ * per-CPU scratch (a probe read costs more than the bytes it copies).
  */
-static __always_inline const void *find_vma_in(const void *mm, __u64 addr, int or_next)
+#define MAPLE_NODE_WORDS (MAPLE_NODE_SIZE / 8)
+#define MAPLE_WORD_MASK	(MAPLE_NODE_WORDS - 1)
+#define MR64_PIVOT_W	(OFF_MAPLE_RANGE_64_PIVOT / 8)
+#define MR64_SLOT_W	(OFF_MAPLE_RANGE_64_SLOT / 8)
+#define VMA_FIELD(buf, off, type) (*(type *)((buf) + (off) - VMA_SPAN_BASE))
+
+struct walk_scratch {
+	__u64 node[MAPLE_NODE_WORDS];	/* struct maple_node */
+	__u8 vma[VMA_SPAN_LEN];		/* vm_area_struct from VMA_SPAN_BASE */
+};
+
+BPF_PERCPU_ARRAY(walk_scratch, struct walk_scratch, 1);
+
+/* The vm_area_struct fields a mapping event needs. */
+struct vma_info {
+	__u64 start;		/* vm_start */
+	__u64 end;		/* vm_end */
+	__u64 flags;		/* vm_flags */
+	__u64 pgoff;		/* vm_pgoff, pages */
+	const void *file;	/* vm_file */
+};
+
+static __always_inline int read_vma(const void *vma, struct walk_scratch *w, struct vma_info *v)
+{
+	if (bpf_probe_read_kernel(w->vma, sizeof(w->vma), AT(vma, VMA_SPAN_BASE)))
+		return -1;
+	v->start = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_START, __u64);
+	v->end = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_END, __u64);
+	v->flags = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_FLAGS, __u64);
+	v->pgoff = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_PGOFF, __u64);
+	v->file = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_FILE, const void *);
+	return 0;
+}
+
+/* 1 when p < a (unsigned), else 0, computed without a branch (Hacker's Delight 2-12). */
+static __always_inline __u64 below(__u64 p, __u64 a)
+{
+	return ((~p & a) | (~(p ^ a) & (p - a))) >> 63;
+}
+
+/*
+ * Descends mm->mm_mt to the leaf whose range holds addr, as mtree_lookup_walk
+ * (lib/maple_tree.c) does, with node layouts from BTF.  On success the leaf is
+ * in w->node and the index of addr's slot is returned; -1 otherwise.
+ */
+static __always_inline int maple_leaf(const void *mm, __u64 addr, struct walk_scratch *w)
 {
 	__u64 entry = rd64(AT(mm, OFF_MM_STRUCT_MM_MT + OFF_MAPLE_TREE_MA_ROOT));
-	__u64 pivots[MAPLE_MAX_PIVOTS];
 	int depth;
 
 	/* A root that is a node carries the internal-node bits (xa_is_node). */
 	if ((entry & 3) != 2)
-		return NULL;
+		return -1;
 	for (depth = 0; depth < MAPLE_MAX_DEPTH; depth++) {
-		const void *node = (const void *)(entry & ~MAPLE_NODE_MASK);
 		__u32 type = (entry >> 3) & 0xf;
-		__u32 npivots, pivot_off, slot_off, i, idx;
+		__u32 npivots, pw, sw, i, idx;
+		__u64 run;
 
 		if (type == MAPLE_ARANGE_64) {
 			npivots = MA64_NPIVOTS;
-			pivot_off = OFF_MAPLE_ARANGE_64_PIVOT;
-			slot_off = OFF_MAPLE_ARANGE_64_SLOT;
+			pw = OFF_MAPLE_ARANGE_64_PIVOT / 8;
+			sw = OFF_MAPLE_ARANGE_64_SLOT / 8;
 		} else if (type == MAPLE_RANGE_64 || type == MAPLE_LEAF_64) {
 			npivots = MR64_NPIVOTS;
-			pivot_off = OFF_MAPLE_RANGE_64_PIVOT;
-			slot_off = OFF_MAPLE_RANGE_64_SLOT;
+			pw = MR64_PIVOT_W;
+			sw = MR64_SLOT_W;
 		} else {
-			return NULL;
+			return -1;
 		}
-		if (bpf_probe_read_kernel(pivots, MR64_NPIVOTS * sizeof(__u64),
-					  AT(node, pivot_off)))
-			return NULL;
+		if (bpf_probe_read_kernel(w->node, sizeof(w->node),
+					  (const void *)(entry & ~MAPLE_NODE_MASK)))
+			return -1;
 		/*
-		 * The first pivot >= addr selects the slot; none does: the last slot.
-		 * Unrolled so that pivots[] is indexed by constants only: a variable
-		 * stack index would make the verifier track every value of i and
-		 * explode across tree levels.
+		 * The first pivot >= addr selects the slot; none does: the last
+		 * slot.  Pivots ascend, so that is the count of leading pivots
+		 * below addr, computed without branches: the verifier then sees
+		 * one unknown idx instead of following each of its values.
 		 */
-		idx = npivots;
-#pragma unroll
+		idx = 0;
+		run = 1;
 		for (i = 0; i < MR64_NPIVOTS; i++) {
-			if (idx == npivots && i < npivots && pivots[i] >= addr)
-				idx = i;
+			if (i < npivots) {
+				run &= below(w->node[(pw + i) & MAPLE_WORD_MASK], addr);
+				idx += run;
+			}
 		}
-		entry = rd64(AT(node, slot_off + (idx & (MAPLE_MAX_PIVOTS - 1)) * 8));
-		if (!entry && or_next && type == MAPLE_LEAF_64 && idx < npivots)
-			entry = rd64(AT(node, slot_off + ((idx + 1) & (MAPLE_MAX_PIVOTS - 1)) * 8));
+		if (type == MAPLE_LEAF_64)
+			return idx;
+		entry = w->node[(sw + idx) & MAPLE_WORD_MASK];
 		if (!entry)
-			return NULL;
-		if (type == MAPLE_LEAF_64) {
-			const void *vma = (const void *)entry;
-
-			if ((!or_next && rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START)) > addr) ||
-			    rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_END)) <= addr)
-				return NULL;
-			return vma;
-		}
+			return -1;
 	}
-	return NULL;
+	return -1;
 }
 
-static __always_inline const void *find_vma(const void *mm, __u64 addr)
+/* The VMA of mm covering addr, or NULL; its fields in *v. */
+static __always_inline const void *find_vma(const void *mm, __u64 addr, struct walk_scratch *w,
+					    struct vma_info *v)
 {
-	return find_vma_in(mm, addr, 0);
+	int idx = maple_leaf(mm, addr, w);
+	const void *vma;
+
+	if (idx < 0)
+		return NULL;
+	vma = (const void *)w->node[(MR64_SLOT_W + idx) & MAPLE_WORD_MASK];
+	if (!vma || read_vma(vma, w, v) || v->start > addr || v->end <= addr)
+		return NULL;
+	return vma;
 }
 
 /*
@@ -453,45 +509,108 @@ static __always_inline __u32 vm_flags_to_map(__u64 vm_flags)
 }
 
 /*
+ * sys_enter_mmap leaves a hint for sys_exit_mmap: whether this call can make
+ * an executable file mapping at all.  Most mmaps cannot (data, anonymous
+ * memory); their exit then skips the VMA lookup.  The hint lives in a per-CPU
+ * slot and is trusted only when it was left by the same task and the task has
+ * not been switched out since (task_struct nvcsw + nivcsw unchanged): a task
+ * cannot leave the CPU, or another run on it, without a context switch.  A
+ * hint that cannot be trusted is ignored, and the exit looks the VMA up.
+ */
+struct mmap_hint {
+	__u32 tid;		/* 0: none */
+	__u32 may_exec;
+	__u64 switches;		/* nvcsw + nivcsw at sys_enter_mmap */
+};
+
+BPF_PERCPU_ARRAY(mmap_hints, struct mmap_hint, 1);
+
+#define READ_IMPLIES_EXEC 0x0400000	/* include/uapi/linux/personality.h */
+#define PROT_READ	0x1
+
+static __always_inline __u64 task_switches(const void *task)
+{
+	__u64 c[2] = {};
+
+#if OFF_TASK_STRUCT_NIVCSW == OFF_TASK_STRUCT_NVCSW + 8
+	bpf_probe_read_kernel(c, sizeof(c), AT(task, OFF_TASK_STRUCT_NVCSW));
+#else
+	c[0] = rd64(AT(task, OFF_TASK_STRUCT_NVCSW));
+	c[1] = rd64(AT(task, OFF_TASK_STRUCT_NIVCSW));
+#endif
+	return c[0] + c[1];
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+	const void *task = (const void *)bpf_get_current_task();
+	__u64 prot = args->prot, flags = args->flags;
+	struct mmap_hint *h;
+	__u32 zero = 0, may_exec;
+
+	h = mmap_hints.lookup(&zero);
+	if (!h)
+		return 0;
+	/* do_mmap(): PROT_READ implies PROT_EXEC under READ_IMPLIES_EXEC. */
+	may_exec = !(flags & MAP_ANONYMOUS) &&
+		   ((prot & PROT_EXEC) ||
+		    ((prot & PROT_READ) && (rd32(AT(task, OFF_TASK_STRUCT_PERSONALITY)) & READ_IMPLIES_EXEC)));
+	h->tid = (__u32)bpf_get_current_pid_tgid();
+	h->may_exec = may_exec;
+	h->switches = task_switches(task);
+	return 0;
+}
+
+/* True when this CPU's hint, left by this very mmap call, says it maps nothing executable. */
+static __always_inline int mmap_cannot_exec(const void *task)
+{
+	__u32 zero = 0, tid = (__u32)bpf_get_current_pid_tgid();
+	struct mmap_hint *h = mmap_hints.lookup(&zero);
+
+	if (!h || h->tid != tid)
+		return 0;
+	h->tid = 0;
+	return !h->may_exec && h->switches == task_switches(task);
+}
+
+/*
  * mmap(2): everything is read from the new VMA at syscall exit, as perf's
  * PERF_RECORD_MMAP2 does (vm_start, vm_end - vm_start, vm_pgoff, vm_flags):
- * no state between enter and exit, and the file is the one actually mapped.
+ * the file is the one actually mapped.
  */
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
 	struct map_scratch *s;
-	const void *task, *mm, *vma, *file;
-	__u64 ret = (__u64)args->ret, vm_start, vm_end, vm_flags;
+	struct walk_scratch *w;
+	struct vma_info v;
+	const void *task, *mm;
+	__u64 ret = (__u64)args->ret;
 	__u32 zero = 0;
 
 	if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
 		return 0;
 	task = (const void *)bpf_get_current_task();
+	if (mmap_cannot_exec(task))
+		return 0;
+	w = walk_scratch.lookup(&zero);
+	s = map_scratch.lookup(&zero);
+	if (!w || !s)
+		return 0;
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
-	vma = mm ? find_vma(mm, ret) : NULL;
-	if (!vma) {
+	if (!mm || !find_vma(mm, ret, w, &v)) {
 		count_drop(BUILDIDD_DROP_NO_VMA);
 		return 0;
 	}
-	vm_flags = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_FLAGS));
-	if (!(vm_flags & VM_EXEC))
-		return 0;
-	file = rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE));
-	if (!file)
-		return 0;
-	vm_start = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START));
-	vm_end = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_END));
-	s = map_scratch.lookup(&zero);
-	if (!s)
+	if (!(v.flags & VM_EXEC) || !v.file)
 		return 0;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
-	s->ev.start = vm_start;
-	s->ev.len = vm_end - vm_start;
-	s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << PAGE_SHIFT;
-	s->ev.prot = vm_flags_to_prot(vm_flags);
-	s->ev.flags = vm_flags_to_map(vm_flags);
+	s->ev.start = v.start;
+	s->ev.len = v.end - v.start;
+	s->ev.pgoff = v.pgoff << PAGE_SHIFT;
+	s->ev.prot = vm_flags_to_prot(v.flags);
+	s->ev.flags = vm_flags_to_map(v.flags);
 	s->ev.origin = BUILDIDD_ORIGIN_MMAP;
-	if (prepare_map_event(s, file) < 0) {
+	if (prepare_map_event(s, v.file) < 0) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return 0;
 	}
@@ -499,68 +618,85 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	return 0;
 }
 
+/*
+ * mprotect(2) that makes a file mapping executable.  sys_enter_mprotect keeps
+ * the request per thread for the exit; pending_count lets every other
+ * mprotect's exit skip the hash lookup.
+ */
+BPF_ARRAY(pending_count, __u64, 1);
+
 TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
 {
 	struct pending_mprotect p = {};
-	const void *task, *mm, *vma;
-	__u32 tid;
+	struct walk_scratch *w;
+	struct vma_info v;
+	const void *task, *mm;
+	__u64 *count;
+	__u32 tid, zero = 0;
 
 	if (!(args->prot & PROT_EXEC))
 		return 0;
+	w = walk_scratch.lookup(&zero);
+	count = pending_count.lookup(&zero);
+	if (!w || !count)
+		return 0;
 	task = (const void *)bpf_get_current_task();
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
-	vma = mm ? find_vma(mm, args->start) : NULL;
 	/* Only a file mapping that is not executable yet becomes a new exec mapping. */
-	if (!vma || !rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) ||
-	    (rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_FLAGS)) & VM_EXEC))
+	if (!mm || !find_vma(mm, args->start, w, &v) || !v.file || (v.flags & VM_EXEC))
 		return 0;
 	tid = (__u32)bpf_get_current_pid_tgid();
 	p.start = args->start;
 	p.len = args->len;
 	p.prot = args->prot;
-	if (pending_mprotect.update(&tid, &p))
+	if (pending_mprotect.update(&tid, &p)) {
 		count_drop(BUILDIDD_DROP_PENDING_FULL);
+		return 0;
+	}
+	__sync_fetch_and_add(count, 1);
 	return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct pending_mprotect *pp = pending_mprotect.lookup(&tid);
-	struct pending_mprotect p;
+	__u32 tid, zero = 0;
+	__u64 *count = pending_count.lookup(&zero);
+	struct pending_mprotect *pp, p;
 	struct map_scratch *s;
-	const void *task, *mm, *vma, *file;
-	__u64 vm_start, vm_pgoff, vm_flags;
-	__u32 zero = 0;
+	struct walk_scratch *w;
+	struct vma_info v;
+	const void *task, *mm;
 
+	/* Read without a lock: this thread's own increment is always visible to it. */
+	if (!count || !*count)
+		return 0;
+	tid = (__u32)bpf_get_current_pid_tgid();
+	pp = pending_mprotect.lookup(&tid);
 	if (!pp)
 		return 0;
 	p = *pp;
 	pending_mprotect.delete(&tid);
+	__sync_fetch_and_add(count, -1);
 	if (args->ret != 0)
+		return 0;
+	w = walk_scratch.lookup(&zero);
+	s = map_scratch.lookup(&zero);
+	if (!w || !s)
 		return 0;
 	task = (const void *)bpf_get_current_task();
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
-	vma = mm ? find_vma(mm, p.start) : NULL;
-	file = vma ? rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) : NULL;
-	if (!file) {
+	if (!mm || !find_vma(mm, p.start, w, &v) || !v.file) {
 		count_drop(BUILDIDD_DROP_NO_VMA);
 		return 0;
 	}
-	vm_start = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START));
-	vm_pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF));
-	vm_flags = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_FLAGS));
-	s = map_scratch.lookup(&zero);
-	if (!s)
-		return 0;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
 	s->ev.start = p.start;
 	s->ev.len = p.len;
-	s->ev.pgoff = (vm_pgoff << PAGE_SHIFT) + (p.start - vm_start);
+	s->ev.pgoff = (v.pgoff << PAGE_SHIFT) + (p.start - v.start);
 	s->ev.prot = p.prot;
-	s->ev.flags = vm_flags_to_map(vm_flags);
+	s->ev.flags = vm_flags_to_map(v.flags);
 	s->ev.origin = BUILDIDD_ORIGIN_MPROTECT;
-	if (prepare_map_event(s, file) < 0) {
+	if (prepare_map_event(s, v.file) < 0) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return 0;
 	}
@@ -571,23 +707,43 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 /*
  * After execve the new mm holds the executable's and the interpreter's
  * segments, mapped by the kernel itself (fs/binfmt_elf.c), not through mmap(2).
- * exec_vmas walks them, one VMA per (tail) call so that each call verifies as
- * a small program: starting at the VMA holding AT_PHDR (then AT_BASE), it
- * emits every executable VMA of that same struct file among the next
- * EXEC_MAX_VMAS VMAs.  Its state lives in exec_stages between calls.
+ * exec_vmas finds them: starting at the VMA holding AT_PHDR (then AT_BASE), it
+ * reads the maple leaf that holds it and emits every executable VMA of that
+ * same struct file in the slots that follow, crossing gaps (binaries linked
+ * with -z max-page-size=0x200000) and, when the file's VMAs go on past the
+ * leaf, descending again from where the leaf ends.  Each step is a tail call,
+ * so that each verifies as a small program; the state lives in exec_stages.
  */
 struct exec_stage {
 	const void *mm;
 	__u64 addr[2];		/* AT_PHDR (or AT_ENTRY), AT_BASE; 0: none */
 	__u32 k;		/* index into addr of the file being walked */
-	__u32 remaining;	/* VMAs left to look at for this file */
+	__u32 remaining;	/* VMAs of this file still to look at */
 	const void *file;	/* the file being walked; NULL: start file k */
-	__u64 cur;		/* address of the next VMA to look at */
+	__u64 cur;		/* the address from which to look on */
+	__u32 leaves;		/* leaves still to look at for this file */
+	__u32 nfound;		/* entries of found[] filled by this leaf */
+	struct {
+		__u64 start, len, pgoff;
+		__u32 prot, flags;
+	} found[EXEC_BATCH];	/* executable VMAs found in this leaf, emitted after the scan */
 };
 
+#define EXEC_MAX_LEAVES 3	/* maple leaves read per file */
+
 BPF_PERCPU_ARRAY(exec_stages, struct exec_stage, 1);
-/* Slot 0: exec_vmas.  A tail call gives each file walk its own verifier budget. */
+/* Slot 0: exec_vmas.  A tail call gives each step its own verifier budget. */
 BPF_PROG_ARRAY(exec_tail, 1);
+
+/* Lowest kernel address (x86_64): a leaf slot below it holds node metadata, not a VMA. */
+#define KERNEL_MIN_ADDR	0xffff800000000000ULL
+
+static __always_inline void exec_next_file(struct bpf_raw_tracepoint_args *ctx, struct exec_stage *st)
+{
+	st->file = NULL;
+	st->k += 1;
+	exec_tail.call(ctx, 0);
+}
 
 /* Attached by tracer.py to the raw tracepoint sched_process_exec. */
 int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
@@ -648,18 +804,24 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
-/* Tail-called from sched_process_exec, then from itself: one VMA per call. */
+/*
+ * Tail-called from sched_process_exec, then from itself: a call either starts
+ * file k (finds its first VMA, reads its identity and path) or reads one leaf.
+ */
 int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 {
 	struct exec_stage *st;
 	struct map_scratch *s;
-	const void *vma, *file;
-	__u64 vm_start, vm_end, vm_flags;
-	__u32 zero = 0, k;
+	struct walk_scratch *w;
+	struct vma_info v;
+	__u64 cur, last_pivot = 0;
+	__u32 zero = 0, k, j, n, leaf_end = 1;
+	int idx;
 
 	st = exec_stages.lookup(&zero);
 	s = map_scratch.lookup(&zero);
-	if (!st || !s)
+	w = walk_scratch.lookup(&zero);
+	if (!st || !s || !w)
 		return 0;
 	k = st->k;
 	if (k >= 2)
@@ -668,48 +830,94 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 		/* Start walking file k: the one mapped at addr[k]. */
 		__u64 addr = st->addr[k & 1];
 
-		vma = addr ? find_vma(st->mm, addr) : NULL;
-		file = vma ? rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) : NULL;
-		if (!file) {
+		if (!addr || !find_vma(st->mm, addr, w, &v) || !v.file) {
 			if (addr)
 				count_drop(BUILDIDD_DROP_NO_VMA);
-			st->k = k + 1;
-			exec_tail.call(ctx, 0);
+			exec_next_file(ctx, st);
 			return 0;
 		}
 		fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
 		s->ev.origin = k == 0 ? BUILDIDD_ORIGIN_EXEC_MAIN : BUILDIDD_ORIGIN_EXEC_INTERP;
-		if (prepare_map_event(s, file) < 0) {
+		if (prepare_map_event(s, v.file) < 0) {
 			count_drop(BUILDIDD_DROP_READ_FAILED);
-			st->k = k + 1;
-			exec_tail.call(ctx, 0);
+			exec_next_file(ctx, st);
 			return 0;
 		}
-		st->file = file;
-		st->cur = addr;
+		st->file = v.file;
+		st->cur = v.start;
 		st->remaining = EXEC_MAX_VMAS;
-	}
-	vma = st->remaining ? find_vma_in(st->mm, st->cur, 1) : NULL;
-	if (!vma || rdptr(AT(vma, OFF_VM_AREA_STRUCT_VM_FILE)) != st->file) {
-		/* Past this file's VMAs: on to the next file. */
-		st->file = NULL;
-		st->k = k + 1;
+		st->leaves = EXEC_MAX_LEAVES;
 		exec_tail.call(ctx, 0);
 		return 0;
 	}
-	vm_start = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_START));
-	vm_end = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_END));
-	vm_flags = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_FLAGS));
-	if (vm_flags & VM_EXEC) {
-		s->ev.start = vm_start;
-		s->ev.len = vm_end - vm_start;
-		s->ev.pgoff = rd64(AT(vma, OFF_VM_AREA_STRUCT_VM_PGOFF)) << PAGE_SHIFT;
-		s->ev.prot = vm_flags_to_prot(vm_flags);
-		s->ev.flags = vm_flags_to_map(vm_flags);
+	cur = st->cur;
+	idx = st->leaves && st->remaining ? maple_leaf(st->mm, cur, w) : -1;
+	if (idx < 0) {
+		exec_next_file(ctx, st);
+		return 0;
+	}
+	st->leaves -= 1;
+	st->nfound = 0;
+	for (j = 0; j <= MR64_NPIVOTS; j++) {
+		__u64 entry, prev;
+
+		if (j < idx)
+			continue;
+		/* Slot j spans (pivot[j-1], pivot[j]]; a zero pivot[j-1]: past the data. */
+		prev = j ? w->node[(MR64_PIVOT_W + j - 1) & MAPLE_WORD_MASK] : 0;
+		if (j && !prev)
+			break;
+		last_pivot = prev;
+		entry = w->node[(MR64_SLOT_W + j) & MAPLE_WORD_MASK];
+		if (!entry)
+			continue;	/* a gap between VMAs */
+		if (entry < KERNEL_MIN_ADDR)
+			break;		/* node metadata in the last slot */
+		if (read_vma((const void *)entry, w, &v) || v.file != st->file ||
+		    (j && v.start != prev + 1)) {
+			leaf_end = 0;	/* another file, anonymous memory, or a stale slot */
+			break;
+		}
+		if (v.flags & VM_EXEC) {
+			n = st->nfound;
+			if (n >= EXEC_BATCH) {
+				leaf_end = 2;	/* found[] is full: go on from here */
+				break;
+			}
+			st->found[n].start = v.start;
+			st->found[n].len = v.end - v.start;
+			st->found[n].pgoff = v.pgoff << PAGE_SHIFT;
+			st->found[n].prot = vm_flags_to_prot(v.flags);
+			st->found[n].flags = vm_flags_to_map(v.flags);
+			st->nfound = n + 1;
+		}
+		cur = v.end;
+		st->remaining -= 1;
+		if (!st->remaining) {
+			leaf_end = 0;
+			break;
+		}
+	}
+	/* Emitted outside the scan: the verifier then walks output_event's retries once per entry. */
+	for (n = 0; n < EXEC_BATCH; n++) {
+		if (n >= st->nfound)
+			break;
+		s->ev.start = st->found[n].start;
+		s->ev.len = st->found[n].len;
+		s->ev.pgoff = st->found[n].pgoff;
+		s->ev.prot = st->found[n].prot;
+		s->ev.flags = st->found[n].flags;
 		submit_map_event(s);
 	}
-	st->cur = vm_end;
-	st->remaining -= 1;
+	st->nfound = 0;
+	/* Past the leaf's last slot: the file may go on in the next leaf. */
+	if (leaf_end == 1 && last_pivot + 1 > cur)
+		cur = last_pivot + 1;
+	if (!leaf_end || cur <= st->cur) {
+		exec_next_file(ctx, st);
+		return 0;
+	}
+	st->cur = cur;
 	exec_tail.call(ctx, 0);
 	return 0;
 }
@@ -756,6 +964,14 @@ int on_task_rename(struct bpf_raw_tracepoint_args *ctx)
 	const void *task = (const void *)ctx->args[0];
 	struct task_event ev = {};
 
+#ifdef IN_EXECVE_BIT
+	/*
+	 * execve names the task after the new program (begin_new_exec) while
+	 * task_struct.in_execve is set; the exec event carries that comm.
+	 */
+	if (rd32(AT(task, IN_EXECVE_BIT / 32 * 4)) & (1U << (IN_EXECVE_BIT % 32)))
+		return 0;
+#endif
 	fill_task_header(&ev.hdr, BUILDIDD_EV_COMM, task);
 	bpf_probe_read_kernel_str(ev.hdr.comm, sizeof(ev.hdr.comm), (const void *)ctx->args[1]);
 	submit_task_event(&ev);

@@ -521,6 +521,47 @@ class Btf:
         return self._unique(f"offsetof({struct}, {field_path})",
                             self._composite_ids(struct), answer)
 
+    def bit_member(self, struct: str, field_path: str) -> tuple[int, int]:
+        """``(bit offset from the struct's start, size in bits)`` of a member,
+        bitfield or not, e.g. ``bit_member("task_struct", "in_execve")`` (a
+        1-bit field in 6.18).  Source: struct btf_member (offset and, with
+        kind_flag, bitfield size), else the member INT's BTF_INT_BITS.  On
+        little-endian machines bit N is bit N % 8 of byte N // 8.
+
+        Raises:
+            BtfError: a name is missing, the path crosses a pointer, or the
+                name is ambiguous.
+        """
+        def answer(tid: int) -> tuple[int, int]:
+            parts = field_path.rsplit(".", 1)
+            outer_bits, owner = (0, tid) if len(parts) == 1 else self._resolve_path(tid, parts[0])[:2]
+            owner = self._strip(owner)
+            for name_off, mtype, bit_off, bitfield_size in self._members_deep(owner):
+                if self._name(name_off) == parts[-1]:
+                    if bitfield_size:
+                        return outer_bits + bit_off, bitfield_size
+                    kind, _, _, _, size, off = self._record(self._strip(mtype))
+                    if kind == KIND_INT:
+                        (encoding,) = _U32.unpack_from(self._data, off)
+                        return outer_bits + bit_off + ((encoding >> 16) & 0xFF), encoding & 0xFF
+                    return outer_bits + bit_off, self._size(mtype) * 8
+            raise self._fail(f"{self._describe(owner)} has no member {parts[-1]!r}")
+        return self._unique(f"bit_member({struct}, {field_path})",
+                            self._composite_ids(struct), answer)
+
+    def _members_deep(self, tid: int, depth: int = 0):
+        """Like :meth:`_members`, with anonymous struct/union members flattened (offsets added)."""
+        if depth >= MAX_RESOLVE_DEPTH:
+            raise self._fail(f"{self._describe(tid)}: anonymous members nested too deep")
+        for name_off, mtype, bit_off, bitfield_size in self._members(tid):
+            if name_off:
+                yield name_off, mtype, bit_off, bitfield_size
+                continue
+            inner = self._strip(mtype)
+            if inner and self._record(inner)[0] in (KIND_STRUCT, KIND_UNION):
+                for n, t, b, z in self._members_deep(inner, depth + 1):
+                    yield n, t, bit_off + b, z
+
     def sizeof(self, type_name: str) -> int:
         """Size in bytes of the struct/union, typedef, base int or enum ``type_name``.
 

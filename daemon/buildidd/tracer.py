@@ -27,6 +27,9 @@ KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("OFF_TASK_STRUCT_PID", "task_struct", "pid"),
     ("OFF_TASK_STRUCT_COMM", "task_struct", "comm"),
     ("OFF_TASK_STRUCT_EXIT_CODE", "task_struct", "exit_code"),
+    ("OFF_TASK_STRUCT_PERSONALITY", "task_struct", "personality"),
+    ("OFF_TASK_STRUCT_NVCSW", "task_struct", "nvcsw"),
+    ("OFF_TASK_STRUCT_NIVCSW", "task_struct", "nivcsw"),
     ("OFF_MM_STRUCT_MM_MT", "mm_struct", "mm_mt"),
     ("OFF_MM_STRUCT_SAVED_AUXV", "mm_struct", "saved_auxv"),
     ("OFF_MAPLE_TREE_MA_ROOT", "maple_tree", "ma_root"),
@@ -89,6 +92,25 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     if span > 256:
         raise BtfError(f"inode fields span {span} bytes; the BPF side reads at most 256 at once")
     out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = base, span
+    # The vm_area_struct fields read per VMA, as one span.
+    vma_fields = ("vm_start", "vm_end", "vm_flags", "vm_pgoff", "vm_file")
+    starts = [btf.offsetof("vm_area_struct", f) for f in vma_fields]
+    ends = [o + btf.member_size("vm_area_struct", f) for o, f in zip(starts, vma_fields)]
+    base = min(starts) & ~7
+    out["VMA_SPAN_BASE"], out["VMA_SPAN_LEN"] = base, (max(ends) - base + 7) & ~7
+    if out["VMA_SPAN_LEN"] > 256:
+        raise BtfError(f"vm_area_struct fields span {out['VMA_SPAN_LEN']} bytes; at most 256 are read at once")
+    out["MAPLE_NODE_SIZE"] = btf.sizeof("maple_node")
+    if out["MAPLE_NODE_SIZE"] != 256:
+        raise BtfError(f"struct maple_node is {out['MAPLE_NODE_SIZE']} bytes, not 256")
+    # task_struct.in_execve (a 1-bit field; absent before Linux 2.6.30): comm
+    # changes inside execve are not reported, the exec event carries the comm.
+    try:
+        bit, size = btf.bit_member("task_struct", "in_execve")
+        if size == 1:
+            out["IN_EXECVE_BIT"] = bit
+    except BtfError:
+        log.info("task_struct.in_execve not in BTF: execve's comm change is reported as a comm event too")
     out["AUXV_LEN"] = btf.array_len("mm_struct", "saved_auxv")
     out["MR64_NPIVOTS"] = btf.array_len("maple_range_64", "pivot")
     out["MA64_NPIVOTS"] = btf.array_len("maple_arange_64", "pivot")
@@ -189,6 +211,7 @@ class Tracer:
 
     PROGRAMS = (
         ("tracepoint", "syscalls:sys_exit_mmap"),
+        ("tracepoint", "syscalls:sys_enter_mmap"),
         ("tracepoint", "syscalls:sys_enter_mprotect"),
         ("tracepoint", "syscalls:sys_exit_mprotect"),
         ("raw_tracepoint", "sched_process_exec"),

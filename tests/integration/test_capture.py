@@ -151,3 +151,111 @@ def test_executable_segments_after_a_gap_are_recorded(recorder, tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+THREADED_MAPPER_SRC = r"""
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static int fd, rounds;
+static void *mapper(void *arg) {
+    (void)arg;
+    for (int i = 0; i < rounds; i++) {
+        void *x = mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+        void *d = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, fd, 0);
+        void *a = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (x == MAP_FAILED || d == MAP_FAILED || a == MAP_FAILED) exit(3);
+        if (i % 7 == 0) sched_yield();
+        munmap(x, 4096); munmap(d, 4096); munmap(a, 4096);
+    }
+    printf("%ld\n", (long)syscall(SYS_gettid));
+    return NULL;
+}
+int main(int argc, char **argv) {
+    int n = atoi(argv[2]);
+    pthread_t t[16];
+    rounds = atoi(argv[3]);
+    fd = open(argv[1], O_RDONLY);
+    if (fd < 0) return 2;
+    for (int i = 0; i < n; i++) pthread_create(&t[i], NULL, mapper, NULL);
+    for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+    return 0;
+}
+"""
+
+
+def test_each_exec_mmap_is_recorded_once_and_no_other_among_threads_racing_on_both_cpus(recorder, tmp_path):
+    """sys_enter_mmap's per-CPU hint lets the exit skip non-executable mmaps: with threads
+    mapping executable, read-only and anonymous memory at once, migrating and yielding,
+    exactly the executable ones are recorded, every one of them."""
+    target = tmp_path / "racy.bin"
+    target.write_bytes(b"\x7f" * 4096)
+    exe = gcc(THREADED_MAPPER_SRC, tmp_path / "mapper", "-pthread")
+    rec = recorder()
+    threads, rounds = 6, 3000
+    out = subprocess.run([str(exe), str(target), str(threads), str(rounds)], check=True,
+                         capture_output=True, text=True).stdout
+    tids = {int(x) for x in out.split()}
+    assert len(tids) == threads
+    assert _step_until(rec, lambda: len(_mmaps(rec, path=str(target))) >= threads * rounds)
+    time.sleep(0.2)
+    rec.step()
+    rec._flush()
+    recs = _mmaps(rec, path=str(target))
+    per_tid = {}
+    for r in recs:
+        per_tid[r["tid"]] = per_tid.get(r["tid"], 0) + 1
+        assert r["prot"] & mmap.PROT_EXEC and r["origin"] == "mmap", r
+    assert per_tid == {t: rounds for t in tids}
+    assert rec.tracer.drops().total == 0
+
+
+def test_read_implies_exec_personality_makes_a_read_only_mmap_executable_and_recorded(recorder, tmp_path):
+    """Under READ_IMPLIES_EXEC, do_mmap adds PROT_EXEC to PROT_READ: the kernel maps it
+    executable (perf records it), so must we, though the mmap asked for PROT_READ only."""
+    target = tmp_path / "rie.bin"
+    target.write_bytes(b"\x7f" * 4096)
+    code = f"""
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open({str(target)!r}, os.O_RDONLY)
+plain = mmap.mmap(fd, mmap.PAGESIZE, prot=mmap.PROT_READ, flags=mmap.MAP_PRIVATE)
+assert libc.personality(0x0400000) >= 0          # READ_IMPLIES_EXEC
+implied = mmap.mmap(fd, mmap.PAGESIZE, prot=mmap.PROT_READ, flags=mmap.MAP_PRIVATE)
+print("\\n".join(l for l in open("/proc/self/maps").read().splitlines() if l.endswith({str(target)!r})))
+"""
+    rec = recorder()
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    lines = out.strip().splitlines()
+    assert sorted(line.split()[1] for line in lines) == ["r--p", "r-xp"], lines   # the kernel made one executable
+    addr = int(next(line for line in lines if line.split()[1] == "r-xp").split("-")[0], 16)
+    assert _step_until(rec, lambda: _mmaps(rec, path=str(target)))
+    time.sleep(0.2)
+    rec.step()
+    rec._flush()
+    recs = _mmaps(rec, path=str(target))
+    assert [r["start"] for r in recs] == [addr], recs   # not the plain PROT_READ one
+    assert recs[0]["prot"] & mmap.PROT_EXEC
+
+
+def test_comm_is_recorded_for_prctl_but_not_again_for_execve(recorder, tmp_path):
+    """execve renames the task inside the exec (task_rename with in_execve set); the exec
+    record carries that comm, so only real renames (prctl PR_SET_NAME) are comm records."""
+    rec = recorder()
+    code = "import ctypes; ctypes.CDLL(None).prctl(15, b'renamed-here', 0, 0, 0)"
+    p = subprocess.run([sys.executable, "-c", code], check=True)
+    del p
+
+    def recs():
+        return [r for r in session_records(rec.session_dir) if r.get("type") in ("exec", "comm")]
+    assert _step_until(rec, lambda: any(r["type"] == "comm" and r["comm"] == "renamed-here" for r in recs()))
+    mine = [r for r in recs() if r["type"] == "comm" and r["comm"] == "renamed-here"]
+    pid = mine[0]["pid"]
+    by_pid = [r for r in recs() if r["pid"] == pid]
+    assert [r["type"] for r in by_pid] == ["exec", "comm"], by_pid
+    assert by_pid[0]["comm"] == os.path.basename(sys.executable)[:15]
