@@ -508,70 +508,47 @@ static __always_inline __u32 vm_flags_to_map(__u64 vm_flags)
 	return (vm_flags & VM_SHARED) ? MAP_SHARED : MAP_PRIVATE;
 }
 
-/*
- * sys_enter_mmap leaves a hint for sys_exit_mmap: whether this call can make
- * an executable file mapping at all.  Most mmaps cannot (data, anonymous
- * memory); their exit then skips the VMA lookup.  The hint lives in a per-CPU
- * slot and is trusted only when it was left by the same task and the task has
- * not been switched out since (task_struct nvcsw + nivcsw unchanged): a task
- * cannot leave the CPU, or another run on it, without a context switch.  A
- * hint that cannot be trusted is ignored, and the exit looks the VMA up.
- */
-struct mmap_hint {
-	__u32 tid;		/* 0: none */
-	__u32 may_exec;
-	__u64 switches;		/* nvcsw + nivcsw at sys_enter_mmap */
-};
-
-BPF_PERCPU_ARRAY(mmap_hints, struct mmap_hint, 1);
-
 #define READ_IMPLIES_EXEC 0x0400000	/* include/uapi/linux/personality.h */
 #define PROT_READ	0x1
 
-static __always_inline __u64 task_switches(const void *task)
+#ifdef PT_REGS_OFFSET
+#define REG(buf, off) (*(__u64 *)((buf) + (off) - REGS_SPAN_BASE))
+
+/*
+ * True when this mmap call cannot have made an executable file mapping, so
+ * that its exit needs no VMA lookup.  The call's own arguments are read from
+ * the task's saved user registers (struct pt_regs at the top of its kernel
+ * stack, as task_pt_regs() finds it; x86_64 passes prot in dx and flags in
+ * r10), and trusted only when orig_ax is mmap's syscall number and ax already
+ * holds the value this very call returns.  Anything else answers "may be
+ * executable", and the exit looks the VMA up.
+ */
+static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
 {
-	__u64 c[2] = {};
+	const void *stack = rdptr(AT(task, OFF_TASK_STRUCT_STACK));
+	__u8 regs[REGS_SPAN_LEN];
+	__u64 prot, flags;
 
-#if OFF_TASK_STRUCT_NIVCSW == OFF_TASK_STRUCT_NVCSW + 8
-	bpf_probe_read_kernel(c, sizeof(c), AT(task, OFF_TASK_STRUCT_NVCSW));
-#else
-	c[0] = rd64(AT(task, OFF_TASK_STRUCT_NVCSW));
-	c[1] = rd64(AT(task, OFF_TASK_STRUCT_NIVCSW));
-#endif
-	return c[0] + c[1];
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
-{
-	const void *task = (const void *)bpf_get_current_task();
-	__u64 prot = args->prot, flags = args->flags;
-	struct mmap_hint *h;
-	__u32 zero = 0, may_exec;
-
-	h = mmap_hints.lookup(&zero);
-	if (!h)
+	if (!stack || bpf_probe_read_kernel(regs, sizeof(regs), AT(stack, PT_REGS_OFFSET + REGS_SPAN_BASE)))
+		return 0;
+	if (REG(regs, OFF_PT_REGS_ORIG_AX) != NR_MMAP || REG(regs, OFF_PT_REGS_AX) != ret)
+		return 0;
+	prot = REG(regs, OFF_PT_REGS_DX);
+	flags = REG(regs, OFF_PT_REGS_R10);
+	if (flags & MAP_ANONYMOUS)
+		return 1;
+	if (prot & PROT_EXEC)
 		return 0;
 	/* do_mmap(): PROT_READ implies PROT_EXEC under READ_IMPLIES_EXEC. */
-	may_exec = !(flags & MAP_ANONYMOUS) &&
-		   ((prot & PROT_EXEC) ||
-		    ((prot & PROT_READ) && (rd32(AT(task, OFF_TASK_STRUCT_PERSONALITY)) & READ_IMPLIES_EXEC)));
-	h->tid = (__u32)bpf_get_current_pid_tgid();
-	h->may_exec = may_exec;
-	h->switches = task_switches(task);
+	return !(prot & PROT_READ) ||
+	       !(rd32(AT(task, OFF_TASK_STRUCT_PERSONALITY)) & READ_IMPLIES_EXEC);
+}
+#else
+static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
+{
 	return 0;
 }
-
-/* True when this CPU's hint, left by this very mmap call, says it maps nothing executable. */
-static __always_inline int mmap_cannot_exec(const void *task)
-{
-	__u32 zero = 0, tid = (__u32)bpf_get_current_pid_tgid();
-	struct mmap_hint *h = mmap_hints.lookup(&zero);
-
-	if (!h || h->tid != tid)
-		return 0;
-	h->tid = 0;
-	return !h->may_exec && h->switches == task_switches(task);
-}
+#endif
 
 /*
  * mmap(2): everything is read from the new VMA at syscall exit, as perf's
@@ -590,7 +567,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
 		return 0;
 	task = (const void *)bpf_get_current_task();
-	if (mmap_cannot_exec(task))
+	if (mmap_cannot_exec(task, ret))
 		return 0;
 	w = walk_scratch.lookup(&zero);
 	s = map_scratch.lookup(&zero);

@@ -170,6 +170,8 @@ FIELDS = [
     ("files_struct", "fdt"), ("fdtable", "fd"), ("fdtable", "max_fds"),
     ("mount", "mnt"), ("mount", "mnt_parent"), ("mount", "mnt_mountpoint"),
     ("vfsmount", "mnt_root"),
+    ("task_struct", "stack"), ("task_struct", "personality"),
+    ("pt_regs", "orig_ax"), ("pt_regs", "ax"), ("pt_regs", "dx"), ("pt_regs", "r10"),
 ]
 ARRAYS = [
     ("task_struct", "comm"), ("mm_struct", "saved_auxv"),
@@ -552,3 +554,27 @@ def test_fuzzed_blobs_raise_only_btf_error():
             except BtfError:
                 pass
     assert parsed > 100
+
+
+def test_bit_member_matches_bpftool_for_a_kernel_bitfield(kernel_btf, oracle):
+    """task_struct.in_execve (a 1-bit field: offsetof refuses it) at bpftool's bits_offset."""
+    bits, _, size = oracle.find(oracle.struct_id("task_struct"), "in_execve")
+    assert size == 1
+    assert kernel_btf.bit_member("task_struct", "in_execve") == (bits, 1)
+    assert kernel_btf.bit_member("task_struct", "pid") == (kernel_btf.offsetof("task_struct", "pid") * 8, 32)
+    assert kernel_btf.bit_member("file", "f_path.dentry") == (kernel_btf.offsetof("file", "f_path.dentry") * 8, 64)
+
+
+def test_bit_member_of_both_bitfield_encodings():
+    """kind_flag 1: size in the member's offset word; kind_flag 0: in the INT encoding (btf.rst 2.2.1)."""
+    b = BtfBuilder()
+    t_int = b.int_("int", 4, 32)
+    b.composite(STRUCT, "k", 8, [("a", t_int, 0, 0), ("flag", t_int, 35, 1)], kflag=1)
+    t_bf = b.int_("", 4, 3, bit_offset=2)      # int:3 at bit 2 of its int
+    b.composite(STRUCT, "n", 8, [("f", t_bf, 32, 0)])
+    btf = Btf(b.build())
+    assert btf.bit_member("k", "flag") == (35, 1)
+    assert btf.bit_member("k", "a") == (0, 32)
+    assert btf.bit_member("n", "f") == (34, 3)
+    with pytest.raises(BtfError, match="no member"):
+        btf.bit_member("k", "missing")

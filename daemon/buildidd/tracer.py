@@ -8,6 +8,7 @@ BCC's compiler for its own boilerplate, never for a struct layout.
 from __future__ import annotations
 
 import ctypes
+import gzip
 import logging
 import os
 import time
@@ -28,8 +29,7 @@ KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("OFF_TASK_STRUCT_COMM", "task_struct", "comm"),
     ("OFF_TASK_STRUCT_EXIT_CODE", "task_struct", "exit_code"),
     ("OFF_TASK_STRUCT_PERSONALITY", "task_struct", "personality"),
-    ("OFF_TASK_STRUCT_NVCSW", "task_struct", "nvcsw"),
-    ("OFF_TASK_STRUCT_NIVCSW", "task_struct", "nivcsw"),
+    ("OFF_TASK_STRUCT_STACK", "task_struct", "stack"),
     ("OFF_MM_STRUCT_MM_MT", "mm_struct", "mm_mt"),
     ("OFF_MM_STRUCT_SAVED_AUXV", "mm_struct", "saved_auxv"),
     ("OFF_MAPLE_TREE_MA_ROOT", "maple_tree", "ma_root"),
@@ -61,6 +61,46 @@ KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("OFF_LINUX_BINPRM_FILE", "linux_binprm", "file"),
     ("OFF_LINUX_BINPRM_FILENAME", "linux_binprm", "filename"),
 )
+
+
+def kernel_config() -> dict[str, str]:
+    """The running kernel's build options (``CONFIG_X`` → value) from /proc/config.gz
+    or /boot/config-RELEASE; empty when neither is readable."""
+    release = os.uname().release
+    for path, opener in (("/proc/config.gz", gzip.open), (f"/boot/config-{release}", open)):
+        try:
+            with opener(path, "rt") as f:
+                return dict(line.rstrip("\n").split("=", 1) for line in f
+                            if line.startswith("CONFIG_") and "=" in line)
+        except OSError:
+            continue
+    return {}
+
+
+def syscall_regs_layout(btf: Btf, machine: str | None = None,
+                        config: dict[str, str] | None = None) -> dict[str, int]:
+    """Where sys_exit_mmap finds the call's saved user registers (x86_64 only; else {}).
+
+    task_pt_regs(task) is the struct pt_regs just below the top of the task's
+    kernel stack: task_struct.stack + THREAD_SIZE - TOP_OF_KERNEL_STACK_PADDING
+    - sizeof(struct pt_regs) (arch/x86/include/asm/{page_64_types,thread_info}.h:
+    THREAD_SIZE is 16 KiB, 32 KiB with KASAN; the padding is 16 bytes with
+    CONFIG_X86_FRED, else 0).  A wrong guess costs nothing but speed: the BPF
+    side trusts the registers only when orig_ax and ax match the call.
+    """
+    if (machine or os.uname().machine) != "x86_64":
+        return {}
+    config = kernel_config() if config is None else config
+    thread_size = 32768 if config.get("CONFIG_KASAN") == "y" else 16384
+    padding = 16 if config.get("CONFIG_X86_FRED") == "y" else 0
+    regs = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in ("orig_ax", "ax", "dx", "r10")}
+    base = min(regs.values()) & ~7
+    out = dict(regs)
+    out["REGS_SPAN_BASE"] = base
+    out["REGS_SPAN_LEN"] = max(regs.values()) + 8 - base
+    out["PT_REGS_OFFSET"] = thread_size - padding - btf.sizeof("pt_regs")
+    out["NR_MMAP"] = 9          # arch/x86/entry/syscalls/syscall_64.tbl
+    return out
 
 
 def kernel_layout(btf: Btf) -> dict[str, int]:
@@ -111,6 +151,7 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
             out["IN_EXECVE_BIT"] = bit
     except BtfError:
         log.info("task_struct.in_execve not in BTF: execve's comm change is reported as a comm event too")
+    out.update(syscall_regs_layout(btf))
     out["AUXV_LEN"] = btf.array_len("mm_struct", "saved_auxv")
     out["MR64_NPIVOTS"] = btf.array_len("maple_range_64", "pivot")
     out["MA64_NPIVOTS"] = btf.array_len("maple_arange_64", "pivot")
@@ -211,7 +252,6 @@ class Tracer:
 
     PROGRAMS = (
         ("tracepoint", "syscalls:sys_exit_mmap"),
-        ("tracepoint", "syscalls:sys_enter_mmap"),
         ("tracepoint", "syscalls:sys_enter_mprotect"),
         ("tracepoint", "syscalls:sys_exit_mprotect"),
         ("raw_tracepoint", "sched_process_exec"),
