@@ -142,9 +142,15 @@ def _workload(rng, elfs, n):
             batch.append(task_raw(etype, pid=pid, tid=tid, time_ns=t, comm=comm,
                                   a=rng.randrange(1 << 32), b=rng.randrange(1 << 32)))
         elif kind < 0.88:       # an exec, then the mapping of its executable from that tid
-            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=p))
+            name = p + rng.choice([b"", b"", b"\xff", b'"q\\'])   # execve's filename: any bytes
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=name))
             batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, origin=3))
-            n_python += 1 + (p == gone)      # the exec; its mapping (and the exec's line) are C's
+            n_python += p == gone            # held in C; a mapping with no final answer is Python's
+        elif kind < 0.885:      # two execs from one tid before a mapping: the second is Python's
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=p))
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, path=p))
+            batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 2, comm=comm, origin=3))
+            n_python += 1 + (p == gone)
         elif kind < 0.90:       # the kernel sent the path after all: the known one
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm, path=p))
             n_python += p == gone
@@ -209,12 +215,18 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     renamed = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", path=p + b".new", origin=1)
     raws = [plain, fork, known, renamed, plain, b"\x09" + bytes(60)]
     lines = []
-    args = (rec._fast, {}, {}, {}, lambda raw: b'"x"', (b"mmap",) * 5, {}, lines)
+    args = (rec._fast, {}, {}, {}, lambda raw: b'"x"', (b"mmap",) * 5, {}, lines, 0, {}, lambda raw: b'"p"')
     assert _fastpath.run(raws, 0, *args)[:4] == (3, 2, 2, 1)          # stops at another path
     assert _fastpath.run(raws, 4, *args)[0] == 5                      # stops at the unknown type
     assert len(lines) == 4
     held = {1: (None, 0, b"another file".ljust(36), b"{")}
     assert _fastpath.run([plain], 0, rec._fast, held, *args[2:])[0] == 0   # its tid holds another exec
+    ex = exec_raw(elfs[p], pid=1, tid=1, time_ns=4, comm=b"c", path=b"/x")
+    assert _fastpath.run([ex, ex], 0, rec._fast, held, *args[2:])[0] == 0   # tid 1 holds an exec
+    held = {}
+    assert _fastpath.run([ex, ex], 0, rec._fast, held, *args[2:])[0] == 1   # held; the second is Python's
+    assert held[1][0] is ex and held[1][2] == file_key(elfs[p]) and held[1][3].endswith(b'"filename":"p",')
+    assert _fastpath.run([ex[:-1]], 0, rec._fast, {}, *args[2:])[0] == 0   # filename past the end
     unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c")
     assert _fastpath.run([unknown], 0, *args)[0] == 0
     assert file_key(elfs[p]) in rec._fast
@@ -297,16 +309,19 @@ def test_sort_by_time_merges_runs_stably():
 
 
 def test_configure_rejects_a_template_it_cannot_fill():
-    from buildidd.records import COMM_LINE, EXEC_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE
+    from buildidd.records import COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FORK_LINE, MMAP_LINE
 
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, b'{"comm":%s}', EXEC_LINE)
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, b'{"comm":%s}', EXEC_LINE, EXEC_PREFIX)
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE + b"%x", FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE)
+        _fastpath.configure(MMAP_LINE + b"%x", FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX)
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, b"%s%d")
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, b"%s%d", EXEC_PREFIX)
+    with pytest.raises(ValueError):
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX + b"%s")
     # A rejected set leaves the templates in use untouched.
     lines = []
     comm = task_raw(EventType.COMM, pid=7, tid=8, time_ns=9, comm=b"x", a=0, b=0)
-    assert _fastpath.run([comm], 0, {}, {}, {}, {}, lambda raw: b'"x"', (b"mmap",), {}, lines)[0] == 1
+    assert _fastpath.run([comm], 0, {}, {}, {}, {}, lambda raw: b'"x"', (b"mmap",), {}, lines,
+                         0, {}, lambda raw: b'"p"')[0] == 1
     assert lines == [COMM_LINE % (9, 7, 8, b'"x"')]

@@ -243,9 +243,10 @@ struct arg {
 	Py_ssize_t len;
 };
 
-enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_EXEC, T_N };
-static const char *const tmpl_convs[T_N] = {"dddsdddddsss", "dddsdd", "dddsd", "ddds", "ss"};
-static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE", "EXEC_LINE"};
+enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_EXEC, T_EXEC_PREFIX, T_N };
+static const char *const tmpl_convs[T_N] = {"dddsdddddsss", "dddsdd", "dddsd", "ddds", "ss", "dddsds"};
+static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE", "EXEC_LINE",
+					    "EXEC_PREFIX"};
 static struct tmpl templates[T_N];
 
 static int parse_tmpl(struct tmpl *t, PyObject *b, int which)
@@ -331,9 +332,9 @@ static PyObject *format_line(const struct tmpl *t, const struct arg *a)
 }
 
 PyDoc_STRVAR(configure_doc,
-"configure(mmap_line, fork_line, exit_line, comm_line, exec_line) -> None\n\n"
+"configure(mmap_line, fork_line, exit_line, comm_line, exec_line, exec_prefix) -> None\n\n"
 "Give the line templates of records.py (MMAP_LINE, FORK_LINE, EXIT_LINE,\n"
-"COMM_LINE, EXEC_LINE): bytes with %d (unsigned decimal) and %s (bytes)\n"
+"COMM_LINE, EXEC_LINE, EXEC_PREFIX): bytes with %d (unsigned decimal) and %s (bytes)\n"
 "conversions.\n"
 "Raises ValueError when a template's conversions are not the ones run() fills.");
 
@@ -342,12 +343,12 @@ static PyObject *configure(PyObject *self, PyObject *args)
 	PyObject *b[T_N];
 	struct tmpl parsed[T_N] = {0};
 
-	if (!PyArg_ParseTuple(args, "OOOOO", &b[0], &b[1], &b[2], &b[3], &b[4]))
+	if (!PyArg_ParseTuple(args, "OOOOOO", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]))
 		return NULL;
 	for (int i = 0; i < T_N; i++)
 		if (parse_tmpl(&parsed[i], b[i], i) < 0)
 			return NULL;
-	/* All four parsed: only now replace the ones in use. */
+	/* All parsed: only now replace the ones in use. */
 	for (int i = 0; i < T_N; i++) {
 		Py_INCREF(b[i]);
 		parsed[i].owner = b[i];
@@ -362,6 +363,7 @@ static PyObject *configure(PyObject *self, PyObject *args)
 /* State of one run() call: the Python objects it reads and updates. */
 struct run_state {
 	PyObject *fast, *held, *live, *comm_json, *comm_fn, *origins, *missing, *emit;
+	PyObject *steps, *path_json, *path_fn;
 	char last_comm[BUILDIDD_COMM_LEN];
 	PyObject *last_comm_json;	/* owned: the JSON of last_comm */
 };
@@ -396,6 +398,27 @@ static PyObject *comm_of(struct run_state *st, const char *comm)
 	Py_XDECREF(st->last_comm_json);
 	st->last_comm_json = v;
 	memcpy(st->last_comm, comm, BUILDIDD_COMM_LEN);
+	return v;
+}
+
+/* JSON of a raw exec filename: the memo dict path_json, else path_fn(raw) (which memoizes). New reference. */
+static PyObject *path_of(struct run_state *st, const char *path, Py_ssize_t len)
+{
+	PyObject *key = PyBytes_FromStringAndSize(path, len), *v;
+
+	if (key == NULL)
+		return NULL;
+	v = PyDict_GetItemWithError(st->path_json, key);
+	if (v != NULL) {
+		Py_INCREF(v);
+	} else if (!PyErr_Occurred()) {
+		v = PyObject_CallOneArg(st->path_fn, key);
+		if (v != NULL && !PyBytes_Check(v)) {
+			Py_SETREF(v, NULL);
+			PyErr_SetString(PyExc_TypeError, "path_fn must return bytes");
+		}
+	}
+	Py_DECREF(key);
 	return v;
 }
 
@@ -622,8 +645,75 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	return 1;
 }
 
+/*
+ * An EXEC record: held in held (tid -> (record, step, key, EXEC_PREFIX line))
+ * until its executable's mapping completes it, as Recorder._hold_exec does;
+ * the pid leaves live.  1: held; 0: left to Python (a record whose filename
+ * runs past its end, or a tid that holds an exec already: that one must be
+ * written out first, with a resolution only Python makes); -1: error set.
+ */
+static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ssize_t len)
+{
+	const struct event_header *h = (const struct event_header *)r;
+	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
+	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
+	uint16_t plen = ld_u16(r + offsetof(struct exec_event, path_len));
+	PyObject *t, *pid_obj, *cj, *pj, *prefix, *key, *held;
+	struct arg args[6];
+	int rc = -1;
+
+	if ((Py_ssize_t)offsetof(struct exec_event, path) + plen > len)
+		return 0;
+	t = PyLong_FromUnsignedLong(tid);
+	if (t == NULL)
+		return -1;
+	rc = PyDict_Contains(st->held, t);
+	if (rc != 0) {
+		Py_DECREF(t);
+		return rc < 0 ? -1 : 0;
+	}
+	cj = comm_of(st, h->comm);		/* borrowed from st */
+	pj = cj ? path_of(st, r + offsetof(struct exec_event, path), plen) : NULL;
+	if (pj == NULL) {
+		Py_DECREF(t);
+		return -1;
+	}
+	args[0].u = ld_u64(r + offsetof(struct event_header, time_ns));
+	args[1].u = pid;
+	args[2].u = tid;
+	args[3].s = PyBytes_AS_STRING(cj);
+	args[3].len = PyBytes_GET_SIZE(cj);
+	args[4].u = ld_u32(r + offsetof(struct exec_event, old_pid));
+	args[5].s = PyBytes_AS_STRING(pj);
+	args[5].len = PyBytes_GET_SIZE(pj);
+	prefix = format_line(&templates[T_EXEC_PREFIX], args);
+	Py_DECREF(pj);
+	key = prefix ? PyBytes_FromStringAndSize(r + offsetof(struct exec_event, file), KEY_LEN) : NULL;
+	held = key ? PyTuple_Pack(4, raw, st->steps, key, prefix) : NULL;
+	rc = held ? PyDict_SetItem(st->held, t, held) : -1;
+	Py_XDECREF(held);
+	Py_XDECREF(key);
+	Py_XDECREF(prefix);
+	Py_DECREF(t);
+	if (rc < 0)
+		return -1;
+	pid_obj = PyLong_FromUnsignedLong(pid);
+	if (pid_obj == NULL)
+		return -1;
+	if (PyDict_DelItem(st->live, pid_obj) < 0) {
+		if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+			Py_DECREF(pid_obj);
+			return -1;
+		}
+		PyErr_Clear();
+	}
+	Py_DECREF(pid_obj);
+	return 1;
+}
+
 PyDoc_STRVAR(run_doc,
-"run(raws, i, fast, held, live, comm_json, comm_fn, origins, missing, emit)\n"
+"run(raws, i, fast, held, live, comm_json, comm_fn, origins, missing, emit, steps,\n"
+"    path_json, path_fn)\n"
 "    -> (next_i, n_mmap, n_resolved, n_fork, n_exit, n_comm, n_exec)\n\n"
 "Record raws[i:] (raw ring records, bytes) for as long as each is one of:\n"
 "  * a MAP record (struct map_event) whose identity key (the\n"
@@ -636,7 +726,11 @@ PyDoc_STRVAR(run_doc,
 "    executable's mapping, and the key is the same, the exec's line is\n"
 "    written first (EXEC_LINE: prefix, res tail) and the tid leaves held; a\n"
 "    different key is left to Python;\n"
-"  * a FORK, EXIT or COMM record (struct task_event).\n"
+"  * a FORK, EXIT or COMM record (struct task_event);\n"
+"  * an EXEC record (struct exec_event) from a tid that holds none: it is\n"
+"    held, held[tid] = (record, steps, key, EXEC_PREFIX line), and its pid\n"
+"    leaves live; the filename's JSON comes from the memo path_json (raw\n"
+"    bytes -> JSON bytes), filled by path_fn(raw) on a miss.\n"
 "Each becomes one line (records.py's templates, see configure()) appended to\n"
 "the list emit.  comm_json: memo of raw 16-byte comm -> JSON bytes, filled by\n"
 "comm_fn(raw) on a miss; origins: tuple of bytes indexed by map_event.origin\n"
@@ -646,7 +740,7 @@ PyDoc_STRVAR(run_doc,
 "the first record not handled (len(raws) when all were) and the counts of\n"
 "mappings, mappings with a build-id, forks, exits, comm changes and execs\n"
 "handled.\n"
-"Raises RuntimeError before configure(); what comm_fn raises.");
+"Raises RuntimeError before configure(); what comm_fn or path_fn raises.");
 
 static PyObject *run(PyObject *self, PyObject *args)
 {
@@ -657,10 +751,10 @@ static PyObject *run(PyObject *self, PyObject *args)
 	long counts[T_N + 2] = {0};	/* per template index, then mmap, resolved */
 	int rc = 1;
 
-	if (!PyArg_ParseTuple(args, "O!nO!O!O!O!OO!O!O!", &PyList_Type, &raws, &i, &PyDict_Type, &st.fast,
+	if (!PyArg_ParseTuple(args, "O!nO!O!O!O!OO!O!O!OO!O", &PyList_Type, &raws, &i, &PyDict_Type, &st.fast,
 			      &PyDict_Type, &st.held, &PyDict_Type, &st.live, &PyDict_Type, &st.comm_json,
 			      &st.comm_fn, &PyTuple_Type, &st.origins, &PyDict_Type, &st.missing,
-			      &PyList_Type, &st.emit))
+			      &PyList_Type, &st.emit, &st.steps, &PyDict_Type, &st.path_json, &st.path_fn))
 		return NULL;
 	if (templates[T_MMAP].owner == NULL) {
 		PyErr_SetString(PyExc_RuntimeError, "_fastpath.configure() was not called");
@@ -695,6 +789,8 @@ static PyObject *run(PyObject *self, PyObject *args)
 			rc = map_record(&st, r, len, &lk, counts);
 		else if (type >= BUILDIDD_EV_FORK && type <= BUILDIDD_EV_COMM && len >= (Py_ssize_t)TASK_LEN)
 			rc = task_record(&st, r, type, counts);
+		else if (type == BUILDIDD_EV_EXEC && len >= (Py_ssize_t)offsetof(struct exec_event, path))
+			rc = exec_record(&st, raw, r, len);
 		else
 			rc = 0;
 		if (rc <= 0)

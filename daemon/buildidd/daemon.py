@@ -27,7 +27,7 @@ from .events import (PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT, TASK_PPID_OFF
                      DecodeError, EventType, Identity, RawEvent, decode,
                      exec_file_key, exec_head, file_key, st_dev_to_kdev)
 from .procfs import Source
-from .records import (COMM_LINE, EXEC_LINE, EXIT_LINE, FORK_LINE, MMAP_LINE, ORIGIN_NAMES, RECOVERED,
+from .records import (COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FORK_LINE, MMAP_LINE, ORIGIN_NAMES, RECOVERED,
                       SYNTHESIZED, dict_line, exec_line, exec_prefix, mmap_line, mmap_tail, res_tail, task_line)
 from .sessionlog import SessionWriter
 from .tracer import Tracer
@@ -38,7 +38,19 @@ _ORIGINS = {int(k): v for k, v in ORIGIN_NAMES.items()}
 #: Record "origin" by map_event.origin, for the fast path (index 0 and unknown values: "mmap").
 _ORIGINS_T = tuple(_ORIGINS.get(i, "mmap").encode() for i in range(max(_ORIGINS) + 1))
 _COMM_JSON: dict[bytes, bytes] = {}
-_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE)
+_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX)
+
+
+_PATH_JSON: dict[bytes, bytes] = {}
+
+
+def _path_json(raw: bytes) -> bytes:
+    """JSON string (bytes) of a raw exec filename, as exec_prefix() encodes it, memoized (bounded)."""
+    text = json_str(raw.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    if len(_PATH_JSON) >= 4096:
+        _PATH_JSON.clear()
+    _PATH_JSON[raw] = text
+    return text
 
 
 def _comm_json(raw: bytes) -> bytes:
@@ -295,13 +307,14 @@ class Recorder:
         """Drain the ring buffers once, record what they held; returns the number of events.
 
         The common events, a mapping of a file whose identity already has a
-        final answer (and the held exec it completes) and the fork/exit/comm
-        records, are recorded by _fastpath.run (C): a dict lookup on the raw
-        identity bytes and one line from records.py's template, with no
-        per-event Python objects.
+        final answer (and the held exec it completes), an exec (held) and the
+        fork/exit/comm records, are recorded by _fastpath.run (C): a dict
+        lookup on the raw identity bytes and one line from records.py's
+        template, with no per-event Python objects.
         It stops at the first record that needs Python (an identity not yet
-        resolved, an exec, a path other than the known one, a malformed record): _slow_record records
-        that one, and the fast path resumes after it.
+        resolved, a second exec from a tid before its first was completed, a
+        path other than the known one, a malformed record): _slow_record
+        records that one, and the fast path resumes after it.
         """
         raws = self.tracer.drain()
         if self.tracked is not None:
@@ -312,7 +325,8 @@ class Recorder:
         while i < n:
             if run is not None:
                 i, a, b, c, d, e, x = run(raws, i, self._fast, self._held_exec, self._live, _COMM_JSON,
-                                          _comm_json, _ORIGINS_T, self.enricher.missing, self._pending_lines)
+                                          _comm_json, _ORIGINS_T, self.enricher.missing, self._pending_lines,
+                                          self._steps, _PATH_JSON, _path_json)
                 n_map += a
                 n_resolved += b
                 n_fork += c

@@ -63,11 +63,15 @@ def mmap_line(ev: RawEvent, origin: str, path: str, res: Resolution) -> bytes:
                         b"true" if ev.nlink == 0 else b"false", mmap_tail(path, res))
 
 
+#: An exec record's line up to its identity and build-id fields: time_ns, pid,
+#: tid, comm (JSON), old_tid, filename (JSON).
+EXEC_PREFIX = b'{"type":"exec","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"old_tid":%d,"filename":%s,'
+
+
 def exec_prefix(time_ns: int, pid: int, tid: int, comm: str, old_tid: int, filename: str) -> bytes:
     """An exec record's line up to its identity and build-id fields (see exec_line)."""
-    return (f'{{"type":"exec","time_ns":{time_ns},"pid":{pid},"tid":{tid},'
-            f'"comm":{json_str(comm)},"old_tid":{old_tid},"filename":{json_str(filename)},'
-            ).encode("utf-8", "surrogateescape")
+    return EXEC_PREFIX % (time_ns, pid, tid, json_str(comm).encode("utf-8", "surrogateescape"), old_tid,
+                          json_str(filename).encode("utf-8", "surrogateescape"))
 
 
 def res_tail(res: Resolution) -> bytes:
