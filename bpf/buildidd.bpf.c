@@ -518,25 +518,26 @@ static __always_inline __u32 vm_flags_to_map(__u64 vm_flags)
  * True when this mmap call cannot have made an executable file mapping, so
  * that its exit needs no VMA lookup.  The call's own arguments are read from
  * the task's saved user registers (struct pt_regs at the top of its kernel
- * stack, as task_pt_regs() finds it; x86_64 passes prot in dx and flags in
- * r10), and trusted only when orig_ax is mmap's syscall number and ax already
- * holds the value this very call returns.  Anything else answers "may be
+ * stack, as task_pt_regs() finds it; x86_64 passes prot in dx), and
+ * trusted only when orig_ax is mmap's syscall number and ax already holds
+ * the value this very call returns.  Anything else answers "may be
  * executable", and the exit looks the VMA up.
  */
 static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
 {
 	const void *stack = rdptr(AT(task, OFF_TASK_STRUCT_STACK));
 	__u8 regs[REGS_SPAN_LEN];
-	__u64 prot, flags;
+	__u64 prot;
 
 	if (!stack || bpf_probe_read_kernel(regs, sizeof(regs), AT(stack, PT_REGS_OFFSET + REGS_SPAN_BASE)))
 		return 0;
 	if (REG(regs, OFF_PT_REGS_ORIG_AX) != NR_MMAP || REG(regs, OFF_PT_REGS_AX) != ret)
 		return 0;
+	/*
+	 * MAP_ANONYMOUS proves nothing: a shared anonymous mapping has a
+	 * vm_file (shmem, "/dev/zero (deleted)"), and perf reports it.
+	 */
 	prot = REG(regs, OFF_PT_REGS_DX);
-	flags = REG(regs, OFF_PT_REGS_R10);
-	if (flags & MAP_ANONYMOUS)
-		return 1;
 	if (prot & PROT_EXEC)
 		return 0;
 	/* do_mmap(): PROT_READ implies PROT_EXEC under READ_IMPLIES_EXEC. */

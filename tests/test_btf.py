@@ -171,7 +171,7 @@ FIELDS = [
     ("mount", "mnt"), ("mount", "mnt_parent"), ("mount", "mnt_mountpoint"),
     ("vfsmount", "mnt_root"),
     ("task_struct", "stack"), ("task_struct", "personality"),
-    ("pt_regs", "orig_ax"), ("pt_regs", "ax"), ("pt_regs", "dx"), ("pt_regs", "r10"),
+    ("pt_regs", "orig_ax"), ("pt_regs", "ax"), ("pt_regs", "dx"),
 ]
 ARRAYS = [
     ("task_struct", "comm"), ("mm_struct", "saved_auxv"),

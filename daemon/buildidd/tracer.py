@@ -93,7 +93,7 @@ def syscall_regs_layout(btf: Btf, machine: str | None = None,
     config = kernel_config() if config is None else config
     thread_size = 32768 if config.get("CONFIG_KASAN") == "y" else 16384
     padding = 16 if config.get("CONFIG_X86_FRED") == "y" else 0
-    regs = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in ("orig_ax", "ax", "dx", "r10")}
+    regs = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in ("orig_ax", "ax", "dx")}
     base = min(regs.values()) & ~7
     out = dict(regs)
     out["REGS_SPAN_BASE"] = base

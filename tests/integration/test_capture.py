@@ -259,3 +259,22 @@ def test_comm_is_recorded_for_prctl_but_not_again_for_execve(recorder, tmp_path)
     by_pid = [r for r in recs() if r["pid"] == pid]
     assert [r["type"] for r in by_pid] == ["exec", "comm"], by_pid
     assert by_pid[0]["comm"] == os.path.basename(sys.executable)[:15]
+
+
+def test_shared_anonymous_executable_mapping_is_recorded(recorder):
+    """MAP_SHARED|MAP_ANONYMOUS with PROT_EXEC is backed by a shmem file (vm_file set, shown as
+    "/dev/zero (deleted)"): perf reports it, so it is recorded, with why it has no build-id."""
+    code = """
+import mmap
+m = mmap.mmap(-1, 2 * mmap.PAGESIZE, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+              prot=mmap.PROT_READ | mmap.PROT_EXEC)
+print("\\n".join(l for l in open("/proc/self/maps").read().splitlines() if "/dev/zero" in l))
+"""
+    rec = recorder()
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].split()[1] == "r-xs", lines
+    start = int(lines[0].split("-")[0], 16)
+    assert _step_until(rec, lambda: [r for r in _mmaps(rec, start=start) if r["path"].startswith("/dev/zero")])
+    r = [r for r in _mmaps(rec, start=start) if r["path"].startswith("/dev/zero")][0]
+    assert r["len"] == 2 * mmap.PAGESIZE and r["deleted"] and r["build_id"] is None and r["error"]
