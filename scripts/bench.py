@@ -26,6 +26,7 @@ import re
 import shutil
 import signal
 import socket
+import math
 import statistics
 import subprocess
 import sys
@@ -137,6 +138,21 @@ class Rep:
     bidd_s: float = 0.0
 
 
+def median_ci(sorted_vals: list[float], conf: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of a median from order statistics:
+    (x_(k), x_(n+1-k)), 1-indexed, for the largest k with 2 P(Binomial(n, 1/2) <= k-1)
+    <= 1 - conf.  With too few values for conf, (min, max)."""
+    n = len(sorted_vals)
+    k, cdf = 0, 0.0            # cdf = P(B <= k-1)
+    while k < n // 2:
+        nxt = cdf + math.comb(n, k) / 2 ** n
+        if 2 * nxt > 1 - conf:
+            break
+        cdf, k = nxt, k + 1
+    i = max(k - 1, 0)
+    return sorted_vals[i], sorted_vals[n - 1 - i]
+
+
 @dataclass
 class Result:
     name: str
@@ -156,6 +172,16 @@ class Result:
         vals = [getattr(r, attr) / r.none_s for r in self.reps if r.none_s > 0 and getattr(r, attr) > 0]
         return statistics.median(vals) if vals else None
 
+    def paired(self) -> dict | None:
+        """buildidd against perf within each repetition (bidd_s / perf_s): median,
+        distribution-free 95% CI of the median, and in how many repetitions buildidd was faster."""
+        vals = sorted(r.bidd_s / r.perf_s for r in self.reps if r.perf_s > 0 and r.bidd_s > 0)
+        if not vals:
+            return None
+        lo, hi = median_ci(vals)
+        return {"median": statistics.median(vals), "ci95": [lo, hi], "reps": len(vals),
+                "reps_buildidd_faster": sum(v < 1 for v in vals)}
+
     def as_dict(self) -> dict:
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
         return {
@@ -163,6 +189,7 @@ class Result:
             "wall_s": {"none": med([r.none_s for r in self.reps]), "perf": med([r.perf_s for r in self.reps]),
                        "buildidd": med([r.bidd_s for r in self.reps])},
             "overhead_ratio": {"perf": self.ratio("perf_s"), "buildidd": self.ratio("bidd_s")},
+            "buildidd_over_perf": self.paired(),
             "cpu_us_per_event": {"buildidd": med(self.bidd_cpu_us_per_event), "perf": med(self.perf_cpu_us_per_event)},
             "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
             "buildidd_events": med(self.bidd_events),
@@ -406,6 +433,12 @@ def fmt_table(results: list[Result]) -> str:
             f"{cpu['buildidd'] or 0:>10.2f} {cpu['perf'] or 0:>10.2f} "
             f"{d['rss_mib']['steady']:>5.0f}/{d['rss_mib']['uss_steady']:>4.0f}/{d['rss_mib']['peak']:<6.0f} {d['losses']:>5} "
             f"{ready['buildidd'] or 0:>8.2f}/{ready['perf'] or 0:<8.2f} {comp:>18} {nob:>20}")
+    lines += ["", "buildidd against perf in the same repetition (wall time, buildidd / perf; below 1: buildidd cost less):"]
+    for r in results:
+        p = r.paired()
+        if p:
+            lines.append(f"  {r.name:<24} median {p['median']:.3f}  95% CI [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]"
+                         f"  buildidd faster in {p['reps_buildidd_faster']}/{p['reps']} repetitions")
     return "\n".join(lines)
 
 
