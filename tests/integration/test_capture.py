@@ -190,9 +190,9 @@ int main(int argc, char **argv) {
 
 
 def test_each_exec_mmap_is_recorded_once_and_no_other_among_threads_racing_on_both_cpus(recorder, tmp_path):
-    """sys_enter_mmap's per-CPU hint lets the exit skip non-executable mmaps: with threads
-    mapping executable, read-only and anonymous memory at once, migrating and yielding,
-    exactly the executable ones are recorded, every one of them."""
+    """sys_exit_mmap skips the VMA lookup when the call's saved registers show no PROT_EXEC:
+    with threads mapping executable, read-only and anonymous memory at once (contending on
+    mmap_lock, migrating and yielding), exactly the executable ones are recorded, every one."""
     target = tmp_path / "racy.bin"
     target.write_bytes(b"\x7f" * 4096)
     exe = gcc(THREADED_MAPPER_SRC, tmp_path / "mapper", "-pthread")
