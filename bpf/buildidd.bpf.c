@@ -720,7 +720,8 @@ static __always_inline void exec_next_file(struct bpf_raw_tracepoint_args *ctx, 
 {
 	st->file = NULL;
 	st->k += 1;
-	exec_tail.call(ctx, 0);
+	if (st->k < 2 && st->addr[1])
+		exec_tail.call(ctx, 0);
 }
 
 /* Attached by tracer.py to the raw tracepoint sched_process_exec. */
@@ -783,8 +784,9 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 }
 
 /*
- * Tail-called from sched_process_exec, then from itself: a call either starts
- * file k (finds its first VMA, reads its identity and path) or reads one leaf.
+ * Tail-called from sched_process_exec, then from itself: a call reads one
+ * leaf, and the first call for file k also finds its first VMA there and
+ * reads the file's identity and path.
  */
 int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -805,10 +807,16 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 	if (k >= 2)
 		return 0;
 	if (!st->file) {
-		/* Start walking file k: the one mapped at addr[k]. */
+		/*
+		 * Start walking file k: the one mapped at addr[k].  Its leaf,
+		 * read to find that VMA, is then scanned by this same call.
+		 */
 		__u64 addr = st->addr[k & 1];
+		const void *vma;
 
-		if (!addr || !find_vma(st->mm, addr, w, &v) || !v.file) {
+		idx = addr ? maple_leaf(st->mm, addr, w) : -1;
+		vma = idx >= 0 ? (const void *)w->node[(MR64_SLOT_W + idx) & MAPLE_WORD_MASK] : NULL;
+		if (!vma || read_vma(vma, w, &v) || v.start > addr || v.end <= addr || !v.file) {
 			if (addr)
 				count_drop(BUILDIDD_DROP_NO_VMA);
 			exec_next_file(ctx, st);
@@ -822,17 +830,16 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 			return 0;
 		}
 		st->file = v.file;
-		st->cur = v.start;
+		st->cur = cur = v.start;
 		st->remaining = EXEC_MAX_VMAS;
 		st->leaves = EXEC_MAX_LEAVES;
-		exec_tail.call(ctx, 0);
-		return 0;
-	}
-	cur = st->cur;
-	idx = st->leaves && st->remaining ? maple_leaf(st->mm, cur, w) : -1;
-	if (idx < 0) {
-		exec_next_file(ctx, st);
-		return 0;
+	} else {
+		cur = st->cur;
+		idx = st->leaves && st->remaining ? maple_leaf(st->mm, cur, w) : -1;
+		if (idx < 0) {
+			exec_next_file(ctx, st);
+			return 0;
+		}
 	}
 	st->leaves -= 1;
 	st->nfound = 0;
