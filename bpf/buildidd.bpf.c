@@ -611,6 +611,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
 	const void *task, *mm;
 	__u64 *count;
 	__u32 tid, zero = 0;
+	int replaced;
 
 	if (!(args->prot & PROT_EXEC))
 		return 0;
@@ -627,11 +628,14 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
 	p.start = args->start;
 	p.len = args->len;
 	p.prot = args->prot;
+	/* An entry this thread left behind is replaced, and stays counted once. */
+	replaced = pending_mprotect.lookup(&tid) != NULL;
 	if (pending_mprotect.update(&tid, &p)) {
 		count_drop(BUILDIDD_DROP_PENDING_FULL);
 		return 0;
 	}
-	__sync_fetch_and_add(count, 1);
+	if (!replaced)
+		__sync_fetch_and_add(count, 1);
 	return 0;
 }
 

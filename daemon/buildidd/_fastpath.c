@@ -433,6 +433,24 @@ static int emit(struct run_state *st, PyObject *line)
 	return r;
 }
 
+/* The pid's live mappings are gone (exit, exec): live.pop(pid, None).  0, or -1 with an error set. */
+static int forget_pid(struct run_state *st, uint32_t pid)
+{
+	PyObject *k = PyLong_FromUnsignedLong(pid);
+	int r;
+
+	if (k == NULL)
+		return -1;
+	r = PyDict_DelItem(st->live, k);
+	Py_DECREF(k);
+	if (r < 0) {
+		if (!PyErr_ExceptionMatches(PyExc_KeyError))
+			return -1;
+		PyErr_Clear();
+	}
+	return 0;
+}
+
 /* 1: handled; 0: not for this path (Python records it); -1: error set. */
 static int task_record(struct run_state *st, const char *r, uint32_t type, long *counts)
 {
@@ -446,20 +464,8 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 	struct arg args[6];
 	int which = type == BUILDIDD_EV_FORK ? T_FORK : type == BUILDIDD_EV_EXIT ? T_EXIT : T_COMM;
 
-	if (type == BUILDIDD_EV_EXIT) {
-		PyObject *k = PyLong_FromUnsignedLong(pid);
-
-		if (k == NULL)
-			return -1;
-		if (PyDict_DelItem(st->live, k) < 0) {
-			if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
-				Py_DECREF(k);
-				return -1;
-			}
-			PyErr_Clear();
-		}
-		Py_DECREF(k);
-	}
+	if (type == BUILDIDD_EV_EXIT && forget_pid(st, pid) < 0)
+		return -1;
 	cj = comm_of(st, h->comm);
 	if (cj == NULL)
 		return -1;
@@ -658,7 +664,7 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
 	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
 	uint16_t plen = ld_u16(r + offsetof(struct exec_event, path_len));
-	PyObject *t, *pid_obj, *cj, *pj, *prefix, *key, *held;
+	PyObject *t, *cj, *pj, *prefix, *key, *held;
 	struct arg args[6];
 	int rc = -1;
 
@@ -695,19 +701,8 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	Py_XDECREF(key);
 	Py_XDECREF(prefix);
 	Py_DECREF(t);
-	if (rc < 0)
+	if (rc < 0 || forget_pid(st, pid) < 0)
 		return -1;
-	pid_obj = PyLong_FromUnsignedLong(pid);
-	if (pid_obj == NULL)
-		return -1;
-	if (PyDict_DelItem(st->live, pid_obj) < 0) {
-		if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
-			Py_DECREF(pid_obj);
-			return -1;
-		}
-		PyErr_Clear();
-	}
-	Py_DECREF(pid_obj);
 	return 1;
 }
 

@@ -362,23 +362,26 @@ class Btf:
             else:
                 yield name_off, mtype, moff, 0
 
-    def _is_int_bitfield(self, mtype: int) -> bool:
-        """True when a member of a kind_flag=0 struct is a bitfield.
+    def _int_bitfield(self, mtype: int) -> tuple[int, int]:
+        """``(bit offset within the int, size in bits)`` when a member of a
+        kind_flag=0 struct is a bitfield, else ``(0, 0)``.
 
         Without kind_flag the bitfield is encoded in the member's INT type:
         a non-zero BTF_INT_OFFSET or BTF_INT_BITS smaller than the int's size.
         """
         tid = self._strip(mtype)
         if tid == 0:
-            return False
+            return 0, 0
         kind, _, _, _, size, off = self._record(tid)
         if kind != KIND_INT:
-            return False
+            return 0, 0
         (encoding,) = _U32.unpack_from(self._data, off)
-        return ((encoding >> 16) & 0xFF) != 0 or (encoding & 0xFF) != size * 8
+        shift, bits = (encoding >> 16) & 0xFF, encoding & 0xFF
+        return (shift, bits) if shift or bits != size * 8 else (0, 0)
 
     def _find_member(self, tid: int, name: str, depth: int = 0):
-        """``(bit_offset, type_id, is_bitfield)`` of member ``name`` of a struct/union.
+        """``(bit_offset, type_id, bitfield_bits)`` of member ``name`` of a struct/union
+        (bitfield_bits: the bitfield's size, 0 when the member is not one).
 
         Anonymous struct/union members are searched recursively (their offsets
         added), as C does.  Returns None when absent.
@@ -390,8 +393,10 @@ class Btf:
         for name_off, mtype, bit_off, bitfield in self._members(tid):
             if name_off:
                 if self._name(name_off) == name:
-                    return (bit_off, mtype,
-                            bool(bitfield) or self._is_int_bitfield(mtype))
+                    if bitfield:
+                        return bit_off, mtype, bitfield
+                    shift, bits = self._int_bitfield(mtype)
+                    return bit_off + shift, mtype, bits
                 continue
             inner = self._strip(mtype)
             if inner and self._record(inner)[0] in (KIND_STRUCT, KIND_UNION):
@@ -401,13 +406,13 @@ class Btf:
         return None
 
     def _resolve_path(self, tid: int, field_path: str):
-        """``(bit_offset, type_id, is_bitfield)`` of dotted ``field_path`` inside ``tid``."""
+        """``(bit_offset, type_id, bitfield_bits)`` of dotted ``field_path`` inside ``tid``."""
         parts = field_path.split(".")
         if not all(parts):
             raise BtfError(f"bad field path {field_path!r}")
         bits = 0
         mtype = tid
-        bitfield = False
+        bitfield = 0
         walked = []
         for part in parts:
             cur = self._strip(mtype)
@@ -533,34 +538,10 @@ class Btf:
                 name is ambiguous.
         """
         def answer(tid: int) -> tuple[int, int]:
-            parts = field_path.rsplit(".", 1)
-            outer_bits, owner = (0, tid) if len(parts) == 1 else self._resolve_path(tid, parts[0])[:2]
-            owner = self._strip(owner)
-            for name_off, mtype, bit_off, bitfield_size in self._members_deep(owner):
-                if self._name(name_off) == parts[-1]:
-                    if bitfield_size:
-                        return outer_bits + bit_off, bitfield_size
-                    kind, _, _, _, size, off = self._record(self._strip(mtype))
-                    if kind == KIND_INT:
-                        (encoding,) = _U32.unpack_from(self._data, off)
-                        return outer_bits + bit_off + ((encoding >> 16) & 0xFF), encoding & 0xFF
-                    return outer_bits + bit_off, self._size(mtype) * 8
-            raise self._fail(f"{self._describe(owner)} has no member {parts[-1]!r}")
+            bits, mtype, bitfield = self._resolve_path(tid, field_path)
+            return bits, bitfield or self._size(mtype) * 8
         return self._unique(f"bit_member({struct}, {field_path})",
                             self._composite_ids(struct), answer)
-
-    def _members_deep(self, tid: int, depth: int = 0):
-        """Like :meth:`_members`, with anonymous struct/union members flattened (offsets added)."""
-        if depth >= MAX_RESOLVE_DEPTH:
-            raise self._fail(f"{self._describe(tid)}: anonymous members nested too deep")
-        for name_off, mtype, bit_off, bitfield_size in self._members(tid):
-            if name_off:
-                yield name_off, mtype, bit_off, bitfield_size
-                continue
-            inner = self._strip(mtype)
-            if inner and self._record(inner)[0] in (KIND_STRUCT, KIND_UNION):
-                for n, t, b, z in self._members_deep(inner, depth + 1):
-                    yield n, t, bit_off + b, z
 
     def sizeof(self, type_name: str) -> int:
         """Size in bytes of the struct/union, typedef, base int or enum ``type_name``.

@@ -93,14 +93,28 @@ def syscall_regs_layout(btf: Btf, machine: str | None = None,
     config = kernel_config() if config is None else config
     thread_size = 32768 if config.get("CONFIG_KASAN") == "y" else 16384
     padding = 16 if config.get("CONFIG_X86_FRED") == "y" else 0
-    regs = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in ("orig_ax", "ax", "dx")}
-    base = min(regs.values()) & ~7
-    out = dict(regs)
-    out["REGS_SPAN_BASE"] = base
-    out["REGS_SPAN_LEN"] = max(regs.values()) + 8 - base
+    names = ("orig_ax", "ax", "dx")
+    out = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in names}
+    out["REGS_SPAN_BASE"], out["REGS_SPAN_LEN"] = field_span(btf, "pt_regs", names)
     out["PT_REGS_OFFSET"] = thread_size - padding - btf.sizeof("pt_regs")
     out["NR_MMAP"] = 9          # arch/x86/entry/syscalls/syscall_64.tbl
     return out
+
+
+def field_span(btf: Btf, struct: str, fields: tuple[str, ...]) -> tuple[int, int]:
+    """``(base, length)`` in bytes, 8-aligned, of the smallest span of struct holding
+    every field: what one bpf_probe_read_kernel fetches (at most 256 bytes).
+
+    Raises:
+        BtfError: a field is missing, or the span is longer than 256 bytes.
+    """
+    starts = [btf.offsetof(struct, f) for f in fields]
+    ends = [o + btf.member_size(struct, f) for o, f in zip(starts, fields)]
+    base = min(starts) & ~7
+    length = (max(ends) - base + 7) & ~7
+    if length > 256:
+        raise BtfError(f"{struct} fields span {length} bytes; the BPF side reads at most 256 at once")
+    return base, length
 
 
 def kernel_layout(btf: Btf) -> dict[str, int]:
@@ -114,32 +128,18 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
         BtfError: a struct or member the BPF side needs is not in this kernel's BTF.
     """
     out = {macro: btf.offsetof(struct, path) for macro, struct, path in KERNEL_FIELDS}
+    mtime = ("i_mtime_sec", "i_mtime_nsec")
     try:
-        out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", "i_mtime_sec")
-        out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", "i_mtime_nsec")
+        btf.offsetof("inode", mtime[0])
     except BtfError:
-        out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", "i_mtime.tv_sec")
-        out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", "i_mtime.tv_nsec")
-    # The inode fields read per event, as one span (one probe read in the BPF side).
-    inode_fields = [("OFF_INODE_I_INO", "i_ino"), ("OFF_INODE_I_SIZE", "i_size"),
-                    ("OFF_INODE_I_GENERATION", "i_generation"), ("OFF_INODE_I_NLINK", "i_nlink"),
-                    ("OFF_INODE_I_SB", "i_sb")]
-    ends = [out[m] + btf.member_size("inode", f) for m, f in inode_fields]
-    ends += [out["OFF_INODE_I_MTIME_SEC"] + 8, out["OFF_INODE_I_MTIME_NSEC"] + 4]
-    starts = [out[m] for m, _ in inode_fields] + [out["OFF_INODE_I_MTIME_SEC"], out["OFF_INODE_I_MTIME_NSEC"]]
-    base = min(starts) & ~7
-    span = (max(ends) - base + 7) & ~7
-    if span > 256:
-        raise BtfError(f"inode fields span {span} bytes; the BPF side reads at most 256 at once")
-    out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = base, span
-    # The vm_area_struct fields read per VMA, as one span.
-    vma_fields = ("vm_start", "vm_end", "vm_flags", "vm_pgoff", "vm_file")
-    starts = [btf.offsetof("vm_area_struct", f) for f in vma_fields]
-    ends = [o + btf.member_size("vm_area_struct", f) for o, f in zip(starts, vma_fields)]
-    base = min(starts) & ~7
-    out["VMA_SPAN_BASE"], out["VMA_SPAN_LEN"] = base, (max(ends) - base + 7) & ~7
-    if out["VMA_SPAN_LEN"] > 256:
-        raise BtfError(f"vm_area_struct fields span {out['VMA_SPAN_LEN']} bytes; at most 256 are read at once")
+        mtime = ("i_mtime.tv_sec", "i_mtime.tv_nsec")
+    out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", mtime[0])
+    out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", mtime[1])
+    # Fields the BPF side fetches together, each group with one probe read.
+    out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = field_span(
+        btf, "inode", ("i_ino", "i_size", "i_generation", "i_nlink", "i_sb") + mtime)
+    out["VMA_SPAN_BASE"], out["VMA_SPAN_LEN"] = field_span(
+        btf, "vm_area_struct", ("vm_start", "vm_end", "vm_flags", "vm_pgoff", "vm_file"))
     out["MAPLE_NODE_SIZE"] = btf.sizeof("maple_node")
     if out["MAPLE_NODE_SIZE"] != 256:
         raise BtfError(f"struct maple_node is {out['MAPLE_NODE_SIZE']} bytes, not 256")
