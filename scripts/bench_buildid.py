@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 from elftools.common.exceptions import ELFError as PyElfError  # noqa: E402
 from elftools.elf.elffile import ELFFile  # noqa: E402
 
-from buildidd.buildid import read_build_id  # noqa: E402
+from buildidd.resolve.buildid import read_build_id  # noqa: E402
 from buildidd.errors import ElfError  # noqa: E402
 
 

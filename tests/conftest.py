@@ -13,9 +13,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+#: scripts/ holds what tests and benchmarks share: the perf oracle (perfcompare.py).
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
 
 REQUIRE_BPF = os.environ.get("BUILDIDD_REQUIRE_BPF") == "1"
 
@@ -60,7 +66,7 @@ def readelf_build_id(path: str | os.PathLike) -> str | None:
 def recorder(bpf, tmp_path):
     """Factory: a started host-mode Recorder writing under tmp_path; closed at teardown."""
     from buildidd.config import Config
-    from buildidd.daemon import Recorder
+    from buildidd.capture.recorder import Recorder
 
     made = []
 
@@ -79,7 +85,7 @@ def recorder(bpf, tmp_path):
 
 
 def session_records(session_dir) -> list[dict]:
-    from buildidd.sessionlog import read_session
+    from buildidd.sessionlog.log import read_session
 
     return list(read_session(session_dir))
 

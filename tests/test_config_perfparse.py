@@ -6,7 +6,7 @@ import pytest
 
 from buildidd.config import Config, load
 from buildidd.errors import ConfigError
-from buildidd.perfcompare import compare, parse_perf_script
+from perfcompare import compare, parse_perf_script
 
 
 def test_config_file(tmp_path):

@@ -11,7 +11,7 @@ import os
 import tomllib
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from buildidd.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/buildidd/buildidd.toml"
 

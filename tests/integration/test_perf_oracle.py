@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import time
 
-from buildidd.perfcompare import PerfRecorder, compare
+from perfcompare import PerfRecorder, compare
 
 from conftest import Background, need, session_records
 

@@ -7,9 +7,9 @@ import shutil
 import subprocess
 import time
 
-from buildidd.sessionlog import SessionWriter
-from buildidd.snapshot import Snapshotter
-from buildidd.store import Store
+from buildidd.sessionlog.log import SessionWriter
+from buildidd.store.snapshotter import Snapshotter
+from buildidd.store.store import Store
 
 from conftest import gcc, need, readelf_build_id, session_records
 

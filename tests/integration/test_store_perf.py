@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from buildidd.host import kernel_build_id
-from buildidd.store import KALLSYMS_DSO, Store
+from buildidd.resolve.host import kernel_build_id
+from buildidd.store.store import KALLSYMS_DSO, Store
 
 from conftest import gcc, need, readelf_build_id
 

@@ -9,10 +9,13 @@
 
 ``protocol`` is the wire format (JSON only, never pickle), ``server`` serves
 handlers, ``client`` is the one client.
+
+May import: every stage below cli (capture, store, sessionlog, resolve, kernel)
+and the shared modules.
 """
 
-from .client import ControlClient
-from .protocol import ControlError, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
-from .server import ControlServer
+from buildidd.control.client import ControlClient
+from buildidd.control.protocol import ControlError, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
+from buildidd.control.server import ControlServer
 
 __all__ = ["ControlClient", "ControlError", "ControlServer", "MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES"]

@@ -7,8 +7,8 @@ import socket
 import time
 from typing import Any
 
-from . import protocol
-from .protocol import ControlError
+from buildidd.control import protocol
+from buildidd.control.protocol import ControlError
 
 
 class ControlClient:

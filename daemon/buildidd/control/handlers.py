@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..buildid import read_build_id_fd
-from ..errors import ElfError
-from .. import procfs
-from .protocol import ControlError
+from buildidd.resolve.buildid import read_build_id_fd
+from buildidd.errors import ElfError
+from buildidd.resolve import procfs
+from buildidd.control.protocol import ControlError
 
 
 def lookup(pid: int, addr: int) -> dict:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import ProtocolError
+from buildidd.errors import ProtocolError
 
 MAX_REQUEST_BYTES = 64 * 1024
 """Longest request line in bytes, not counting the terminating ``"\\n"``."""

@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import protocol
-from .protocol import ControlError
+from buildidd.control import protocol
+from buildidd.control.protocol import ControlError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,820 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The recorder's per-event hot path, in C: reading the BPF ring buffers and
+ * turning the common records into session-log lines.
+ *
+ * Python (daemon.py) owns every decision that needs more than a dict lookup:
+ * resolving an identity, holding an exec, a record with a path, a malformed
+ * record.  run() handles records for as long as they need nothing of that,
+ * and returns the index of the first one that does; Python records that one
+ * and calls run() again.  Lines are formatted from the templates of
+ * records.py (given once to configure()), so the JSON of a record is defined
+ * in one place; tests/test_fastpath.py checks the lines byte for byte against
+ * the Python path.
+ *
+ * Record layouts come from bpf/events.h, the one definition of the wire format.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "events.h"
+
+/* kernel/bpf/ringbuf.c: record header bits and size */
+#define RINGBUF_BUSY_BIT (1U << 31)
+#define RINGBUF_DISCARD_BIT (1U << 30)
+#define RINGBUF_HDR_SZ 8
+
+/* The identity key: struct file_id without nlink (events.py: file_key). */
+#define KEY_LEN offsetof(struct file_id, nlink)
+#define MAP_MIN_LEN offsetof(struct map_event, path)
+#define TASK_LEN sizeof(struct task_event)
+/* live sets stop growing at this many mappings per process (daemon.py) */
+#define LIVE_MAX 4096
+#define U64_DIGITS 20
+
+static inline uint64_t ld_u64(const char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t ld_u32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t ld_u16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* ---- ring buffers ------------------------------------------------------ */
+
+PyDoc_STRVAR(read_ring_doc,
+"read_ring(cons, data, page, mask, out) -> (records, bytes)\n\n"
+"Append every complete record now in one BPF ring buffer to the list out (as\n"
+"bytes, without the 8-byte record header) and advance consumer_pos; returns how\n"
+"many, and how many bytes of the ring they took (headers, discarded records and\n"
+"padding included: the backlog this read cleared).  cons: writable buffer over the consumer page; data: buffer over the\n"
+"producer page followed by the data area mapped twice (page bytes, then\n"
+"2 * (mask + 1)); mask: data size - 1 (a power of two minus one).  The layout\n"
+"and the ordering rules are the kernel's (kernel/bpf/ringbuf.c): producer_pos\n"
+"and each length are read with acquire semantics, consumer_pos is stored with\n"
+"release semantics.  Stops at a record still being written (BUSY bit).\n"
+"Raises ValueError when a buffer is smaller than the layout needs.");
+
+static PyObject *read_ring(PyObject *self, PyObject *args)
+{
+	PyObject *cons_obj, *data_obj, *out;
+	Py_ssize_t page;
+	unsigned long long mask;
+	Py_buffer cons, data;
+	long n = 0;
+	unsigned long long consumed = 0;
+
+	if (!PyArg_ParseTuple(args, "OOnKO!", &cons_obj, &data_obj, &page, &mask, &PyList_Type, &out))
+		return NULL;
+	if (PyObject_GetBuffer(cons_obj, &cons, PyBUF_WRITABLE) < 0)
+		return NULL;
+	if (PyObject_GetBuffer(data_obj, &data, PyBUF_SIMPLE) < 0) {
+		PyBuffer_Release(&cons);
+		return NULL;
+	}
+	if (cons.len < 8 || page < 8 || (mask & (mask + 1)) != 0 ||
+	    (unsigned long long)data.len < (unsigned long long)page + 2 * (mask + 1)) {
+		PyErr_SetString(PyExc_ValueError, "ring buffer mappings smaller than their layout");
+		goto out;
+	}
+	{
+		uint64_t *cons_pos = (uint64_t *)cons.buf;
+		const uint64_t *prod_pos = (const uint64_t *)data.buf;
+		const char *area = (const char *)data.buf + page;
+		uint64_t c = __atomic_load_n(cons_pos, __ATOMIC_RELAXED);
+		uint64_t p = __atomic_load_n(prod_pos, __ATOMIC_ACQUIRE);
+
+		while (c < p) {
+			const char *rec = area + (c & mask);
+			uint32_t len = __atomic_load_n((const uint32_t *)rec, __ATOMIC_ACQUIRE);
+
+			if (len & RINGBUF_BUSY_BIT)
+				break;
+			uint32_t size = len & ~(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT);
+			if (size > mask + 1 - RINGBUF_HDR_SZ) {
+				PyErr_Format(PyExc_ValueError, "ring record of %u bytes in a %llu-byte ring",
+					     size, mask + 1);
+				break;
+			}
+			if (!(len & RINGBUF_DISCARD_BIT)) {
+				PyObject *b = PyBytes_FromStringAndSize(rec + RINGBUF_HDR_SZ, size);
+				if (b == NULL || PyList_Append(out, b) < 0) {
+					Py_XDECREF(b);
+					break;
+				}
+				Py_DECREF(b);
+				n++;
+			}
+			c += (size + RINGBUF_HDR_SZ + 7) & ~7ULL;
+		}
+		/* Records before c are consumed even when an error stopped the loop. */
+		consumed = c - __atomic_load_n(cons_pos, __ATOMIC_RELAXED);
+		__atomic_store_n(cons_pos, c, __ATOMIC_RELEASE);
+	}
+out:
+	PyBuffer_Release(&data);
+	PyBuffer_Release(&cons);
+	if (PyErr_Occurred())
+		return NULL;
+	return Py_BuildValue("(lK)", n, consumed);
+}
+
+struct timed {
+	uint64_t time_ns;
+	PyObject *obj;		/* borrowed from the list being sorted */
+};
+
+/*
+ * Stable natural merge sort: the records come as one ascending run per ring,
+ * so this takes log2(rings) linear passes.  Equal times keep list order.
+ * Returns v or tmp, whichever holds the result; NULL when out of memory.
+ */
+static struct timed *merge_runs(struct timed *v, struct timed *tmp, Py_ssize_t n)
+{
+	Py_ssize_t *starts = PyMem_Malloc(sizeof(*starts) * (size_t)(n + 1));
+	Py_ssize_t nruns = 0;
+
+	if (starts == NULL)
+		return NULL;
+	for (Py_ssize_t i = 0; i < n; i++)
+		if (i == 0 || v[i].time_ns < v[i - 1].time_ns)
+			starts[nruns++] = i;
+	starts[nruns] = n;		/* sentinel: the end of the last run */
+	while (nruns > 1) {
+		Py_ssize_t out = 0, m = 0;
+		struct timed *swap;
+
+		for (Py_ssize_t k = 0; k < nruns; k += 2) {
+			Py_ssize_t a = starts[k], amid = starts[k + 1];
+			Py_ssize_t b = amid, bend = k + 2 <= nruns ? starts[k + 2] : n;
+
+			starts[m++] = out;
+			while (a < amid && b < bend)
+				tmp[out++] = v[b].time_ns < v[a].time_ns ? v[b++] : v[a++];
+			while (a < amid)
+				tmp[out++] = v[a++];
+			while (b < bend)
+				tmp[out++] = v[b++];
+		}
+		nruns = m;
+		starts[nruns] = n;
+		swap = v;
+		v = tmp;
+		tmp = swap;
+	}
+	PyMem_Free(starts);
+	return v;
+}
+
+/* event_header.time_ns, little-endian (of a short record: the bytes present of 16..24) */
+static uint64_t record_time(PyObject *b)
+{
+	const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(b);
+	Py_ssize_t len = PyBytes_GET_SIZE(b), end = len < 24 ? len : 24;
+	uint64_t t = 0;
+
+	for (Py_ssize_t i = end - 1; i >= 16; i--)
+		t = (t << 8) | s[i];
+	return t;
+}
+
+PyDoc_STRVAR(sort_by_time_doc,
+"sort_by_time(records) -> None\n\n"
+"Sort a list of raw records (bytes) in place by event_header.time_ns (ns since\n"
+"boot), stably: records of one ring keep their order.  Raises TypeError for an\n"
+"item that is not bytes.");
+
+static PyObject *sort_by_time(PyObject *self, PyObject *arg)
+{
+	Py_ssize_t n;
+	struct timed *v, *sorted;
+
+	if (!PyList_Check(arg)) {
+		PyErr_SetString(PyExc_TypeError, "sort_by_time() needs a list");
+		return NULL;
+	}
+	n = PyList_GET_SIZE(arg);
+	if (n < 2)
+		Py_RETURN_NONE;
+	v = PyMem_Malloc(2 * sizeof(*v) * (size_t)n);	/* the items, then merge space */
+	if (v == NULL)
+		return PyErr_NoMemory();
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *o = PyList_GET_ITEM(arg, i);
+
+		if (!PyBytes_Check(o)) {
+			PyMem_Free(v);
+			PyErr_SetString(PyExc_TypeError, "sort_by_time() needs a list of bytes");
+			return NULL;
+		}
+		v[i].time_ns = record_time(o);
+		v[i].obj = o;
+	}
+	sorted = merge_runs(v, v + n, n);
+	if (sorted == NULL) {
+		PyMem_Free(v);
+		return PyErr_NoMemory();
+	}
+	/* Same objects, permuted: the list's references carry over unchanged. */
+	for (Py_ssize_t i = 0; i < n; i++)
+		PyList_SET_ITEM(arg, i, sorted[i].obj);
+	PyMem_Free(v);
+	Py_RETURN_NONE;
+}
+
+/* ---- line templates ---------------------------------------------------- */
+
+/*
+ * A records.py template (bytes with %d and %s conversions only) split once
+ * into literal pieces: lit[0] conv[0] lit[1] conv[1] ... lit[nconv].
+ */
+#define MAX_CONV 16
+struct tmpl {
+	PyObject *owner;		/* the template bytes (the pieces point into it), owned */
+	const char *lit[MAX_CONV + 1];
+	Py_ssize_t litlen[MAX_CONV + 1];
+	char conv[MAX_CONV];
+	int nconv;
+	Py_ssize_t fixed;		/* bytes of literal text */
+};
+
+struct arg {
+	uint64_t u;			/* %d: an unsigned integer */
+	const char *s;			/* %s: bytes */
+	Py_ssize_t len;
+};
+
+enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_EXEC, T_EXEC_PREFIX, T_N };
+static const char *const tmpl_convs[T_N] = {"dddsdddddsss", "dddsdd", "dddsd", "ddds", "ss", "dddsds"};
+static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE", "EXEC_LINE",
+					    "EXEC_PREFIX"};
+static struct tmpl templates[T_N];
+
+static int parse_tmpl(struct tmpl *t, PyObject *b, int which)
+{
+	const char *s, *start, *end;
+	int k = 0;
+
+	if (!PyBytes_Check(b)) {
+		PyErr_Format(PyExc_TypeError, "%s must be bytes", tmpl_names[which]);
+		return -1;
+	}
+	s = start = PyBytes_AS_STRING(b);
+	end = s + PyBytes_GET_SIZE(b);
+	t->fixed = 0;
+	for (; s < end; s++) {
+		if (*s != '%')
+			continue;
+		if (s + 1 >= end || (s[1] != 'd' && s[1] != 's') || k == MAX_CONV) {
+			PyErr_Format(PyExc_ValueError, "%s: only %%d and %%s conversions are supported",
+				     tmpl_names[which]);
+			return -1;
+		}
+		t->lit[k] = start;
+		t->litlen[k] = s - start;
+		t->fixed += s - start;
+		t->conv[k++] = s[1];
+		start = ++s + 1;
+	}
+	t->lit[k] = start;
+	t->litlen[k] = end - start;
+	t->fixed += end - start;
+	t->nconv = k;
+	if (k != (int)strlen(tmpl_convs[which]) || memcmp(t->conv, tmpl_convs[which], k) != 0) {
+		PyErr_Format(PyExc_ValueError, "%s: conversions are not %s", tmpl_names[which],
+			     tmpl_convs[which]);
+		return -1;
+	}
+	return 0;
+}
+
+static char *put_u64(char *o, uint64_t v)
+{
+	char tmp[U64_DIGITS];
+	int n = 0;
+
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (n)
+		*o++ = tmp[--n];
+	return o;
+}
+
+/* A new bytes object: the template with args substituted. */
+static PyObject *format_line(const struct tmpl *t, const struct arg *a)
+{
+	Py_ssize_t cap = t->fixed;
+	PyObject *out;
+	char *o, *base;
+
+	for (int i = 0; i < t->nconv; i++)
+		cap += t->conv[i] == 'd' ? U64_DIGITS : a[i].len;
+	out = PyBytes_FromStringAndSize(NULL, cap);
+	if (out == NULL)
+		return NULL;
+	o = base = PyBytes_AS_STRING(out);
+	for (int i = 0; i < t->nconv; i++) {
+		memcpy(o, t->lit[i], t->litlen[i]);
+		o += t->litlen[i];
+		if (t->conv[i] == 'd') {
+			o = put_u64(o, a[i].u);
+		} else {
+			memcpy(o, a[i].s, a[i].len);
+			o += a[i].len;
+		}
+	}
+	memcpy(o, t->lit[t->nconv], t->litlen[t->nconv]);
+	o += t->litlen[t->nconv];
+	if (_PyBytes_Resize(&out, o - base) < 0)
+		return NULL;
+	return out;
+}
+
+PyDoc_STRVAR(configure_doc,
+"configure(mmap_line, fork_line, exit_line, comm_line, exec_line, exec_prefix) -> None\n\n"
+"Give the line templates of records.py (MMAP_LINE, FORK_LINE, EXIT_LINE,\n"
+"COMM_LINE, EXEC_LINE, EXEC_PREFIX): bytes with %d (unsigned decimal) and %s (bytes)\n"
+"conversions.\n"
+"Raises ValueError when a template's conversions are not the ones run() fills.");
+
+static PyObject *configure(PyObject *self, PyObject *args)
+{
+	PyObject *b[T_N];
+	struct tmpl parsed[T_N] = {0};
+
+	if (!PyArg_ParseTuple(args, "OOOOOO", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]))
+		return NULL;
+	for (int i = 0; i < T_N; i++)
+		if (parse_tmpl(&parsed[i], b[i], i) < 0)
+			return NULL;
+	/* All parsed: only now replace the ones in use. */
+	for (int i = 0; i < T_N; i++) {
+		Py_INCREF(b[i]);
+		parsed[i].owner = b[i];
+		Py_XDECREF(templates[i].owner);
+		templates[i] = parsed[i];
+	}
+	Py_RETURN_NONE;
+}
+
+/* ---- records ----------------------------------------------------------- */
+
+/* State of one run() call: the Python objects it reads and updates. */
+struct run_state {
+	PyObject *fast, *held, *live, *comm_json, *comm_fn, *origins, *missing, *emit;
+	PyObject *steps, *path_json, *path_fn;
+	char last_comm[BUILDIDD_COMM_LEN];
+	PyObject *last_comm_json;	/* owned: the JSON of last_comm */
+};
+
+/* JSON of a raw 16-byte comm: the memo dict, else comm_fn(raw) (which memoizes). */
+static PyObject *comm_of(struct run_state *st, const char *comm)
+{
+	PyObject *key, *v;
+
+	if (st->last_comm_json != NULL && memcmp(st->last_comm, comm, BUILDIDD_COMM_LEN) == 0)
+		return st->last_comm_json;
+	key = PyBytes_FromStringAndSize(comm, BUILDIDD_COMM_LEN);
+	if (key == NULL)
+		return NULL;
+	v = PyDict_GetItemWithError(st->comm_json, key);
+	if (v != NULL) {
+		Py_INCREF(v);
+	} else if (PyErr_Occurred()) {
+		Py_DECREF(key);
+		return NULL;
+	} else {
+		v = PyObject_CallOneArg(st->comm_fn, key);
+		if (v != NULL && !PyBytes_Check(v)) {
+			Py_SETREF(v, NULL);
+			PyErr_SetString(PyExc_TypeError, "comm_fn must return bytes");
+		}
+	}
+	Py_DECREF(key);
+	if (v == NULL)
+		return NULL;
+	/* Own a reference: comm_fn may clear the memo dict later in this run. */
+	Py_XDECREF(st->last_comm_json);
+	st->last_comm_json = v;
+	memcpy(st->last_comm, comm, BUILDIDD_COMM_LEN);
+	return v;
+}
+
+/* JSON of a raw exec filename: the memo dict path_json, else path_fn(raw) (which memoizes). New reference. */
+static PyObject *path_of(struct run_state *st, const char *path, Py_ssize_t len)
+{
+	PyObject *key = PyBytes_FromStringAndSize(path, len), *v;
+
+	if (key == NULL)
+		return NULL;
+	v = PyDict_GetItemWithError(st->path_json, key);
+	if (v != NULL) {
+		Py_INCREF(v);
+	} else if (!PyErr_Occurred()) {
+		v = PyObject_CallOneArg(st->path_fn, key);
+		if (v != NULL && !PyBytes_Check(v)) {
+			Py_SETREF(v, NULL);
+			PyErr_SetString(PyExc_TypeError, "path_fn must return bytes");
+		}
+	}
+	Py_DECREF(key);
+	return v;
+}
+
+static int emit(struct run_state *st, PyObject *line)
+{
+	int r;
+
+	if (line == NULL)
+		return -1;
+	r = PyList_Append(st->emit, line);
+	Py_DECREF(line);
+	return r;
+}
+
+/* The pid's live mappings are gone (exit, exec): live.pop(pid, None).  0, or -1 with an error set. */
+static int forget_pid(struct run_state *st, uint32_t pid)
+{
+	PyObject *k = PyLong_FromUnsignedLong(pid);
+	int r;
+
+	if (k == NULL)
+		return -1;
+	r = PyDict_DelItem(st->live, k);
+	Py_DECREF(k);
+	if (r < 0) {
+		if (!PyErr_ExceptionMatches(PyExc_KeyError))
+			return -1;
+		PyErr_Clear();
+	}
+	return 0;
+}
+
+/* 1: handled; 0: not for this path (Python records it); -1: error set. */
+static int task_record(struct run_state *st, const char *r, uint32_t type, long *counts)
+{
+	const struct event_header *h = (const struct event_header *)r;
+	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
+	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
+	uint64_t time_ns = ld_u64(r + offsetof(struct event_header, time_ns));
+	uint32_t a = ld_u32(r + offsetof(struct task_event, ppid));
+	uint32_t b = ld_u32(r + offsetof(struct task_event, ptid));
+	PyObject *cj;
+	struct arg args[6];
+	int which = type == BUILDIDD_EV_FORK ? T_FORK : type == BUILDIDD_EV_EXIT ? T_EXIT : T_COMM;
+
+	if (type == BUILDIDD_EV_EXIT && forget_pid(st, pid) < 0)
+		return -1;
+	cj = comm_of(st, h->comm);
+	if (cj == NULL)
+		return -1;
+	args[0].u = time_ns;
+	args[1].u = pid;
+	args[2].u = tid;
+	args[3].s = PyBytes_AS_STRING(cj);
+	args[3].len = PyBytes_GET_SIZE(cj);
+	args[4].u = a;
+	args[5].u = b;
+	if (emit(st, format_line(&templates[which], args)) < 0)
+		return -1;
+	counts[which]++;
+	return 1;
+}
+
+/* Cache of the previous mapping's identity lookup within one run() call. */
+struct last_key {
+	char key[KEY_LEN];
+	PyObject *key_obj;	/* owned */
+	PyObject *hit;		/* owned: fast[key], (Resolution, mmap tail, error, res tail, path) */
+};
+
+/*
+ * A mapping from a tid whose exec is held: when the exec's executable is this
+ * mapping's file, write the exec's line and release it (1); 0 when the tid
+ * holds nothing, or an exec of another file (Python decides); -1 on error.
+ */
+static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *lk, long *counts)
+{
+	PyObject *t = PyLong_FromUnsignedLong(tid), *h, *key, *prefix;
+	struct arg args[2];
+	int same;
+
+	if (t == NULL)
+		return -1;
+	h = PyDict_GetItemWithError(st->held, t);
+	if (h == NULL) {
+		Py_DECREF(t);
+		return PyErr_Occurred() ? -1 : 1;	/* nothing held: just the mapping */
+	}
+	if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 4 ||
+	    !PyBytes_Check(key = PyTuple_GET_ITEM(h, 2)) || !PyBytes_Check(prefix = PyTuple_GET_ITEM(h, 3))) {
+		Py_DECREF(t);
+		PyErr_SetString(PyExc_TypeError, "held execs must be (record, step, bytes, bytes)");
+		return -1;
+	}
+	same = PyBytes_GET_SIZE(key) == (Py_ssize_t)KEY_LEN && memcmp(PyBytes_AS_STRING(key), lk->key, KEY_LEN) == 0;
+	if (!same) {
+		Py_DECREF(t);
+		return 0;
+	}
+	args[0].s = PyBytes_AS_STRING(prefix);
+	args[0].len = PyBytes_GET_SIZE(prefix);
+	args[1].s = PyBytes_AS_STRING(PyTuple_GET_ITEM(lk->hit, 3));
+	args[1].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(lk->hit, 3));
+	if (emit(st, format_line(&templates[T_EXEC], args)) < 0 || PyDict_DelItem(st->held, t) < 0) {
+		Py_DECREF(t);
+		return -1;
+	}
+	Py_DECREF(t);
+	counts[T_EXEC]++;
+	return 1;
+}
+
+static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struct last_key *lk, long *counts)
+{
+	const char *file = r + offsetof(struct map_event, file);
+	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
+	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
+	uint64_t start = ld_u64(r + offsetof(struct map_event, start));
+	uint32_t origin = ld_u32(r + offsetof(struct map_event, origin));
+	uint32_t nlink = ld_u32(file + offsetof(struct file_id, nlink));
+	Py_ssize_t plen = ld_u16(r + offsetof(struct map_event, path_len));
+	PyObject *hit, *tail, *error, *cj, *origin_name, *pl, *pid_obj, *item;
+	struct arg args[12];
+
+	if (lk->key_obj == NULL || memcmp(lk->key, file, KEY_LEN) != 0) {
+		PyObject *key = PyBytes_FromStringAndSize(file, KEY_LEN);
+
+		if (key == NULL)
+			return -1;
+		hit = PyDict_GetItemWithError(st->fast, key);
+		if (hit == NULL) {
+			Py_DECREF(key);
+			return PyErr_Occurred() ? -1 : 0;
+		}
+		if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 5 || !PyBytes_Check(PyTuple_GET_ITEM(hit, 1)) ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(hit, 3)) || !PyBytes_Check(PyTuple_GET_ITEM(hit, 4))) {
+			Py_DECREF(key);
+			PyErr_SetString(PyExc_TypeError,
+					"fast-path entries must be (Resolution, bytes, error, bytes, bytes)");
+			return -1;
+		}
+		Py_INCREF(hit);
+		Py_XSETREF(lk->hit, hit);
+		Py_XSETREF(lk->key_obj, key);
+		memcpy(lk->key, file, KEY_LEN);
+	}
+	if (plen != 0) {
+		/* The kernel sent a path after all (the record was made before the
+		 * identity was marked known): the tail holds when it is the same path. */
+		PyObject *path = PyTuple_GET_ITEM(lk->hit, 4);
+
+		if ((Py_ssize_t)MAP_MIN_LEN + plen > len || PyBytes_GET_SIZE(path) != plen ||
+		    memcmp(PyBytes_AS_STRING(path), r + MAP_MIN_LEN, plen) != 0)
+			return 0;
+	}
+	if (PyDict_GET_SIZE(st->held) != 0 && held_exec(st, tid, lk, counts) <= 0)
+		return PyErr_Occurred() ? -1 : 0;
+	hit = lk->hit;
+	tail = PyTuple_GET_ITEM(hit, 1);
+	error = PyTuple_GET_ITEM(hit, 2);
+	cj = comm_of(st, ((const struct event_header *)r)->comm);
+	if (cj == NULL)
+		return -1;
+	origin_name = PyTuple_GET_ITEM(st->origins, origin < (uint32_t)PyTuple_GET_SIZE(st->origins) ? origin : 0);
+	args[0].u = ld_u64(r + offsetof(struct event_header, time_ns));
+	args[1].u = pid;
+	args[2].u = tid;
+	args[3].s = PyBytes_AS_STRING(cj);
+	args[3].len = PyBytes_GET_SIZE(cj);
+	args[4].u = start;
+	args[5].u = ld_u64(r + offsetof(struct map_event, len));
+	args[6].u = ld_u64(r + offsetof(struct map_event, pgoff));
+	args[7].u = ld_u32(r + offsetof(struct map_event, prot));
+	args[8].u = ld_u32(r + offsetof(struct map_event, flags));
+	args[9].s = PyBytes_AS_STRING(origin_name);
+	args[9].len = PyBytes_GET_SIZE(origin_name);
+	args[10].s = nlink ? "false" : "true";
+	args[10].len = nlink ? 5 : 4;
+	args[11].s = PyBytes_AS_STRING(tail);
+	args[11].len = PyBytes_GET_SIZE(tail);
+	if (emit(st, format_line(&templates[T_MMAP], args)) < 0)
+		return -1;
+	counts[T_N]++;
+	if (error == Py_None) {
+		counts[T_N + 1]++;
+	} else {
+		PyObject *old = PyDict_GetItemWithError(st->missing, error);
+		Py_ssize_t was = 0;
+		PyObject *inc;
+
+		if (old == NULL && PyErr_Occurred())
+			return -1;
+		if (old != NULL && (was = PyLong_AsSsize_t(old)) == -1 && PyErr_Occurred())
+			return -1;
+		inc = PyLong_FromSsize_t(was + 1);
+		if (inc == NULL)
+			return -1;
+		if (PyDict_SetItem(st->missing, error, inc) < 0) {
+			Py_DECREF(inc);
+			return -1;
+		}
+		Py_DECREF(inc);
+	}
+	/* live[pid].add((start, key)), at most LIVE_MAX per process */
+	pid_obj = PyLong_FromUnsignedLong(pid);
+	if (pid_obj == NULL)
+		return -1;
+	pl = PyDict_GetItemWithError(st->live, pid_obj);
+	if (pl == NULL) {
+		if (PyErr_Occurred() || (pl = PySet_New(NULL)) == NULL) {
+			Py_DECREF(pid_obj);
+			return -1;
+		}
+		if (PyDict_SetItem(st->live, pid_obj, pl) < 0) {
+			Py_DECREF(pl);
+			Py_DECREF(pid_obj);
+			return -1;
+		}
+		Py_DECREF(pl);			/* the dict holds it */
+	}
+	Py_DECREF(pid_obj);
+	if (PySet_GET_SIZE(pl) < LIVE_MAX) {
+		item = Py_BuildValue("(KO)", (unsigned long long)start, lk->key_obj);
+		if (item == NULL || PySet_Add(pl, item) < 0) {
+			Py_XDECREF(item);
+			return -1;
+		}
+		Py_DECREF(item);
+	}
+	return 1;
+}
+
+/*
+ * An EXEC record: held in held (tid -> (record, step, key, EXEC_PREFIX line))
+ * until its executable's mapping completes it, as Recorder._hold_exec does;
+ * the pid leaves live.  1: held; 0: left to Python (a record whose filename
+ * runs past its end, or a tid that holds an exec already: that one must be
+ * written out first, with a resolution only Python makes); -1: error set.
+ */
+static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ssize_t len)
+{
+	const struct event_header *h = (const struct event_header *)r;
+	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
+	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
+	uint16_t plen = ld_u16(r + offsetof(struct exec_event, path_len));
+	PyObject *t, *cj, *pj, *prefix, *key, *held;
+	struct arg args[6];
+	int rc = -1;
+
+	if ((Py_ssize_t)offsetof(struct exec_event, path) + plen > len)
+		return 0;
+	t = PyLong_FromUnsignedLong(tid);
+	if (t == NULL)
+		return -1;
+	rc = PyDict_Contains(st->held, t);
+	if (rc != 0) {
+		Py_DECREF(t);
+		return rc < 0 ? -1 : 0;
+	}
+	cj = comm_of(st, h->comm);		/* borrowed from st */
+	pj = cj ? path_of(st, r + offsetof(struct exec_event, path), plen) : NULL;
+	if (pj == NULL) {
+		Py_DECREF(t);
+		return -1;
+	}
+	args[0].u = ld_u64(r + offsetof(struct event_header, time_ns));
+	args[1].u = pid;
+	args[2].u = tid;
+	args[3].s = PyBytes_AS_STRING(cj);
+	args[3].len = PyBytes_GET_SIZE(cj);
+	args[4].u = ld_u32(r + offsetof(struct exec_event, old_pid));
+	args[5].s = PyBytes_AS_STRING(pj);
+	args[5].len = PyBytes_GET_SIZE(pj);
+	prefix = format_line(&templates[T_EXEC_PREFIX], args);
+	Py_DECREF(pj);
+	key = prefix ? PyBytes_FromStringAndSize(r + offsetof(struct exec_event, file), KEY_LEN) : NULL;
+	held = key ? PyTuple_Pack(4, raw, st->steps, key, prefix) : NULL;
+	rc = held ? PyDict_SetItem(st->held, t, held) : -1;
+	Py_XDECREF(held);
+	Py_XDECREF(key);
+	Py_XDECREF(prefix);
+	Py_DECREF(t);
+	if (rc < 0 || forget_pid(st, pid) < 0)
+		return -1;
+	return 1;
+}
+
+PyDoc_STRVAR(run_doc,
+"run(raws, i, fast, held, live, comm_json, comm_fn, origins, missing, emit, steps,\n"
+"    path_json, path_fn)\n"
+"    -> (next_i, n_mmap, n_resolved, n_fork, n_exit, n_comm, n_exec)\n\n"
+"Record raws[i:] (raw ring records, bytes) for as long as each is one of:\n"
+"  * a MAP record (struct map_event) whose identity key (the\n"
+"    struct file_id bytes before nlink) is in fast, a dict key -> (Resolution,\n"
+"    mmap tail: the path, identity and build-id fields of its line, error:\n"
+"    None when the build-id is known, else the reason, res tail: the identity\n"
+"    and build-id fields alone, path: the path bytes in mmap tail), and that\n"
+"    carries no path or that same path.  When its tid is in held, a dict tid ->\n"
+"    (exec record, step, key, exec line prefix) of execs waiting for their\n"
+"    executable's mapping, and the key is the same, the exec's line is\n"
+"    written first (EXEC_LINE: prefix, res tail) and the tid leaves held; a\n"
+"    different key is left to Python;\n"
+"  * a FORK, EXIT or COMM record (struct task_event);\n"
+"  * an EXEC record (struct exec_event) from a tid that holds none: it is\n"
+"    held, held[tid] = (record, steps, key, EXEC_PREFIX line), and its pid\n"
+"    leaves live; the filename's JSON comes from the memo path_json (raw\n"
+"    bytes -> JSON bytes), filled by path_fn(raw) on a miss.\n"
+"Each becomes one line (records.py's templates, see configure()) appended to\n"
+"the list emit.  comm_json: memo of raw 16-byte comm -> JSON bytes, filled by\n"
+"comm_fn(raw) on a miss; origins: tuple of bytes indexed by map_event.origin\n"
+"(index 0 for an unknown one); missing: dict reason -> count, incremented for\n"
+"each mapping without a build-id; live: dict pid -> set of (vm_start, key),\n"
+"added to (at most 4096 per pid), a pid removed on EXIT.  Returns the index of\n"
+"the first record not handled (len(raws) when all were) and the counts of\n"
+"mappings, mappings with a build-id, forks, exits, comm changes and execs\n"
+"handled.\n"
+"Raises RuntimeError before configure(); what comm_fn or path_fn raises.");
+
+static PyObject *run(PyObject *self, PyObject *args)
+{
+	PyObject *raws;
+	Py_ssize_t i, n;
+	struct run_state st = {0};
+	struct last_key lk = {0};
+	long counts[T_N + 2] = {0};	/* per template index, then mmap, resolved */
+	int rc = 1;
+
+	if (!PyArg_ParseTuple(args, "O!nO!O!O!O!OO!O!O!OO!O", &PyList_Type, &raws, &i, &PyDict_Type, &st.fast,
+			      &PyDict_Type, &st.held, &PyDict_Type, &st.live, &PyDict_Type, &st.comm_json,
+			      &st.comm_fn, &PyTuple_Type, &st.origins, &PyDict_Type, &st.missing,
+			      &PyList_Type, &st.emit, &st.steps, &PyDict_Type, &st.path_json, &st.path_fn))
+		return NULL;
+	if (templates[T_MMAP].owner == NULL) {
+		PyErr_SetString(PyExc_RuntimeError, "_fastpath.configure() was not called");
+		return NULL;
+	}
+	if (PyTuple_GET_SIZE(st.origins) == 0) {
+		PyErr_SetString(PyExc_ValueError, "origins must not be empty");
+		return NULL;
+	}
+	for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(st.origins); k++)
+		if (!PyBytes_Check(PyTuple_GET_ITEM(st.origins, k))) {
+			PyErr_SetString(PyExc_TypeError, "origins must be a tuple of bytes");
+			return NULL;
+		}
+	n = PyList_GET_SIZE(raws);
+	if (i < 0)
+		i = 0;
+	for (; i < n; i++) {
+		PyObject *raw = PyList_GET_ITEM(raws, i);
+		const char *r;
+		Py_ssize_t len;
+		uint32_t type;
+
+		if (!PyBytes_Check(raw))
+			break;
+		r = PyBytes_AS_STRING(raw);
+		len = PyBytes_GET_SIZE(raw);
+		if (len < (Py_ssize_t)sizeof(struct event_header))
+			break;
+		type = ld_u32(r);
+		if (type == BUILDIDD_EV_MAP && len >= (Py_ssize_t)MAP_MIN_LEN)
+			rc = map_record(&st, r, len, &lk, counts);
+		else if (type >= BUILDIDD_EV_FORK && type <= BUILDIDD_EV_COMM && len >= (Py_ssize_t)TASK_LEN)
+			rc = task_record(&st, r, type, counts);
+		else if (type == BUILDIDD_EV_EXEC && len >= (Py_ssize_t)offsetof(struct exec_event, path))
+			rc = exec_record(&st, raw, r, len);
+		else
+			rc = 0;
+		if (rc <= 0)
+			break;
+	}
+	Py_XDECREF(lk.key_obj);
+	Py_XDECREF(lk.hit);
+	Py_XDECREF(st.last_comm_json);
+	if (rc < 0)
+		return NULL;
+	return Py_BuildValue("(nllllll)", i, counts[T_N], counts[T_N + 1], counts[T_FORK], counts[T_EXIT],
+			     counts[T_COMM], counts[T_EXEC]);
+}
+
+static PyMethodDef methods[] = {
+	{"read_ring", read_ring, METH_VARARGS, read_ring_doc},
+	{"sort_by_time", sort_by_time, METH_O, sort_by_time_doc},
+	{"configure", configure, METH_VARARGS, configure_doc},
+	{"run", run, METH_VARARGS, run_doc},
+	{NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+	PyModuleDef_HEAD_INIT, "buildidd.capture._fastpath",
+	"The recorder's per-event hot path: BPF ring-buffer reads and session-log lines (see _fastpath.c).",
+	-1, methods,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void)
+{
+	return PyModule_Create(&module);
+}

@@ -1,0 +1,96 @@
+"""Consuming the kernel's ring buffers: the records of every ring, merged in time order.
+
+The kernel side (bpf/buildidd.bpf.c) writes into one BPF ring buffer per CPU
+(at most kernel.tracer.MAX_RINGS); this module maps them and reads them with
+the C fast path's read_ring, then merges the per-ring runs by time.
+"""
+
+from __future__ import annotations
+
+from buildidd.capture import _fastpath
+
+
+class RingReader:
+    """Consumer of a BPF ring buffer (BPF_MAP_TYPE_RINGBUF) through its mmap'ed pages.
+
+    The layout is the kernel's (kernel/bpf/ringbuf.c, include/uapi/linux/bpf.h):
+    page 0 holds consumer_pos (written by user space), page 1 producer_pos,
+    then the data area mapped twice in a row so a record that wraps is still
+    contiguous.  Each record starts with an 8-byte header, u32 len (with
+    BPF_RINGBUF_BUSY_BIT 1<<31 while the producer writes it,
+    BPF_RINGBUF_DISCARD_BIT 1<<30 when discarded) and u32 page offset; records
+    are 8-byte aligned.  The reading is _fastpath.read_ring's (C): one bytes
+    object per record, against a ctypes callback per record through libbpf.
+
+    Args:
+        map_fd: the ring buffer map's fd; size_bytes: its max_entries (power of two).
+    Raises:
+        OSError: the mmap failed.
+    """
+
+    def __init__(self, map_fd: int, size_bytes: int):
+        import mmap as _mmap
+        page = _mmap.PAGESIZE
+        self.size = size_bytes
+        self.mask = size_bytes - 1
+        self._cons = _mmap.mmap(map_fd, page, _mmap.MAP_SHARED, _mmap.PROT_READ | _mmap.PROT_WRITE, offset=0)
+        self._data = _mmap.mmap(map_fd, page + 2 * size_bytes, _mmap.MAP_SHARED, _mmap.PROT_READ, offset=page)
+        self._page = page
+
+    def read(self, out: list[bytes]) -> tuple[int, int]:
+        """Append every complete record now in the buffer to out; returns (records, bytes of ring consumed)."""
+        return _fastpath.read_ring(self._cons, self._data, self._page, self.mask, out)
+
+    def close(self) -> None:
+        """Unmap the ring."""
+        self._cons.close()
+        self._data.close()
+
+
+class Rings:
+    """Every ring buffer of a Tracer, drained together.
+
+    Args:
+        ring_maps: (map fd, size in bytes) per ring (kernel.tracer.Tracer.ring_maps).
+    Attributes:
+        fill: the largest share (0..1) of a ring that the last drain found occupied.
+    Raises:
+        OSError: mapping a ring failed.
+    """
+
+    def __init__(self, ring_maps: list[tuple[int, int]]):
+        self.rings: list[RingReader] = []
+        try:
+            for fd, size in ring_maps:
+                self.rings.append(RingReader(fd, size))
+        except OSError:
+            self.close()
+            raise
+        self.fill = 0.0
+
+    def drain(self) -> list[bytes]:
+        """Consume every record now in the ring buffers; returns them as raw bytes, in time order.
+
+        Each ring is in order; when several held records, they are merged by
+        event_header.time_ns (a stable merge of the presorted runs).  Sets
+        fill: the largest share (0..1) of a ring that this drain found
+        occupied, the backlog the consumer let build up since the last one.
+        """
+        out: list[bytes] = []
+        nonempty = 0
+        fill = 0.0
+        for ring in self.rings:
+            n, nbytes = ring.read(out)
+            if n:
+                nonempty += 1
+                fill = max(fill, nbytes / ring.size)
+        if nonempty > 1:
+            _fastpath.sort_by_time(out)
+        self.fill = fill
+        return out
+
+    def close(self) -> None:
+        """Unmap every ring."""
+        for ring in self.rings:
+            ring.close()
+        self.rings = []

@@ -1,0 +1,9 @@
+"""kernel: everything that talks to the kernel.
+
+The BTF reader and the offset table built from it (btf, tracer.kernel_layout),
+the BCC loader that compiles, loads and attaches bpf/buildidd.bpf.c (tracer),
+the one ctypes mirror of bpf/events.h and the decoder of raw records (events),
+and scheduling knobs for our own threads (sched).
+
+May import: the shared modules (config, errors, clock, memo) only.
+"""

@@ -1,0 +1,365 @@
+"""The ctypes mirror of bpf/events.h, and decoding of raw ring-buffer events.
+
+This is the only Python definition of the kernel→user wire format;
+tests/test_events.py compiles bpf/events.h with gcc and checks that every size
+and offset here agrees with the C compiler's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import struct
+from dataclasses import dataclass
+
+COMM_LEN = 16
+PATH_MAX = 4096
+
+
+
+def bpf_dir() -> str:
+    """The directory holding buildidd.bpf.c and events.h (package data ``buildidd.bpf``).
+
+    Found through importlib.resources, so it works from a source checkout and
+    from an installed wheel alike.
+    Raises:
+        ProbeError: the sources are not installed as plain files.
+    """
+    from importlib.resources import files
+    from buildidd.errors import ProbeError
+    root = files("buildidd.bpf")
+    path = os.fspath(root) if isinstance(root, os.PathLike) else None
+    if path is None or not os.path.isfile(os.path.join(path, "buildidd.bpf.c")):
+        raise ProbeError(f"the BPF sources (package buildidd.bpf) are not installed as files: {root}")
+    return path
+
+
+BPF_DIR = bpf_dir()
+
+
+class EventType(enum.IntEnum):
+    """event_header.type (enum buildidd_event_type)."""
+
+    MAP = 1
+    EXEC = 2
+    FORK = 3
+    EXIT = 4
+    COMM = 5
+
+
+class MapOrigin(enum.IntEnum):
+    """map_event.origin (enum buildidd_map_origin): how the mapping came to be."""
+
+    MMAP = 1
+    MPROTECT = 2
+    EXEC_MAIN = 3
+    EXEC_INTERP = 4
+
+
+class DropCause(enum.IntEnum):
+    """Indexes of the BPF per-CPU "drops" counters (enum buildidd_drop_cause)."""
+
+    RINGBUF_FULL = 0
+    PENDING_FULL = 1
+    NO_VMA = 2
+    READ_FAILED = 3
+
+
+N_DROP_CAUSES = 4
+
+ID_KNOWN = 0x1
+PATH_TRUNCATED = 0x2
+PATH_UNREACHABLE = 0x4
+
+
+class EventHeader(ctypes.Structure):
+    """struct event_header of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),       # tgid
+        ("tid", ctypes.c_uint32),
+        ("_pad0", ctypes.c_uint32),
+        ("time_ns", ctypes.c_uint64),   # ns since boot (CLOCK_BOOTTIME)
+        ("comm", ctypes.c_char * COMM_LEN),
+    ]
+
+
+class FileId(ctypes.Structure):
+    """struct file_id of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("ino", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),       # bytes
+        ("mtime_sec", ctypes.c_int64),
+        ("mtime_nsec", ctypes.c_uint32),
+        ("dev", ctypes.c_uint32),        # kernel dev_t: MAJOR << 20 | MINOR
+        ("generation", ctypes.c_uint32),
+        ("nlink", ctypes.c_uint32),
+    ]
+
+
+class MapEvent(ctypes.Structure):
+    """struct map_event of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("hdr", EventHeader),
+        ("start", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("pgoff", ctypes.c_uint64),      # bytes
+        ("prot", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("origin", ctypes.c_uint32),
+        ("id_flags", ctypes.c_uint32),
+        ("file", FileId),
+        ("path_len", ctypes.c_uint16),
+        ("_pad1", ctypes.c_uint8 * 6),
+        ("path", ctypes.c_char * PATH_MAX),
+    ]
+
+
+class ExecEvent(ctypes.Structure):
+    """struct exec_event of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("hdr", EventHeader),
+        ("old_pid", ctypes.c_uint32),
+        ("id_flags", ctypes.c_uint32),
+        ("file", FileId),
+        ("path_len", ctypes.c_uint16),
+        ("_pad1", ctypes.c_uint8 * 6),
+        ("path", ctypes.c_char * PATH_MAX),
+    ]
+
+
+class TaskEvent(ctypes.Structure):
+    """struct task_event of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("hdr", EventHeader),
+        ("ppid", ctypes.c_uint32),
+        ("ptid", ctypes.c_uint32),
+    ]
+
+
+class KnownKey(ctypes.Structure):
+    """struct known_key of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("ino", ctypes.c_uint64),
+        ("dev", ctypes.c_uint32),
+        ("generation", ctypes.c_uint32),
+    ]
+
+
+class KnownValue(ctypes.Structure):
+    """struct known_value of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("size", ctypes.c_uint64),
+        ("mtime_sec", ctypes.c_int64),
+        ("mtime_nsec", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+    ]
+
+
+class DropTime(ctypes.Structure):
+    """struct drop_time of bpf/events.h (see the field comments there)."""
+    _fields_ = [("first_ns", ctypes.c_uint64), ("last_ns", ctypes.c_uint64)]
+
+
+#: Every wire struct, by its C name, for the layout test.
+WIRE_STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "event_header": EventHeader,
+    "file_id": FileId,
+    "map_event": MapEvent,
+    "exec_event": ExecEvent,
+    "task_event": TaskEvent,
+    "known_key": KnownKey,
+    "known_value": KnownValue,
+    "drop_time": DropTime,
+}
+
+
+# --- decoding ---------------------------------------------------------------
+# Decoding uses struct.Struct formats derived from the ctypes mirror above
+# (offsets checked by _check_formats at import), because unpack_from on bytes
+# is several times cheaper per event than ctypes.from_buffer_copy.
+
+
+_HDR = struct.Struct("<IIIIQ16s")
+_FILE = struct.Struct("<QQqIIII")
+_MAP_BODY = struct.Struct("<QQQIIII")
+_MAP_TAIL = struct.Struct("<H6x")
+_EXEC_BODY = struct.Struct("<II")
+_EXEC_HEAD = struct.Struct("<IIIIQ16sII")     # event_header, old_pid, id_flags: exec_head()
+
+_MAP_BODY_OFF = MapEvent.start.offset
+_MAP_FILE_OFF = MapEvent.file.offset
+_MAP_PLEN_OFF = MapEvent.path_len.offset
+_MAP_PATH_OFF = MapEvent.path.offset
+_EXEC_BODY_OFF = ExecEvent.old_pid.offset
+_EXEC_FILE_OFF = ExecEvent.file.offset
+_EXEC_PLEN_OFF = ExecEvent.path_len.offset
+_EXEC_PATH_OFF = ExecEvent.path.offset
+_TASK_BODY_OFF = TaskEvent.ppid.offset
+
+
+_FILE_KEY = struct.Struct("<QQqIII")
+#: A fork/exit/comm event in one unpack: header fields, ppid, ptid.
+TASK_EVENT = struct.Struct("<IIIIQ16sII")
+
+
+def _check_formats() -> None:
+    assert _HDR.size == ctypes.sizeof(EventHeader)
+    assert _FILE.size == ctypes.sizeof(FileId)
+    assert _MAP_FILE_OFF == _MAP_BODY_OFF + _MAP_BODY.size
+    assert _MAP_PLEN_OFF == _MAP_FILE_OFF + _FILE.size
+    assert _MAP_PATH_OFF == _MAP_PLEN_OFF + _MAP_TAIL.size
+    assert _EXEC_FILE_OFF == _EXEC_BODY_OFF + _EXEC_BODY.size
+    assert _EXEC_PATH_OFF == _EXEC_PLEN_OFF + _MAP_TAIL.size
+    assert _TASK_BODY_OFF == _HDR.size
+    assert _FILE_KEY.size == FileId.nlink.offset
+    assert TASK_EVENT.size == ctypes.sizeof(TaskEvent)
+    assert _EXEC_HEAD.size == _EXEC_FILE_OFF
+
+
+_check_formats()
+TASK_PPID_OFF = _TASK_BODY_OFF    #: offset of task_event.ppid in a raw record
+
+
+def exec_head(buf: bytes) -> tuple[int, int, int, str, int, str]:
+    """(pid, tid, time_ns, comm, old_pid, filename) of a raw EXEC record, its identity left raw.
+
+    Cheaper than decode() when the identity is only needed as a key
+    (exec_file_key).  Raises DecodeError as decode() does for a short record.
+    """
+    if len(buf) < _EXEC_PATH_OFF:
+        raise DecodeError(f"exec record of {len(buf)} bytes")
+    _t, pid, tid, _p, time_ns, comm, old_pid, _idf = _EXEC_HEAD.unpack_from(buf)
+    (plen,) = _MAP_TAIL.unpack_from(buf, _EXEC_PLEN_OFF)
+    path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
+    return pid, tid, time_ns, _comm(comm), old_pid, path
+
+
+def exec_file_key(buf: bytes) -> bytes:
+    """The identity key (see file_key) of a raw EXEC record's executable."""
+    return buf[_EXEC_FILE_OFF:_EXEC_FILE_OFF + _FILE_KEY.size]
+
+
+def file_key(ident: "Identity") -> bytes:
+    """The raw struct file_id bytes (without nlink) the kernel sends for ident: a cheap dict key."""
+    return _FILE_KEY.pack(ident.ino, ident.size, ident.mtime_ns // 1_000_000_000,
+                          ident.mtime_ns % 1_000_000_000, st_dev_to_kdev(ident.dev), ident.generation)
+
+
+def st_dev_to_kdev(dev: int) -> int:
+    """User-space st_dev → kernel dev_t (MAJOR << 20 | MINOR, include/linux/kdev_t.h)."""
+    return (os.major(dev) << 20) | os.minor(dev)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The identity of a file as the kernel's inode reported it.
+
+    Attributes:
+        dev: user-space st_dev (os.makedev of the kernel's MAJOR << 20 | MINOR).
+        ino: inode number (inode.i_ino).
+        generation: inode.i_generation; 0 where the file system has none.
+        size: bytes (inode.i_size).
+        mtime_ns: ns since the epoch (inode.i_mtime_sec * 10**9 + i_mtime_nsec).
+    """
+
+    dev: int
+    ino: int
+    generation: int
+    size: int
+    mtime_ns: int
+
+
+def kdev_to_st_dev(kdev: int) -> int:
+    """Kernel dev_t (MAJOR << 20 | MINOR, include/linux/kdev_t.h) → user-space st_dev."""
+    return os.makedev(kdev >> 20, kdev & 0xFFFFF)
+
+
+@dataclass(slots=True)
+class RawEvent:
+    """One decoded kernel event.
+
+    Attributes:
+        type: EventType.
+        pid: tgid; tid: task pid; time_ns: ns since boot; comm: text.
+        start, length, pgoff: bytes (MAP only); prot, flags: PROT_*/MAP_*.
+        origin: MapOrigin (MAP) or None.
+        identity: Identity of the mapped or executed file (MAP, EXEC) or None.
+        nlink: inode.i_nlink (0: the file was deleted) for MAP/EXEC.
+        id_flags: ID_KNOWN / PATH_TRUNCATED / PATH_UNREACHABLE bits.
+        path: file path in the task's mount namespace (MAP; "" when ID_KNOWN),
+            or linux_binprm.filename (EXEC).
+        old_pid: EXEC only.
+    """
+
+    type: int
+    pid: int
+    tid: int
+    time_ns: int
+    comm: str
+    start: int = 0
+    length: int = 0
+    pgoff: int = 0
+    prot: int = 0
+    flags: int = 0
+    origin: int | None = None
+    identity: Identity | None = None
+    nlink: int = 1
+    id_flags: int = 0
+    path: str = ""
+    old_pid: int = 0
+
+
+_comm_cache: dict[bytes, str] = {}
+
+
+def _comm(raw: bytes) -> str:
+    text = _comm_cache.get(raw)
+    if text is None:
+        text = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        if len(_comm_cache) < 4096:
+            _comm_cache[raw] = text
+    return text
+
+
+def _identity(buf: bytes, off: int) -> tuple[Identity, int]:
+    ino, size, msec, mnsec, kdev, gen, nlink = _FILE.unpack_from(buf, off)
+    return Identity(kdev_to_st_dev(kdev), ino, gen, size, msec * 1_000_000_000 + mnsec), nlink
+
+
+class DecodeError(ValueError):
+    """A ring-buffer record is shorter than its type requires or has an unknown type."""
+
+
+def decode(buf: bytes) -> RawEvent:
+    """Decode one MAP or EXEC ring-buffer record (bytes as submitted by the BPF side).
+
+    Fork, exit and comm records are flat: the recorder unpacks them with
+    TASK_EVENT directly.
+
+    Raises:
+        DecodeError: truncated record, or a type other than MAP and EXEC.
+    """
+    if len(buf) < _HDR.size:
+        raise DecodeError(f"record of {len(buf)} bytes is shorter than its header")
+    etype, pid, tid, _pad, time_ns, comm = _HDR.unpack_from(buf, 0)
+    if etype == EventType.MAP:
+        if len(buf) < _MAP_PATH_OFF:
+            raise DecodeError(f"map record of {len(buf)} bytes")
+        start, length, pgoff, prot, flags, origin, id_flags = _MAP_BODY.unpack_from(buf, _MAP_BODY_OFF)
+        ident, nlink = _identity(buf, _MAP_FILE_OFF)
+        (plen,) = _MAP_TAIL.unpack_from(buf, _MAP_PLEN_OFF)
+        path = buf[_MAP_PATH_OFF:_MAP_PATH_OFF + plen].decode("utf-8", "surrogateescape")
+        return RawEvent(etype, pid, tid, time_ns, _comm(comm), start, length, pgoff, prot, flags,
+                        origin, ident, nlink, id_flags, path)
+    if etype == EventType.EXEC:
+        if len(buf) < _EXEC_PATH_OFF:
+            raise DecodeError(f"exec record of {len(buf)} bytes")
+        old_pid, id_flags = _EXEC_BODY.unpack_from(buf, _EXEC_BODY_OFF)
+        ident, nlink = _identity(buf, _EXEC_FILE_OFF)
+        (plen,) = _MAP_TAIL.unpack_from(buf, _EXEC_PLEN_OFF)
+        path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
+        return RawEvent(etype, pid, tid, time_ns, _comm(comm), identity=ident, nlink=nlink,
+                        id_flags=id_flags, path=path, old_pid=old_pid)
+    raise DecodeError(f"event type {etype} is not decoded here (fork/exit/comm: unpack with TASK_EVENT)")

@@ -1,0 +1,335 @@
+"""The kernel side: compile bpf/buildidd.bpf.c with BCC, attach, drain the ring buffer.
+
+Kernel struct offsets come from BTF (:mod:`buildidd.btf`) and reach the C code as
+``-DOFF_<STRUCT>_<FIELD>=<bytes>``; the installed kernel headers are used only by
+BCC's compiler for its own boilerplate, never for a struct layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gzip
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from buildidd.kernel.btf import Btf
+from buildidd.errors import BtfError, ProbeError
+from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, Identity
+
+log = logging.getLogger(__name__)
+
+#: (macro, struct, dotted member path) for every kernel field the BPF side reads.
+KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("OFF_TASK_STRUCT_MM", "task_struct", "mm"),
+    ("OFF_TASK_STRUCT_TGID", "task_struct", "tgid"),
+    ("OFF_TASK_STRUCT_PID", "task_struct", "pid"),
+    ("OFF_TASK_STRUCT_COMM", "task_struct", "comm"),
+    ("OFF_TASK_STRUCT_EXIT_CODE", "task_struct", "exit_code"),
+    ("OFF_TASK_STRUCT_PERSONALITY", "task_struct", "personality"),
+    ("OFF_TASK_STRUCT_STACK", "task_struct", "stack"),
+    ("OFF_MM_STRUCT_MM_MT", "mm_struct", "mm_mt"),
+    ("OFF_MM_STRUCT_SAVED_AUXV", "mm_struct", "saved_auxv"),
+    ("OFF_MAPLE_TREE_MA_ROOT", "maple_tree", "ma_root"),
+    ("OFF_MAPLE_RANGE_64_PIVOT", "maple_node", "mr64.pivot"),
+    ("OFF_MAPLE_RANGE_64_SLOT", "maple_node", "mr64.slot"),
+    ("OFF_MAPLE_ARANGE_64_PIVOT", "maple_node", "ma64.pivot"),
+    ("OFF_MAPLE_ARANGE_64_SLOT", "maple_node", "ma64.slot"),
+    ("OFF_VM_AREA_STRUCT_VM_START", "vm_area_struct", "vm_start"),
+    ("OFF_VM_AREA_STRUCT_VM_END", "vm_area_struct", "vm_end"),
+    ("OFF_VM_AREA_STRUCT_VM_PGOFF", "vm_area_struct", "vm_pgoff"),
+    ("OFF_VM_AREA_STRUCT_VM_FILE", "vm_area_struct", "vm_file"),
+    ("OFF_VM_AREA_STRUCT_VM_FLAGS", "vm_area_struct", "vm_flags"),
+    ("OFF_FILE_F_INODE", "file", "f_inode"),
+    ("OFF_FILE_F_PATH_DENTRY", "file", "f_path.dentry"),
+    ("OFF_FILE_F_PATH_MNT", "file", "f_path.mnt"),
+    ("OFF_INODE_I_INO", "inode", "i_ino"),
+    ("OFF_INODE_I_SIZE", "inode", "i_size"),
+    ("OFF_INODE_I_GENERATION", "inode", "i_generation"),
+    ("OFF_INODE_I_NLINK", "inode", "i_nlink"),
+    ("OFF_INODE_I_SB", "inode", "i_sb"),
+    ("OFF_SUPER_BLOCK_S_DEV", "super_block", "s_dev"),
+    ("OFF_DENTRY_D_PARENT", "dentry", "d_parent"),
+    ("OFF_DENTRY_D_NAME_LEN", "dentry", "d_name.len"),
+    ("OFF_DENTRY_D_NAME_NAME", "dentry", "d_name.name"),
+    ("OFF_MOUNT_MNT", "mount", "mnt"),
+    ("OFF_MOUNT_MNT_PARENT", "mount", "mnt_parent"),
+    ("OFF_MOUNT_MNT_MOUNTPOINT", "mount", "mnt_mountpoint"),
+    ("OFF_VFSMOUNT_MNT_ROOT", "vfsmount", "mnt_root"),
+    ("OFF_LINUX_BINPRM_FILE", "linux_binprm", "file"),
+    ("OFF_LINUX_BINPRM_FILENAME", "linux_binprm", "filename"),
+)
+
+
+def kernel_config() -> dict[str, str]:
+    """The running kernel's build options (``CONFIG_X`` → value) from /proc/config.gz
+    or /boot/config-RELEASE; empty when neither is readable."""
+    release = os.uname().release
+    for path, opener in (("/proc/config.gz", gzip.open), (f"/boot/config-{release}", open)):
+        try:
+            with opener(path, "rt") as f:
+                return dict(line.rstrip("\n").split("=", 1) for line in f
+                            if line.startswith("CONFIG_") and "=" in line)
+        except OSError:
+            continue
+    return {}
+
+
+def syscall_regs_layout(btf: Btf, machine: str | None = None,
+                        config: dict[str, str] | None = None) -> dict[str, int]:
+    """Where sys_exit_mmap finds the call's saved user registers (x86_64 only; else {}).
+
+    task_pt_regs(task) is the struct pt_regs just below the top of the task's
+    kernel stack: task_struct.stack + THREAD_SIZE - TOP_OF_KERNEL_STACK_PADDING
+    - sizeof(struct pt_regs) (arch/x86/include/asm/{page_64_types,thread_info}.h:
+    THREAD_SIZE is 16 KiB, 32 KiB with KASAN; the padding is 16 bytes with
+    CONFIG_X86_FRED, else 0).  A wrong guess costs nothing but speed: the BPF
+    side trusts the registers only when orig_ax and ax match the call.
+    """
+    if (machine or os.uname().machine) != "x86_64":
+        return {}
+    config = kernel_config() if config is None else config
+    thread_size = 32768 if config.get("CONFIG_KASAN") == "y" else 16384
+    padding = 16 if config.get("CONFIG_X86_FRED") == "y" else 0
+    names = ("orig_ax", "ax", "dx")
+    out = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in names}
+    out["REGS_SPAN_BASE"], out["REGS_SPAN_LEN"] = field_span(btf, "pt_regs", names)
+    out["PT_REGS_OFFSET"] = thread_size - padding - btf.sizeof("pt_regs")
+    out["NR_MMAP"] = 9          # arch/x86/entry/syscalls/syscall_64.tbl
+    return out
+
+
+def field_span(btf: Btf, struct: str, fields: tuple[str, ...]) -> tuple[int, int]:
+    """``(base, length)`` in bytes, 8-aligned, of the smallest span of struct holding
+    every field: what one bpf_probe_read_kernel fetches (at most 256 bytes).
+
+    Raises:
+        BtfError: a field is missing, or the span is longer than 256 bytes.
+    """
+    starts = [btf.offsetof(struct, f) for f in fields]
+    ends = [o + btf.member_size(struct, f) for o, f in zip(starts, fields)]
+    base = min(starts) & ~7
+    length = (max(ends) - base + 7) & ~7
+    if length > 256:
+        raise BtfError(f"{struct} fields span {length} bytes; the BPF side reads at most 256 at once")
+    return base, length
+
+
+def kernel_layout(btf: Btf) -> dict[str, int]:
+    """Every macro the BPF program needs, from BTF: offsets (bytes), array lengths, enum values.
+
+    The inode mtime moved from ``i_mtime`` (struct timespec64) to
+    ``i_mtime_sec``/``i_mtime_nsec`` in Linux 6.7 (commit 3aa63a569c64); both are
+    handled.
+
+    Raises:
+        BtfError: a struct or member the BPF side needs is not in this kernel's BTF.
+    """
+    out = {macro: btf.offsetof(struct, path) for macro, struct, path in KERNEL_FIELDS}
+    mtime = ("i_mtime_sec", "i_mtime_nsec")
+    try:
+        btf.offsetof("inode", mtime[0])
+    except BtfError:
+        mtime = ("i_mtime.tv_sec", "i_mtime.tv_nsec")
+    out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", mtime[0])
+    out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", mtime[1])
+    # Fields the BPF side fetches together, each group with one probe read.
+    out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = field_span(
+        btf, "inode", ("i_ino", "i_size", "i_generation", "i_nlink", "i_sb") + mtime)
+    out["VMA_SPAN_BASE"], out["VMA_SPAN_LEN"] = field_span(
+        btf, "vm_area_struct", ("vm_start", "vm_end", "vm_flags", "vm_pgoff", "vm_file"))
+    out["MAPLE_NODE_SIZE"] = btf.sizeof("maple_node")
+    if out["MAPLE_NODE_SIZE"] != 256:
+        raise BtfError(f"struct maple_node is {out['MAPLE_NODE_SIZE']} bytes, not 256")
+    # task_struct.in_execve (a 1-bit field; absent before Linux 2.6.30): comm
+    # changes inside execve are not reported, the exec event carries the comm.
+    try:
+        bit, size = btf.bit_member("task_struct", "in_execve")
+        if size == 1:
+            out["IN_EXECVE_BIT"] = bit
+    except BtfError:
+        log.info("task_struct.in_execve not in BTF: execve's comm change is reported as a comm event too")
+    out.update(syscall_regs_layout(btf))
+    out["AUXV_LEN"] = btf.array_len("mm_struct", "saved_auxv")
+    out["MR64_NPIVOTS"] = btf.array_len("maple_range_64", "pivot")
+    out["MA64_NPIVOTS"] = btf.array_len("maple_arange_64", "pivot")
+    out["MAPLE_LEAF_64"] = btf.enum_value("maple_type", "maple_leaf_64")
+    out["MAPLE_RANGE_64"] = btf.enum_value("maple_type", "maple_range_64")
+    out["MAPLE_ARANGE_64"] = btf.enum_value("maple_type", "maple_arange_64")
+    if out["MR64_NPIVOTS"] > 16 or out["MA64_NPIVOTS"] > out["MR64_NPIVOTS"]:
+        raise BtfError(f"unexpected maple node layout: {out['MR64_NPIVOTS']}/{out['MA64_NPIVOTS']} pivots")
+    return out
+
+
+def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
+    """Mount tracefs at path when it is not mounted (BCC resolves syscall tracepoints there).
+
+    Raises:
+        ProbeError: the mount failed.
+    """
+    if os.path.exists(os.path.join(path, "events")):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"nodev", path.encode(), b"tracefs", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise ProbeError(f"cannot mount tracefs at {path}: {os.strerror(err)}")
+
+
+#: Ring buffers at most (bpf/buildidd.bpf.c declares events0..events7).
+MAX_RINGS = 8
+
+
+@dataclass
+class DropReport:
+    """Kernel-side drops since the previous report.
+
+    Attributes:
+        counts: cause name → events lost since the previous report.
+        first_ns, last_ns: ns since boot of the first and last drop in the
+            interval (0 when there was none).
+    """
+
+    counts: dict[str, int] = field(default_factory=dict)
+    first_ns: int = 0
+    last_ns: int = 0
+
+    @property
+    def total(self) -> int:
+        """Events dropped in the interval, all causes."""
+        return sum(self.counts.values())
+
+
+class Tracer:
+    """The loaded and attached BPF programs and their ring buffer.
+
+    Args:
+        ringbuf_bytes: total ring buffer memory, split into one ring per CPU
+            (at most MAX_RINGS), each a power-of-two number of pages.
+        known_ids_max: capacity of the kernel map of identities already resolved.
+
+    Raises:
+        ProbeError: BTF lacks a needed field, compilation, load or attach failed.
+    """
+
+    PROGRAMS = (
+        ("tracepoint", "syscalls:sys_exit_mmap"),
+        ("tracepoint", "syscalls:sys_enter_mprotect"),
+        ("tracepoint", "syscalls:sys_exit_mprotect"),
+        ("raw_tracepoint", "sched_process_exec"),
+        ("raw_tracepoint", "sched_process_fork"),
+        ("raw_tracepoint", "sched_process_exit"),
+        ("raw_tracepoint", "task_rename"),
+    )
+
+    def __init__(self, *, ringbuf_bytes: int = 16 << 20, known_ids_max: int = 65536,
+                 btf_path: str = "/sys/kernel/btf/vmlinux"):
+        t0 = time.monotonic()
+        try:
+            from bcc import BPF
+        except ImportError as e:
+            raise ProbeError("BCC (python3-bpfcc) is not importable; run scripts/setup") from e
+        self._BPF = BPF
+        ensure_tracefs()
+        btf = Btf.load(btf_path)
+        self.layout = kernel_layout(btf)
+        page = os.sysconf("SC_PAGE_SIZE")
+        self.nrings = max(1, min(MAX_RINGS, os.cpu_count() or 1))
+        pages = ringbuf_bytes // page // self.nrings
+        if pages < 1 or pages & (pages - 1):
+            raise ProbeError(f"ring buffer of {ringbuf_bytes} bytes does not split into {self.nrings} "
+                             f"rings of a power-of-two number of pages")
+        cflags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
+        cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}", f"-DKNOWN_IDS_MAX={known_ids_max}",
+                   f"-I{BPF_DIR}",
+                   "-Wno-unused-function"]
+        try:
+            self.bpf = BPF(src_file=os.path.join(BPF_DIR, "buildidd.bpf.c").encode(), cflags=cflags)
+        except Exception as e:  # BCC raises bare Exception on compile/load failure
+            raise ProbeError(f"BPF program failed to compile or load: {e}") from e
+        self.compile_s = time.monotonic() - t0
+        self._known = self.bpf[b"known_ids"]
+        self.known_ids_max = known_ids_max
+        self._known_count = 0
+        self.known_full = 0
+        self._drop_totals = [0] * N_DROP_CAUSES
+        #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
+        self.ring_maps = [(self.bpf[f"events{i}".encode()].map_fd, pages * page) for i in range(self.nrings)]
+        self._attach()
+        self.attach_s = time.monotonic() - t0 - self.compile_s
+
+    def _attach(self) -> None:
+        BPF = self._BPF
+        try:
+            tail = self.bpf.load_func(b"exec_vmas", BPF.RAW_TRACEPOINT)
+            self.bpf[b"exec_tail"][ctypes.c_int(0)] = ctypes.c_int(tail.fd)
+        except Exception as e:
+            raise ProbeError(f"cannot load exec_vmas: {e}") from e
+        for kind, name in self.PROGRAMS:
+            try:
+                if kind == "tracepoint":
+                    category, event = name.split(":")
+                    if not BPF.tracepoint_exists(category, event):
+                        raise ProbeError(f"tracepoint {name} does not exist on this kernel")
+                    # TRACEPOINT_PROBE(category, event) is attached by BCC on load.
+                else:
+                    self.bpf.attach_raw_tracepoint(tp=name.encode(), fn_name=f"on_{name}".encode())
+            except ProbeError:
+                raise
+            except Exception as e:
+                raise ProbeError(f"cannot attach {kind} {name}: {e}") from e
+
+    def drops(self) -> DropReport:
+        """Kernel-side drops since the previous call (counters summed over CPUs)."""
+        report = DropReport()
+        table = self.bpf[b"drops"]
+        for cause in DropCause:
+            total = sum(table[ctypes.c_int(cause)])
+            delta = total - self._drop_totals[cause]
+            if delta:
+                report.counts[cause.name.lower()] = delta
+                self._drop_totals[cause] = total
+        if report.counts:
+            times = self.bpf[b"drop_times"]
+            key = ctypes.c_int(0)
+            per_cpu = times[key]
+            firsts = [t.first_ns for t in per_cpu if t.first_ns]
+            report.first_ns = min(firsts) if firsts else 0
+            report.last_ns = max((t.last_ns for t in per_cpu), default=0)
+            times[key] = times.Leaf()  # Leaf is already the per-CPU array type
+        return report
+
+    def mark_known(self, ident: Identity, kdev: int) -> bool:
+        """Tell the kernel side this identity is resolved, so its events carry no path.
+
+        Args:
+            ident: the identity as decoded; kdev: its kernel dev_t.
+        Returns:
+            False when the map is full (counted in known_full; events then keep their path).
+        """
+        if self._known_count >= self.known_ids_max:
+            self.known_full += 1
+            return False
+        key = self._known.Key(ino=ident.ino, dev=kdev, generation=ident.generation)
+        val = self._known.Leaf(size=ident.size, mtime_sec=ident.mtime_ns // 1_000_000_000,
+                               mtime_nsec=ident.mtime_ns % 1_000_000_000)
+        try:
+            self._known[key] = val
+        except Exception:
+            self.known_full += 1
+            return False
+        self._known_count += 1
+        return True
+
+    def forget(self, ident: Identity, kdev: int) -> None:
+        """Remove an identity from the kernel's known_ids map (its events carry a path again)."""
+        key = self._known.Key(ino=ident.ino, dev=kdev, generation=ident.generation)
+        try:
+            del self._known[key]
+            self._known_count -= 1
+        except KeyError:
+            pass
+
+    def close(self) -> None:
+        """Detach and unload every program."""
+        self.bpf.cleanup()

@@ -1,0 +1,9 @@
+"""store: the build-id store, laid out as perf's build-id cache (~/.debug).
+
+``.build-id/xx/rest`` relative links to ``<path>/<build-id>/elf`` (plus
+``debug``, ``probes``, kallsyms and modules for the kernel), filled by atomic,
+verified copies; a quota; and the snapshotter that copies each binary the
+first time its build-id is seen.
+
+May import: resolve, kernel, and the shared modules; never sessionlog.
+"""

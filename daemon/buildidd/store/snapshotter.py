@@ -1,0 +1,236 @@
+"""Snapshots: copy each newly met binary into the build-id store, off the event path.
+
+The recorder hands over every build-id it resolves for the first time, with a
+duplicate of the descriptor it read the build-id from when it has one (the
+exact mapped inode, which stays readable even if the file is deleted or
+replaced before the copy).  One worker thread copies, rate-limited in bytes/s,
+binaries whose path no longer names the mapped inode first: that is the moment
+they can still be saved.  Retention of sessions and the store quota are
+enforced by the same thread, never deleting what a retained session references.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from buildidd.resolve import procfs
+from buildidd.errors import StoreError
+from buildidd.kernel.events import Identity
+from buildidd.kernel.sched import make_current_thread_idle
+from buildidd.store.store import Store, enforce_retention, session_build_ids
+
+log = logging.getLogger(__name__)
+
+
+class TokenBucket:
+    """Limits a byte stream to rate_bytes_per_s (burst: one second's worth); 0 = unlimited."""
+
+    def __init__(self, rate_bytes_per_s: int):
+        self.rate = rate_bytes_per_s
+        self.tokens = float(rate_bytes_per_s)
+        self.t = time.monotonic()
+
+    def __call__(self, nbytes: int) -> None:
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        self.tokens = min(self.rate, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        self.tokens -= nbytes
+        if self.tokens < 0:
+            time.sleep(-self.tokens / self.rate)
+
+
+class Snapshotter:
+    """The snapshot worker thread and its queue.
+
+    Args:
+        store: the Store to fill.
+        rate_bytes_per_s: copy bandwidth limit (0: unlimited).
+        max_queue: jobs kept; more are dropped and counted (``dropped``).
+        max_fds: duplicated descriptors held by queued jobs at most; beyond
+            it, jobs keep only path + identity.
+        session_root, current_session: for retention (None disables it).
+        retention_max_age_s, retention_max_total_bytes: session retention policy.
+        housekeeping_interval_s: how often retention and quota run.
+    """
+
+    def __init__(self, store: Store, *, rate_bytes_per_s: int = 50 << 20, max_queue: int = 8192,
+                 max_fds: int = 256, session_root: str | os.PathLike | None = None,
+                 current_session: str | os.PathLike | None = None,
+                 retention_max_age_s: float | None = None, retention_max_total_bytes: int | None = None,
+                 housekeeping_interval_s: float = 600.0):
+        self.store = store
+        self.store.throttle = TokenBucket(rate_bytes_per_s)
+        self.max_queue = max_queue
+        self.max_fds = max_fds
+        self.session_root = Path(session_root) if session_root else None
+        self.current_session = Path(current_session) if current_session else None
+        self.retention_max_age_s = retention_max_age_s
+        self.retention_max_total_bytes = retention_max_total_bytes
+        self.housekeeping_interval_s = housekeeping_interval_s
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._fds = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._seen: set[str] = set()          # build-ids submitted this session
+        self._session_ids: dict[str, set[str]] = {}   # closed session name → its build-ids
+        self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
+                      "gone": 0, "retention_removed": 0, "quota_removed": 0}
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="buildidd-snapshot", daemon=True)
+
+    # -- producer side (the recorder's thread) -----------------------------
+    def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
+        """Queue a copy of the file with build_id (first sighting only); fd is dup'ed if given."""
+        if build_id in self._seen:
+            return
+        urgent = False
+        if path.startswith("/"):
+            try:
+                st = os.stat(path)
+                urgent = ident is not None and (st.st_dev, st.st_ino) != (ident.dev, ident.ino)
+            except (OSError, ValueError):
+                urgent = True     # the path names nothing now: deleted (or memfd)
+        else:
+            urgent = True
+        dup = None
+        with self._cv:
+            if len(self._heap) >= self.max_queue:
+                self.stats["dropped"] += 1
+                return
+            if fd is not None and self._fds < self.max_fds:
+                try:
+                    dup = os.dup(fd)
+                    self._fds += 1
+                except OSError:
+                    dup = None
+            self._seen.add(build_id)
+            if urgent:
+                self.stats["urgent"] += 1
+            heapq.heappush(self._heap, (0 if urgent else 1, next(self._seq), build_id, path, ident, dup))
+            self._cv.notify()
+
+    def queued(self) -> int:
+        """Jobs waiting."""
+        return len(self._heap)
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Finish the queue (up to drain_timeout_s), then stop the thread and close held fds."""
+        deadline = time.monotonic() + drain_timeout_s
+        while self._heap and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.05)
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        with self._cv:
+            for job in self._heap:
+                if job[5] is not None:
+                    os.close(job[5])
+            self._heap.clear()
+
+    def status(self) -> dict:
+        """Counters for `buildidd status`."""
+        return {**self.stats, "queued": len(self._heap), "store_bytes": self.store.size_bytes(),
+                "quota_bytes": self.store.quota_bytes, "store": str(self.store.root),
+                "last_error": self.last_error}
+
+    # -- the worker --------------------------------------------------------
+    def _run(self) -> None:
+        make_current_thread_idle()
+        next_housekeeping = time.monotonic()
+        while True:
+            with self._cv:
+                while not self._heap and not self._stop:
+                    self._cv.wait(timeout=max(0.1, next_housekeeping - time.monotonic()))
+                    if time.monotonic() >= next_housekeeping:
+                        break
+                if self._stop:
+                    return
+                job = heapq.heappop(self._heap) if self._heap else None
+            if job is not None:
+                held = job[5] is not None
+                if held:
+                    with self._cv:
+                        self._fds = max(0, self._fds - 1)
+                self._copy(*job[2:])
+            if time.monotonic() >= next_housekeeping:
+                next_housekeeping = time.monotonic() + self.housekeeping_interval_s
+                self.housekeeping()
+
+    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
+        try:
+            if self.store.contains(build_id):
+                self.store.touch(build_id)
+                self.stats["already_present"] += 1
+                return
+            if fd is None:
+                fd = self._open_by_path(path, ident)
+                if fd is None:
+                    self.stats["gone"] += 1
+                    return
+            self.store.add_from_fd(fd, path, build_id, identity=ident)
+            self.stats["stored"] += 1
+        except StoreError as e:
+            self.stats["failed"] += 1
+            self.last_error = str(e)
+            log.warning("snapshot of %s (%s) failed: %s", path, build_id, e)
+        except OSError as e:
+            self.stats["failed"] += 1
+            self.last_error = f"{path}: {e}"
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    @staticmethod
+    def _open_by_path(path: str, ident: Identity | None) -> int | None:
+        try:
+            fd = procfs.open_path(path)
+        except (OSError, ValueError):
+            return None
+        try:
+            if ident is not None and procfs.mismatch(ident, procfs.identity_of(fd, ident.generation != 0)):
+                os.close(fd)
+                return None
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
+    def housekeeping(self) -> None:
+        """Session retention, then the store quota, protecting every build-id a kept session references."""
+        try:
+            keep = {self.current_session} if self.current_session else set()
+            if self.session_root is not None and self.session_root.is_dir():
+                removed = enforce_retention(self.session_root, max_age_s=self.retention_max_age_s,
+                                            max_total_bytes=self.retention_max_total_bytes,
+                                            keep={p for p in keep})
+                self.stats["retention_removed"] += len(removed)
+            protected = set(self._seen)
+            if self.session_root is not None and self.session_root.is_dir():
+                for sdir in self.session_root.iterdir():
+                    if not sdir.is_dir() or (self.current_session and sdir == self.current_session):
+                        continue
+                    ids = self._session_ids.get(sdir.name)
+                    if ids is None:
+                        ids = self._session_ids[sdir.name] = session_build_ids(sdir)
+                    protected |= ids
+            removed_ids = self.store.enforce_quota(protected)
+            self.stats["quota_removed"] += len(removed_ids)
+        except Exception as e:   # housekeeping must never kill the worker
+            self.last_error = f"housekeeping: {e}"
+            log.warning("housekeeping failed: %s", e)

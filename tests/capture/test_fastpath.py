@@ -1,0 +1,327 @@
+"""The C fast path (_fastpath.c) records exactly what the Python path records.
+
+Raw records are built from the ctypes mirror of bpf/events.h and fed to two
+Recorders, one with the fast path and one with every record through
+_slow_record; the session-log lines must be byte-identical and the counters
+equal.  The ring reader is checked on a ring laid out as the kernel lays it out.
+"""
+
+import os
+import random
+import struct
+
+import pytest
+
+from buildidd.capture import _fastpath
+from buildidd.config import Config
+from buildidd.capture.recorder import Recorder
+from buildidd.kernel.events import EventType, ExecEvent, MapEvent, TaskEvent, file_key, st_dev_to_kdev
+from buildidd.resolve.procfs import identity_of
+
+from conftest import gcc, readelf_build_id
+
+COMMS = [b"bash", b"", b'q"uote', b"back\\slash", b"\xff\xfeinvalid", b"sixteen-bytes-xx", b"tab\tnl\n",
+         b"\xc3\xa9t\xc3\xa9"]
+
+
+class FakeTracer:
+    """Stands in for the BPF side: hands step() prepared records."""
+
+    known_full = 0
+    fill = 0.0
+
+    def __init__(self):
+        self.batch: list[bytes] = []
+
+    def drain(self):
+        out, self.batch = self.batch, []
+        return out
+
+    def mark_known(self, ident, kdev):
+        pass
+
+    def forget(self, ident, kdev):
+        pass
+
+
+def _recorder(tmp_path, name, fast):
+    rec = Recorder(Config(session_root=str(tmp_path / name), store_root=""))
+    rec.tracer = rec.rings = FakeTracer()
+    rec._next_drop_check = float("inf")
+    if not fast:
+        rec._run_fast = None
+    return rec
+
+
+def _file_id(fid, ident, nlink):
+    fid.ino, fid.size = ident.ino, ident.size
+    fid.mtime_sec, fid.mtime_nsec = divmod(ident.mtime_ns, 1_000_000_000)
+    fid.dev, fid.generation, fid.nlink = st_dev_to_kdev(ident.dev), ident.generation, nlink
+
+
+def _hdr(ev, etype, pid, tid, time_ns, comm):
+    ev.hdr.type, ev.hdr.pid, ev.hdr.tid, ev.hdr.time_ns, ev.hdr.comm = etype, pid, tid, time_ns, comm
+
+
+def map_raw(rng, ident, *, pid, tid, time_ns, comm, path=b"", origin=None, nlink=1):
+    ev = MapEvent()
+    _hdr(ev, EventType.MAP, pid, tid, time_ns, comm)
+    ev.start = rng.choice([0x7F0000000000 + rng.randrange(1 << 30) * 4096, (1 << 64) - 4096])
+    ev.len = rng.choice([4096, 1 << 21, (1 << 64) - 1])
+    ev.pgoff = rng.randrange(1 << 40)
+    ev.prot, ev.flags = rng.choice([5, 7, 4]), rng.choice([2, 1, 0x812])
+    ev.origin = origin if origin is not None else rng.choice([0, 1, 2, 3, 4, 5, 99])
+    _file_id(ev.file, ident, nlink)
+    ev.path_len = len(path)
+    ev.path = path
+    return bytes(ev)[:MapEvent.path.offset + len(path)]
+
+
+def task_raw(etype, *, pid, tid, time_ns, comm, a, b):
+    ev = TaskEvent()
+    _hdr(ev, etype, pid, tid, time_ns, comm)
+    ev.ppid, ev.ptid = a, b
+    return bytes(ev)
+
+
+def exec_raw(ident, *, pid, tid, time_ns, comm, path):
+    ev = ExecEvent()
+    _hdr(ev, EventType.EXEC, pid, tid, time_ns, comm)
+    ev.old_pid = tid
+    _file_id(ev.file, ident, 1)
+    ev.path_len = len(path)
+    ev.path = path
+    return bytes(ev)[:ExecEvent.path.offset + len(path)]
+
+
+@pytest.fixture
+def elfs(tmp_path):
+    """Identities of three files: with a build-id, without one, and one that no longer exists."""
+    src = "int main(void) { return 0; }\n"
+    with_id = gcc(src, tmp_path / "with_id", "-Wl,--build-id=sha1")
+    without = gcc(src, tmp_path / "without_id", "-Wl,--build-id=none")
+    assert readelf_build_id(with_id) and readelf_build_id(without) is None
+    out = {}
+    for p in (with_id, without):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            out[str(p).encode()] = identity_of(fd)
+        finally:
+            os.close(fd)
+    gone = gcc(src, tmp_path / "gone")
+    fd = os.open(gone, os.O_RDONLY)
+    out[str(gone).encode()] = identity_of(fd)
+    os.close(fd)
+    os.unlink(gone)
+    return out
+
+
+def _workload(rng, elfs, n):
+    """Batches of raw records, every record type, well-formed and not; and how many need Python."""
+    me = os.getpid()
+    paths = list(elfs)
+    t = 10**9
+    batches = [[map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t, comm=b"first", path=p, origin=1)
+                for p in paths]]
+    batch = []
+    gone = paths[-1]
+    n_python = len(paths)
+    for _ in range(n):
+        t += rng.randrange(1, 10**6)
+        pid = rng.choice([me, 1, 4242, (1 << 32) - 1])
+        tid = rng.choice([pid, pid + 1])
+        comm = rng.choice(COMMS)
+        p = rng.choice(paths)
+        kind = rng.random()
+        if kind < 0.70:
+            batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm,
+                                 nlink=rng.choice([1, 1, 0])))
+            n_python += p == gone        # no final answer: never on the fast path
+        elif kind < 0.85:
+            etype = rng.choice([EventType.FORK, EventType.EXIT, EventType.COMM])
+            batch.append(task_raw(etype, pid=pid, tid=tid, time_ns=t, comm=comm,
+                                  a=rng.randrange(1 << 32), b=rng.randrange(1 << 32)))
+        elif kind < 0.88:       # an exec, then the mapping of its executable from that tid
+            name = p + rng.choice([b"", b"", b"\xff", b'"q\\'])   # execve's filename: any bytes
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=name))
+            batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, origin=3))
+            n_python += p == gone            # held in C; a mapping with no final answer is Python's
+        elif kind < 0.885:      # two execs from one tid before a mapping: the second is Python's
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=p))
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, path=p))
+            batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 2, comm=comm, origin=3))
+            n_python += 1 + (p == gone)
+        elif kind < 0.90:       # the kernel sent the path after all: the known one
+            batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm, path=p))
+            n_python += p == gone
+        elif kind < 0.91:       # ... or another name of the file (a hard link, a rename)
+            batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm,
+                                 path=p + rng.choice([b".link", b"\xff"])))
+            n_python += 1
+        elif kind < 0.93:       # malformed: short, unknown type, short task record
+            batch.append(rng.choice([b"\x01\x00\x00\x00" + bytes(30), b"\x09" + bytes(60),
+                                     b"\x03\x00\x00\x00" + bytes(30), b"\x01"]))
+            n_python += 1
+        else:
+            batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm, origin=1))
+            n_python += p == gone
+        if rng.random() < 0.01:
+            batches.append(batch)
+            batch = []
+    batches.append(batch)
+    return batches, n_python
+
+
+def test_fast_path_lines_and_counters_equal_the_python_path(tmp_path, elfs):
+    rng = random.Random(5)
+    batches, n_python = _workload(rng, elfs, 20000)
+    fast, slow = _recorder(tmp_path, "fast", True), _recorder(tmp_path, "slow", False)
+    slow_calls = 0
+    orig = fast._slow_record
+
+    def counting(raw):
+        nonlocal slow_calls
+        slow_calls += 1
+        orig(raw)
+
+    fast._slow_record = counting
+    for batch in batches:
+        for rec in (fast, slow):
+            rec.tracer.batch = list(batch)
+            rec.step()
+    assert fast._pending_lines == slow._pending_lines
+    assert fast.summary() == slow.summary()
+    assert fast._live == slow._live
+    # The fast path did the work: only the records that need Python reached it.
+    assert slow_calls == n_python
+    assert n_python < sum(map(len, batches)) * 0.4
+    s = fast.summary()
+    assert s["events"]["mmap"] > 10000 and s["events"]["fork"] > 500 and s["events"]["exec"] > 300
+    assert s["decode_errors"] > 50
+    assert s["build_ids_resolved"] > 3000 and s["build_ids_missing"]["no_build_id"] > 3000
+    assert any(b'"deleted":true' in line for line in fast._pending_lines)
+    assert any(b'"comm":"q\\"uote"' in line for line in fast._pending_lines)
+
+
+def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
+    rng = random.Random(1)
+    rec = _recorder(tmp_path, "r", True)
+    p = next(iter(elfs))
+    known = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=1, comm=b"c", path=p, origin=1)
+    rec.tracer.batch = [known]
+    rec.step()
+    plain = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", origin=1)
+    fork = task_raw(EventType.FORK, pid=2, tid=2, time_ns=3, comm=b"c", a=1, b=1)
+    renamed = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", path=p + b".new", origin=1)
+    raws = [plain, fork, known, renamed, plain, b"\x09" + bytes(60)]
+    lines = []
+    args = (rec._fast, {}, {}, {}, lambda raw: b'"x"', (b"mmap",) * 5, {}, lines, 0, {}, lambda raw: b'"p"')
+    assert _fastpath.run(raws, 0, *args)[:4] == (3, 2, 2, 1)          # stops at another path
+    assert _fastpath.run(raws, 4, *args)[0] == 5                      # stops at the unknown type
+    assert len(lines) == 4
+    held = {1: (None, 0, b"another file".ljust(36), b"{")}
+    assert _fastpath.run([plain], 0, rec._fast, held, *args[2:])[0] == 0   # its tid holds another exec
+    ex = exec_raw(elfs[p], pid=1, tid=1, time_ns=4, comm=b"c", path=b"/x")
+    assert _fastpath.run([ex, ex], 0, rec._fast, held, *args[2:])[0] == 0   # tid 1 holds an exec
+    held = {}
+    assert _fastpath.run([ex, ex], 0, rec._fast, held, *args[2:])[0] == 1   # held; the second is Python's
+    assert held[1][0] is ex and held[1][2] == file_key(elfs[p]) and held[1][3].endswith(b'"filename":"p",')
+    assert _fastpath.run([ex[:-1]], 0, rec._fast, {}, *args[2:])[0] == 0   # filename past the end
+    unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c")
+    assert _fastpath.run([unknown], 0, *args)[0] == 0
+    assert file_key(elfs[p]) in rec._fast
+
+
+def _ring(records, size=4096, busy_at=None, discard=()):
+    """A ring buffer laid out as kernel/bpf/ringbuf.c lays it out, in two bytearrays."""
+    page = 4096
+    cons = bytearray(page)
+    data = bytearray(page + 2 * size)
+    pos = 0
+    for k, rec in enumerate(records):
+        length = len(rec) | (1 << 31 if k == busy_at else 0) | (1 << 30 if k in discard else 0)
+        frame = struct.pack("<II", length, 0) + rec
+        for j, byte in enumerate(frame):        # the data area is mapped twice in a row
+            off = (pos + j) % size
+            data[page + off] = data[page + size + off] = byte
+        pos += (len(rec) + 8 + 7) & ~7
+    struct.pack_into("<Q", data, 0, pos)
+    return cons, data, page, size - 1
+
+
+def test_read_ring_reads_records_in_order_and_advances_the_consumer():
+    recs = [bytes([k]) * (20 + k) for k in range(6)]
+    cons, data, page, mask = _ring(recs, discard={2})
+    out = []
+    end = struct.unpack_from("<Q", data)[0]
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (5, end)
+    assert out == [r for k, r in enumerate(recs) if k != 2]
+    assert struct.unpack_from("<Q", cons)[0] == end
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (0, 0)
+
+
+def test_read_ring_stops_at_a_record_being_written_and_wraps():
+    recs = [bytes([k]) * 1000 for k in range(6)]       # 6 x 1008 bytes
+    cons, data, page, mask = _ring(recs, size=8192, busy_at=4)
+    out = []
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (4, 4 * 1008)
+    assert struct.unpack_from("<Q", cons)[0] == 4 * 1008
+    # Records 2 and 3 (bytes 3024..6048 of a 4096-byte ring): record 2 wraps,
+    # and is read whole from the second mapping of the data area.
+    recs = [bytes([k]) * 1500 for k in range(4)]
+    cons, data, page, mask = _ring(recs, size=4096)
+    struct.pack_into("<Q", cons, 0, 2 * 1512)
+    out = []
+    assert _fastpath.read_ring(cons, data, page, mask, out) == (2, 2 * 1512)
+    assert out == recs[2:]
+
+
+def test_read_ring_rejects_a_record_longer_than_the_ring():
+    cons, data, page, mask = _ring([b"x" * 100])
+    struct.pack_into("<I", data, page, 1 << 20)
+    with pytest.raises(ValueError):
+        _fastpath.read_ring(cons, data, page, mask, [])
+    with pytest.raises(ValueError):
+        _fastpath.read_ring(cons, data[:100], page, mask, [])
+
+
+def test_sort_by_time_merges_runs_stably():
+    def rec(t, tag):
+        return bytes(16) + struct.pack("<Q", t) + tag
+
+    raws = [rec(5, b"a"), rec(1, b"b"), rec(5, b"c"), rec(0, b"d"), rec(1, b"e"), b"short"]
+    _fastpath.sort_by_time(raws)
+    assert [r[24:] for r in raws] == [b"d", b"", b"b", b"e", b"a", b"c"]   # "short": time 0, last
+    # Rings' runs (each ascending, with ties across and within them), and random input.
+    rng = random.Random(3)
+    for nruns in (1, 2, 3, 8, 500):
+        raws = []
+        for k in range(nruns):
+            t = 0
+            for j in range(rng.randrange(0, 300)):
+                t += rng.choice([0, 0, 1, 5])
+                raws.append(rec(t, b"%d.%d" % (k, j)))
+        want = sorted(raws, key=lambda r: r[16:24][::-1])      # Python's sort: stable
+        _fastpath.sort_by_time(raws)
+        assert raws == want
+    with pytest.raises(TypeError):
+        _fastpath.sort_by_time([b"x", "not bytes"])
+
+
+def test_configure_rejects_a_template_it_cannot_fill():
+    from buildidd.sessionlog.records import COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FORK_LINE, MMAP_LINE
+
+    with pytest.raises(ValueError):
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, b'{"comm":%s}', EXEC_LINE, EXEC_PREFIX)
+    with pytest.raises(ValueError):
+        _fastpath.configure(MMAP_LINE + b"%x", FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX)
+    with pytest.raises(ValueError):
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, b"%s%d", EXEC_PREFIX)
+    with pytest.raises(ValueError):
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX + b"%s")
+    # A rejected set leaves the templates in use untouched.
+    lines = []
+    comm = task_raw(EventType.COMM, pid=7, tid=8, time_ns=9, comm=b"x", a=0, b=0)
+    assert _fastpath.run([comm], 0, {}, {}, {}, {}, lambda raw: b'"x"', (b"mmap",), {}, lines,
+                         0, {}, lambda raw: b'"p"')[0] == 1
+    assert lines == [COMM_LINE % (9, 7, 8, b'"x"')]

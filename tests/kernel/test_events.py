@@ -1,0 +1,34 @@
+"""bpf/events.h and its ctypes mirror agree, field by field (sizes and offsets from gcc)."""
+
+import ctypes
+import subprocess
+
+from buildidd.kernel.events import BPF_DIR, WIRE_STRUCTS
+
+from conftest import gcc
+
+
+def _fields(cls, prefix=""):
+    for name, ctype in cls._fields_:
+        yield prefix + name, getattr(cls, name).offset, ctypes.sizeof(ctype)
+
+
+def test_every_wire_struct_matches_the_c_header(tmp_path):
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "events.h"', "int main(void) {"]
+    expected = {}
+    for cname, cls in WIRE_STRUCTS.items():
+        lines.append(f'printf("{cname} 0 %zu\\n", sizeof(struct {cname}));')
+        expected[cname] = (0, ctypes.sizeof(cls))
+        for field, off, size in _fields(cls):
+            lines.append(f'printf("{cname}.{field} %zu %zu\\n", offsetof(struct {cname}, {field}),'
+                         f' sizeof(((struct {cname} *)0)->{field}));')
+            expected[f"{cname}.{field}"] = (off, size)
+    lines += ["return 0; }"]
+    exe = gcc("\n".join(lines), tmp_path / "layout", f"-I{BPF_DIR}")
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    got = {}
+    for line in out.splitlines():
+        key, off, size = line.split()
+        got[key] = (int(off), int(size))
+    assert got == expected
+    assert len(got) > 40

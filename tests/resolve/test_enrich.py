@@ -1,0 +1,96 @@
+"""Enrichment without BPF: identity-checked routes, reasons, the bounded identity cache."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from buildidd.resolve.enrich import Enricher
+from buildidd.kernel.events import EventType, MapOrigin, RawEvent
+from buildidd.resolve.procfs import identity_of, parse_maps_line
+
+from conftest import gcc, readelf_build_id
+
+
+def _event(path, ident, pid=999999999, nlink=1):
+    # A pid that does not exist: map_files and /proc/PID/root fail, like a process that exited.
+    return RawEvent(EventType.MAP, pid, pid, 1, "t", 0x1000, 0x1000, 0, 5, 2, MapOrigin.MMAP, ident, nlink, 0, str(path))
+
+
+def _ident(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return identity_of(fd)
+    finally:
+        os.close(fd)
+
+
+def test_path_route_accepts_only_the_same_identity(tmp_path):
+    a = gcc("int main(void){return 0;}\n", tmp_path / "a", "-Wl,--build-id=sha1")
+    b = gcc("int main(void){return 1;}\n", tmp_path / "b", "-Wl,--build-id=sha1")
+    ident = _ident(a)
+    e = Enricher()
+    res = e.resolve(_event(a, ident))
+    assert res.build_id == readelf_build_id(a) and res.source == "path" and res.error is None
+    # Replace a by b (rename over): an event with a's old identity must not get b's build-id.
+    shutil.copy(b, tmp_path / "b2")
+    os.rename(tmp_path / "b2", a)
+    e2 = Enricher()
+    res = e2.resolve(_event(a, ident))
+    assert res.build_id is None and res.error == "file_replaced"
+    os.unlink(a)
+    res = Enricher().resolve(_event(a, ident))
+    assert res.build_id is None and res.error == "file_vanished"
+    res = Enricher().resolve(_event(a, ident, nlink=0))
+    assert res.error == "file_deleted"
+
+
+def test_reasons_for_non_elf_and_no_note(tmp_path):
+    txt = tmp_path / "x.txt"
+    txt.write_text("hello\n")
+    none = gcc("int main(void){return 0;}\n", tmp_path / "n", "-Wl,--build-id=none")
+    e = Enricher()
+    assert e.resolve(_event(txt, _ident(txt))).error == "not_elf"
+    assert e.resolve(_event(none, _ident(none))).error == "no_build_id"
+
+
+def test_cache_is_bounded_and_hits(tmp_path):
+    evicted = []
+    e = Enricher(cache_entries=16, on_evicted=evicted.append)
+    files = []
+    for i in range(20):
+        f = tmp_path / f"f{i}"
+        f.write_bytes(b"\x7fELF" + bytes([i]) * 60)
+        files.append((f, _ident(f)))
+    for f, ident in files:
+        e.resolve(_event(f, ident))
+    assert len(e.cache) == 16 and len(evicted) == 4
+    f, ident = files[-1]
+    hits = e.hits
+    e.resolve(_event(f, ident))
+    assert e.hits == hits + 1
+
+
+def test_maps_line_parsing():
+    m = parse_maps_line("7f0000000000-7f0000001000 r-xp 00002000 fe:01 1234   /usr/lib/x (deleted)\n")
+    assert (m.start, m.end, m.offset, m.ino, m.path, m.deleted, m.prot) == (
+        0x7F0000000000, 0x7F0000001000, 0x2000, 1234, "/usr/lib/x", True, 5)
+    assert m.dev == os.makedev(0xFE, 0x01)
+    assert parse_maps_line("garbage") is None
+    assert parse_maps_line("zz-yy r-xp 0 0:0 0") is None
+
+
+def test_anonymous_devices_compare_equal_but_real_ones_do_not():
+    from buildidd.kernel.events import Identity
+    from buildidd.resolve.procfs import mismatch
+    a = Identity(os.makedev(0, 40), 5, 0, 10, 99)
+    assert mismatch(a, Identity(os.makedev(0, 51), 5, 0, 10, 99)) is None       # btrfs subvolume anon_dev
+    assert mismatch(a, Identity(os.makedev(254, 1), 5, 0, 10, 99)) == "other_inode"
+    assert mismatch(a, Identity(os.makedev(0, 40), 6, 0, 10, 99)) == "other_inode"
+    assert mismatch(a, Identity(os.makedev(0, 40), 5, 0, 11, 99)) == "modified"
+
+
+def test_a_path_with_a_nul_byte_gets_a_reason_not_an_exception(tmp_path):
+    f = gcc("int main(void){return 0;}\n", tmp_path / "a", "-Wl,--build-id=sha1")
+    res = Enricher().resolve(_event(str(f) + "\0junk", _ident(f)))
+    assert res.build_id is None and res.error == "file_vanished"

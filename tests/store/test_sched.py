@@ -1,0 +1,28 @@
+"""Background threads run in SCHED_IDLE and the idle I/O class (real threads, read back from the kernel)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+from buildidd.store.snapshotter import Snapshotter
+from buildidd.store.store import Store
+
+
+def test_snapshot_thread_is_idle_for_cpu_and_io(tmp_path):
+    snap = Snapshotter(Store(tmp_path / "store", debug_root=tmp_path / "no-debug"), housekeeping_interval_s=3600)
+    snap.start()
+    try:
+        tid = snap._thread.native_id
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and os.sched_getscheduler(tid) != os.SCHED_IDLE:
+            time.sleep(0.01)
+        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        assert psutil.Process(tid).ionice().ioclass == psutil.IOPRIO_CLASS_IDLE
+        # The caller's own thread is untouched.
+        assert os.sched_getscheduler(0) != os.SCHED_IDLE
+        assert psutil.Process().ionice().ioclass != psutil.IOPRIO_CLASS_IDLE
+    finally:
+        snap.stop()
