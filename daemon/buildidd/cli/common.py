@@ -55,3 +55,23 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     """--socket and --timeout of the commands that talk to the daemon."""
     p.add_argument("--socket", default=configmod.Config.control_socket, help="control socket (default %(default)s)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon")
+
+
+def add_roots_options(p: argparse.ArgumentParser) -> None:
+    """--config, --session-root, --store-root: the options every offline verb shares with ``run``."""
+    p.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
+                   help="TOML configuration file (default %(default)s; absent is fine)")
+    p.add_argument("--session-root", help="directory of session directories "
+                   f"(default from the config: {configmod.Config.session_root})")
+    p.add_argument("--store-root", help="build-id store "
+                   f"(default from the config: {configmod.Config.store_root})")
+
+
+def roots_from_args(args) -> configmod.Config:
+    """The Config of an offline verb: the config file, then --session-root/--store-root.
+
+    Raises:
+        ConfigError: the config file is invalid (or named and absent).
+    """
+    cfg = configmod.load(args.config, required=args.config != configmod.DEFAULT_CONFIG_PATH)
+    return cfg.replace(session_root=args.session_root, store_root=args.store_root)

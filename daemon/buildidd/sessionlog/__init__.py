@@ -5,4 +5,11 @@ fsync policy and the compression of closed segments (log), the reader that
 tolerates torn lines and old formats, and retention of old sessions.
 
 May import: resolve, kernel, and the shared modules; never store.
+
+The names below are the session log's public API (other stages import them
+from ``buildidd.sessionlog``, never from its modules).
 """
+
+from buildidd.sessionlog.log import SEGMENT_GLOB, SessionWriter, list_segments, read_session
+
+__all__ = ["SEGMENT_GLOB", "SessionWriter", "list_segments", "read_session"]
