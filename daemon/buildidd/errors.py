@@ -8,7 +8,33 @@ failures are counted by the stage that met them and never stop the pipeline.
 
 
 class BuildiddError(Exception):
-    """Base class of every error buildidd raises on purpose."""
+    """Base class of every error buildidd raises on purpose.
+
+    Attributes:
+        exit_code: the ``buildidd`` command's exit status when this error ends
+            it (README "Exit status"): 1 failure, 2 usage, 3 daemon not
+            running, 4 permission denied.
+    """
+
+    exit_code = 1
+
+
+class UsageError(BuildiddError):
+    """A command-line argument is malformed (exit status 2, as argparse's)."""
+
+    exit_code = 2
+
+
+class NotRunningError(BuildiddError):
+    """No daemon answers on the control socket (exit status 3, as ``systemctl status`` of an inactive unit)."""
+
+    exit_code = 3
+
+
+class PrivilegeError(BuildiddError):
+    """The caller lacks a capability or a permission the command needs (exit status 4)."""
+
+    exit_code = 4
 
 
 class ConfigError(BuildiddError):
