@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from buildidd.config import Config, load
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+from buildidd.config import Config, load, parse_duration, parse_size, render_toml
 from buildidd.errors import ConfigError
 from perfcompare import compare, parse_perf_script
 
@@ -22,6 +27,65 @@ def test_config_file(tmp_path):
         f.write_text(bad)
         with pytest.raises(ConfigError):
             load(str(f))
+
+
+def test_unknown_key_is_named(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('segment_max_byte = "64M"\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'segment_max_byte'"):
+        load(str(f))
+
+
+def test_sizes_and_durations_with_units_in_the_config_file(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('segment_max_bytes = "64M"\nstore_quota_bytes = "1.5G"\nringbuf_bytes = 8388608\n'
+                 'session_max_age_s = "7d"\nsegment_max_age_s = "1h30min"\nsnapshot_rate_bytes_per_s = "10M"\n')
+    cfg = load(str(f))
+    assert cfg.segment_max_bytes == 64 << 20 and cfg.store_quota_bytes == 3 << 29 and cfg.ringbuf_bytes == 8 << 20
+    assert cfg.session_max_age_s == 7 * 86400.0 and cfg.segment_max_age_s == 5400.0
+    assert cfg.snapshot_rate_bytes_per_s == 10 << 20
+    for bad in ('segment_max_bytes = "64X"\n', 'segment_max_bytes = "-1M"\n', 'segment_max_age_s = "soon"\n',
+                'store_quota_bytes = -5\n', 'segment_max_bytes = "0.3K"\n'):
+        f.write_text(bad)
+        with pytest.raises(ConfigError, match=bad.split(" ")[0]):
+            load(str(f))
+
+
+@pytest.mark.parametrize("text,size", [("4096", 4096), ("64M", 64 << 20), ("64m", 64 << 20), ("1G", 1 << 30),
+                                       ("512KiB", 512 << 10), ("2MB", 2 << 20), (" 8K ", 8192), ("1.5K", 1536),
+                                       (100, 100)])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "M", "64Q", "-1", "1.1", "0x10", "1" * 100, True, None])
+def test_parse_size_refuses(text):
+    with pytest.raises(ConfigError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90.0), ("1.5s", 1.5), ("5min", 300.0), ("2m", 120.0),
+                                          ("1h30min", 5400.0), ("30d", 2592000.0), ("250ms", 0.25), (3, 3.0)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "h", "5 parsecs", "-1h", "1h-", None])
+def test_parse_duration_refuses(text):
+    with pytest.raises(ConfigError):
+        parse_duration(text)
+
+
+def test_shipped_config_documents_every_key_with_the_codes_default(tmp_path):
+    shipped = (Path(__file__).resolve().parents[1] / "systemd" / "buildidd.toml").read_text()
+    assert shipped == render_toml(), "systemd/buildidd.toml is stale: run scripts/gen-config"
+    # Every key appears, documented with its unit, and uncommented gives exactly the defaults.
+    for f in dataclasses.fields(Config):
+        assert re.search(rf"^# {f.name} \({re.escape(f.metadata['unit'])}\): ", shipped, re.M), f.name
+    uncommented = re.sub(r"^#(\w+ = )", r"\1", shipped, flags=re.M)
+    assert set(tomllib.loads(uncommented)) == {f.name for f in dataclasses.fields(Config)}
+    (tmp_path / "all.toml").write_text(uncommented)
+    assert load(str(tmp_path / "all.toml"), required=True) == Config()
 
 
 PERF_OUT = """\
