@@ -17,13 +17,8 @@ import pytest
 import zstandard
 
 from buildidd.errors import SessionLogError
-from buildidd.sessionlog.log import (
-    MAX_LINE_BYTES,
-    SEGMENT_GLOB,
-    SessionWriter,
-    list_segments,
-    read_session,
-)
+from buildidd.sessionlog import SEGMENT_GLOB, SessionWriter, list_segments, read_session
+from buildidd.sessionlog.segments import MAX_LINE_BYTES
 
 
 # -- helpers ------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """sessionlog: the session log, one JSON record per line, in rotating segments.
 
 Record templates and their JSON form (records), the writer with rotation and
-fsync policy and the compression of closed segments (log), the reader that
-tolerates torn lines and old formats, and retention of old sessions.
+fsync policy (writer), the segment files and their layout (segments), the
+compression of closed segments (compress), the reader that tolerates torn
+lines and old formats (reader), and retention of old sessions.
 
 May import: resolve, kernel, and the shared modules; never store.
 
@@ -10,6 +11,8 @@ The names below are the session log's public API (other stages import them
 from ``buildidd.sessionlog``, never from its modules).
 """
 
-from buildidd.sessionlog.log import SEGMENT_GLOB, SessionWriter, list_segments, read_session
+from buildidd.sessionlog.reader import list_segments, read_session
+from buildidd.sessionlog.segments import SEGMENT_GLOB
+from buildidd.sessionlog.writer import SessionWriter
 
 __all__ = ["SEGMENT_GLOB", "SessionWriter", "list_segments", "read_session"]

@@ -1,0 +1,117 @@
+"""Compression of closed segments, on one background thread per writer.
+
+Closing a segment (the writer): terminate a torn last line with ``b"\\n"``,
+``fsync``, close.  Then, here: compress into ``….jsonl.zst.tmp`` (one zstd
+frame with checksum), ``fsync``, ``rename`` to ``….jsonl.zst``, ``fsync`` the
+directory, unlink the ``.jsonl``.  A crash at any point leaves either the
+``.jsonl`` alone, or the ``.jsonl`` next to a ``.zst.tmp`` or a complete
+``.zst``: the reader then reads the ``.jsonl`` and ignores the rest, so no
+record is read twice.  A segment that cannot be compressed stays a readable
+``.jsonl`` and is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from pathlib import Path
+
+import zstandard
+
+from buildidd.kernel.sched import make_current_thread_idle
+from buildidd.sessionlog.segments import FILE_MODE, READ_CHUNK_BYTES, fsync_dir
+
+__all__ = ["SegmentCompressor"]
+
+log = logging.getLogger(__name__)
+
+
+class SegmentCompressor:
+    """Compresses the closed segments of one session directory, in order.
+
+    The thread starts at the first :meth:`submit` and runs at idle priority
+    (:func:`~buildidd.kernel.sched.make_current_thread_idle`), so ``submit``
+    never waits for compression.
+
+    Args:
+        directory: the session directory (``fsync``-ed after each rename).
+        zstd_level: zstd compression level (1-22; the writer checks it).
+    """
+
+    def __init__(self, directory: Path, zstd_level: int):
+        self._dir = directory
+        self._zstd_level = zstd_level
+        self._queue: queue.Queue[Path | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        # Changed by the compression thread, under self._counter_lock.
+        self._counter_lock = threading.Lock()
+        self._segments_compressed = 0
+        self._compress_errors = 0
+
+    def submit(self, path: Path) -> None:
+        """Queue the closed ``.jsonl`` segment ``path`` for compression."""
+        if self._worker is None:
+            self._worker = threading.Thread(
+                target=self._compress_loop, name="buildidd-sessionlog-zstd", daemon=True
+            )
+            self._worker.start()
+        self._queue.put(path)
+
+    def close(self) -> None:
+        """Wait until every submitted segment is compressed (or has failed)."""
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """``(segments_compressed, compress_errors)``, a consistent snapshot."""
+        with self._counter_lock:
+            return self._segments_compressed, self._compress_errors
+
+    def _compress_loop(self) -> None:
+        make_current_thread_idle()
+        while (path := self._queue.get()) is not None:
+            try:
+                self._compress_segment(path)
+            except Exception:
+                # One segment that cannot be compressed must not stop the
+                # compression of the next ones; its .jsonl stays readable.
+                with self._counter_lock:
+                    self._compress_errors += 1
+                log.exception("%s: compression failed", path)
+
+    def _compress_segment(self, path: Path) -> None:
+        """Compress a closed segment; on failure keep the ``.jsonl`` and count it."""
+        zst = path.with_name(path.name + ".zst")
+        tmp = path.with_name(path.name + ".zst.tmp")
+        try:
+            cctx = zstandard.ZstdCompressor(level=self._zstd_level, write_checksum=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            with open(path, "rb") as src, open(fd, "wb") as dst:
+                with cctx.stream_writer(dst, closefd=False) as zw:
+                    last = b"\n"
+                    while chunk := src.read(READ_CHUNK_BYTES):
+                        zw.write(chunk)
+                        last = chunk[-1:]
+                    if last != b"\n":
+                        # A torn tail the writer could not terminate (disk full).
+                        zw.write(b"\n")
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.rename(tmp, zst)
+            fsync_dir(self._dir)
+            os.unlink(path)
+        except (OSError, zstandard.ZstdError) as e:
+            with self._counter_lock:
+                self._compress_errors += 1
+            log.warning("%s: compression failed, keeping it uncompressed: %s", path, e)
+            try:
+                tmp.unlink(missing_ok=True)  # absent: failed before creating it, or after the rename
+            except OSError as e2:
+                log.warning("%s: cannot remove: %s", tmp, e2.strerror)
+            return
+        with self._counter_lock:
+            self._segments_compressed += 1

@@ -1,0 +1,169 @@
+"""Segments on disk: names, modes, the line limit, and the open segment's file.
+
+On-disk layout of one session directory (mode ``0o750``, files ``0o640``)::
+
+    segment-000000.jsonl.zst     closed segment, one zstd frame with checksum
+    segment-000001.jsonl.zst
+    segment-000002.jsonl         the open segment (or a closed one whose
+                                 compression failed or was cut by a crash)
+    segment-000001.jsonl.zst.tmp compression in progress (never read)
+
+A segment is a sequence of lines, each one JSON object terminated by
+``b"\\n"``.  Segment numbers start at 0 and have no gaps; readers order by the
+number.  The writer (:mod:`.writer`) appends to the open segment, the
+compressor (:mod:`.compress`) turns closed ones into ``.jsonl.zst``, the
+reader (:mod:`.reader`) reads both.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentFile", "SegmentStats", "fsync_dir"]
+
+log = logging.getLogger(__name__)
+
+#: Glob matching every file a writer creates in a session directory: open and
+#: closed segments and in-progress ``.zst.tmp`` files.  Use
+#: :func:`~.reader.list_segments` for the set of segments to read.
+SEGMENT_GLOB = "segment-[0-9]*.jsonl*"
+
+#: Longest accepted line in bytes, without its ``b"\\n"``.  The writer refuses
+#: longer records; the reader skips longer lines as corrupt, which bounds its
+#: memory.
+MAX_LINE_BYTES = 1 << 20
+
+#: A readable segment's name: group 1 its number, group 2 ``.zst`` when compressed.
+SEGMENT_RE = re.compile(r"segment-(\d{6,})\.jsonl(\.zst)?")
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+#: Bytes read per call from a ``.jsonl`` segment, and from a ``.zst`` segment
+#: while compressing it.
+READ_CHUNK_BYTES = 256 << 10
+
+
+def segment_name(number: int) -> str:
+    """The open (uncompressed) segment's file name for segment ``number``."""
+    return f"segment-{number:06d}.jsonl"
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that entries created, renamed or removed in it persist."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class SegmentStats:
+    """The open segment of a :class:`~.writer.SessionWriter`.
+
+    Attributes:
+        number: segment number, 0 for the first segment of the session.
+        path: the segment's ``.jsonl`` file.
+        size_bytes: bytes written to the file by this writer, including the
+            accepted part of a failed batch.
+        records: records of fully written batches.
+        started_s: ``clock()`` value in seconds when the segment's first byte
+            was written; ``None`` while the segment is empty.
+        tail_complete: ``False`` when the file ends in a partial line left by a
+            failed write; the next write starts with ``b"\\n"``.
+    """
+
+    number: int
+    path: Path
+    size_bytes: int = 0
+    records: int = 0
+    started_s: float | None = None
+    tail_complete: bool = True
+
+
+class SegmentFile:
+    """The open segment: its file descriptor and its :class:`SegmentStats`.
+
+    Used by one writer under its lock; every byte the kernel accepts is
+    accounted in ``stats.size_bytes``, also when a later part of a write fails.
+    """
+
+    __slots__ = ("fd", "stats")
+
+    def __init__(self, fd: int, stats: SegmentStats):
+        self.fd = fd
+        self.stats = stats
+
+    @classmethod
+    def create(cls, directory: Path, number: int) -> SegmentFile:
+        """Create segment ``number`` in ``directory`` (``O_EXCL``, append-only, ``0o640``).
+
+        Raises:
+            OSError: the file exists or cannot be created.
+        """
+        path = directory / segment_name(number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
+                     FILE_MODE)
+        return cls(fd, SegmentStats(number=number, path=path))
+
+    def write_all(self, data: bytes, clock: Callable[[], float]) -> None:
+        """Write ``data`` at the end of the segment, looping on short writes.
+
+        Bytes the kernel accepted are accounted even when a later part fails,
+        and ``stats.tail_complete`` tells whether they end a line;
+        ``stats.started_s`` is set from ``clock()`` at the first byte.
+
+        Raises:
+            OSError: a write failed (ENOSPC, EIO, ...) or accepted no bytes;
+                ``args`` as the failing call's, the accepted prefix accounted.
+        """
+        stats = self.stats
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(data):
+                n = os.write(self.fd, view[written:])
+                if n == 0:
+                    raise OSError(errno.EIO, "write accepted no bytes")
+                if stats.started_s is None:
+                    stats.started_s = clock()
+                written += n
+        finally:
+            if written:
+                stats.size_bytes += written
+                stats.tail_complete = data[written - 1] == 0x0A
+
+    def close(self) -> None:
+        """Terminate a torn last line with ``b"\\n"``, ``fsync`` and close.
+
+        The descriptor is closed whatever happens.  A torn line that cannot be
+        terminated is only logged: the compressor terminates it inside the
+        ``.zst`` instead, and an uncompressed segment keeps it (readers skip it).
+
+        Raises:
+            OSError: ``fsync`` or ``close`` failed (the first of the two errors).
+        """
+        stats = self.stats
+        if not stats.tail_complete:
+            try:
+                os.write(self.fd, b"\n")
+                stats.size_bytes += 1
+                stats.tail_complete = True
+            except OSError as e:
+                log.warning("%s: cannot terminate torn last line: %s", stats.path, e.strerror)
+        error: OSError | None = None
+        try:
+            os.fsync(self.fd)
+        except OSError as e:
+            error = e
+        try:
+            os.close(self.fd)
+        except OSError as e:
+            error = error or e
+        if error is not None:
+            raise error
