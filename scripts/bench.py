@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE / "workloads"))
 import build  # noqa: E402
 
 from perfcompare import PerfRecorder, compare  # noqa: E402
-from buildidd.sessionlog.log import read_session  # noqa: E402
+from buildidd.sessionlog import read_session  # noqa: E402
 
 PY = sys.executable
 

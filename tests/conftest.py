@@ -85,7 +85,7 @@ def recorder(bpf, tmp_path):
 
 
 def session_records(session_dir) -> list[dict]:
-    from buildidd.sessionlog.log import read_session
+    from buildidd.sessionlog import read_session
 
     return list(read_session(session_dir))
 

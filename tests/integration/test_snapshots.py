@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import time
 
-from buildidd.sessionlog.log import SessionWriter
+from buildidd.sessionlog import SessionWriter
 from buildidd.store.snapshotter import Snapshotter
 from buildidd.store.store import Store
 

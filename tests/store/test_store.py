@@ -24,7 +24,7 @@ from buildidd.resolve.buildid import read_build_id
 from buildidd.errors import StoreError
 from buildidd.resolve.host import kernel_build_id
 from buildidd.resolve.procfs import identity_of
-from buildidd.sessionlog.log import SessionWriter
+from buildidd.sessionlog import SessionWriter
 from buildidd.store.store import (
     COPY_CHUNK_BYTES,
     KALLSYMS_DSO,

@@ -34,7 +34,7 @@ from buildidd.kernel.events import (PATH_TRUNCATED, PATH_UNREACHABLE, TASK_EVENT
 from buildidd.resolve.procfs import Source
 from buildidd.sessionlog.records import (COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FORK_LINE, MMAP_LINE, ORIGIN_NAMES, RECOVERED,
                       SYNTHESIZED, dict_line, exec_line, exec_prefix, mmap_line, mmap_tail, res_tail, task_line)
-from buildidd.sessionlog.log import SessionWriter
+from buildidd.sessionlog import SessionWriter
 from buildidd.capture.rings import Rings
 from buildidd.kernel.tracer import Tracer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from buildidd.cli.common import add_session_options, config_from_args
 from buildidd.errors import BuildiddError
-from buildidd.sessionlog.log import read_session
+from buildidd.sessionlog import read_session
 
 log = logging.getLogger("buildidd")
 

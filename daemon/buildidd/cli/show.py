@@ -9,7 +9,7 @@ import time
 from buildidd import clock
 from buildidd import config as configmod
 from buildidd.cli.common import resolve_session
-from buildidd.sessionlog.log import read_session
+from buildidd.sessionlog import read_session
 
 
 def _fmt(r: dict, offset_ns: int | None) -> str:
