@@ -74,3 +74,7 @@ class StoreError(BuildiddError):
 
 class ProtocolError(BuildiddError):
     """A control-socket request is malformed, too large or unknown."""
+
+
+class AnalysisError(BuildiddError):
+    """A session cannot be replayed, symbolized or exported, or a query (address, time) is malformed."""
