@@ -53,10 +53,12 @@ class ElfError(BuildiddError):
     """A file could not yield a build-id because of its contents.
 
     Attributes:
-        reason: a short stable token recorded in the session's ``error`` field:
-            ``"not_elf"`` (no ELF magic), ``"malformed_elf"`` (headers or notes
-            out of bounds or inconsistent), ``"unsupported_elf"`` (a class or
-            byte order the reader does not handle).
+        reason: a short stable token recorded in the session's ``error`` field,
+            a :class:`buildidd.resolve.reasons.MissReason` (a ``str`` enum;
+            this shared module imports no stage, hence ``str`` here):
+            ``NOT_ELF`` (no ELF magic), ``MALFORMED_ELF`` (headers or notes
+            out of bounds or inconsistent), ``UNSUPPORTED_ELF`` (a class or
+            byte order the reader does not handle, or a cap reached).
     """
 
     def __init__(self, reason: str, message: str):
@@ -78,3 +80,19 @@ class ProtocolError(BuildiddError):
 
 class AnalysisError(BuildiddError):
     """A session cannot be replayed, symbolized or exported, or a query (address, time) is malformed."""
+
+
+class ArchiveError(BuildiddError):
+    """A session archive cannot be written, or is refused on import (malformed or hostile).
+
+    Attributes:
+        reason: a short stable token naming the check that failed
+            (``"absolute_path"``, ``"dotdot"``, ``"symlink_escape"``,
+            ``"hard_link"``, ``"device"``, ``"fifo"``, ``"build_id_mismatch"``,
+            ``"too_large"``, ``"too_many_members"``, ``"zstd_bomb"``, ...; the
+            importer's docstring lists them all).
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{message} [{reason}]")
+        self.reason = reason
