@@ -96,3 +96,7 @@ class ArchiveError(BuildiddError):
     def __init__(self, reason: str, message: str):
         super().__init__(f"{message} [{reason}]")
         self.reason = reason
+
+
+class ServeError(BuildiddError):
+    """``buildidd serve`` cannot start (address, token, TLS, store), or ``pull`` cannot fetch from a serve."""
