@@ -18,6 +18,7 @@ reader (:mod:`.reader`) reads both.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import logging
 import os
 import re
@@ -25,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentFile", "SegmentStats", "fsync_dir"]
+from buildidd.errors import SessionLogError
+
+__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentFile", "SegmentStats", "create_session_dir", "fsync_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,28 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def create_session_dir(directory: Path) -> None:
+    """Create the session directory (mode ``0o750`` less the umask, parents
+    too) or adopt an empty one; ``fsync`` its parent when it was created.
+
+    Raises:
+        SessionLogError: the directory cannot be created or read, or already
+            holds segments (a session directory is never reused).
+    """
+    try:
+        existed = directory.is_dir()
+        os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+        if not existed:
+            fsync_dir(directory.parent)
+        present = sorted(n for n in os.listdir(directory) if fnmatch.fnmatchcase(n, SEGMENT_GLOB))
+    except OSError as e:
+        raise SessionLogError(f"{directory}: cannot create session directory: {e.strerror}") from e
+    if present:
+        raise SessionLogError(
+            f"{directory}: already holds segments ({present[0]}, ...); a session directory is not reused"
+        )
 
 
 @dataclass
@@ -104,11 +129,14 @@ class SegmentFile:
         """Create segment ``number`` in ``directory`` (``O_EXCL``, append-only, ``0o640``).
 
         Raises:
-            OSError: the file exists or cannot be created.
+            SessionLogError: the file exists or cannot be created.
         """
         path = directory / segment_name(number)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
-                     FILE_MODE)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
+                         FILE_MODE)
+        except OSError as e:
+            raise SessionLogError(f"{path}: cannot create segment: {e.strerror}") from e
         return cls(fd, SegmentStats(number=number, path=path))
 
     def write_all(self, data: bytes, clock: Callable[[], float]) -> None:
@@ -119,8 +147,8 @@ class SegmentFile:
         ``stats.started_s`` is set from ``clock()`` at the first byte.
 
         Raises:
-            OSError: a write failed (ENOSPC, EIO, ...) or accepted no bytes;
-                ``args`` as the failing call's, the accepted prefix accounted.
+            SessionLogError: a write failed (ENOSPC, EIO, ...) or accepted no
+                bytes; the accepted prefix is accounted.
         """
         stats = self.stats
         view = memoryview(data)
@@ -133,10 +161,24 @@ class SegmentFile:
                 if stats.started_s is None:
                     stats.started_s = clock()
                 written += n
+        except OSError as e:
+            raise SessionLogError(
+                f"{stats.path}: write failed after {written} of {len(data)} bytes: {e.strerror}"
+            ) from e
         finally:
             if written:
                 stats.size_bytes += written
                 stats.tail_complete = data[written - 1] == 0x0A
+
+    def discard(self) -> None:
+        """Close and remove the segment, which holds nothing (left by a failed
+        first write).  Failure is only logged: an empty ``.jsonl`` is a valid
+        segment, harmless if left."""
+        try:
+            os.close(self.fd)
+            self.stats.path.unlink()
+        except OSError as e:
+            log.warning("%s: cannot remove empty segment: %s", self.stats.path, e.strerror)
 
     def close(self) -> None:
         """Terminate a torn last line with ``b"\\n"``, ``fsync`` and close.

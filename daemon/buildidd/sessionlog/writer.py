@@ -29,14 +29,13 @@ may lose the open segment's unsynced tail.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import zstandard
@@ -44,12 +43,43 @@ import zstandard
 from buildidd.errors import SessionLogError
 from buildidd.sessionlog.compress import SegmentCompressor
 from buildidd.sessionlog.segments import (
-    DIR_MODE, MAX_LINE_BYTES, SEGMENT_GLOB, SegmentFile, SegmentStats, fsync_dir,
+    MAX_LINE_BYTES, SEGMENT_GLOB, SegmentFile, SegmentStats, create_session_dir, fsync_dir,
 )
 
 __all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentStats", "SessionWriter"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RotationLimits:
+    """When the writer closes the open segment, checked before each batch.
+
+    Attributes:
+        max_segment_bytes: the segment holds at least this many bytes (it can
+            exceed it by one batch).
+        max_segment_age_s: its first byte was written at least this many
+            seconds ago, by the writer's clock.
+
+    Raises:
+        ValueError: a limit is not positive.
+    """
+
+    max_segment_bytes: int
+    max_segment_age_s: float
+
+    def __post_init__(self) -> None:
+        if self.max_segment_bytes <= 0:
+            raise ValueError(f"max_segment_bytes must be > 0, got {self.max_segment_bytes}")
+        if self.max_segment_age_s <= 0:
+            raise ValueError(f"max_segment_age_s must be > 0, got {self.max_segment_age_s}")
+
+    def due(self, stats: SegmentStats, clock: Callable[[], float]) -> bool:
+        """Whether the non-empty segment ``stats`` is to be closed now (``clock()`` in seconds)."""
+        return stats.size_bytes > 0 and (
+            stats.size_bytes >= self.max_segment_bytes
+            or clock() - stats.started_s >= self.max_segment_age_s
+        )
 
 
 class SessionWriter:
@@ -91,30 +121,12 @@ class SessionWriter:
                 already holds segments (a session directory is never reused).
             ValueError: a size, age or level out of range.
         """
-        if max_segment_bytes <= 0:
-            raise ValueError(f"max_segment_bytes must be > 0, got {max_segment_bytes}")
-        if max_segment_age_s <= 0:
-            raise ValueError(f"max_segment_age_s must be > 0, got {max_segment_age_s}")
+        self._limits = RotationLimits(max_segment_bytes, max_segment_age_s)
         if compress and not 1 <= zstd_level <= zstandard.MAX_COMPRESSION_LEVEL:
             raise ValueError(f"zstd_level must be in 1..{zstandard.MAX_COMPRESSION_LEVEL}, got {zstd_level}")
         self._dir = Path(directory)
-        self._max_segment_bytes = max_segment_bytes
-        self._max_segment_age_s = max_segment_age_s
         self._clock = clock
-
-        try:
-            existed = self._dir.is_dir()
-            os.makedirs(self._dir, mode=DIR_MODE, exist_ok=True)
-            if not existed:
-                fsync_dir(self._dir.parent)
-            present = sorted(n for n in os.listdir(self._dir) if fnmatch.fnmatchcase(n, SEGMENT_GLOB))
-        except OSError as e:
-            raise SessionLogError(f"{self._dir}: cannot create session directory: {e.strerror}") from e
-        if present:
-            raise SessionLogError(
-                f"{self._dir}: already holds segments ({present[0]}, ...); a session directory is not reused"
-            )
-
+        create_session_dir(self._dir)
         self._lock = threading.Lock()
         self._closed = False
         self._next_number = 0
@@ -129,12 +141,14 @@ class SessionWriter:
     # -- writing ---------------------------------------------------------
 
     def set_limits(self, max_segment_bytes: int, max_segment_age_s: float) -> None:
-        """Change the rotation limits (bytes, seconds); they apply from the next write."""
-        if max_segment_bytes <= 0 or max_segment_age_s <= 0:
-            raise ValueError("rotation limits must be positive")
+        """Change the rotation limits (bytes, seconds); they apply from the next write.
+
+        Raises:
+            ValueError: a limit is not positive.
+        """
+        limits = RotationLimits(max_segment_bytes, max_segment_age_s)
         with self._lock:
-            self._max_segment_bytes = max_segment_bytes
-            self._max_segment_age_s = max_segment_age_s
+            self._limits = limits
 
     def write_lines(self, lines: Sequence[bytes], *, trusted: bool = False) -> None:
         """Append already-encoded records as one batch.
@@ -144,10 +158,9 @@ class SessionWriter:
                 :data:`MAX_LINE_BYTES` bytes.  The batch is written as
                 ``b"\\n".join(lines) + b"\\n"`` with one ``os.write`` (looping
                 only on a short write), into one segment.
-
-        trusted: the caller guarantees the line rules (its records are
-            JSON-encoded, so no raw newline, and bounded), so the per-byte
-            checks are skipped; they cost ~1 µs per record on the hot path.
+            trusted: the caller guarantees the line rules (its records are
+                JSON-encoded, so no raw newline, and bounded), so the per-byte
+                checks are skipped; they cost ~1 µs per record on the hot path.
 
         Rotates first when the open segment holds at least
         ``max_segment_bytes`` bytes or is ``max_segment_age_s`` seconds old.
@@ -174,11 +187,7 @@ class SessionWriter:
         with self._lock:
             if self._closed:
                 raise SessionLogError(f"{self._dir}: session writer is closed")
-            stats = self._segment.stats if self._segment is not None else None
-            if stats is not None and stats.size_bytes > 0 and (
-                stats.size_bytes >= self._max_segment_bytes
-                or self._clock() - stats.started_s >= self._max_segment_age_s
-            ):
+            if self._segment is not None and self._limits.due(self._segment.stats, self._clock):
                 self._close_segment()  # raises SessionLogError, counted
             if self._segment is None:
                 self._open_segment()  # raises SessionLogError, counted
@@ -203,21 +212,18 @@ class SessionWriter:
         before = segment.stats.size_bytes
         try:
             segment.write_all(data, self._clock)
-        except OSError as e:
+        except SessionLogError:
             self._write_errors += 1
-            written = segment.stats.size_bytes - before
-            raise SessionLogError(
-                f"{segment.stats.path}: write failed after {written} of {len(data)} bytes: {e.strerror}"
-            ) from e
+            raise
         finally:
             self._bytes_written += segment.stats.size_bytes - before
 
     def _open_segment(self) -> None:
         try:
             self._segment = SegmentFile.create(self._dir, self._next_number)
-        except OSError as e:
+        except SessionLogError:
             self._write_errors += 1
-            raise SessionLogError(f"{e.filename}: cannot create segment: {e.strerror}") from e
+            raise
 
     # -- closing ---------------------------------------------------------
 
@@ -282,12 +288,7 @@ class SessionWriter:
             segment = self._segment
             if segment is not None and segment.stats.size_bytes == 0:
                 self._segment = None
-                try:
-                    os.close(segment.fd)
-                    segment.stats.path.unlink()
-                except OSError as e:
-                    # An empty .jsonl is a valid segment: harmless if left.
-                    log.warning("%s: cannot remove empty segment: %s", segment.stats.path, e.strerror)
+                segment.discard()
             elif segment is not None:
                 try:
                     self._close_segment()
