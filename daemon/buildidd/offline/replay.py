@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from buildidd.errors import BuildiddError
+from buildidd.errors import AnalysisError
 from buildidd.sessionlog import read_session
 
 #: A lookup that misses in a forked child continues in its parent, at most this
@@ -52,10 +52,6 @@ from buildidd.sessionlog import read_session
 MAX_FORK_HOPS = 4096
 
 _EV_MMAP, _EV_EXEC, _EV_FORK, _EV_EXIT, _EV_COMM = range(5)
-
-
-class ReplayError(BuildiddError):
-    """A session cannot be replayed, or a query (time, address) is malformed."""
 
 
 class Dso(NamedTuple):
@@ -376,13 +372,13 @@ def parse_address(text: str) -> int:
     """An address in hex, with or without ``0x`` (``7f12ab``, ``0x7f12ab``) → int.
 
     Raises:
-        ReplayError: not hex, or beyond 64 bits.
+        AnalysisError: not hex, or beyond 64 bits.
     """
     s = text.strip().lower()
     if s.startswith("0x"):
         s = s[2:]
     if not s or len(s) > 16 or not all(c in "0123456789abcdef" for c in s):
-        raise ReplayError(f"not a 64-bit hex address: {text!r}")
+        raise AnalysisError(f"not a 64-bit hex address: {text!r}")
     return int(s, 16)
 
 
@@ -400,7 +396,7 @@ def parse_time(text: str, boot_to_wall_offset_ns: int | None) -> int:
             epoch minus boot ns); needed for a wall-clock time.
 
     Raises:
-        ReplayError: neither form, or a wall-clock time and no offset.
+        AnalysisError: neither form, or a wall-clock time and no offset.
     """
     s = text.strip()
     if s.isdigit():
@@ -413,9 +409,9 @@ def parse_time(text: str, boot_to_wall_offset_ns: int | None) -> int:
     try:
         dt = datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
     except ValueError as e:
-        raise ReplayError(f"not ns since boot nor an ISO 8601 time: {text!r}") from e
+        raise AnalysisError(f"not ns since boot nor an ISO 8601 time: {text!r}") from e
     if boot_to_wall_offset_ns is None:
-        raise ReplayError("a wall-clock time needs the session record's boot_to_wall_offset_ns")
+        raise AnalysisError("a wall-clock time needs the session record's boot_to_wall_offset_ns")
     if dt.tzinfo is None:
         dt = dt.astimezone()                 # local time, as `date` prints it
     wall_ns = int(dt.timestamp()) * 1_000_000_000 + frac_ns

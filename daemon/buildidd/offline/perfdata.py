@@ -1,0 +1,350 @@
+"""Export a session's mapping history as a perf.data file (``buildidd export --perf``).
+
+No maintained Python library writes perf.data, so this is a writer with
+``struct``, checked in tests by perf itself (``perf buildid-list -i``,
+``perf script --show-mmap-events``, Debian linux-perf 6.1).  All integers
+little-endian (x86_64, the recording host's order).
+
+File layout (tools/perf/util/header.h ``struct perf_file_header``, written by
+header.c ``perf_session__do_write_header``, the order ``perf record`` uses)::
+
+    0     perf_file_header (104 bytes): magic "PERFILE2", size 104,
+          attr_size 144, attrs {offset, size}, data {offset, size},
+          event_types {0, 0}, adds_features (256-bit bitmap)
+    104   ids: one u64 event id of the one attr
+    112   perf_file_attr: perf_event_attr (PERF_ATTR_SIZE_VER7, 128 bytes)
+          + ids {offset, size} (perf_file_section)
+    256   data: the records, sorted by time (see below)
+    ...   feature index: one perf_file_section per set feature bit, in bit
+          order, at data.offset + data.size (header.c ``perf_header__adds_write``)
+    ...   the features: HEADER_BUILD_ID (2), HEADER_HOSTNAME (3), HEADER_OSRELEASE (4)
+
+The attr (include/uapi/linux/perf_event.h ``struct perf_event_attr``) is a
+dummy software event (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY) with
+``sample_type = PERF_SAMPLE_TID | PERF_SAMPLE_TIME`` and the bits mmap, comm,
+task, sample_id_all, mmap2, comm_exec, build_id, use_clockid with
+``clockid = CLOCK_BOOTTIME`` (the session's clock).
+
+Records (perf_event.h ``enum perf_event_type``), each ``struct
+perf_event_header {u32 type; u16 misc; u16 size}`` then the body, then the
+``sample_id`` trailer of sample_id_all (``{u32 pid, tid}`` for TID, ``{u64
+time}`` for TIME):
+
+* PERF_RECORD_MMAP2 (10): ``u32 pid, tid; u64 addr, len, pgoff; union {u32
+  maj, min; u64 ino, ino_generation} | {u8 build_id_size, res; u16 res; u8
+  build_id[20]}; u32 prot, flags; char filename[]`` (NUL-terminated, padded to
+  8 bytes).  misc: PERF_RECORD_MISC_USER (2), plus
+  PERF_RECORD_MISC_MMAP_BUILD_ID (1 << 14) when the build-id fits in 20 bytes
+  (else maj/min/ino/ino_generation from the session's dev/ino).
+* PERF_RECORD_COMM (3): ``u32 pid, tid; char comm[]`` (padded to 8);
+  PERF_RECORD_MISC_COMM_EXEC (1 << 13) for an exec.  A process first seen
+  by a mapping (running before the session) gets one before it.
+* PERF_RECORD_FORK (7) / PERF_RECORD_EXIT (4): ``u32 pid, ppid, tid, ptid;
+  u64 time``.
+
+HEADER_BUILD_ID (header.c ``write_build_id`` / ``perf_header__read_build_ids``):
+a sequence of ``struct perf_record_header_build_id {perf_event_header header;
+s32 pid; u8 build_id[20]; u8 size; u8 res; u16 res}`` (36 bytes) + filename,
+NUL-terminated and padded to NAME_ALIGN (64); header.misc = cpumode
+(PERF_RECORD_MISC_KERNEL 1 for ``[kernel.kallsyms]``, USER 2) |
+PERF_RECORD_MISC_BUILD_ID_SIZE (1 << 15, so ``size`` is read); pid -1
+(HOST_KERNEL_ID).  HEADER_HOSTNAME/OSRELEASE: ``struct perf_header_string {u32
+len; char str[len]}``, len = NUL-terminated string padded to 64.
+
+Limits of the format: a build-id over 20 bytes does not fit (the mapping is
+written with its dev/ino instead, and the build-id entry is left out,
+counted in :class:`ExportStats`); perf keys a header DSO by its name, so a
+path with two build-ids in one session (a binary replaced between two runs)
+is written twice but ``perf buildid-list`` shows one of them, while each
+MMAP2 record carries its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import struct
+from dataclasses import dataclass, field
+
+from buildidd.errors import AnalysisError
+from buildidd.sessionlog import read_session
+
+PERF_MAGIC = b"PERFILE2"
+FILE_HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")       # perf_file_header, 104 bytes
+SECTION = struct.Struct("<QQ")                           # perf_file_section
+ATTR_SIZE = 128                                          # PERF_ATTR_SIZE_VER7
+EVENT_HEADER = struct.Struct("<IHH")                     # perf_event_header
+SAMPLE_ID = struct.Struct("<IIQ")                        # sample_id: pid, tid, time
+MMAP2_BODY = struct.Struct("<IIQQQ24sII")                # pid, tid, addr, len, pgoff, union, prot, flags
+MMAP2_ID = struct.Struct("<IIQQ")                        # maj, min, ino, ino_generation
+MMAP2_BUILD_ID = struct.Struct("<BBH20s")                # build_id_size, res, res, build_id
+TASK_BODY = struct.Struct("<IIIIQ")                      # pid, ppid, tid, ptid, time
+BUILD_ID_ENTRY = struct.Struct("<IHHi20sBBH")            # perf_record_header_build_id, 36 bytes
+
+PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9
+PERF_SAMPLE_TID, PERF_SAMPLE_TIME = 1 << 1, 1 << 2
+# perf_event_attr flag bits (perf_event.h bitfield order).
+_ATTR_MMAP, _ATTR_COMM, _ATTR_TASK, _ATTR_SAMPLE_ID_ALL = 1 << 8, 1 << 9, 1 << 13, 1 << 18
+_ATTR_MMAP2, _ATTR_COMM_EXEC, _ATTR_USE_CLOCKID, _ATTR_BUILD_ID = 1 << 23, 1 << 24, 1 << 25, 1 << 34
+CLOCK_BOOTTIME = 7
+
+PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK, PERF_RECORD_MMAP2 = 3, 4, 7, 10
+PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_USER = 1, 2
+PERF_RECORD_MISC_COMM_EXEC = 1 << 13
+PERF_RECORD_MISC_MMAP_BUILD_ID = 1 << 14
+PERF_RECORD_MISC_BUILD_ID_SIZE = 1 << 15
+HEADER_BUILD_ID, HEADER_HOSTNAME, HEADER_OSRELEASE = 2, 3, 4
+NAME_ALIGN = 64
+MAX_BUILD_ID_BYTES = 20                                  # perf's BUILD_ID_SIZE
+HOST_KERNEL_ID = -1
+KERNEL_DSO = "[kernel.kallsyms]"
+#: Records held to sort by time before they are written: a record that arrives
+#: later than this many others is written out of order (perf sorts on reading).
+SORT_WINDOW = 1 << 16
+#: Longest path written (bytes, before the NUL): a record's size is a u16.
+MAX_NAME_BYTES = 4095
+_ID = 1                                                  # the attr's one event id
+
+
+@dataclass
+class ExportStats:
+    """What :func:`export_perf` wrote.
+
+    Attributes:
+        records: data records written, by name (``mmap2``, ``comm``, ``fork``, ``exit``).
+        build_ids: (build-id hex, path) pairs in HEADER_BUILD_ID, kernel included.
+        build_ids_too_long: distinct build-ids over 20 bytes that perf.data cannot hold.
+        out_of_order: records written before one with an earlier time (beyond :data:`SORT_WINDOW`).
+        skipped: session records ignored as malformed.
+        size_bytes: size of the file.
+    """
+
+    records: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("mmap2", "comm", "fork", "exit"), 0))
+    build_ids: list[tuple[str, str]] = field(default_factory=list)
+    build_ids_too_long: int = 0
+    out_of_order: int = 0
+    skipped: int = 0
+    size_bytes: int = 0
+
+
+def _pad(data: bytes, align: int) -> bytes:
+    """data + NUL, zero-padded to a multiple of align."""
+    n = len(data) + 1
+    return data + b"\0" * (n + (-n % align) - len(data))
+
+
+def _name(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")[:MAX_NAME_BYTES]
+
+
+def _record(rtype: int, misc: int, body: bytes, pid: int, tid: int, time_ns: int) -> bytes:
+    trailer = SAMPLE_ID.pack(pid & 0xFFFFFFFF, tid & 0xFFFFFFFF, time_ns)
+    return EVENT_HEADER.pack(rtype, misc, EVENT_HEADER.size + len(body) + len(trailer)) + body + trailer
+
+
+def attr_bytes() -> bytes:
+    """The dummy event's perf_event_attr (128 bytes, layout of perf_event.h, PERF_ATTR_SIZE_VER7)."""
+    flags = (_ATTR_MMAP | _ATTR_COMM | _ATTR_TASK | _ATTR_SAMPLE_ID_ALL | _ATTR_MMAP2 | _ATTR_COMM_EXEC
+             | _ATTR_USE_CLOCKID | _ATTR_BUILD_ID)
+    head = struct.pack("<IIQQQQQ", PERF_TYPE_SOFTWARE, ATTR_SIZE, PERF_COUNT_SW_DUMMY, 1,
+                       PERF_SAMPLE_TID | PERF_SAMPLE_TIME, 0, flags)
+    # wakeup_events, bp_type, config1, config2, branch_sample_type, sample_regs_user,
+    # sample_stack_user, clockid, then the rest zero.
+    tail = struct.pack("<IIQQQQIi", 0, 0, 0, 0, 0, 0, 0, CLOCK_BOOTTIME)
+    out = head + tail
+    return out + b"\0" * (ATTR_SIZE - len(out))
+
+
+def mmap2_record(r: dict) -> tuple[bytes, bool]:
+    """A session mmap record as PERF_RECORD_MMAP2; also whether its build-id was too long to carry.
+
+    Raises:
+        KeyError, TypeError, ValueError, struct.error: a malformed record.
+    """
+    bid = r.get("build_id")
+    misc = PERF_RECORD_MISC_USER
+    too_long = False
+    raw = bytes.fromhex(bid) if isinstance(bid, str) else b""
+    if raw and len(raw) <= MAX_BUILD_ID_BYTES:
+        union = MMAP2_BUILD_ID.pack(len(raw), 0, 0, raw)
+        misc |= PERF_RECORD_MISC_MMAP_BUILD_ID
+    else:
+        too_long = len(raw) > MAX_BUILD_ID_BYTES
+        dev = int(r.get("dev") or 0)
+        union = MMAP2_ID.pack(os.major(dev), os.minor(dev), int(r.get("ino") or 0),
+                              int(r.get("ino_generation") or 0))
+    pid, tid = int(r["pid"]), int(r["tid"])
+    body = MMAP2_BODY.pack(pid, tid, int(r["start"]), int(r["len"]), int(r["pgoff"]), union,
+                           int(r.get("prot") or 0), int(r.get("flags") or 0))
+    return _record(PERF_RECORD_MMAP2, misc, body + _pad(_name(str(r["path"])), 8), pid, tid,
+                   int(r["time_ns"])), too_long
+
+
+def comm_record(pid: int, tid: int, comm: str, time_ns: int, exec_: bool) -> bytes:
+    """PERF_RECORD_COMM (misc COMM_EXEC for an exec)."""
+    misc = PERF_RECORD_MISC_USER | (PERF_RECORD_MISC_COMM_EXEC if exec_ else 0)
+    return _record(PERF_RECORD_COMM, misc, struct.pack("<II", pid, tid) + _pad(_name(comm)[:15], 8),
+                   pid, tid, time_ns)
+
+
+def task_record(rtype: int, ids: tuple[int, int, int, int], time_ns: int) -> bytes:
+    """PERF_RECORD_FORK or _EXIT; ids = (pid, ppid, tid, ptid)."""
+    pid, ppid, tid, ptid = ids
+    return _record(rtype, PERF_RECORD_MISC_USER, TASK_BODY.pack(pid, ppid, tid, ptid, time_ns), pid, tid, time_ns)
+
+
+def build_id_entry(build_id_hex: str, path: str, kernel: bool) -> bytes:
+    """One HEADER_BUILD_ID entry (36-byte perf_record_header_build_id + filename padded to 64)."""
+    raw = bytes.fromhex(build_id_hex)
+    name = _pad(_name(path), NAME_ALIGN)
+    misc = (PERF_RECORD_MISC_KERNEL if kernel else PERF_RECORD_MISC_USER) | PERF_RECORD_MISC_BUILD_ID_SIZE
+    return BUILD_ID_ENTRY.pack(0, misc, BUILD_ID_ENTRY.size + len(name), HOST_KERNEL_ID, raw, len(raw), 0, 0) + name
+
+
+def header_string(text: str) -> bytes:
+    """A perf_header_string: u32 len, then the string NUL-terminated and padded to 64."""
+    data = _pad(_name(text), NAME_ALIGN)
+    return struct.pack("<I", len(data)) + data
+
+
+class _Converter:
+    """Session records → perf records (bytes, with their time), and the build-id list."""
+
+    def __init__(self, stats: ExportStats):
+        self.stats = stats
+        self.session: dict = {}
+        self.seen_pids: set[int] = set()
+        self.parents: dict[int, tuple[int, int]] = {}        # pid -> (ppid, ptid) of its fork
+        self.bids: dict[tuple[str, str], None] = {}
+        self.too_long: set[str] = set()
+
+    def convert(self, r: dict) -> list[bytes]:
+        kind = r.get("type")
+        if kind == "session":
+            self.session = r
+            return []
+        if kind not in ("mmap", "exec", "fork", "exit", "comm"):
+            return []
+        pid, tid, t = int(r["pid"]), int(r["tid"]), int(r["time_ns"])
+        out = []
+        if kind == "mmap":
+            if pid not in self.seen_pids:
+                out.append(self._count("comm", comm_record(pid, pid, str(r.get("comm") or ""), t, False)))
+            rec, too_long = mmap2_record(r)
+            out.append(self._count("mmap2", rec))
+            bid = r.get("build_id")
+            if too_long:
+                self.too_long.add(bid)
+            elif isinstance(bid, str) and bid:
+                self.bids.setdefault((bid, str(r["path"])), None)
+        elif kind in ("exec", "comm"):
+            out.append(self._count("comm", comm_record(pid, tid, str(r.get("comm") or ""), t, kind == "exec")))
+        elif kind == "fork":
+            ppid, ptid = int(r["ppid"]), int(r["ptid"])
+            self.parents[tid] = (ppid, ptid)
+            out.append(self._count("fork", task_record(PERF_RECORD_FORK, (pid, ppid, tid, ptid), t)))
+        else:
+            ppid, ptid = self.parents.pop(tid, (pid, tid))
+            out.append(self._count("exit", task_record(PERF_RECORD_EXIT, (pid, ppid, tid, ptid), t)))
+        self.seen_pids.add(pid)
+        return [(t, rec) for rec in out]
+
+    def _count(self, name: str, rec: bytes) -> bytes:
+        self.stats.records[name] += 1
+        return rec
+
+    def build_id_section(self) -> bytes:
+        entries = []
+        kbid = self.session.get("kernel_build_id")
+        if isinstance(kbid, str) and kbid:
+            entries.append(build_id_entry(kbid, KERNEL_DSO, True))
+            self.stats.build_ids.append((kbid, KERNEL_DSO))
+        for bid, path in self.bids:
+            entries.append(build_id_entry(bid, path, False))
+            self.stats.build_ids.append((bid, path))
+        self.stats.build_ids_too_long = len(self.too_long)
+        return b"".join(entries)
+
+
+def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> ExportStats:
+    """Write a session's mapping history as a perf.data file at out_path.
+
+    The session is read once, streaming; records are sorted by time through a
+    window of :data:`SORT_WINDOW` records (memory stays bounded; perf sorts
+    again on reading).  The file is written to ``out_path + ".tmp"`` and
+    renamed into place.
+
+    Raises:
+        AnalysisError: the output cannot be written (message names the path).
+        SessionLogError: the session cannot be read.
+    """
+    stats = ExportStats()
+    conv = _Converter(stats)
+    tmp = f"{os.fspath(out_path)}.tmp"
+    data_offset = FILE_HEADER.size + 8 + ATTR_SIZE + SECTION.size
+    try:
+        with open(tmp, "wb") as f:
+            f.write(b"\0" * data_offset)
+            heap: list[tuple[int, int, bytes]] = []
+            last_t = -1
+            seq = 0
+            for r in read_session(session_dir):
+                try:
+                    recs = conv.convert(r)
+                except (KeyError, TypeError, ValueError, OverflowError, struct.error):
+                    stats.skipped += 1
+                    continue
+                for t, rec in recs:
+                    heapq.heappush(heap, (t, seq, rec))
+                    seq += 1
+                    if len(heap) > SORT_WINDOW:
+                        last_t = _emit(f, heapq.heappop(heap), last_t, stats)
+            while heap:
+                last_t = _emit(f, heapq.heappop(heap), last_t, stats)
+            data_size = f.tell() - data_offset
+            features = [(HEADER_BUILD_ID, conv.build_id_section()),
+                        (HEADER_HOSTNAME, header_string(str(conv.session.get("host") or ""))),
+                        (HEADER_OSRELEASE, header_string(str(conv.session.get("kernel_release") or "")))]
+            _write_features(f, features)
+            stats.size_bytes = f.tell()
+            f.seek(0)
+            f.write(_file_header(data_offset, data_size, [n for n, _ in features]))
+            f.write(struct.pack("<Q", _ID))
+            f.write(attr_bytes() + SECTION.pack(FILE_HEADER.size, 8))
+        os.rename(tmp, out_path)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise AnalysisError(f"{out_path}: cannot write perf.data: {e.strerror}") from e
+    return stats
+
+
+def _emit(f, item: tuple[int, int, bytes], last_t: int, stats: ExportStats) -> int:
+    t, _seq, rec = item
+    if t < last_t:
+        stats.out_of_order += 1
+    f.write(rec)
+    return max(t, last_t)
+
+
+def _write_features(f, features: list[tuple[int, bytes]]) -> None:
+    """The feature index (one perf_file_section per feature, bit order) and the features after it."""
+    index_at = f.tell()
+    offset = index_at + SECTION.size * len(features)
+    index = []
+    for _bit, payload in features:
+        index.append(SECTION.pack(offset, len(payload)))
+        offset += len(payload)
+    f.write(b"".join(index))
+    for _bit, payload in features:
+        f.write(payload)
+
+
+def _file_header(data_offset: int, data_size: int, feature_bits: list[int]) -> bytes:
+    bitmap = [0, 0, 0, 0]
+    for bit in feature_bits:
+        bitmap[bit // 64] |= 1 << (bit % 64)
+    attrs_offset = FILE_HEADER.size + 8
+    return FILE_HEADER.pack(PERF_MAGIC, FILE_HEADER.size, ATTR_SIZE + SECTION.size,
+                            attrs_offset, ATTR_SIZE + SECTION.size, data_offset, data_size, 0, 0, *bitmap)
