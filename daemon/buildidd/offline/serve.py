@@ -1,0 +1,314 @@
+"""``buildidd serve``: the build-id store over HTTP, speaking the debuginfod protocol; sessions; metrics.
+
+A read-only server on aiohttp (asyncio: one slow client holds one connection,
+never the others; files go out with ``sendfile(2)``, byte ranges included)::
+
+    GET|HEAD /buildid/HEX/executable        the binary            (serve_debuginfod)
+    GET|HEAD /buildid/HEX/debuginfo         its debuginfo, else the binary if not stripped
+    GET|HEAD /buildid/HEX/section/NAME      a section's raw bytes
+    GET|HEAD /buildid/HEX/source/PATH       404: no sources are held
+    GET      /sessions                      the session root's sessions, JSON (serve_sessions)
+    GET|HEAD /sessions/NAME/archive         a session's archive (tar + zstd), Range-able once built
+    GET      /metrics                       Prometheus text (serve_metrics)
+
+Access: on a loopback address (``ipaddress``' ``is_loopback``: 127.0.0.0/8 and
+::1) anyone who can connect is served; on any other address a bearer token is
+required (``Authorization: Bearer TOKEN``, compared in constant time with
+``hmac.compare_digest``), and a token given on loopback is required there too.
+TLS is used when a certificate and key are given.
+
+Slow clients: a connection that has not completed a request within
+``idle_timeout_s`` (also the keep-alive idle time) is closed (aiohttp's
+keep-alive timer runs from the connection's start); requests are served
+concurrently on one event loop, file reads and ELF parsing run in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import signal
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from buildidd.errors import ServeError
+from buildidd.offline import serve_debuginfod as dbg
+from buildidd.offline.serve_metrics import METRICS_KEY, CONTENT_TYPE, MetricsAccessLogger, ServeMetrics, StatusFn, \
+    daemon_status
+from buildidd.store import Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1:8002"
+"""The default address (8002: the port debuginfod(8) listens on by default)."""
+
+TOKEN_MAX_BYTES = 4096
+"""A token file longer than this is refused (it is read whole)."""
+
+STORE_KEY: web.AppKey[Store] = web.AppKey("buildidd_serve_store", Store)
+OPTIONS_KEY: web.AppKey["ServeOptions"] = web.AppKey("buildidd_serve_options")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything ``buildidd serve`` is told.
+
+    Attributes:
+        host: the address to listen on, an IP literal.
+        port: TCP port; 0 picks a free one (logged, and given to ``on_listening``).
+        store_root: the build-id store (read only).
+        session_root: the session directories served under ``/sessions``; "" for none.
+        token: the bearer token clients must send; None for none (loopback only).
+        tls_cert, tls_key: PEM files; both or neither.
+        idle_timeout_s: seconds a connection may take to send a request, and stay idle between requests.
+        spool_dir: where archives are built before and while they are sent; None: a private temporary directory.
+        status_fn: returns the recording daemon's status for ``/metrics``; None: not asked.
+    """
+
+    host: str
+    port: int
+    store_root: str
+    session_root: str = ""
+    token: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    idle_timeout_s: float = 15.0
+    spool_dir: str | None = None
+    status_fn: StatusFn | None = None
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` → (host, port); the host must be an IP literal.
+
+    Raises:
+        ServeError: malformed, a host name instead of an address, or a port outside 0..65535.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ServeError(f"--listen {text!r}: expected HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError as e:
+        raise ServeError(f"--listen {text!r}: expected an IP address and a port number") from e
+    if not 0 <= number <= 65535:
+        raise ServeError(f"--listen {text!r}: port out of range")
+    return host, number
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host (an IP literal) is a loopback address: 127.0.0.0/8 or ::1."""
+    return ipaddress.ip_address(host).is_loopback
+
+
+def read_token(path: str) -> str:
+    """The bearer token in a file (surrounding white space stripped).
+
+    Raises:
+        ServeError: unreadable, empty, over TOKEN_MAX_BYTES, or not printable ASCII.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(TOKEN_MAX_BYTES + 1)
+    except OSError as e:
+        raise ServeError(f"token file {path}: {e.strerror}") from e
+    if len(data) > TOKEN_MAX_BYTES:
+        raise ServeError(f"token file {path}: longer than {TOKEN_MAX_BYTES} bytes")
+    token = data.strip()
+    if not token or any(b < 0x21 or b > 0x7e for b in token):
+        raise ServeError(f"token file {path}: the token must be non-empty printable ASCII without spaces")
+    return token.decode("ascii")
+
+
+def check_options(opts: ServeOptions) -> None:
+    """Refuse what must not run: no token off loopback, half a TLS pair, no store.
+
+    Raises:
+        ServeError: with the reason.
+    """
+    if not is_loopback(opts.host) and opts.token is None:
+        raise ServeError(f"listening on {opts.host} (not loopback) requires --token-file")
+    if (opts.tls_cert is None) != (opts.tls_key is None):
+        raise ServeError("--tls-cert and --tls-key go together")
+    if not Path(opts.store_root).is_dir():
+        raise ServeError(f"no build-id store at {opts.store_root}")
+
+
+@web.middleware
+async def _auth(request: web.Request, handler):
+    token = request.app[OPTIONS_KEY].token
+    if token is not None:
+        given = request.headers.get("Authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+            raise web.HTTPUnauthorized(text="bearer token required\n", headers={"WWW-Authenticate": "Bearer"})
+    return await handler(request)
+
+
+async def _lookup(request: web.Request, artifact: str, find: Callable[[], object]):
+    """Run a store lookup in a thread; count it; 503 for Unavailable."""
+    loop = asyncio.get_running_loop()
+    metrics = request.app[METRICS_KEY]
+    try:
+        return await loop.run_in_executor(None, find)
+    except dbg.Unavailable as e:
+        metrics.lookup(artifact, "unavailable")
+        raise dbg.unavailable(e) from e
+
+
+async def _send_held(request: web.Request, artifact: str, held: dbg.Held | None) -> web.StreamResponse:
+    metrics = request.app[METRICS_KEY]
+    if held is None:
+        metrics.lookup(artifact, "miss")
+        raise web.HTTPNotFound(text="not held\n")
+    resp = await _lookup(request, artifact, lambda: dbg.open_held(held))
+    metrics.lookup(artifact, "hit")
+    return resp
+
+
+async def handle_artifact(request: web.Request) -> web.StreamResponse:
+    """``/buildid/HEX/executable`` and ``/buildid/HEX/debuginfo``."""
+    bid = dbg.check_build_id(request.match_info["build_id"])
+    artifact = request.match_info["artifact"]
+    store = request.app[STORE_KEY]
+    if artifact == "executable":
+        held = await _lookup(request, artifact, lambda: dbg.find_executable(store, bid))
+    elif artifact == "debuginfo":
+        held = await _lookup(request, artifact, lambda: dbg.find_debuginfo(store, bid))
+    else:
+        raise web.HTTPBadRequest(text=f"unknown artifact type {artifact!r}\n")
+    return await _send_held(request, artifact, held)
+
+
+async def handle_section(request: web.Request) -> web.StreamResponse:
+    """``/buildid/HEX/section/NAME``: from the debuginfo, else the executable."""
+    bid = dbg.check_build_id(request.match_info["build_id"])
+    name = dbg.check_section_name(request.match_info["name"])
+    store = request.app[STORE_KEY]
+
+    def find():
+        files = [h for h in (dbg.find_debuginfo(store, bid), dbg.find_executable(store, bid)) if h is not None]
+        data = dbg.read_section(files, name) if files else None
+        return (files[0], data) if data is not None else None
+
+    found = await _lookup(request, "section", find)
+    if found is None:
+        request.app[METRICS_KEY].lookup("section", "miss")
+        raise web.HTTPNotFound(text="no such section held\n")
+    request.app[METRICS_KEY].lookup("section", "hit")
+    held, data = found
+    return dbg.send_bytes(request, data, dbg.file_headers(dbg.Held(held.path, name), len(data)))
+
+
+async def handle_source(request: web.Request) -> web.StreamResponse:
+    """``/buildid/HEX/source/PATH``: sources are never held; 404 after validation."""
+    dbg.check_build_id(request.match_info["build_id"])
+    dbg.check_source_path(request.match_info["path"])
+    request.app[METRICS_KEY].lookup("source", "miss")
+    raise web.HTTPNotFound(text="sources are not held\n")
+
+
+async def handle_bad_buildid(request: web.Request) -> web.StreamResponse:
+    """Any other ``/buildid/...`` shape: 400."""
+    raise web.HTTPBadRequest(text="expected /buildid/HEX/{executable,debuginfo,section/NAME,source/PATH}\n")
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    """``/metrics``: the counters and the daemon's status (asked in a thread)."""
+    loop = asyncio.get_running_loop()
+    status, why = await loop.run_in_executor(None, daemon_status, request.app[OPTIONS_KEY].status_fn)
+    if why is not None:
+        log.debug("daemon status unavailable: %s", why)
+    text = request.app[METRICS_KEY].render(status, why)
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def make_app(opts: ServeOptions, store: Store | None = None) -> web.Application:
+    """The aiohttp application of :func:`run` (tests may serve it themselves).
+
+    Raises:
+        StoreError: the store cannot be opened.
+    """
+    app = web.Application(middlewares=[_auth], client_max_size=1024)
+    app[OPTIONS_KEY] = opts
+    app[STORE_KEY] = store if store is not None else Store(opts.store_root)
+    app[METRICS_KEY] = ServeMetrics()
+    app.router.add_get("/buildid/{build_id}/section/{name}", handle_section)
+    app.router.add_get("/buildid/{build_id}/source/{path:.+}", handle_source)
+    app.router.add_get("/buildid/{build_id}/{artifact}", handle_artifact)
+    app.router.add_route("*", "/buildid/{tail:.*}", handle_bad_buildid)
+    app.router.add_get("/metrics", handle_metrics, allow_head=False)
+    if opts.session_root:
+        from buildidd.offline import serve_sessions
+        serve_sessions.add_routes(app, opts)
+    return app
+
+
+def _ssl_context(opts: ServeOptions) -> ssl.SSLContext | None:
+    if opts.tls_cert is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(opts.tls_cert, opts.tls_key)
+    except (OSError, ssl.SSLError) as e:
+        raise ServeError(f"TLS certificate {opts.tls_cert} / key {opts.tls_key}: {e}") from e
+    return ctx
+
+
+async def serve(opts: ServeOptions, on_listening: Callable[[str, int], None] | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Serve until stop is set (or SIGTERM/SIGINT when stop is None).
+
+    Args:
+        opts: what to serve, where, how.
+        on_listening: called with (host, port) once the socket listens (port resolved when 0).
+        stop: set it to shut down; None: install SIGTERM and SIGINT handlers that set one.
+
+    Raises:
+        ServeError: the options are refused, or the address cannot be bound.
+    """
+    check_options(opts)
+    ssl_ctx = _ssl_context(opts)
+    app = make_app(opts)
+    runner = web.AppRunner(app, access_log_class=MetricsAccessLogger, keepalive_timeout=opts.idle_timeout_s,
+                           handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, opts.host, opts.port, ssl_context=ssl_ctx, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as e:
+            raise ServeError(f"cannot listen on {opts.host}:{opts.port}: {e.strerror}") from e
+        port = runner.addresses[0][1]
+        scheme = "https" if ssl_ctx else "http"
+        shown = f"[{opts.host}]" if ":" in opts.host else opts.host
+        log.info("serving %s on %s://%s:%d/ (token %s)", opts.store_root, scheme, shown, port,
+                 "required" if opts.token else "not required")
+        if on_listening is not None:
+            on_listening(opts.host, port)
+        if stop is None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await runner.cleanup()
+
+
+def run(opts: ServeOptions, on_listening: Callable[[str, int], None] | None = None) -> None:
+    """Blocking :func:`serve` until SIGTERM or SIGINT.
+
+    Raises:
+        ServeError: see :func:`serve`.
+    """
+    asyncio.run(serve(opts, on_listening))

@@ -1,0 +1,171 @@
+"""``/metrics`` of ``buildidd serve``: its counters and the recording daemon's status, as Prometheus text.
+
+Exposition format: Prometheus "text-based format" 0.0.4 (``# HELP``, ``# TYPE``,
+``name{label="value"} number``; label values escape ``\\``, ``"`` and newline).
+Counters are kept in memory from the server's start; the daemon's status is
+asked for at each scrape through a callable the caller supplies (the CLI gives
+one that asks the control socket: offline never imports control).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from buildidd.errors import BuildiddError
+
+log = logging.getLogger(__name__)
+
+StatusFn = Callable[[], dict]
+"""Returns the recording daemon's status (the control socket's ``status`` answer).
+
+Raises OSError when no daemon answers, BuildiddError when it answers badly.
+"""
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+STATUS_MAX_SERIES = 2000
+"""Numbers taken from one status answer at most (a bound on the scrape's size)."""
+
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_.]")
+
+
+class ServeMetrics:
+    """The server's counters; thread-safe (archives are written in worker threads).
+
+    Attributes (all monotonic counters since the server started):
+        requests: (route, status code) → answers sent.
+        sent_bytes: route → body bytes sent (a HEAD sends none).
+        lookups: (artifact, result) → build-id lookups; result is ``hit``
+            (a file or section was sent), ``miss`` (404) or ``unavailable`` (503).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.sent_bytes: Counter[str] = Counter()
+        self.lookups: Counter[tuple[str, str]] = Counter()
+
+    def answered(self, route: str, status: int, body_bytes: int) -> None:
+        """Count one answer of route (its pattern, e.g. ``/buildid/{build_id}/{artifact}``)."""
+        with self._lock:
+            self.requests[(route, status)] += 1
+            self.sent_bytes[route] += max(0, body_bytes)
+
+    def lookup(self, artifact: str, result: str) -> None:
+        """Count one build-id lookup: artifact in serve_debuginfod.ARTIFACTS, result hit/miss/unavailable."""
+        with self._lock:
+            self.lookups[(artifact, result)] += 1
+
+    def render(self, status: dict | None, status_error: str | None) -> str:
+        """The Prometheus text of the counters, plus the daemon's status.
+
+        Args:
+            status: the daemon's status answer, or None when there is no daemon to ask.
+            status_error: why the daemon did not answer (``buildidd_daemon_up 0``), or None.
+        """
+        with self._lock:
+            requests = sorted(self.requests.items())
+            sent = sorted(self.sent_bytes.items())
+            lookups = sorted(self.lookups.items())
+        out = ["# HELP buildidd_serve_requests_total HTTP answers sent, by route pattern and status code.",
+               "# TYPE buildidd_serve_requests_total counter"]
+        out += [f'buildidd_serve_requests_total{{route="{_esc(r)}",status="{s}"}} {n}' for (r, s), n in requests]
+        out += ["# HELP buildidd_serve_sent_bytes_total Body bytes sent, by route pattern.",
+                "# TYPE buildidd_serve_sent_bytes_total counter"]
+        out += [f'buildidd_serve_sent_bytes_total{{route="{_esc(r)}"}} {n}' for r, n in sent]
+        out += ["# HELP buildidd_serve_lookups_total Build-id lookups by artifact type and result "
+                "(hit: sent, miss: 404, unavailable: held but unreadable, 503).",
+                "# TYPE buildidd_serve_lookups_total counter"]
+        out += [f'buildidd_serve_lookups_total{{artifact="{a}",result="{r}"}} {n}' for (a, r), n in lookups]
+        if status is not None or status_error is not None:
+            out += ["# HELP buildidd_daemon_up 1 when the recording daemon answered its control socket.",
+                    "# TYPE buildidd_daemon_up gauge", f"buildidd_daemon_up {0 if status is None else 1}"]
+        if status is not None:
+            out += ["# HELP buildidd_daemon_status Numbers of the recording daemon's status answer, "
+                    "by key path (see buildidd status --json).",
+                    "# TYPE buildidd_daemon_status gauge"]
+            out += [f'buildidd_daemon_status{{key="{_esc(k)}"}} {_number(v)}'
+                    for k, v in flatten_numbers(status)]
+        return "\n".join(out) + "\n"
+
+
+def flatten_numbers(value: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """The numbers of a JSON value with their key paths (``events.mmap``), at most STATUS_MAX_SERIES.
+
+    Booleans count as 0/1; strings, nulls and lists' non-number items are left out.
+    Key characters other than ``[a-zA-Z0-9_.]`` become ``_``.
+    """
+    out: list[tuple[str, float]] = []
+    stack: list[tuple[str, Any]] = [(prefix, value)]
+    while stack and len(out) < STATUS_MAX_SERIES:
+        path, v = stack.pop()
+        if isinstance(v, bool):
+            out.append((path, 1.0 if v else 0.0))
+        elif isinstance(v, (int, float)):
+            out.append((path, float(v)))
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                key = _NAME_BAD.sub("_", str(k))
+                stack.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(v, list):
+            for i, item in enumerate(v):
+                stack.append((f"{path}.{i}", item))
+    return sorted(out)
+
+
+def _number(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
+
+
+def _esc(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def daemon_status(status_fn: StatusFn | None) -> tuple[dict | None, str | None]:
+    """(status, None) from status_fn, (None, why) when the daemon did not answer, (None, None) without one."""
+    if status_fn is None:
+        return None, None
+    try:
+        status = status_fn()
+    except (OSError, BuildiddError) as e:
+        return None, str(e) or type(e).__name__
+    return (status, None) if isinstance(status, dict) else (None, "status answer is not an object")
+
+
+class MetricsAccessLogger(AbstractAccessLogger):
+    """aiohttp's access log hook, called once each answer is sent: counts it, logs it at debug level.
+
+    The :class:`ServeMetrics` is the application's ``METRICS_KEY`` item.
+    """
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        metrics = request.app.get(METRICS_KEY) if isinstance(request, web.Request) else None
+        route = _route_of(request)
+        if metrics is not None:
+            metrics.answered(route, response.status, response.body_length)
+        self.logger.debug("%s %s %s %d %d bytes %.3f s", request.remote, request.method, request.path,
+                          response.status, response.body_length, time)
+
+
+def _route_of(request: web.BaseRequest) -> str:
+    match_info = getattr(request, "match_info", None)
+    route = getattr(match_info, "route", None)
+    resource = getattr(route, "resource", None)
+    return resource.canonical if resource is not None else "(no route)"
+
+
+METRICS_KEY: web.AppKey[ServeMetrics] = web.AppKey("buildidd_serve_metrics", ServeMetrics)
+"""The application's :class:`ServeMetrics`."""
