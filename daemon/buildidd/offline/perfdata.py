@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
 from buildidd.sessionlog import read_session
+from buildidd.store import KALLSYMS_DSO
 
 PERF_MAGIC = b"PERFILE2"
 FILE_HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")       # perf_file_header, 104 bytes
@@ -98,7 +99,6 @@ HEADER_BUILD_ID, HEADER_HOSTNAME, HEADER_OSRELEASE = 2, 3, 4
 NAME_ALIGN = 64
 MAX_BUILD_ID_BYTES = 20                                  # perf's BUILD_ID_SIZE
 HOST_KERNEL_ID = -1
-KERNEL_DSO = "[kernel.kallsyms]"
 #: Records held to sort by time before they are written: a record that arrives
 #: later than this many others is written out of order (perf sorts on reading).
 SORT_WINDOW = 1 << 16
@@ -258,8 +258,8 @@ class _Converter:
         entries = []
         kbid = self.session.get("kernel_build_id")
         if isinstance(kbid, str) and kbid:
-            entries.append(build_id_entry(kbid, KERNEL_DSO, True))
-            self.stats.build_ids.append((kbid, KERNEL_DSO))
+            entries.append(build_id_entry(kbid, KALLSYMS_DSO, True))
+            self.stats.build_ids.append((kbid, KALLSYMS_DSO))
         for bid, path in self.bids:
             entries.append(build_id_entry(bid, path, False))
             self.stats.build_ids.append((bid, path))

@@ -1,0 +1,231 @@
+"""``buildidd buildid-list``, ``resolve`` and ``export``: a recorded session analysed away from its host."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args
+from buildidd.errors import AnalysisError, UsageError
+from buildidd.store import KALLSYMS_DSO
+
+
+def _session_arg(p) -> None:
+    p.add_argument("session", help="session directory, its name under the session root, or 'latest'")
+
+
+def _store(cfg):
+    """The store of the config, or ``None`` when none is configured or it does not exist (never created here)."""
+    from buildidd.store import Store
+
+    if not cfg.store_root or not os.path.isdir(cfg.store_root):
+        return None
+    return Store(cfg.store_root)
+
+
+# -- buildid-list ----------------------------------------------------------------------
+
+
+def cmd_buildid_list(args) -> int:
+    """`buildidd buildid-list SESSION`: build-id and path of every DSO, kernel first (as ``perf buildid-list``).
+
+    Text lists DSOs with a build-id (``BUILDID PATH``); ``--json`` also lists
+    those without one, with the reason (``error``).
+    """
+    from buildidd.sessionlog import read_session
+
+    cfg = roots_from_args(args)
+    session = resolve_session(args.session, cfg.session_root)
+    pids = set(args.pid) if args.pid else None
+    comms = set(args.comm) if args.comm else None
+    seen: dict[tuple, dict] = {}
+    kernel = None
+    for r in read_session(session):
+        kind = r.get("type")
+        if kind == "session":
+            kernel = r.get("kernel_build_id")
+            continue
+        if kind != "mmap" or (pids and r.get("pid") not in pids) or (comms and r.get("comm") not in comms):
+            continue
+        key = (r.get("build_id"), r.get("path"))
+        if key not in seen:
+            seen[key] = {"build_id": r.get("build_id"), "path": r.get("path"), "error": r.get("error"),
+                         "pids": set()}
+        seen[key]["pids"].add(r.get("pid"))
+    rows = [{"build_id": kernel, "path": KALLSYMS_DSO, "error": None, "pids": set()}] if kernel else []
+    rows += seen.values()
+    out = sys.stdout
+    for row in rows:
+        if args.json:
+            row = dict(row, pids=sorted(p for p in row["pids"] if isinstance(p, int)))
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")
+        elif row["build_id"]:
+            out.write(f"{row['build_id']} {row['path']}\n")
+    return 0
+
+
+# -- resolve ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Output:
+    """How answers are printed: JSON or text, with or without symbols, and where binaries are now."""
+
+    json: bool
+    store: object
+    symbolizer: object
+
+
+def _answer_dict(a, out: _Output) -> dict:
+    """An Answer as the JSON object ``resolve --json`` prints."""
+    d = {"pid": a.query.pid, "addr": f"{a.query.addr:#x}", "time_ns": a.query.time_ns}
+    m = a.mapping
+    if m is None:
+        d.update(reason=a.reason, exited_ns=a.exited_ns)
+        return d
+    bid = m.dso.build_id
+    store_path = None
+    if bid and out.store is not None:
+        try:
+            p = out.store.path_of(bid)
+        except ValueError:
+            p = None
+        store_path = str(p) if p is not None else None
+    d.update(path=m.dso.path, build_id=bid, build_id_error=m.dso.error, deleted=m.dso.deleted,
+             file_offset=a.file_offset, store_path=store_path,
+             mapping={"start": f"{m.start:#x}", "end": f"{m.end:#x}", "pgoff": m.pgoff, "time_ns": m.time_ns,
+                      "origin": m.origin, "pid": m.pid},
+             via=list(a.via), exited_ns=a.exited_ns)
+    if out.symbolizer is not None:
+        sym = out.symbolizer.symbolize(bid, a.file_offset) if bid else None
+        d["symbol"] = ({"name": sym.name, "offset": sym.offset, "size": sym.size, "source": sym.source}
+                       if sym else None)
+        if sym is None and bid:
+            d["symbol_error"] = out.symbolizer.errors.get(bid, "no_symbol")
+    return d
+
+
+def _answer_text(d: dict) -> str:
+    head = f"{d['pid']} {d['addr']}"
+    if "path" not in d:
+        return f"{head} - ({d['reason']})"
+    parts = [head, d["path"], d["build_id"] or f"({d['build_id_error']})", f"+{d['file_offset']:#x}"]
+    if "symbol" in d:
+        sym = d["symbol"]
+        parts.append(f"{sym['name']}+{sym['offset']:#x}" if sym else f"?({d.get('symbol_error')})")
+    parts.append(d["store_path"] or "(not in store)")
+    if d["via"]:
+        parts.append(f"(inherited from pid {d['mapping']['pid']})")
+    if d["exited_ns"] is not None:
+        parts.append(f"(process exited at {d['exited_ns']})")
+    return " ".join(parts)
+
+
+def _queries_from_stdin(stream, default_ns: int, offset_ns: int | None):
+    """(line number, Query or error message) per non-empty, non-comment line ``PID ADDR [TIME]``."""
+    from buildidd.offline.replay import Query, parse_address, parse_time
+
+    for n, line in enumerate(stream, 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        try:
+            if len(fields) not in (2, 3) or not fields[0].isdigit():
+                raise AnalysisError(f"expected 'PID ADDR [TIME]', got {line.strip()[:200]!r}")
+            t = parse_time(fields[2], offset_ns) if len(fields) == 3 else default_ns
+            yield n, Query(int(fields[0]), parse_address(fields[1]), t)
+        except AnalysisError as e:
+            yield n, str(e)
+
+
+def cmd_resolve(args) -> int:
+    """`buildidd resolve SESSION PID ADDR` (or ``PID ADDR [TIME]`` lines on stdin): the covering mapping."""
+    from buildidd.offline.replay import Query, Replay, parse_address, parse_time
+    from buildidd.offline.symbols import Symbolizer
+
+    cfg = roots_from_args(args)
+    session = resolve_session(args.session, cfg.session_root)
+    from_stdin = args.pid in (None, "-")
+    if not from_stdin and args.addr is None:
+        raise UsageError("resolve: give PID and ADDR, or neither (or '-') to read 'PID ADDR [TIME]' lines from stdin")
+    replay = Replay.load(session)
+    offset_ns = replay.session.get("boot_to_wall_offset_ns")
+    default_ns = parse_time(args.time, offset_ns) if args.time else replay.end_ns
+    store = _store(cfg)
+    out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None)
+    if from_stdin:
+        queries, bad = [], 0
+        for n, q in _queries_from_stdin(sys.stdin, default_ns, offset_ns):
+            if isinstance(q, str):
+                print(f"buildidd: stdin line {n}: {q}", file=sys.stderr)
+                bad += 1
+            else:
+                queries.append(q)
+    else:
+        if not args.pid.isdigit():
+            raise UsageError(f"resolve: PID must be a decimal number, got {args.pid!r}")
+        queries, bad = [Query(int(args.pid), parse_address(args.addr), default_ns)], 0
+    found = 0
+    write = sys.stdout.write
+    for a in replay.resolve_many(queries):
+        d = _answer_dict(a, out)
+        found += a.mapping is not None
+        write((json.dumps(d, separators=(",", ":")) if args.json else _answer_text(d)) + "\n")
+    if bad:
+        return 1
+    return 0 if found or from_stdin else 1
+
+
+# -- export ----------------------------------------------------------------------------
+
+
+def cmd_export(args) -> int:
+    """`buildidd export --perf SESSION -o FILE`: the session's mapping history as perf.data."""
+    from buildidd.offline.perfdata import export_perf
+
+    if not args.perf:
+        raise UsageError("export: choose a format (--perf)")
+    cfg = roots_from_args(args)
+    session = resolve_session(args.session, cfg.session_root)
+    stats = export_perf(session, args.output)
+    recs = ", ".join(f"{k} {v}" for k, v in stats.records.items())
+    print(f"{args.output}: {stats.size_bytes} bytes; {recs}; {len(stats.build_ids)} build-ids", file=sys.stderr)
+    if stats.build_ids_too_long:
+        print(f"buildidd: {stats.build_ids_too_long} build-ids over 20 bytes do not fit in perf.data "
+              "(their mappings carry dev/ino instead)", file=sys.stderr)
+    if stats.skipped:
+        print(f"buildidd: {stats.skipped} malformed records skipped", file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``buildid-list``, ``resolve`` and ``export`` to the subcommand parsers."""
+    p = sub.add_parser("buildid-list", help="build-id and path of every DSO in a session (like perf buildid-list)")
+    _session_arg(p)
+    add_roots_options(p)
+    p.add_argument("--pid", type=int, action="append", help="only DSOs this pid mapped (repeatable)")
+    p.add_argument("--comm", action="append", help="only DSOs mapped by a task of this comm (repeatable)")
+    p.add_argument("--json", action="store_true", help="JSON lines, DSOs without a build-id included")
+    p.set_defaults(func=cmd_buildid_list)
+
+    p = sub.add_parser("resolve", help="the mapping (file, build-id, offset, symbol) that covered ADDR in PID",
+                       description="Replays the session's exec/mmap/fork/exit records as perf report rebuilds "
+                                   "its machine state.  Without PID and ADDR (or with PID '-'), reads "
+                                   "'PID ADDR [TIME]' lines from stdin.")
+    _session_arg(p)
+    p.add_argument("pid", nargs="?", help="process id (tgid), or '-' for stdin")
+    p.add_argument("addr", nargs="?", help="address in hex, with or without 0x")
+    add_roots_options(p)
+    p.add_argument("--time", help="ns since boot, or wall-clock ISO 8601 (default: the end of the session)")
+    p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary")
+    p.add_argument("--json", action="store_true", help="one JSON object per answer")
+    p.set_defaults(func=cmd_resolve)
+
+    p = sub.add_parser("export", help="a session's mapping history as perf.data (--perf)")
+    _session_arg(p)
+    add_roots_options(p)
+    p.add_argument("--perf", action="store_true", help="write perf.data (the one format)")
+    p.add_argument("-o", "--output", required=True, help="output file")
+    p.set_defaults(func=cmd_export)
