@@ -143,3 +143,51 @@ def tmpfs_mount(tmp_path):
     for mnt in mounted:
         if _libc.umount2(bytes(mnt), _MNT_DETACH) != 0:
             raise OSError(ctypes.get_errno(), f"umount {mnt}")
+
+
+def store_add(store, path: Path, name: str | None = None) -> str:
+    """Add the ELF file at path to a buildidd Store (as ``name``, default its path); returns its build-id."""
+    bid = readelf_build_id(path)
+    assert bid, f"{path} has no build-id"
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        store.add_from_fd(fd, str(path) if name is None else name, bid)
+    finally:
+        os.close(fd)
+    return bid
+
+
+class ServeProcess:
+    """``buildidd serve`` as a subprocess on a free loopback port (``--listen HOST:0``).
+
+    ``url`` is its base URL once it listens; ``stop()`` terminates it and
+    returns its log (stderr, written to a file so that a full pipe never blocks it).
+    """
+
+    def __init__(self, store_root, log_path: Path, *extra: str, session_root=None, host: str = "127.0.0.1",
+                 user: int | None = None):
+        cmd = [sys.executable, "-m", "buildidd.cli", "serve", "--listen", f"{host}:0",
+               "--store-root", str(store_root), "--session-root", str(session_root or log_path.with_suffix(".sessions")),
+               "--socket", "", *extra]
+        self.log_path = log_path
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, user=user)
+        line = self.proc.stdout.readline()
+        m = re.match(r"listening on (https?)://(\S+):(\d+)", line)
+        if not m:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"buildidd serve did not start: {line!r}\n{log_path.read_text()}")
+        self.port = int(m.group(3))
+        self.url = f"{m.group(1)}://{m.group(2)}:{self.port}"
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        return self.log_path.read_text()
