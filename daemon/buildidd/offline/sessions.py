@@ -1,0 +1,281 @@
+"""Sessions on disk: the facts a listing and an archive manifest give about each.
+
+One streaming pass over a session's records (:func:`buildidd.sessionlog.read_session`,
+bounded memory: one line and one decoded chunk at a time) collects what
+``buildidd sessions`` prints and what ``buildidd archive`` writes into its
+manifest: host, boot id, kernel, time range, record counts by type, lost events,
+and every build-id the session references with the paths it was seen at.
+
+Memory grows with the number of *distinct* build-ids (and at most
+:data:`MAX_PATHS_PER_BUILD_ID` paths each, :data:`MAX_UNRESOLVED` unresolved
+paths), never with the number of records.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from buildidd import clock
+from buildidd.sessionlog import list_segments, read_session
+
+__all__ = ["MAX_PATHS_PER_BUILD_ID", "MAX_UNRESOLVED", "BuildIdUse", "SessionFacts", "SessionInfo",
+           "list_sessions", "session_facts", "session_info"]
+
+#: Paths kept per build-id (a build-id mapped from more paths keeps the first ones).
+MAX_PATHS_PER_BUILD_ID = 16
+#: (path, error) pairs without a build-id kept for the manifest; the rest are only counted.
+MAX_UNRESOLVED = 1000
+
+#: kind of a referenced build-id: a mapped file, the running kernel, a loaded module.
+KIND_FILE, KIND_KERNEL, KIND_MODULE = "file", "kernel", "module"
+
+
+@dataclass
+class SessionInfo:
+    """One session, as ``buildidd sessions`` lists it.
+
+    Attributes:
+        name: the session directory's name.
+        path: the session directory.
+        host, boot_id, kernel_release, machine, kernel_build_id: from the
+            ``session`` record (host.describe()); ``None`` when absent.
+        boot_to_wall_offset_ns: the session record's offset, ns (wall = boot + offset).
+        first_time_ns, last_time_ns: smallest and largest ``time_ns`` of any
+            record, ns since boot; ``None`` for a session without records.
+        size_bytes: sum of the segment files' sizes (compressed as stored).
+        records: record count by ``type``.
+        build_ids: distinct build-ids referenced (mappings, execs, kernel, modules).
+        lost: events the kernel side dropped (sum of the ``lost`` records' counts).
+        torn_lines: lines skipped as torn or corrupt while reading.
+        closed: the session ends with an ``end`` record (the daemon closed it).
+    """
+
+    name: str
+    path: Path
+    host: str | None = None
+    boot_id: str | None = None
+    kernel_release: str | None = None
+    machine: str | None = None
+    kernel_build_id: str | None = None
+    boot_to_wall_offset_ns: int | None = None
+    first_time_ns: int | None = None
+    last_time_ns: int | None = None
+    size_bytes: int = 0
+    records: dict[str, int] = field(default_factory=dict)
+    build_ids: int = 0
+    lost: int = 0
+    torn_lines: int = 0
+    closed: bool = False
+
+    def wall_ns(self, time_ns: int | None) -> int | None:
+        """A boot-time ns of this session as ns since the epoch (None when either is unknown)."""
+        if time_ns is None or self.boot_to_wall_offset_ns is None:
+            return None
+        return clock.wall_ns(time_ns, self.boot_to_wall_offset_ns)
+
+    def to_json(self) -> dict:
+        """JSON-ready form (``path`` as text, wall-clock times added as ``first_wall_ns``/``last_wall_ns``)."""
+        return {"name": self.name, "path": str(self.path), "host": self.host, "boot_id": self.boot_id,
+                "kernel_release": self.kernel_release, "machine": self.machine,
+                "kernel_build_id": self.kernel_build_id, "boot_to_wall_offset_ns": self.boot_to_wall_offset_ns,
+                "first_time_ns": self.first_time_ns, "last_time_ns": self.last_time_ns,
+                "first_wall_ns": self.wall_ns(self.first_time_ns), "last_wall_ns": self.wall_ns(self.last_time_ns),
+                "size_bytes": self.size_bytes, "records": dict(self.records), "build_ids": self.build_ids,
+                "lost": self.lost, "torn_lines": self.torn_lines, "closed": self.closed}
+
+
+@dataclass
+class BuildIdUse:
+    """How a session references one build-id.
+
+    Attributes:
+        build_id_hex: lower-case hex.
+        kind: :data:`KIND_FILE` (mmap/exec records), :data:`KIND_KERNEL`
+            (the session record's ``kernel_build_id``), :data:`KIND_MODULE`.
+        paths: the paths it was mapped or executed from (for a module, its
+            name), first seen first, at most :data:`MAX_PATHS_PER_BUILD_ID`.
+        records: mmap and exec records naming it.
+    """
+
+    build_id_hex: str
+    kind: str
+    paths: list[str] = field(default_factory=list)
+    records: int = 0
+
+    def add_path(self, path) -> None:
+        if isinstance(path, str) and path and path not in self.paths and len(self.paths) < MAX_PATHS_PER_BUILD_ID:
+            self.paths.append(path)
+
+
+@dataclass
+class SessionFacts:
+    """What an archive manifest needs: the listing's facts plus the references.
+
+    Attributes:
+        info: the :class:`SessionInfo`.
+        uses: build-id hex → :class:`BuildIdUse`, in first-seen order.
+        unresolved: (path, error) → mappings, for mmap/exec records without a
+            build-id, at most :data:`MAX_UNRESOLVED` pairs.
+        unresolved_dropped: such records whose pair did not fit.
+    """
+
+    info: SessionInfo
+    uses: dict[str, BuildIdUse] = field(default_factory=dict)
+    unresolved: dict[tuple[str, str], int] = field(default_factory=dict)
+    unresolved_dropped: int = 0
+
+
+def _is_hex(value) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 128 and all(c in "0123456789abcdefABCDEF" for c in value)
+
+
+class _Scan:
+    """Accumulates one session's facts record by record."""
+
+    def __init__(self, info: SessionInfo, with_uses: bool):
+        self.facts = SessionFacts(info)
+        self.with_uses = with_uses
+        self.ids: set[str] = set()
+        self.counts: Counter[str] = Counter()
+
+    def use(self, bid: str, kind: str) -> BuildIdUse | None:
+        bid = bid.lower()
+        self.ids.add(bid)
+        if not self.with_uses:
+            return None
+        use = self.facts.uses.get(bid)
+        if use is None:
+            use = self.facts.uses[bid] = BuildIdUse(bid, kind)
+        return use
+
+    def record(self, r: dict) -> None:
+        info = self.facts.info
+        kind = r.get("type")
+        self.counts[kind if isinstance(kind, str) else "?"] += 1
+        t = r.get("time_ns")
+        if isinstance(t, int) and not isinstance(t, bool) and t >= 0:
+            info.first_time_ns = t if info.first_time_ns is None else min(info.first_time_ns, t)
+            info.last_time_ns = t if info.last_time_ns is None else max(info.last_time_ns, t)
+        if kind in ("mmap", "exec"):
+            self._mapping(r)
+        elif kind == "session":
+            self._session(r)
+        elif kind == "lost":
+            counts = r.get("counts")
+            if isinstance(counts, dict):
+                info.lost += sum(v for v in counts.values() if isinstance(v, int) and v > 0)
+        elif kind == "end":
+            info.closed = True
+
+    def _mapping(self, r: dict) -> None:
+        bid = r.get("build_id")
+        path = r.get("path") if r.get("type") == "mmap" else r.get("filename", r.get("path"))
+        if _is_hex(bid):
+            use = self.use(bid, KIND_FILE)
+            if use is not None:
+                use.records += 1
+                use.add_path(path)
+        elif self.with_uses:
+            key = (path if isinstance(path, str) else "?", str(r.get("error") or "no_build_id"))
+            facts = self.facts
+            if key in facts.unresolved or len(facts.unresolved) < MAX_UNRESOLVED:
+                facts.unresolved[key] = facts.unresolved.get(key, 0) + 1
+            else:
+                facts.unresolved_dropped += 1
+
+    def _session(self, r: dict) -> None:
+        info = self.facts.info
+        for name in ("host", "boot_id", "kernel_release", "machine"):
+            if isinstance(r.get(name), str) and getattr(info, name) is None:
+                setattr(info, name, r[name])
+        offset = r.get("boot_to_wall_offset_ns")
+        if isinstance(offset, int) and info.boot_to_wall_offset_ns is None:
+            info.boot_to_wall_offset_ns = offset
+        kbid = r.get("kernel_build_id")
+        if _is_hex(kbid):
+            info.kernel_build_id = info.kernel_build_id or kbid.lower()
+            use = self.use(kbid, KIND_KERNEL)
+            if use is not None:
+                use.add_path("[kernel.kallsyms]")
+        modules = r.get("module_build_ids")
+        if isinstance(modules, dict):
+            for name, mbid in modules.items():
+                if _is_hex(mbid):
+                    use = self.use(mbid, KIND_MODULE)
+                    if use is not None:
+                        use.add_path(name)
+
+
+def _segments_size(session_dir: Path) -> int:
+    total = 0
+    for seg in list_segments(session_dir):
+        try:
+            total += os.stat(seg).st_size
+        except FileNotFoundError:  # compressed (and unlinked) since it was listed
+            continue
+    return total
+
+
+def _scan(session_dir: str | os.PathLike, with_uses: bool) -> SessionFacts:
+    directory = Path(session_dir)
+    scan = _Scan(SessionInfo(name=directory.name, path=directory), with_uses)
+
+    def torn(_segment: str, _line: int) -> None:
+        scan.facts.info.torn_lines += 1
+
+    for record in read_session(directory, on_torn=torn):
+        scan.record(record)
+    info = scan.facts.info
+    info.records = dict(scan.counts)
+    info.build_ids = len(scan.ids)
+    info.size_bytes = _segments_size(directory)
+    return scan.facts
+
+
+def session_facts(session_dir: str | os.PathLike) -> SessionFacts:
+    """The listing facts and every build-id reference of one session (one streaming pass).
+
+    Build-ids come from ``mmap``/``exec`` records (``build_id``, with ``path``,
+    or an exec's ``filename``) and the ``session`` record (``kernel_build_id``,
+    the values of ``module_build_ids``): the same set as the store's
+    retention protects.
+
+    Raises:
+        SessionLogError: the session or a segment cannot be read.
+    """
+    return _scan(session_dir, with_uses=True)
+
+
+def session_info(session_dir: str | os.PathLike) -> SessionInfo:
+    """The listing facts of one session (:class:`SessionInfo`); paths are not kept.
+
+    Raises:
+        SessionLogError: the session or a segment cannot be read.
+    """
+    return _scan(session_dir, with_uses=False).info
+
+
+def list_sessions(session_root: str | os.PathLike) -> list[SessionInfo]:
+    """Every session under session_root, in name order (names start with their UTC start time).
+
+    A session is a subdirectory (not hidden, not a symlink) holding at least
+    one segment.  A missing root is an empty list.
+
+    Raises:
+        SessionLogError: a session or a segment cannot be read.
+    """
+    root = Path(session_root)
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        d = root / name
+        if name.startswith(".") or d.is_symlink() or not d.is_dir() or not list_segments(d):
+            continue
+        out.append(session_info(d))
+    return out
