@@ -12,7 +12,9 @@ from ``buildidd.sessionlog``, never from its modules).
 """
 
 from buildidd.sessionlog.reader import list_segments, read_session
+from buildidd.sessionlog.retention import enforce_retention, session_build_ids
 from buildidd.sessionlog.segments import SEGMENT_GLOB
 from buildidd.sessionlog.writer import SessionWriter
 
-__all__ = ["SEGMENT_GLOB", "SessionWriter", "list_segments", "read_session"]
+__all__ = ["SEGMENT_GLOB", "SessionWriter", "enforce_retention", "list_segments", "read_session",
+           "session_build_ids"]
