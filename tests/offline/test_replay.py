@@ -1,0 +1,205 @@
+"""Replaying sessions written with SessionWriter: exec, fork, supersede, pid reuse, two build-ids for a path."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+from datetime import datetime, timezone
+
+import pytest
+
+from conftest import gcc, readelf_build_id
+
+from buildidd.errors import AnalysisError
+from buildidd.offline.replay import MAX_FORK_HOPS, Query, Replay, parse_address, parse_time
+from buildidd.offline.symbols import Symbolizer
+from buildidd.sessionlog import SessionWriter
+from buildidd.store import Store
+
+OFFSET_NS = 1_700_000_000_000_000_000
+BID_A, BID_B, BID_LIBC, BID_NEW = "aa" * 20, "bb" * 20, "cc" * 20, "dd" * 20
+BID_V1, BID_V2 = "01" * 20, "02" * 16
+
+
+def mmap(t, pid, start, length, path, bid, pgoff=0, origin="mmap", tid=None):
+    return {"type": "mmap", "time_ns": t, "pid": pid, "tid": tid or pid, "comm": "x", "start": start,
+            "len": length, "pgoff": pgoff, "prot": 5, "flags": 2, "origin": origin, "deleted": False,
+            "path": path, "dev": 1, "ino": 2, "ino_generation": 0, "size": 100, "mtime_ns": 0,
+            "build_id": bid, "build_id_source": "map_files" if bid else "none",
+            "error": None if bid else "no_build_id"}
+
+
+def task(kind, t, pid, **kw):
+    return {"type": kind, "time_ns": t, "pid": pid, "tid": kw.pop("tid", pid), "comm": kw.pop("comm", "x"), **kw}
+
+
+def write_session(directory, records):
+    with SessionWriter(directory, compress=True) as w:
+        w.write({"type": "session", "time_ns": 0, "boot_to_wall_offset_ns": OFFSET_NS, "host": "h",
+                 "kernel_release": "6.18", "kernel_build_id": "ee" * 20})
+        for r in records:
+            w.write(r)
+    return directory
+
+
+@pytest.fixture
+def history(tmp_path):
+    """pid 100: synthesized /bin/a and libc, exec of /bin/b at 10; forks 200 at 20 (which execs at 40);
+    maps a new lib over part of libc at 30; pid 300 runs /opt/app v1 (exit 55); pid 301 runs /opt/app
+    v2 (replaced binary); pid 300 is reused by a fork of 100 at 70; a thread of 100 is created at 22."""
+    recs = [
+        mmap(1, 100, 0x1000, 0x1000, "/bin/a", BID_A, origin="synthesized"),
+        mmap(1, 100, 0x7000, 0x2000, "/lib/libc.so", BID_LIBC, pgoff=0x1000, origin="synthesized"),
+        task("exec", 10, 100, old_tid=100, filename="/bin/b"),
+        mmap(11, 100, 0x1000, 0x2000, "/bin/b", BID_B, origin="exec"),
+        mmap(12, 100, 0x7000, 0x2000, "/lib/libc.so", BID_LIBC, pgoff=0x1000),
+        task("fork", 20, 200, ppid=100, ptid=100),
+        task("fork", 22, 100, tid=101, ppid=100, ptid=100),           # a thread: same address space
+        mmap(30, 100, 0x7000, 0x1000, "/lib/new.so", BID_NEW, tid=101),
+        task("exec", 40, 200, old_tid=200, filename="/opt/other"),
+        task("exec", 50, 300, old_tid=300, filename="/opt/app"),
+        mmap(51, 300, 0x400000, 0x1000, "/opt/app", BID_V1, origin="exec"),
+        task("exit", 55, 300, exit_code=0),
+        task("exec", 60, 301, old_tid=301, filename="/opt/app"),
+        mmap(61, 301, 0x400000, 0x1000, "/opt/app", BID_V2, origin="exec"),
+        task("fork", 70, 300, ppid=100, ptid=101),
+    ]
+    # The log is ordered by ring, not by time: move the fork of 200 after its exec.
+    recs.insert(8, recs.pop(5))
+    return Replay.load(write_session(tmp_path / "s", recs))
+
+
+def _bid(answer):
+    return answer.mapping.dso.build_id if answer.mapping else answer.reason
+
+
+def test_exec_starts_the_address_space_anew(history):
+    assert _bid(history.resolve(100, 0x1800, 5)) == BID_A
+    assert history.resolve(100, 0x2800, 5).reason == "not_mapped"
+    assert history.resolve(100, 0x1800, 10).reason == "not_mapped"     # exec'd, /bin/b not mapped yet
+    b = history.resolve(100, 0x2800, 11)
+    assert _bid(b) == BID_B and b.file_offset == 0x1800 and b.via == ()
+
+
+def test_fork_inherits_the_parents_maps_at_fork_time(history):
+    a = history.resolve(200, 0x8100, 25)
+    assert _bid(a) == BID_LIBC and a.via == (200,) and a.mapping.pid == 100
+    assert a.file_offset == 0x8100 - 0x7000 + 0x1000
+    # The parent maps new.so over libc's first page at 30: the child still has libc there,
+    # the parent (any of its threads) has new.so.
+    assert _bid(history.resolve(200, 0x7100, 35)) == BID_LIBC
+    assert _bid(history.resolve(100, 0x7100, 35)) == BID_NEW
+    assert _bid(history.resolve(100, 0x8100, 35)) == BID_LIBC          # the part not superseded
+    assert history.resolve(200, 0x7100, 45).reason == "not_mapped"     # the child exec'd at 40
+    assert history.resolve(200, 0x7100, 15).reason == "unknown_pid"    # before the fork
+
+
+def test_a_path_with_two_build_ids_pid_reuse_and_exit(history):
+    assert _bid(history.resolve(300, 0x400010, 52)) == BID_V1
+    assert _bid(history.resolve(301, 0x400010)) == BID_V2             # default: end of session
+    after_exit = history.resolve(300, 0x400010, 58)
+    assert _bid(after_exit) == BID_V1 and after_exit.exited_ns == 55
+    reused = history.resolve(300, 0x7100, 80)                          # pid 300 again: a fork of 100
+    assert _bid(reused) == BID_NEW and reused.via == (300,) and reused.exited_ns is None
+    assert history.resolve(300, 0x400010, 80).reason == "not_mapped"
+
+
+def test_thread_creation_is_not_a_new_address_space(history):
+    assert [e.kind for e in history.epochs(100)] == ["initial", "exec"]
+    assert history.resolve(4242, 0x1000).reason == "unknown_pid"
+
+
+def test_resolve_many_keeps_the_order_and_matches_one_by_one(history):
+    qs = [Query(pid, addr, t) for pid in (100, 200, 300, 301, 7) for addr in (0x1800, 0x7100, 0x8100, 0x400010)
+          for t in (1, 11, 25, 35, 45, 52, 58, 80)]
+    random.Random(1).shuffle(qs)
+    many = history.resolve_many(qs)
+    assert [a.query for a in many] == qs
+    assert many == [history.resolve(q.pid, q.addr, q.time_ns) for q in qs]
+
+
+def test_sweep_matches_the_latest_covering_mapping_by_brute_force(tmp_path):
+    """perf's rule for one process: the latest mapping at or before T that contains ADDR."""
+    rng = random.Random(7)
+    recs = [mmap(t, 5, rng.randrange(0, 64) * 0x1000, rng.randrange(1, 8) * 0x1000, f"/f{t}", f"{t:040x}",
+                 pgoff=rng.randrange(0, 4) * 0x1000) for t in range(1, 400)]
+    replay = Replay.load(write_session(tmp_path / "s", recs))
+    qs = [Query(5, rng.randrange(0, 72 * 0x1000), rng.randrange(0, 420)) for _ in range(3000)]
+    for q, a in zip(qs, replay.resolve_many(qs)):
+        want = None
+        for r in recs:
+            if r["time_ns"] <= q.time_ns and r["start"] <= q.addr < r["start"] + r["len"]:
+                want = r
+        if want is None:
+            assert a.mapping is None and a.reason == "not_mapped", q
+        else:
+            assert a.mapping.dso.path == want["path"], q
+            assert a.file_offset == q.addr - want["start"] + want["pgoff"]
+
+
+def test_a_fork_cycle_in_a_hostile_session_ends(tmp_path):
+    recs = [task("fork", 10, 1, ppid=2, ptid=2), task("fork", 10, 2, ppid=1, ptid=1)]
+    replay = Replay.load(write_session(tmp_path / "s", recs))
+    a = replay.resolve(1, 0x1000, 20)
+    assert a.reason == "not_mapped" and len(a.via) <= MAX_FORK_HOPS
+
+
+def test_malformed_records_are_skipped_not_fatal(tmp_path):
+    recs = [mmap(1, 9, 0x1000, 0x1000, "/ok", BID_A), {"type": "mmap", "time_ns": 2, "pid": "x"},
+            dict(mmap(3, 9, 0x5000, 0x1000, "/neg", BID_B), start=-5)]
+    replay = Replay.load(write_session(tmp_path / "s", recs))
+    assert replay.skipped == 2 and _bid(replay.resolve(9, 0x1000)) == BID_A
+
+
+def test_parse_address_and_time():
+    assert parse_address("7f12ab") == parse_address("0x7F12AB") == 0x7F12AB
+    for bad in ("", "0x", "xyz", "1" * 17, "-1"):
+        with pytest.raises(AnalysisError):
+            parse_address(bad)
+    assert parse_time("12345", None) == 12345
+    wall = datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc)
+    ns = int(wall.timestamp()) * 10**9 + 123456789
+    assert parse_time("2026-11-22T10:00:00.123456789Z", OFFSET_NS) == ns - OFFSET_NS
+    assert parse_time("2026-11-22T11:00:00.123456789+01:00", OFFSET_NS) == ns - OFFSET_NS
+    with pytest.raises(AnalysisError):
+        parse_time("2026-11-22T10:00:00Z", None)
+    with pytest.raises(AnalysisError):
+        parse_time("yesterday", OFFSET_NS)
+
+
+SYM_SRC = r"""
+__attribute__((noinline)) int buildidd_probe_target(int x) { return x * 3 + 1; }
+int main(int argc, char **argv) { (void)argv; return buildidd_probe_target(argc) == 4 ? 0 : 1; }
+"""
+
+
+def _nm_address(exe, name):
+    out = subprocess.run(["nm", str(exe)], check=True, capture_output=True, text=True).stdout
+    return int(re.search(rf"^([0-9a-f]+) T {name}$", out, re.M).group(1), 16)
+
+
+@pytest.mark.parametrize("strip", [False, True])
+def test_symbolize_names_a_gcc_function_from_the_store(tmp_path, strip):
+    """The file offset of a function in a PIE gcc binary → its name, from .symtab (or .dynsym when
+    stripped: the symbol is then exported with -rdynamic)."""
+    exe = gcc(SYM_SRC, tmp_path / "prog", "-Wl,--build-id=sha1", "-rdynamic")
+    vaddr = _nm_address(exe, "buildidd_probe_target")
+    if strip:
+        subprocess.run(["strip", str(exe)], check=True)
+    bid = readelf_build_id(exe)
+    store = Store(tmp_path / "store")
+    fd = os.open(exe, os.O_RDONLY)
+    try:
+        store.add_from_fd(fd, str(exe), bid)
+    finally:
+        os.close(fd)
+    sym = Symbolizer(store)
+    table = sym.table(bid)
+    # vaddr -> file offset through the PT_LOAD holding it (readelf -l), then back.
+    off = next(o + (vaddr - v) for o, n, v in table.loads if v <= vaddr < v + n)
+    got = sym.symbolize(bid, off + 2)
+    assert got is not None and got.name == "buildidd_probe_target" and got.offset == 2
+    assert got.source == ("dynsym" if strip else "symtab")
+    assert sym.symbolize("ab" * 20, 0) is None and sym.errors["ab" * 20] == "not_in_store"
