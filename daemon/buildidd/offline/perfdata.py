@@ -53,10 +53,16 @@ len; char str[len]}``, len = NUL-terminated string padded to 64.
 
 Limits of the format: a build-id over 20 bytes does not fit (the mapping is
 written with its dev/ino instead, and the build-id entry is left out,
-counted in :class:`ExportStats`); perf keys a header DSO by its name, so a
-path with two build-ids in one session (a binary replaced between two runs)
-is written twice but ``perf buildid-list`` shows one of them, while each
-MMAP2 record carries its own.
+counted in :class:`ExportStats`).  perf files a header entry under the
+machine its ``pid`` names and, in that machine, under the DSO's name alone
+(header.c ``__event_process_build_id``: ``machine__findnew_dso(machine,
+filename)``), so a second build-id for one path (a binary replaced between
+two runs) would overwrite the first.  The first build-id of each path goes
+to the host machine (pid -1, as perf record writes it); each further one is
+filed under the pid of a process that mapped it, which perf reads as a guest
+machine's DSO: ``perf buildid-list`` then lists every build-id, and samples
+of the host never resolve through it (each MMAP2 record carries its own
+build-id for that).
 """
 
 from __future__ import annotations
@@ -194,12 +200,15 @@ def task_record(rtype: int, ids: tuple[int, int, int, int], time_ns: int) -> byt
     return _record(rtype, PERF_RECORD_MISC_USER, TASK_BODY.pack(pid, ppid, tid, ptid, time_ns), pid, tid, time_ns)
 
 
-def build_id_entry(build_id_hex: str, path: str, kernel: bool) -> bytes:
-    """One HEADER_BUILD_ID entry (36-byte perf_record_header_build_id + filename padded to 64)."""
+def build_id_entry(build_id_hex: str, path: str, kernel: bool, machine_pid: int = HOST_KERNEL_ID) -> bytes:
+    """One HEADER_BUILD_ID entry (36-byte perf_record_header_build_id + filename padded to 64).
+
+    machine_pid: the entry's ``pid``: -1 (HOST_KERNEL_ID) for the host machine.
+    """
     raw = bytes.fromhex(build_id_hex)
     name = _pad(_name(path), NAME_ALIGN)
     misc = (PERF_RECORD_MISC_KERNEL if kernel else PERF_RECORD_MISC_USER) | PERF_RECORD_MISC_BUILD_ID_SIZE
-    return BUILD_ID_ENTRY.pack(0, misc, BUILD_ID_ENTRY.size + len(name), HOST_KERNEL_ID, raw, len(raw), 0, 0) + name
+    return BUILD_ID_ENTRY.pack(0, misc, BUILD_ID_ENTRY.size + len(name), machine_pid, raw, len(raw), 0, 0) + name
 
 
 def header_string(text: str) -> bytes:
@@ -216,7 +225,7 @@ class _Converter:
         self.session: dict = {}
         self.seen_pids: set[int] = set()
         self.parents: dict[int, tuple[int, int]] = {}        # pid -> (ppid, ptid) of its fork
-        self.bids: dict[tuple[str, str], None] = {}
+        self.bids: dict[tuple[str, str], int] = {}          # (build-id, path) -> first pid mapping it
         self.too_long: set[str] = set()
 
     def convert(self, r: dict) -> list[bytes]:
@@ -237,7 +246,7 @@ class _Converter:
             if too_long:
                 self.too_long.add(bid)
             elif isinstance(bid, str) and bid:
-                self.bids.setdefault((bid, str(r["path"])), None)
+                self.bids.setdefault((bid, str(r["path"])), pid)
         elif kind in ("exec", "comm"):
             out.append(self._count("comm", comm_record(pid, tid, str(r.get("comm") or ""), t, kind == "exec")))
         elif kind == "fork":
@@ -260,8 +269,14 @@ class _Converter:
         if isinstance(kbid, str) and kbid:
             entries.append(build_id_entry(kbid, KALLSYMS_DSO, True))
             self.stats.build_ids.append((kbid, KALLSYMS_DSO))
-        for bid, path in self.bids:
-            entries.append(build_id_entry(bid, path, False))
+        machines: dict[str, set[int]] = {}   # path -> machine pids it is filed under
+        for (bid, path), pid in self.bids.items():
+            used = machines.setdefault(path, set())
+            machine = HOST_KERNEL_ID if not used else pid
+            while machine in used:
+                machine += 1
+            used.add(machine)
+            entries.append(build_id_entry(bid, path, False, machine))
             self.stats.build_ids.append((bid, path))
         self.stats.build_ids_too_long = len(self.too_long)
         return b"".join(entries)
