@@ -1,0 +1,362 @@
+"""``buildidd import``: verify an archive, then install it into a perf build-id cache and a session root.
+
+The archive is hostile until proven otherwise.  It is read once, as a stream
+(tar inside zstd, :mod:`buildidd.offline.manifest`), and every member is
+checked before a byte of it is written, into a staging directory inside each
+target (``DIR/.buildidd-import-XXXX``); only when the whole archive has been
+verified are the staged files renamed into place.  A refused archive leaves
+nothing behind, and nothing is ever written outside the two targets.
+
+Refusals, each an :class:`~buildidd.errors.ArchiveError` with its ``reason``:
+
+``absolute_path``      a member name starting with ``/``
+``dotdot``             a ``..`` component in a member name or a link target
+``bad_name``           an empty or ``.`` component, NUL, or a name over 4096 bytes
+``symlink_escape``     a symlink whose target leaves the archive's tree
+``bad_link``           a ``.build-id`` symlink whose target is not its entry
+``hard_link``          any hard link (archives never hold one)
+``device``             a character or block device
+``fifo``               a FIFO
+``unsupported_member`` another member type (sparse, contiguous, ...)
+``too_many_members``   more than ``ImportLimits.max_members`` members
+``too_large``          a member, the manifest, a pax header or the whole
+                       stream beyond its limit
+``zstd_bomb``          the decompressed stream grows beyond ``max_ratio``
+                       times the compressed bytes read (past a floor)
+``bad_manifest``       no manifest first, or a malformed one
+``unlisted_member``    a member the manifest does not list, or listed twice
+``size_mismatch``      a member whose size differs from the manifest's
+``build_id_mismatch``  an ELF member whose build-id (read back with
+                       buildidd.resolve.buildid) is not the one it is filed under
+``missing_member``     the stream ended before every listed member came
+``corrupt``            the zstd stream or the tar is damaged or truncated
+``target_symlink``     a directory on the way to a target file is a symlink
+``session_exists``     a different session of that name is already there
+
+The tar checks are this module's own.  The standard library's PEP 706
+``tarfile.data_filter`` is applied as well when the running Python has it
+(3.11.4 and later; Debian's 3.11.2 does not).
+
+Layout installed (perf, tools/perf/util/build-id.c): ``DIR/<path>/<build-id>/elf``
+(``debug``, ``probes``; ``kallsyms``, ``modules``, ``vmlinux`` for the kernel),
+``DIR/.build-id/xx/rest -> ../../<path>/<build-id>`` so that
+``perf --buildid-dir DIR report`` finds them, and for gdb (which looks up only
+``.build-id/xx/rest.debug`` under ``debug-file-directory``)
+``DIR/.build-id/xx/rest.debug -> ../../<path>/<build-id>/debug``, or ``…/elf``
+when no separate debuginfo is held.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from buildidd.errors import ArchiveError, ElfError
+from buildidd.offline import manifest as mf
+from buildidd.offline.manifest import MISSING, UPSTREAM, Manifest
+from buildidd.offline.untar import Bounded, ImportLimits, check_name, check_symlink, check_type, tarinfo_class
+from buildidd.resolve.buildid import read_build_id_fd
+from buildidd.store import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME
+
+__all__ = ["ImportLimits", "ImportReport", "import_archive"]  # ImportLimits lives in offline.untar
+
+_STAGE_PREFIX = ".buildidd-import-"
+_COPY_CHUNK_BYTES = 1 << 20
+#: tarfile's PEP 706 filter, where this Python has it (3.11.4+, 3.12+).
+_DATA_FILTER = getattr(tarfile, "data_filter", None)
+
+
+@dataclass
+class ImportReport:
+    """What an import did.
+
+    Attributes:
+        manifest: the archive's verified manifest.
+        session_dir: the session's directory under the session root.
+        session_new: the session was installed (``False``: the same one was there).
+        installed: build-ids whose entries were installed (new files).
+        present: build-ids whose files were all in the cache already.
+        upstream: build-ids the archive left to an upstream debuginfod.
+        missing: build-ids the archive does not hold (see the manifest's reasons).
+        bytes: bytes of the files installed.
+    """
+
+    manifest: Manifest
+    session_dir: Path
+    session_new: bool = False
+    installed: list[str] = field(default_factory=list)
+    present: list[str] = field(default_factory=list)
+    upstream: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+
+# --- what the manifest says the stream holds ------------------------------------------------
+
+
+@dataclass
+class _Expect:
+    size: int
+    rel: tuple[str, ...]          # path under the staging (and final) root
+    session: bool                 # under the session root (else the cache)
+    build_id: str | None = None
+    fname: str | None = None
+
+
+def _expected(m: Manifest) -> tuple[dict[str, _Expect], dict[str, str]]:
+    files: dict[str, _Expect] = {}
+    name = m.session["name"]
+    for s in m.segments:
+        files[s.member] = _Expect(s.size_bytes, (name, s.member.rsplit("/", 1)[1]), True)
+    links = {}
+    for ref in m.build_ids:
+        held = [f for f in ref.files if not f.upstream]
+        for f in held:
+            files[mf.cache_member(ref.entry, f.name)] = _Expect(
+                f.size_bytes, (*ref.entry.split("/"), f.name), False, ref.build_id, f.name)
+        if held:
+            links[mf.link_member(ref.build_id)] = mf.link_target(ref.entry)
+    return files, links
+
+
+# --- staging and installing -------------------------------------------------------------------
+
+
+def _safe_dirs(root: Path, parts: tuple[str, ...], *, create: bool) -> Path:
+    """root/parts..., each component a real directory (never a symlink); made (0o755) when create.
+
+    Raises:
+        ArchiveError: ``target_symlink`` a component is a symlink or not a directory.
+    """
+    d = root
+    for p in parts:
+        d = d / p
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            if not create:
+                return root.joinpath(*parts)
+            os.mkdir(d, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise ArchiveError("target_symlink", f"{d}: not a directory (a symlink?); refusing to write through it")
+    return d
+
+
+class _Staging:
+    """Staging directories inside both targets; removed whatever happens."""
+
+    def __init__(self, debug_dir: Path, session_root: Path):
+        tag = _STAGE_PREFIX + secrets.token_hex(6)
+        self.roots = {False: debug_dir / tag, True: session_root / tag}
+        self.made: list[Path] = []        # target directories this import created, deepest first
+        for r in self.roots.values():
+            missing = [d for d in (r.parent, *r.parent.parents) if not os.path.lexists(d)]
+            r.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            self.made.extend(missing)
+            os.mkdir(r, 0o700)
+
+    def write(self, exp: _Expect, src, mode: int) -> Path:
+        d = _safe_dirs(self.roots[exp.session], exp.rel[:-1], create=True)
+        path = d / exp.rel[-1]
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            left = exp.size
+            while left:
+                chunk = src.read(min(left, _COPY_CHUNK_BYTES))
+                if not chunk:
+                    raise ArchiveError("corrupt", f"{'/'.join(exp.rel)}: stream ended {left} bytes early")
+                _write_all(fd, chunk)
+                left -= len(chunk)
+            if exp.fname in mf.ELF_FILES:
+                _verify_build_id(fd, exp)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return path
+
+    def cleanup(self, failed: bool) -> None:
+        """Remove the staging directories, and after a refusal the (empty) targets this import made."""
+        for r in self.roots.values():
+            shutil.rmtree(r, ignore_errors=True)
+        for d in self.made if failed else ():
+            try:
+                os.rmdir(d)
+            except OSError:       # not empty: another import or the user wrote there meanwhile
+                continue
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _verify_build_id(fd: int, exp: _Expect) -> None:
+    try:
+        got = read_build_id_fd(fd)
+    except ElfError as e:
+        raise ArchiveError("build_id_mismatch", f"{'/'.join(exp.rel)}: not a readable ELF file ({e}), "
+                           f"filed under build-id {exp.build_id}") from e
+    if got is None or got.hex != exp.build_id:
+        raise ArchiveError("build_id_mismatch", f"{'/'.join(exp.rel)}: has build-id "
+                           f"{got.hex if got else 'none'}, filed under {exp.build_id}")
+
+
+def _symlink_over(link: Path, target: str) -> None:
+    tmp = link.with_name(f".{link.name}{_STAGE_PREFIX}{secrets.token_hex(4)}")
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _install_links(debug_dir: Path, ref) -> None:
+    """``.build-id/xx/rest`` (perf) and ``rest.debug`` (gdb) for an installed entry."""
+    heads = _safe_dirs(debug_dir, (BUILD_ID_DIR, ref.build_id[:2]), create=True)
+    link = heads / ref.build_id[2:]
+    if not (os.path.islink(link) and os.path.isdir(link)):
+        _symlink_over(link, mf.link_target(ref.entry))
+    entry = debug_dir / ref.entry
+    name = DEBUG_NAME if (entry / DEBUG_NAME).is_file() else ELF_NAME if (entry / ELF_NAME).is_file() else None
+    if name is None:
+        return
+    dbg = heads / (ref.build_id[2:] + ".debug")
+    want = f"{mf.link_target(ref.entry)}/{name}"
+    current = os.readlink(dbg) if os.path.islink(dbg) else None
+    if not os.path.exists(dbg) or (current == f"{mf.link_target(ref.entry)}/{ELF_NAME}" and current != want):
+        _symlink_over(dbg, want)
+
+
+def _plan_session(m: Manifest, session_root: Path) -> Path | None:
+    """The session's final directory, or None when the same session is there already.
+
+    Raises:
+        ArchiveError: ``session_exists`` a different session has that name.
+    """
+    final = session_root / m.session["name"]
+    if not os.path.lexists(final):
+        return final
+    have = {}
+    if final.is_dir() and not final.is_symlink():
+        have = {p.name: p.stat().st_size for p in final.iterdir() if mf.SEGMENT_RE.fullmatch(p.name)}
+    want = {s.member.rsplit("/", 1)[1]: s.size_bytes for s in m.segments}
+    if have != want:
+        raise ArchiveError("session_exists", f"{final}: a different session of that name exists")
+    return None
+
+
+def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path, report: ImportReport) -> None:
+    name = m.session["name"]
+    final_session = _plan_session(m, session_root)
+    held = [r for r in m.build_ids if any(not f.upstream for f in r.files)]
+    for ref in held:                       # refuse before the first rename
+        _safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=False)
+        _safe_dirs(debug_dir, (BUILD_ID_DIR, ref.build_id[:2]), create=False)
+    if final_session is not None:
+        os.rename(staging.roots[True] / name, final_session)
+        report.session_new = True
+    for ref in held:
+        entry = _safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=True)
+        new = 0
+        for f in ref.files:
+            if f.upstream or os.path.lexists(entry / f.name):
+                continue
+            os.rename(staging.roots[False].joinpath(*ref.entry.split("/"), f.name), entry / f.name)
+            new += 1
+            report.bytes += f.size_bytes
+        _install_links(debug_dir, ref)
+        (report.installed if new else report.present).append(ref.build_id)
+
+
+def _read_manifest(tf: tarfile.TarFile, ti: tarfile.TarInfo, limits: ImportLimits) -> Manifest:
+    if ti.name != mf.MANIFEST_NAME or not ti.isreg():
+        raise ArchiveError("bad_manifest", f"first member is {ti.name!r}, not a {mf.MANIFEST_NAME} file")
+    if ti.size > limits.max_manifest_bytes:
+        raise ArchiveError("too_large", f"manifest of {ti.size} bytes (limit {limits.max_manifest_bytes})")
+    return Manifest.from_json(tf.extractfile(ti).read())
+
+
+def _receive(tf: tarfile.TarFile, staging: _Staging, limits: ImportLimits) -> Manifest:
+    """Check every member and stage the files; returns the manifest."""
+    manifest, files, links, done = None, {}, {}, set()
+    for count, ti in enumerate(tf, 1):
+        if count > limits.max_members:
+            raise ArchiveError("too_many_members", f"more than {limits.max_members} members")
+        ti.name = check_name(ti.name)
+        check_type(ti)
+        if _DATA_FILTER is not None:
+            try:
+                _DATA_FILTER(ti, str(staging.roots[False]))
+            except tarfile.FilterError as e:
+                raise ArchiveError("unsafe_member", f"member {ti.name!r}: {e}") from e
+        if manifest is None:
+            manifest = _read_manifest(tf, ti, limits)
+            files, links = _expected(manifest)
+            continue
+        if ti.isdir():
+            continue
+        if ti.issym():
+            check_symlink(ti, links)
+            continue
+        exp = files.get(ti.name)
+        if exp is None or ti.name in done:
+            raise ArchiveError("unlisted_member", f"member {ti.name!r}: not in the manifest"
+                               + (" (a second time)" if ti.name in done else ""))
+        if ti.size > limits.max_member_bytes:
+            raise ArchiveError("too_large", f"member {ti.name!r}: {ti.size} bytes (limit {limits.max_member_bytes})")
+        if ti.size != exp.size:
+            raise ArchiveError("size_mismatch", f"member {ti.name!r}: {ti.size} bytes, manifest says {exp.size}")
+        staging.write(exp, tf.extractfile(ti), (ti.mode & 0o755) | 0o400)
+        done.add(ti.name)
+    if manifest is None:
+        raise ArchiveError("bad_manifest", "empty archive: no manifest")
+    left = sorted(set(files) - done)
+    if left:
+        raise ArchiveError("missing_member", f"{len(left)} listed member(s) absent, first {left[0]!r}")
+    return manifest
+
+
+def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, session_root: str | os.PathLike,
+                   limits: ImportLimits = ImportLimits()) -> ImportReport:
+    """Verify an archive, then install its store entries into a perf build-id cache and its session.
+
+    Args:
+        path: the archive (``buildidd archive`` output).
+        debug_dir: the build-id cache to install into (perf's ``~/.debug``); created.
+        session_root: where the session's directory goes; created.
+        limits: the bounds of :class:`ImportLimits`.
+
+    Returns:
+        An :class:`ImportReport`.
+
+    Raises:
+        ArchiveError: the archive is refused (reasons in the module docstring);
+            nothing was installed.
+        OSError: the archive cannot be opened, or a target cannot be written.
+    """
+    debug_dir, session_root = Path(os.path.abspath(debug_dir)), Path(os.path.abspath(session_root))
+    with open(path, "rb") as f:
+        staging = _Staging(debug_dir, session_root)
+        failed = True
+        try:
+            tf = tarfile.open(fileobj=Bounded(f, limits), mode="r|", tarinfo=tarinfo_class(limits))
+            manifest = _receive(tf, staging, limits)
+            report = ImportReport(manifest, session_root / manifest.session["name"])
+            _install(manifest, staging, debug_dir, session_root, report)
+            failed = False
+        except (tarfile.TarError, EOFError) as e:
+            raise ArchiveError("corrupt", f"{path}: not a readable tar stream: {e}") from e
+        except RecursionError as e:
+            raise ArchiveError("corrupt", f"{path}: nested tar headers") from e
+        finally:
+            staging.cleanup(failed)
+    for ref in manifest.build_ids:
+        if ref.status == UPSTREAM:
+            report.upstream.append(ref.build_id)
+        elif ref.status == MISSING:
+            report.missing.append(ref.build_id)
+    return report
