@@ -7,9 +7,9 @@ import shutil
 import subprocess
 import time
 
+from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
 from buildidd.sessionlog import SessionWriter
-from buildidd.store.snapshotter import Snapshotter
-from buildidd.store.store import Store
+from buildidd.store import Snapshotter, Store
 
 from conftest import gcc, need, readelf_build_id, session_records
 
@@ -136,8 +136,8 @@ def test_retention_and_quota_never_delete_what_a_retained_session_references(tmp
     kept = _session(sessions, "20260101T000000Z-2", [libs[1][1]], age_s=3600)
     current = sessions / "20261122T000000Z-3"
     current.mkdir()
-    snap = Snapshotter(store, session_root=sessions, current_session=current,
-                       retention_max_age_s=30 * 86400, retention_max_total_bytes=None)
+    snap = Snapshotter(store, housekeeping=Housekeeping(store, RetentionPolicy(
+        session_root=sessions, current_session=current, max_age_s=30 * 86400, max_total_bytes=None)))
     snap._seen.add(libs[2][1])        # referenced by the current session
     snap.housekeeping()
     assert not old.exists() and kept.exists() and current.exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from buildidd.resolve.host import kernel_build_id
-from buildidd.store.store import KALLSYMS_DSO, Store
+from buildidd.store import KALLSYMS_DSO, Store
 
 from conftest import gcc, need, readelf_build_id
 

@@ -7,12 +7,12 @@ import time
 
 import psutil
 
-from buildidd.store.snapshotter import Snapshotter
-from buildidd.store.store import Store
+from buildidd.store import SnapshotPolicy, Snapshotter, Store
 
 
 def test_snapshot_thread_is_idle_for_cpu_and_io(tmp_path):
-    snap = Snapshotter(Store(tmp_path / "store", debug_root=tmp_path / "no-debug"), housekeeping_interval_s=3600)
+    snap = Snapshotter(Store(tmp_path / "store", debug_root=tmp_path / "no-debug"),
+                       SnapshotPolicy(housekeeping_interval_s=3600))
     snap.start()
     try:
         tid = snap._thread.native_id

@@ -19,20 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from buildidd.store import store as store_mod
+from buildidd.store import install as install_mod
 from buildidd.resolve.buildid import read_build_id
 from buildidd.errors import StoreError
 from buildidd.resolve.host import kernel_build_id
 from buildidd.resolve.procfs import identity_of
-from buildidd.sessionlog import SessionWriter
-from buildidd.store.store import (
-    COPY_CHUNK_BYTES,
-    KALLSYMS_DSO,
-    Store,
-    enforce_retention,
-    sdt_probe_cache,
-    session_build_ids,
-)
+from buildidd.sessionlog import SessionWriter, enforce_retention, session_build_ids
+from buildidd.store import COPY_CHUNK_BYTES, KALLSYMS_DSO, Store, sdt_probe_cache
 
 from conftest import gcc, need, readelf_build_id
 
@@ -410,19 +403,19 @@ def _fail(err: int):
 def test_copy_falls_back(st, tmp_path, monkeypatch, broken):
     big = build_big(tmp_path, 5 << 19)
     if "ioctl" in broken:
-        monkeypatch.setattr(store_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
+        monkeypatch.setattr(install_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
     if "cfr" in broken:
-        monkeypatch.setattr(store_mod, "_copy_file_range", _fail(errno.EXDEV))
+        monkeypatch.setattr(install_mod, "_copy_file_range", _fail(errno.EXDEV))
     if "sendfile" in broken:
-        monkeypatch.setattr(store_mod, "_sendfile", _fail(errno.EINVAL))
+        monkeypatch.setattr(install_mod, "_sendfile", _fail(errno.EINVAL))
     res = add(st, big)
     assert res.path.read_bytes() == big.read_bytes()
 
 
 def test_io_error_is_a_store_error(st, tmp_path, monkeypatch):
     exe = build(tmp_path, "prog")
-    monkeypatch.setattr(store_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
-    monkeypatch.setattr(store_mod, "_copy_file_range", _fail(errno.EIO))
+    monkeypatch.setattr(install_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
+    monkeypatch.setattr(install_mod, "_copy_file_range", _fail(errno.EIO))
     with pytest.raises(StoreError, match="Input/output"):
         add(st, exe)
     assert st.counters["copy_errors"] == 1 and files_under(st.root) == []
@@ -545,8 +538,8 @@ def test_entry_left_without_link_by_a_crash_is_invisible_then_reused(st, four_bi
 
 def test_copy_file_range_answering_zero_falls_back(st, tmp_path, monkeypatch):
     big = build_big(tmp_path, 5 << 19)
-    monkeypatch.setattr(store_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
-    monkeypatch.setattr(store_mod, "_copy_file_range", lambda *a: 0)
+    monkeypatch.setattr(install_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
+    monkeypatch.setattr(install_mod, "_copy_file_range", lambda *a: 0)
     assert add(st, big).path.read_bytes() == big.read_bytes()
 
 

@@ -3,7 +3,11 @@
 ``.build-id/xx/rest`` relative links to ``<path>/<build-id>/elf`` (plus
 ``debug``, ``probes``, kallsyms and modules for the kernel), filled by atomic,
 verified copies; a quota; and the snapshotter that copies each binary the
-first time its build-id is seen.
+first time its build-id is seen.  One module per concern: layout (perf's
+tree, names, listing), install (atomic, verified copies), debuginfo, kernel
+(kallsyms, modules, vmlinux), sdt (perf's probes file), quota (size,
+recency, eviction), counters (counts and rate-limited warnings), store (the
+:class:`Store` composing them) and snapshotter (the copy queue and thread).
 
 May import: resolve, kernel, and the shared modules; never sessionlog.
 
@@ -11,8 +15,13 @@ The names below are the store's public API (other stages import them from
 ``buildidd.store``, never from its modules).
 """
 
-from buildidd.store.store import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME,
-                                  PROBES_NAME, VDSO_NAME, AddResult, Entry, Store)
+from buildidd.store.install import COPY_CHUNK_BYTES, AddResult
+from buildidd.store.layout import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME,
+                                   PROBES_NAME, VDSO_NAME, VMLINUX_NAME, Entry)
+from buildidd.store.sdt import sdt_probe_cache
+from buildidd.store.snapshotter import SnapshotPolicy, Snapshotter
+from buildidd.store.store import Store
 
-__all__ = ["BUILD_ID_DIR", "DEBUG_NAME", "ELF_NAME", "KALLSYMS_DSO", "KALLSYMS_NAME", "MODULES_NAME",
-           "PROBES_NAME", "VDSO_NAME", "AddResult", "Entry", "Store"]
+__all__ = ["BUILD_ID_DIR", "COPY_CHUNK_BYTES", "DEBUG_NAME", "ELF_NAME", "KALLSYMS_DSO", "KALLSYMS_NAME",
+           "MODULES_NAME", "PROBES_NAME", "VDSO_NAME", "VMLINUX_NAME", "AddResult", "Entry", "SnapshotPolicy",
+           "Snapshotter", "Store", "sdt_probe_cache"]

@@ -5,8 +5,10 @@ duplicate of the descriptor it read the build-id from when it has one (the
 exact mapped inode, which stays readable even if the file is deleted or
 replaced before the copy).  One worker thread copies, rate-limited in bytes/s,
 binaries whose path no longer names the mapped inode first: that is the moment
-they can still be saved.  Retention of sessions and the store quota are
-enforced by the same thread, never deleting what a retained session references.
+they can still be saved.  The same thread runs housekeeping every
+``housekeeping_interval_s``: a callable the caller gives (the capture stage's
+session retention and store quota, which must not delete what a retained
+session references; the store cannot read sessions itself).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from buildidd.resolve import procfs
 from buildidd.errors import StoreError
 from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_idle
-from buildidd.store.store import Store, enforce_retention, session_build_ids
+from buildidd.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -47,41 +50,57 @@ class TokenBucket:
             time.sleep(-self.tokens / self.rate)
 
 
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    """How the snapshot worker copies.
+
+    Attributes:
+        rate_bytes_per_s: copy bandwidth limit, bytes/s (0: unlimited).
+        max_queue: jobs kept; more are dropped and counted (``dropped``).
+        max_fds: duplicated descriptors held by queued jobs at most; beyond
+            it, jobs keep only path + identity.
+        housekeeping_interval_s: seconds between two runs of the housekeeping callable.
+    """
+
+    rate_bytes_per_s: int = 50 << 20
+    max_queue: int = 8192
+    max_fds: int = 256
+    housekeeping_interval_s: float = 600.0
+
+
+Housekeeping = Callable[[set[str], dict[str, int]], None]
+"""``housekeeping(referenced, stats)``, run by the worker thread between copies.
+
+``referenced``: the build-ids submitted this session (the live set: read it,
+never change it); ``stats``: the snapshotter's counters, to which it adds its
+own (``retention_removed``, ``quota_removed``).  An exception it raises is
+logged and kept in ``last_error``; the worker goes on.
+"""
+
+
 class Snapshotter:
     """The snapshot worker thread and its queue.
 
     Args:
-        store: the Store to fill.
-        rate_bytes_per_s: copy bandwidth limit (0: unlimited).
-        max_queue: jobs kept; more are dropped and counted (``dropped``).
-        max_fds: duplicated descriptors held by queued jobs at most; beyond
-            it, jobs keep only path + identity.
-        session_root, current_session: for retention (None disables it).
-        retention_max_age_s, retention_max_total_bytes: session retention policy.
-        housekeeping_interval_s: how often retention and quota run.
+        store: the Store to fill; its ``throttle`` is set to the policy's rate.
+        policy: rates and bounds (:class:`SnapshotPolicy`).
+        housekeeping: run every ``policy.housekeeping_interval_s``; ``None``: nothing is.
     """
 
-    def __init__(self, store: Store, *, rate_bytes_per_s: int = 50 << 20, max_queue: int = 8192,
-                 max_fds: int = 256, session_root: str | os.PathLike | None = None,
-                 current_session: str | os.PathLike | None = None,
-                 retention_max_age_s: float | None = None, retention_max_total_bytes: int | None = None,
-                 housekeeping_interval_s: float = 600.0):
+    def __init__(self, store: Store, policy: SnapshotPolicy = SnapshotPolicy(), *,
+                 housekeeping: Housekeeping | None = None):
         self.store = store
-        self.store.throttle = TokenBucket(rate_bytes_per_s)
-        self.max_queue = max_queue
-        self.max_fds = max_fds
-        self.session_root = Path(session_root) if session_root else None
-        self.current_session = Path(current_session) if current_session else None
-        self.retention_max_age_s = retention_max_age_s
-        self.retention_max_total_bytes = retention_max_total_bytes
-        self.housekeeping_interval_s = housekeeping_interval_s
+        self.store.throttle = TokenBucket(policy.rate_bytes_per_s)
+        self.max_queue = policy.max_queue
+        self.max_fds = policy.max_fds
+        self.housekeeping_interval_s = policy.housekeeping_interval_s
+        self._housekeeping = housekeeping
         self._heap: list = []
         self._seq = itertools.count()
         self._fds = 0
         self._cv = threading.Condition()
         self._stop = False
         self._seen: set[str] = set()          # build-ids submitted this session
-        self._session_ids: dict[str, set[str]] = {}   # closed session name → its build-ids
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "gone": 0, "retention_removed": 0, "quota_removed": 0}
         self.last_error: str | None = None
@@ -212,25 +231,11 @@ class Snapshotter:
         return fd
 
     def housekeeping(self) -> None:
-        """Session retention, then the store quota, protecting every build-id a kept session references."""
+        """Run the housekeeping callable (if any) with the build-ids submitted this session; never raises."""
+        if self._housekeeping is None:
+            return
         try:
-            keep = {self.current_session} if self.current_session else set()
-            if self.session_root is not None and self.session_root.is_dir():
-                removed = enforce_retention(self.session_root, max_age_s=self.retention_max_age_s,
-                                            max_total_bytes=self.retention_max_total_bytes,
-                                            keep={p for p in keep})
-                self.stats["retention_removed"] += len(removed)
-            protected = set(self._seen)
-            if self.session_root is not None and self.session_root.is_dir():
-                for sdir in self.session_root.iterdir():
-                    if not sdir.is_dir() or (self.current_session and sdir == self.current_session):
-                        continue
-                    ids = self._session_ids.get(sdir.name)
-                    if ids is None:
-                        ids = self._session_ids[sdir.name] = session_build_ids(sdir)
-                    protected |= ids
-            removed_ids = self.store.enforce_quota(protected)
-            self.stats["quota_removed"] += len(removed_ids)
+            self._housekeeping(self._seen, self.stats)
         except Exception as e:   # housekeeping must never kill the worker
             self.last_error = f"housekeeping: {e}"
             log.warning("housekeeping failed: %s", e)

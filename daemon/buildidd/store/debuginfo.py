@@ -1,0 +1,82 @@
+"""A binary's separate debuginfo: found on the host by build-id, copied next to its ``elf``.
+
+perf: util/build-id.c ``build_id_cache__find_debug`` looks for the same
+build-id under ``/usr/lib/debug/.build-id/xx/rest.debug`` and skips paths
+ending in ``.ko``; the store does the same and keeps the file as ``debug``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from buildidd.errors import ElfError, StoreError
+from buildidd.resolve.buildid import read_build_id_fd
+from buildidd.store.counters import Tally
+from buildidd.store.install import CopyRequest, Installed, Installer
+from buildidd.store.layout import BUILD_ID_DIR, DEBUG_NAME
+
+
+class Debuginfo:
+    """Adds ``debug`` files from a host debuginfo tree.
+
+    Attributes:
+        debug_root: where separate debuginfo is looked for, as
+            ``debug_root/.build-id/xx/rest.debug``.
+    """
+
+    def __init__(self, debug_root: Path, installer: Installer, tally: Tally):
+        self.debug_root = debug_root
+        self.installer = installer
+        self.tally = tally
+
+    def source(self, bid: str) -> Path:
+        """``debug_root/.build-id/xx/rest.debug`` for a lower-case hex build-id."""
+        return self.debug_root / BUILD_ID_DIR / bid[:2] / f"{bid[2:]}.debug"
+
+    def add(self, entry_dir: Path, bid: str, path: str, done: Installed) -> int:
+        """Copy debug_root/.build-id/xx/rest.debug to entry_dir/debug; bytes added (0: none).
+
+        perf: ``build_id_cache__find_debug`` (the same name under
+        ``/usr/lib/debug``), skipped for names ending in ``.ko``.  Failures are
+        counted (``debuginfo_mismatch``, ``debuginfo_errors``) and logged; the
+        entry is added without debuginfo.  Nothing is raised.
+
+        Args:
+            entry_dir: the entry's directory (exists).
+            bid: the entry's build-id, lower-case hex.
+            path: the original file's path (only its ``.ko`` suffix matters).
+            done: what this add made so far; the debug file is added to it.
+        """
+        if path.endswith(".ko") or (entry_dir / DEBUG_NAME).exists():
+            return 0
+        source = self.source(bid)
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        except OSError as e:
+            self.tally.count("debuginfo_errors")
+            self.tally.warn("%s: cannot open debuginfo: %s", source, e.strerror)
+            return 0
+        try:
+            try:
+                got = read_build_id_fd(fd)
+            except (ElfError, OSError) as e:
+                got = None
+                self.tally.warn("%s: cannot read its build-id: %s", source, e)
+            if got is None or got.hex != bid:
+                self.tally.count("debuginfo_mismatch")
+                self.tally.warn("%s: build-id %s, not %s; not stored", source, got.hex if got else None, bid)
+                return 0
+            try:
+                _, size = self.installer.install_copy(
+                    CopyRequest(fd, os.fstat(fd), entry_dir / DEBUG_NAME, bid, what=str(source)), done)
+            except (StoreError, OSError) as e:
+                self.tally.count("debuginfo_errors")
+                self.tally.warn("%s: debuginfo not stored: %s", source, e)
+                return 0
+            self.tally.count("debuginfo_added")
+            return size
+        finally:
+            os.close(fd)

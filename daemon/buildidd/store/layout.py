@@ -1,0 +1,266 @@
+"""perf's build-id cache layout: names, links, entry directories, listing.
+
+The same tree ``perf buildid-cache -a FILE`` writes (Linux
+``tools/perf/util/build-id.c``: ``build_id_cache__add``,
+``build_id_cache__cachedir``, ``build_id_cache__linkname``,
+``build_id_cache__basename``), so that ``perf --buildid-dir ROOT report``,
+``perf buildid-cache -l`` and ``perf probe`` read it as their own.  Observed
+with perf 6.1 (Debian linux-perf) on this project's test host::
+
+    ROOT/                                     mode 0o755
+      .build-id/c8/9156ebdabf859f4ee70cb0c303004dccf1ae51
+            -> ../../usr/bin/true/c89156ebdabf859f4ee70cb0c303004dccf1ae51
+      usr/bin/true/c89156ebdabf859f4ee70cb0c303004dccf1ae51/
+        elf        the file
+        debug      /usr/lib/debug/.build-id/c8/9156ebdabf859f4ee70cb0c303004dccf1ae51.debug,
+                   when that exists (perf: build_id_cache__find_debug)
+        probes     perf's SDT probe cache, empty when the file has no
+                   .note.stapsdt (perf: build_id_cache__add_sdt_cache)
+      [kernel.kallsyms]/4a5a9b0affb66c437abcd455d2738af879985fa9/
+        kallsyms   /proc/kallsyms (perf record's cache of the kernel)
+        modules    /proc/modules            (buildidd's addition, not perf's)
+        vmlinux    the kernel image, when found (buildidd's addition)
+      .build-id/4a/5a9b0affb66c437abcd455d2738af879985fa9
+            -> ../../[kernel.kallsyms]/4a5a9b0affb66c437abcd455d2738af879985fa9
+
+* The entry directory is ``ROOT`` + the file's absolute path + ``/`` + the
+  build-id in lower-case hex; directories are made with mode 0o755.
+* The link is ``ROOT/.build-id/`` + the first two hex digits + ``/`` + the
+  rest, a *relative* symlink ``"../.."`` + path + ``/`` + build-id
+  (``build_id_cache__add``: ``memcpy(tmp, "../..", 5)``).  A file is found by
+  build-id through the link: ``ROOT/.build-id/xx/rest/elf`` (``…/debug``,
+  ``…/kallsyms``, ``…/vdso``: ``__dso__build_id_filename``).
+* ``probes`` is written for every regular file (not for kallsyms), byte for
+  byte as perf writes it (:func:`buildidd.store.sdt.sdt_probe_cache`).
+* Build-ids of 2 to 64 bytes are stored; perf handles at most 20
+  (``BUILD_ID_SIZE``) and lists (``-l``) only those of 8 to 20 bytes
+  (build-id.c ``lsdir_bid_tail_filter``: ``SBUILD_ID_MIN_SIZE``, ``SBUILD_ID_SIZE``).
+* perf finds the directory from ``perf --buildid-dir DIR`` or the config key
+  ``buildid.dir``, default ``$HOME/.debug``.  perf 6.1 does not *read*
+  ``PERF_BUILDID_DIR``: ``set_buildid_dir()`` (util/config.c) sets it for the
+  commands perf runs.  (``PERF_BUILDID_DIR=/tmp/x perf buildid-cache -a`` writes
+  to ``~/.debug``.)
+* The entry's name is the path given by the caller (the kernel's ``d_path`` of
+  the mapping), not a ``realpath()`` in the daemon's mount namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from buildidd.errors import StoreError
+from buildidd.resolve.buildid import BuildId
+
+# --- Names (tools/perf/util/build-id.c, dso.h) ----------------------------------
+
+BUILD_ID_DIR = ".build-id"
+"""Directory of the links, ``ROOT/.build-id/xx/rest`` (``build_id_cache__linkname``)."""
+
+ELF_NAME = "elf"
+"""The file itself (``build_id_cache__basename``: neither kallsyms, vdso nor debug)."""
+
+DEBUG_NAME = "debug"
+"""Its separate debuginfo (``build_id_cache__basename`` with ``is_debug``)."""
+
+PROBES_NAME = "probes"
+"""perf's SDT probe cache (util/probe-file.c ``probe_cache__open``)."""
+
+KALLSYMS_NAME = "kallsyms"
+"""The kernel's /proc/kallsyms (``build_id_cache__basename`` with ``is_kallsyms``)."""
+
+VDSO_NAME = "vdso"
+"""A vDSO image (``build_id_cache__basename`` with ``is_vdso``); perf writes these, the store reads them."""
+
+MODULES_NAME = "modules"
+"""/proc/modules next to kallsyms: buildidd's addition (perf keeps one only with ``--kcore``)."""
+
+VMLINUX_NAME = "vmlinux"
+"""The kernel image with a matching build-id: buildidd's addition."""
+
+KALLSYMS_DSO = "[kernel.kallsyms]"
+"""perf's name of the kernel DSO (dso.h ``DSO__NAME_KALLSYMS``), the kernel entry's directory."""
+
+MAIN_FILE_NAMES = (ELF_NAME, KALLSYMS_NAME, VDSO_NAME)
+"""The file an entry is found by, in the order they are looked for."""
+
+DIR_MODE = 0o755
+"""Mode of every directory the store makes (perf's ``mkdir_p(..., 0755)``)."""
+
+TEMP_INFIX = ".buildidd-tmp-"
+"""Marks a file under a temporary name, ``.NAME.buildidd-tmp-XXXX`` (swept after a crash)."""
+
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def hex_build_id(build_id_hex: str) -> str:
+    """Validate and lower-case a build-id; the layout needs at least 2 bytes (``xx/rest``).
+
+    Raises:
+        ValueError: not hex, or shorter than 2 bytes.
+    """
+    text = BuildId.from_hex(build_id_hex).hex  # ValueError
+    if len(text) < 4:
+        raise ValueError(f"build-id {build_id_hex!r} too short for the .build-id/xx/rest layout")
+    return text
+
+
+def relative(path: str) -> str:
+    """The store-relative directory of an absolute file path: ``/usr/bin/true`` → ``usr/bin/true``.
+
+    Empty and ``.`` components are dropped; ``..`` is refused (it would leave
+    the entry's directory), and so is a first component ``.build-id``.
+
+    Raises:
+        ValueError: not an absolute path, or one that cannot be stored.
+    """
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise ValueError(f"not an absolute path: {path!r}")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts or parts[0] == BUILD_ID_DIR:
+        raise ValueError(f"path cannot be stored: {path!r}")
+    return "/".join(parts)
+
+
+def is_hex(text: str) -> bool:
+    """Whether text is non-empty and only hex digits (either case)."""
+    return bool(text) and all(c in _HEX_DIGITS for c in text)
+
+
+def origname(target: str) -> str:
+    """The original path from a link target ``../..<path>/<build-id>`` (perf's ``build_id_cache__origname``)."""
+    inner = target[len("../.."):] if target.startswith("../..") else target
+    inner = inner.rsplit("/", 1)[0]
+    if inner.startswith("/["):
+        inner = inner[1:]  # a DSO name such as [kernel.kallsyms], not a path
+    return inner
+
+
+def files_size(directory: Path) -> int:
+    """Sum of ``st_size`` of the regular files directly in directory (not followed); 0 if unreadable."""
+    total = 0
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        total += e.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    except OSError:
+        return 0
+    return total
+
+
+def main_file(directory: Path) -> Path | None:
+    """The entry's main file in directory (the first of :data:`MAIN_FILE_NAMES` that is a regular file)."""
+    for name in MAIN_FILE_NAMES:
+        candidate = directory / name
+        try:
+            if stat.S_ISREG(os.lstat(candidate).st_mode):
+                return candidate
+        except OSError:
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of the store, found through its ``.build-id`` link.
+
+    Attributes:
+        build_id_hex: lower-case hex.
+        path: the original file's path (``/usr/bin/true``), or ``[kernel.kallsyms]``
+            (perf's ``build_id_cache__origname``).
+        directory: the entry's directory, ``ROOT/<path>/<build-id>``.
+        size_bytes: sum of ``st_size`` of the regular files in ``directory``
+            (elf, debug, probes; kallsyms, modules, vmlinux).  Apparent size:
+            a reflinked copy is counted in full.
+        last_ref_ns: ns since the epoch: the directory's mtime, set when the
+            entry was added and by :meth:`buildidd.store.Store.touch`.
+    """
+
+    build_id_hex: str
+    path: str
+    directory: Path
+    size_bytes: int
+    last_ref_ns: int
+
+
+class Layout:
+    """The tree under one root: where an entry's link and directory are, and which exist.
+
+    Reads only; the installer and the quota change the tree.  Build-ids given
+    to the methods are already validated lower-case hex (:func:`hex_build_id`).
+
+    Attributes:
+        root: the store's directory, absolute.
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def linkname(self, bid: str) -> Path:
+        """``ROOT/.build-id/xx/rest`` for a build-id, present or not (perf's ``build_id_cache__linkname``)."""
+        return self.root / BUILD_ID_DIR / bid[:2] / bid[2:]
+
+    def entry_dir(self, bid: str) -> Path | None:
+        """The directory the link of bid points to, if it is a directory inside the store."""
+        link = self.linkname(bid)
+        try:
+            target = os.readlink(link)
+        except OSError:
+            return None
+        directory = Path(os.path.normpath(os.path.join(link.parent, target)))
+        root = os.path.normpath(self.root)
+        if os.path.commonpath([root, directory]) != root or directory == Path(root):
+            return None
+        try:
+            if not stat.S_ISDIR(os.stat(directory).st_mode):
+                return None
+        except OSError:
+            return None
+        return directory
+
+    def path_of(self, bid: str) -> Path | None:
+        """The entry's main file (see :func:`main_file`), or ``None`` when bid has no entry."""
+        directory = self.entry_dir(bid)
+        return main_file(directory) if directory is not None else None
+
+    def entries(self) -> list[Entry]:
+        """Every entry reachable through a ``.build-id`` link, in build-id order.
+
+        Links that dangle, point outside the store, or are old-style regular
+        files (perf before 3.x kept the file itself in ``.build-id/xx/rest``) are
+        left out.
+
+        Raises:
+            StoreError: the ``.build-id`` directory cannot be listed.
+        """
+        top = self.root / BUILD_ID_DIR
+        try:
+            heads = sorted(n for n in os.listdir(top) if len(n) == 2 and is_hex(n))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise StoreError(f"{top}: cannot list: {e.strerror}") from e
+        out = []
+        for head in heads:
+            try:
+                tails = sorted(n for n in os.listdir(top / head) if is_hex(n))
+            except OSError:
+                continue
+            for tail in tails:
+                bid = head + tail
+                directory = self.entry_dir(bid)
+                if directory is None:
+                    continue
+                try:
+                    target = os.readlink(top / head / tail)
+                    mtime_ns = os.stat(directory).st_mtime_ns
+                except OSError:
+                    continue
+                out.append(Entry(bid, origname(target), directory, files_size(directory), mtime_ns))
+        return out
