@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from buildidd.control import ControlClient, ControlError, ControlServer
+from buildidd.control import ControlClient, ControlError, ControlServer, ServerOptions
 from buildidd.control import protocol
 from buildidd.control.protocol import MAX_REQUEST_BYTES
 from buildidd.errors import ProtocolError
@@ -68,7 +68,7 @@ def serve(sockdir):
     def make(handlers=HANDLERS, **kw):
         kw.setdefault("group", None)
         kw.setdefault("client_timeout_s", TIMEOUT_S)
-        srv = ControlServer(os.path.join(sockdir, "ctl.sock"), handlers, **kw)
+        srv = ControlServer(os.path.join(sockdir, "ctl.sock"), handlers, ServerOptions(**kw))
         srv.start()
         started.append(srv)
         return srv
@@ -166,14 +166,14 @@ def test_status_round_trip(serve):
 
 def test_socket_file_mode_group_and_cleanup(sockdir):
     path = os.path.join(sockdir, "run", "ctl.sock")  # parent does not exist yet
-    with ControlServer(path, HANDLERS, group="nogroup", client_timeout_s=TIMEOUT_S) as srv:
+    with ControlServer(path, HANDLERS, ServerOptions(group="nogroup", client_timeout_s=TIMEOUT_S)) as srv:
         st = os.stat(path)
         assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
         assert st.st_uid == 0 and st.st_gid == grp.getgrnam("nogroup").gr_gid == srv.gid
         assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
         assert os.listdir(os.path.dirname(path)) == ["ctl.sock"]  # no temporary bind name left
         with pytest.raises(FileExistsError):  # a live server is never replaced
-            ControlServer(path, HANDLERS, group=None).start()
+            ControlServer(path, HANDLERS, ServerOptions(group=None)).start()
         assert ControlClient(path).request("echo", x=1) == {"x": 1}
     assert not os.path.exists(path)
 
@@ -183,13 +183,13 @@ def test_missing_group_keeps_root_group_and_stale_socket_replaced(sockdir):
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(path)
     stale.close()  # a socket file nobody listens on
-    with ControlServer(path, HANDLERS, group="no-such-group-buildidd") as srv:
+    with ControlServer(path, HANDLERS, ServerOptions(group="no-such-group-buildidd")) as srv:
         assert srv.gid is None and os.stat(path).st_gid == 0
         assert ControlClient(path).request("echo") == {}
     with open(path, "w"):  # a regular file is not ours to delete
         pass
     with pytest.raises(FileExistsError):
-        ControlServer(path, HANDLERS, group=None).start()
+        ControlServer(path, HANDLERS, ServerOptions(group=None)).start()
     assert os.path.isfile(path)
 
 

@@ -30,8 +30,8 @@ def cmd_run(args) -> int:
     server = None
     if cfg.control_socket:
         from buildidd.control.handlers import make_handlers
-        from buildidd.control.server import ControlServer
-        server = ControlServer(cfg.control_socket, make_handlers(rec), group=cfg.control_group)
+        from buildidd.control.server import ControlServer, ServerOptions
+        server = ControlServer(cfg.control_socket, make_handlers(rec), ServerOptions(group=cfg.control_group))
         server.start()
     notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
     log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",

@@ -8,7 +8,8 @@
                                      handlers[cmd](args) → JSON result
 
 ``protocol`` is the wire format (JSON only, never pickle), ``server`` serves
-handlers, ``client`` is the one client.
+handlers (socket file, peer checks, accept loop; ``connection`` reads,
+answers and times out each connection), ``client`` is the one client.
 
 May import: every stage below cli (capture, store, sessionlog, resolve, kernel)
 and the shared modules.
@@ -16,6 +17,7 @@ and the shared modules.
 
 from buildidd.control.client import ControlClient
 from buildidd.control.protocol import ControlError, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
-from buildidd.control.server import ControlServer
+from buildidd.control.server import ControlServer, ServerOptions
 
-__all__ = ["ControlClient", "ControlError", "ControlServer", "MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES"]
+__all__ = ["ControlClient", "ControlError", "ControlServer", "MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES",
+           "ServerOptions"]
