@@ -1,0 +1,160 @@
+"""``buildidd archive``, ``import`` and ``sessions``: moving sessions and their binaries between hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args
+from buildidd.errors import UsageError
+
+DEFAULT_DEBUG_DIR = "~/.debug"
+"""perf's default build-id cache (``buildid.dir``; perf ignores PERF_BUILDID_DIR)."""
+
+
+def _store(cfg):
+    """The config's store, or ``None`` when none is configured or it does not exist (never created here)."""
+    from buildidd.store import Store
+
+    if not cfg.store_root or not os.path.isdir(cfg.store_root):
+        return None
+    return Store(cfg.store_root)
+
+
+def _progress_bar(total_hint: str):
+    """A tqdm bar on stderr when it is a terminal, else ``(None, None)``."""
+    if not sys.stderr.isatty():
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc=total_hint, file=sys.stderr)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    return bar, progress
+
+
+def _summary(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def cmd_archive(args) -> int:
+    """`buildidd archive SESSION -o FILE`: the session and its binaries in one tar + zstd file.
+
+    Written to ``FILE.part-XXXX`` next to FILE and renamed when complete, so a
+    failed archive leaves no partial FILE.
+    """
+    from buildidd.offline.archive import write_archive
+
+    cfg = roots_from_args(args)
+    session = resolve_session(args.session, cfg.session_root)
+    out = Path(args.output)
+    if out.is_dir():
+        raise UsageError(f"-o {out}: is a directory; name the archive file")
+    tmp = out.with_name(f".{out.name}.part-{secrets.token_hex(4)}")
+    bar, progress = _progress_bar(session.name)
+    try:
+        with open(tmp, "xb") as f:
+            manifest = write_archive(session, _store(cfg), f, exclude_upstream=args.exclude_upstream,
+                                     progress=progress)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    finally:
+        if bar is not None:
+            bar.close()
+        if tmp.exists():
+            tmp.unlink()
+    up = manifest.upstream
+    if up is not None and not up["reachable"]:
+        print(f"buildidd: upstream {up['url']} unreachable ({up['error']}): nothing excluded", file=sys.stderr)
+    print(f"{out}: session {session.name}, {len(manifest.segments)} segment(s), build-ids: "
+          f"{_summary(manifest.counts())}, {out.stat().st_size} bytes")
+    return 0
+
+
+def cmd_import(args) -> int:
+    """`buildidd import FILE`: verify an archive and install it into a build-id cache and the session root."""
+    from buildidd.offline.importer import import_archive
+
+    cfg = roots_from_args(args)
+    debug_dir = os.path.expanduser(args.debug_dir)
+    r = import_archive(args.file, debug_dir=debug_dir, session_root=cfg.session_root)
+    if args.json:
+        json.dump({"session_dir": str(r.session_dir), "session_new": r.session_new, "debug_dir": debug_dir,
+                   "installed": r.installed, "present": r.present, "upstream": r.upstream,
+                   "missing": r.missing, "bytes": r.bytes}, sys.stdout)
+        print()
+        return 0
+    print(f"session {r.manifest.session['name']} -> {r.session_dir}" + ("" if r.session_new else " (already there)"))
+    print(f"build-ids -> {debug_dir}: {len(r.installed)} installed ({r.bytes} bytes), {len(r.present)} already "
+          f"present, {len(r.upstream)} upstream, {len(r.missing)} missing")
+    reasons = {ref.build_id: ref.reason for ref in r.manifest.build_ids}
+    for bid in r.missing:
+        print(f"  missing {bid}: {reasons.get(bid)}")
+    return 0
+
+
+def _time(info, time_ns) -> str:
+    from datetime import datetime, timezone
+
+    wall = info.wall_ns(time_ns)
+    if wall is None:
+        return "-" if time_ns is None else f"{time_ns / 1e9:.3f}s"
+    return datetime.fromtimestamp(wall / 1e9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cmd_sessions(args) -> int:
+    """`buildidd sessions`: every session under the session root (name, host, time range, size, records,
+    build-ids, lost); ``--json``: one JSON object per line."""
+    from buildidd.offline.sessions import list_sessions
+
+    cfg = roots_from_args(args)
+    infos = list_sessions(cfg.session_root)
+    if args.json:
+        for info in infos:
+            print(json.dumps(info.to_json()))
+        return 0
+    print(f"{'NAME':<34} {'HOST':<16} {'FIRST':<20} {'LAST':<20} {'BYTES':>10} {'RECORDS':>8} "
+          f"{'BUILDIDS':>8} {'LOST':>6}")
+    for i in infos:
+        print(f"{i.name:<34} {(i.host or '-'):<16} {_time(i, i.first_time_ns):<20} {_time(i, i.last_time_ns):<20} "
+              f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {i.lost:>6}")
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``archive``, ``import`` and ``sessions`` to the subcommands."""
+    p = sub.add_parser("archive", help="a session and every binary it references, in one tar+zstd file",
+                       description="Write SESSION, its manifest and the store entries of every build-id it "
+                                   "references to one tar + zstd file (extract with tar --zstd; install with "
+                                   "buildidd import).")
+    p.add_argument("session", help="session directory, its name under the session root, or 'latest'")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the archive to write")
+    p.add_argument("--exclude-upstream", metavar="URL",
+                   help="leave out the binaries this debuginfod server already serves (listed as 'upstream')")
+    add_roots_options(p)
+    p.set_defaults(func=cmd_archive)
+
+    p = sub.add_parser("import", help="verify an archive and install it into a perf build-id cache",
+                       description="Verify FILE (manifest, sizes, build-ids), then install its binaries into "
+                                   "a perf build-id cache (perf --buildid-dir DIR; gdb: set "
+                                   "debug-file-directory DIR) and its session under the session root.")
+    p.add_argument("file", help="an archive written by buildidd archive")
+    p.add_argument("--debug-dir", default=DEFAULT_DEBUG_DIR, metavar="DIR",
+                   help="build-id cache to install into (default %(default)s, perf's)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_roots_options(p)
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("sessions", help="list the recorded sessions",
+                       description="List sessions: name, host, time range (UTC), size, records, build-ids, "
+                                   "lost events.")
+    p.add_argument("--json", action="store_true", help="one JSON object per session and line")
+    add_roots_options(p)
+    p.set_defaults(func=cmd_sessions)
