@@ -7,13 +7,13 @@ import logging
 import sys
 
 from buildidd import __version__
-from buildidd.cli import archive, ctl, record, serve, show
+from buildidd.cli import analyze, archive, ctl, record, serve, show
 from buildidd.errors import BuildiddError
 
 log = logging.getLogger("buildidd")
 
 #: The verb families, in the order ``buildidd --help`` lists them.
-FAMILIES = (record, show, ctl, serve, archive)
+FAMILIES = (record, show, ctl, serve, archive, analyze)
 
 
 def build_parser() -> argparse.ArgumentParser:
