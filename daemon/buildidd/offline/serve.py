@@ -248,7 +248,7 @@ def make_app(opts: ServeOptions, store: Store | None = None) -> web.Application:
     app.router.add_get("/metrics", handle_metrics, allow_head=False)
     if opts.session_root:
         from buildidd.offline import serve_sessions
-        serve_sessions.add_routes(app, opts)
+        serve_sessions.add_routes(app, opts.session_root, opts.store_root, opts.spool_dir)
     return app
 
 

@@ -154,10 +154,19 @@ class MetricsAccessLogger(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         metrics = request.app.get(METRICS_KEY) if isinstance(request, web.Request) else None
         route = _route_of(request)
+        body_bytes = sent_body_bytes(request, response)
         if metrics is not None:
-            metrics.answered(route, response.status, response.body_length)
+            metrics.answered(route, response.status, body_bytes)
         self.logger.debug("%s %s %s %d %d bytes %.3f s", request.remote, request.method, request.path,
-                          response.status, response.body_length, time)
+                          response.status, body_bytes, time)
+
+
+def sent_body_bytes(request: web.BaseRequest, response: web.StreamResponse) -> int:
+    """Body bytes of an answer: what went through the writer, or for a file sent with sendfile(2)
+    (which bypasses the writer) its Content-Length (so a transfer the client cut counts in full)."""
+    if isinstance(response, web.FileResponse) and request.method != "HEAD" and response.status in (200, 206):
+        return response.content_length or 0
+    return response.body_length
 
 
 def _route_of(request: web.BaseRequest) -> str:
