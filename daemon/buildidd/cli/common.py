@@ -1,12 +1,46 @@
-"""What the verb families share: session and client options, config from arguments, SESSION names."""
+"""What the verb families share: options, config from arguments, SESSION names, the daemon client, privileges.
+
+Errors raised here carry the command's exit status (``BuildiddError.exit_code``;
+main() turns them into one line on stderr): 2 for a malformed argument, 3 when
+no daemon answers, 4 for a missing capability or permission.
+"""
 
 from __future__ import annotations
 
 import argparse
+import socket
+import struct
+import textwrap
 from pathlib import Path
 
 from buildidd import config as configmod
-from buildidd.errors import BuildiddError
+from buildidd.errors import BuildiddError, ConfigError, NotRunningError, PrivilegeError
+
+#: Capabilities ``run`` and ``record`` need, by number (linux/capability.h):
+#: loading and attaching BPF programs, and opening /proc/PID/map_files.
+RECORDING_CAPABILITIES = {"CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
+
+
+def paragraph(text: str) -> str:
+    """A --help description filled to 78 columns, for parsers whose epilog keeps its line breaks
+    (argparse.RawDescriptionHelpFormatter)."""
+    return textwrap.fill(text, 78)
+
+
+def size_arg(text: str) -> int:
+    """argparse type of a size option: bytes, or a number with K/M/G (config.parse_size)."""
+    try:
+        return configmod.parse_size(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def duration_arg(text: str) -> float:
+    """argparse type of a duration option: seconds, or a number with a unit (config.parse_duration)."""
+    try:
+        return configmod.parse_duration(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def config_from_args(args) -> configmod.Config:
@@ -23,47 +57,139 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
     """--config, --session-root, --session-dir, segment limits, --no-compress, --store-root."""
     p.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
                    help="TOML configuration file (default %(default)s; absent is fine)")
-    p.add_argument("--session-root", help="directory of session directories "
+    p.add_argument("--session-root", metavar="DIR", help="directory of session directories "
                    f"(default {configmod.Config.session_root})")
-    p.add_argument("--session-dir", help="exact directory for this session (overrides --session-root)")
-    p.add_argument("--segment-max-bytes", type=int, help="rotate a segment at this size (bytes)")
-    p.add_argument("--segment-max-age", type=float, help="rotate a segment at this age (seconds)")
+    p.add_argument("--session-dir", metavar="DIR",
+                   help="exact directory for this session (overrides --session-root)")
+    p.add_argument("--segment-max-bytes", type=size_arg, metavar="SIZE",
+                   help="rotate a segment at this size (bytes, or with K/M/G: 64M)")
+    p.add_argument("--segment-max-age", type=duration_arg, metavar="DURATION",
+                   help="rotate a segment at this age (seconds, or with a unit: 30min, 1h)")
     p.add_argument("--no-compress", action="store_true", help="keep closed segments uncompressed")
-    p.add_argument("--store-root", help="build-id store for binary snapshots "
+    p.add_argument("--store-root", metavar="DIR", help="build-id store for binary snapshots "
                    f"(default {configmod.Config.store_root}; '' disables snapshots)")
 
 
+def is_session(path: Path) -> bool:
+    """Whether path is a directory holding a session log (segment-NNNNNN.jsonl[.zst] files)."""
+    from buildidd.sessionlog import SEGMENT_GLOB
+    return path.is_dir() and next(path.glob(SEGMENT_GLOB), None) is not None
+
+
 def resolve_session(arg: str, root: str) -> Path:
-    """SESSION as given: a session directory, a name under root, or ``latest``.
+    """SESSION as given: a session directory, a name under root, or ``latest`` (the newest under root).
 
     Raises:
-        BuildiddError: no such session.
+        BuildiddError: no such session, or the directory holds no session log.
     """
     p = Path(arg)
-    if p.is_dir():
-        return p
-    if arg == "latest":
-        dirs = sorted(d for d in Path(root).iterdir() if d.is_dir()) if Path(root).is_dir() else []
-        if dirs:
-            return dirs[-1]
-    elif (Path(root) / arg).is_dir():
-        return Path(root) / arg
-    raise BuildiddError(f"no session {arg!r} (looked in . and {root})")
+    if not p.is_dir():
+        if arg == "latest":
+            dirs = sorted(d for d in Path(root).iterdir() if is_session(d)) if Path(root).is_dir() else []
+            if not dirs:
+                raise BuildiddError(f"no session under {root}; give a session directory or --session-root")
+            p = dirs[-1]
+        elif (Path(root) / arg).is_dir():
+            p = Path(root) / arg
+        else:
+            raise BuildiddError(f"no session {arg!r} (looked in . and {root}); "
+                                "give a session directory, its name under --session-root, or 'latest'")
+    if not is_session(p):
+        raise BuildiddError(f"{p} is not a buildidd session (no segment-*.jsonl files in it); "
+                            "give a session directory, its name under --session-root, or 'latest'")
+    return p
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
     """--socket and --timeout of the commands that talk to the daemon."""
-    p.add_argument("--socket", default=configmod.Config.control_socket, help="control socket (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon")
+    p.add_argument("--socket", metavar="PATH", default=configmod.Config.control_socket,
+                   help="the daemon's control socket (default %(default)s)")
+    p.add_argument("--timeout", type=duration_arg, metavar="DURATION", default=10.0,
+                   help="how long to wait for the daemon's answer (default %(default)s s)")
+
+
+def daemon_request(args, cmd: str, **kwargs):
+    """Send cmd with kwargs to the daemon on args.socket (timeout args.timeout s); its result.
+
+    Raises:
+        NotRunningError: nothing listens on the socket (absent or stale).
+        PrivilegeError: the socket or the daemon refused this user.
+        BuildiddError: no answer in time, or the daemon answered with an error
+            (``.code`` of the ControlError kept as ``__cause__``).
+    """
+    from buildidd.control.client import ControlClient
+    from buildidd.control.protocol import PERMISSION_DENIED, ControlError
+
+    path = args.socket
+    try:
+        with ControlClient(path, timeout_s=args.timeout) as c:
+            return c.request(cmd, **kwargs)
+    except FileNotFoundError as e:
+        raise NotRunningError(f"no buildidd listening on {path}; is buildidd.service running? "
+                              "(systemctl start buildidd, or --socket PATH)") from e
+    except ConnectionRefusedError as e:
+        raise NotRunningError(f"no buildidd listening on {path} (a stale socket: the daemon that made it "
+                              "is gone); is buildidd.service running? (systemctl restart buildidd)") from e
+    except PermissionError as e:
+        raise PrivilegeError(f"permission denied on {path}; run as root or as a member of group "
+                             f"'{configmod.Config.control_group}'") from e
+    except TimeoutError as e:
+        raise BuildiddError(f"buildidd on {path} did not answer within {args.timeout:g} s; "
+                            "see systemctl status buildidd, or raise --timeout") from e
+    except ControlError as e:
+        if e.code == PERMISSION_DENIED:
+            raise PrivilegeError(f"buildidd on {path} refused this user ({e.message}); run as root or as a "
+                                 f"member of group '{configmod.Config.control_group}'") from e
+        raise
+    except OSError as e:
+        raise BuildiddError(f"cannot talk to buildidd on {path}: {e.strerror or e}") from e
+
+
+def listening_pid(path: str) -> int | None:
+    """The pid of the process listening on the unix socket path (SO_PEERCRED), or None when none does."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+
+
+def missing_capabilities(names: dict[str, int] = RECORDING_CAPABILITIES, status: str = "/proc/self/status") -> list[str]:
+    """Which of the named capabilities (name → number) this process's effective set (CapEff) lacks.
+
+    Raises:
+        BuildiddError: /proc/self/status unreadable or without CapEff.
+    """
+    try:
+        with open(status, encoding="ascii", errors="replace") as f:
+            cap_eff = next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), None)
+    except (OSError, ValueError, IndexError) as e:
+        raise BuildiddError(f"cannot read the capabilities in {status}: {e}") from e
+    if cap_eff is None:
+        raise BuildiddError(f"{status} has no CapEff line")
+    return [name for name, bit in sorted(names.items(), key=lambda kv: kv[1]) if not cap_eff >> bit & 1]
+
+
+def require_recording_privileges(verb: str) -> None:
+    """Raise PrivilegeError naming what is missing when this process cannot load BPF programs."""
+    missing = missing_capabilities()
+    if missing:
+        raise PrivilegeError(f"{verb} needs {', '.join(RECORDING_CAPABILITIES)}; this process lacks "
+                             f"{', '.join(missing)}: run it as root (sudo buildidd {verb} ...)")
 
 
 def add_roots_options(p: argparse.ArgumentParser) -> None:
     """--config, --session-root, --store-root: the options every offline verb shares with ``run``."""
     p.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
                    help="TOML configuration file (default %(default)s; absent is fine)")
-    p.add_argument("--session-root", help="directory of session directories "
+    p.add_argument("--session-root", metavar="DIR", help="directory of session directories "
                    f"(default from the config: {configmod.Config.session_root})")
-    p.add_argument("--store-root", help="build-id store "
+    p.add_argument("--store-root", metavar="DIR", help="build-id store "
                    f"(default from the config: {configmod.Config.store_root})")
 
 

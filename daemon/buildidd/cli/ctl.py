@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 
-from buildidd.cli.common import add_client_options
+from buildidd.cli.common import add_client_options, daemon_request, paragraph
+from buildidd.errors import BuildiddError, UsageError
+
+_HEX_RE = re.compile(r"(0[xX])?([0-9a-fA-F]{1,16})")
+_DEC_RE = re.compile(r"[0-9]{1,20}")
 
 
-def _client(args):
-    from buildidd.control.client import ControlClient
-    return ControlClient(args.socket, timeout_s=args.timeout)
+def parse_address(text: str, *, decimal: bool = False) -> int:
+    """A user-space address as people paste it: hex as /proc/PID/maps and perf print it
+    (``7f3c75c44000``), hex with ``0x``, or decimal when decimal is set (``0x`` still means hex).
+
+    Raises:
+        UsageError: not one of those forms, or above 2**64 - 1.
+    """
+    text = text.strip()
+    m = _HEX_RE.fullmatch(text)
+    if decimal and not (m and m.group(1)):
+        if _DEC_RE.fullmatch(text) and int(text) < 1 << 64:
+            return int(text)
+    elif m:
+        return int(m.group(2), 16)
+    raise UsageError(f"address {text[:40]!r}: give hex as /proc/PID/maps and perf print it "
+                     "(7f3c75c44000 or 0x7f3c75c44000), or decimal with --decimal")
 
 
 def _human_status(s: dict) -> str:
@@ -38,16 +57,14 @@ def _human_status(s: dict) -> str:
 
 def cmd_status(args) -> int:
     """`buildidd status`: the daemon's status over the control socket."""
-    with _client(args) as c:
-        s = c.request("status")
+    s = daemon_request(args, "status")
     print(json.dumps(s, indent=2) if args.json else _human_status(s))
     return 0
 
 
 def cmd_rotate(args) -> int:
     """`buildidd rotate`: close the daemon's current segment."""
-    with _client(args) as c:
-        r = c.request("rotate")
+    r = daemon_request(args, "rotate")
     print("rotated" + (f"; now writing {r['segment']}" if r.get("segment") else
                        "; the next segment opens with the next record"))
     return 0
@@ -55,8 +72,18 @@ def cmd_rotate(args) -> int:
 
 def cmd_lookup(args) -> int:
     """`buildidd lookup PID ADDR`: the mapping, file, offset and build-id covering ADDR now."""
-    with _client(args) as c:
-        r = c.request("lookup", pid=args.pid, addr=int(args.addr, 0))
+    from buildidd.control.protocol import ControlError
+
+    addr = parse_address(args.addr, decimal=args.decimal)
+    try:
+        r = daemon_request(args, "lookup", pid=args.pid, addr=addr)
+    except ControlError as e:
+        if e.code == "not_found" and "no mapping" in e.message:
+            raise BuildiddError(f"process {args.pid} has no mapping at {addr:#x} (see /proc/{args.pid}/maps)") from e
+        if e.code == "not_found":
+            raise BuildiddError(f"no process {args.pid} (it exited, or it lives in another PID namespace "
+                                "than the daemon's)") from e
+        raise BuildiddError(f"lookup {args.pid} {addr:#x}: {e.message}") from e
     if args.json:
         print(json.dumps(r, indent=2))
     else:
@@ -67,16 +94,29 @@ def cmd_lookup(args) -> int:
 
 def register(sub) -> None:
     """Add ``status``, ``rotate`` and ``lookup`` to the subcommand parsers."""
-    st = sub.add_parser("status", help="ask the running daemon what it is doing")
+    st = sub.add_parser("status", help="ask the running daemon what it is doing",
+                        description="The running daemon's session, event rates, losses, caches and snapshots. "
+                                    "Exit status 3 when no daemon listens on the socket.")
     add_client_options(st)
-    st.add_argument("--json", action="store_true", help="the same as JSON")
+    st.add_argument("--json", action="store_true", help="the same as one JSON object")
     st.set_defaults(func=cmd_status)
-    ro = sub.add_parser("rotate", help="close the daemon's current segment")
+    ro = sub.add_parser("rotate", help="close the daemon's current segment",
+                        description="Close the daemon's current segment (it is compressed); the next record "
+                                    "opens a new one. The same as systemctl reload buildidd without re-reading "
+                                    "the configuration.")
     add_client_options(ro)
     ro.set_defaults(func=cmd_rotate)
-    lk = sub.add_parser("lookup", help="which mapping, file, offset and build-id cover PID's ADDR now")
+    lk = sub.add_parser("lookup", help="which mapping, file, offset and build-id cover PID's ADDR now",
+                        description=paragraph("Ask the daemon which mapping of process PID covers address ADDR now, "
+                                    "and print: start-end perms +file_offset path build-id."),
+                        epilog="examples:\n  buildidd lookup 1234 7f3c75c44000      (as /proc/1234/maps and perf "
+                               "print it)\n  buildidd lookup 1234 0x7f3c75c44a10\n"
+                               "  buildidd lookup --decimal 1234 139897406210576",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_client_options(lk)
-    lk.add_argument("pid", type=int)
-    lk.add_argument("addr", help="address (0x... hex or decimal)")
-    lk.add_argument("--json", action="store_true")
+    lk.add_argument("pid", type=int, metavar="PID", help="process id (tgid) as the daemon sees it")
+    lk.add_argument("addr", metavar="ADDR", help="virtual address in PID: hex, with or without 0x "
+                    "(7f3c75c44000 as in /proc/PID/maps), or decimal with --decimal")
+    lk.add_argument("--decimal", action="store_true", help="read ADDR as decimal (0x... is still hex)")
+    lk.add_argument("--json", action="store_true", help="the answer as one JSON object")
     lk.set_defaults(func=cmd_lookup)

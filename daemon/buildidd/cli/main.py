@@ -1,4 +1,10 @@
-"""Command line: ``buildidd VERB``; each verb family is a module of this package with a register()."""
+"""Command line: ``buildidd VERB``; each verb family is a module of this package with a register().
+
+Exit status (README "Exit status"; kept stable for scripts): 0 success, 1
+failure, 2 usage error, 3 daemon not running, 4 permission denied; ``record``
+exits with its command's status (128+N when a signal N ended it).  Errors are
+one line on stderr naming the thing and the fix; ``-v`` adds the traceback.
+"""
 
 from __future__ import annotations
 
@@ -15,20 +21,58 @@ log = logging.getLogger("buildidd")
 #: The verb families, in the order ``buildidd --help`` lists them.
 FAMILIES = (record, show, ctl, serve, archive, analyze)
 
+EXIT_STATUS = """\
+exit status:
+  0  success                    3  the daemon is not running (no control socket)
+  1  failure                    4  permission denied (not root, not in group buildidd)
+  2  usage error                record: the command's own status (128+N for signal N)"""
+
+
+class _TopHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``buildidd --help``: each command and its help on one line (room for long command names)."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=32)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):  # argparse counts the commands one indent short
+            longest = max((len(name) for name in action.choices), default=0)
+            self._action_max_length = max(self._action_max_length, self._current_indent + 2 * self._indent_increment
+                                          + longest)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of every subcommand."""
-    p = argparse.ArgumentParser(prog="buildidd", description="Record executable mappings with exact build-ids.")
-    p.add_argument("--version", action="version", version=f"buildidd {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="buildidd", description="Record executable mappings with exact build-ids.",
+                                epilog=EXIT_STATUS, formatter_class=_TopHelpFormatter)
+    p.add_argument("--version", action="version", version=f"buildidd {__version__}",
+                   help="print the version and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging; tracebacks with errors")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands")
     for family in FAMILIES:
         family.register(sub)
+    man = sub.add_parser("help-man", help="print the manual page (roff) generated from this parser",
+                         description="Print buildidd(8) in roff, generated from the argument parser: "
+                                     "buildidd help-man | man -l -")
+    man.set_defaults(func=lambda _args: _print_man(p))
     return p
 
 
+def _print_man(parser: argparse.ArgumentParser) -> int:
+    from argparse_manpage.manpage import Manpage
+    data = {"manual_section": "8", "manual_title": "buildidd manual", "project_name": "buildidd", "version": __version__,
+            "description": "record executable mappings with exact build-ids", "prog": "buildidd"}
+    sys.stdout.write(str(Manpage(parser, _data=data)))
+    return 0
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse, set up logging, run the subcommand; returns the exit status."""
+    """Entry point: parse, set up logging, run the subcommand; returns the exit status (see module doc)."""
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
@@ -37,10 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BuildiddError as e:
-        log.error("%s", e)
+        log.error("%s", _one_line(e), exc_info=args.verbose)
+        return e.exit_code
+    except PermissionError as e:
+        log.error("%s; run as root", _one_line(e), exc_info=args.verbose)
+        return 4
+    except OSError as e:
+        log.error("%s", _one_line(e), exc_info=args.verbose)
         return 1
-    except OSError as e:   # the control socket is absent or refused us
-        log.error("%s", e)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: still one line, the traceback with -v
+        log.error("internal error: %s: %s (run with -v for the traceback)", type(e).__name__, _one_line(e),
+                  exc_info=args.verbose)
         return 1
 
 

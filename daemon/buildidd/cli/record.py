@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from buildidd.cli.common import add_session_options, config_from_args
-from buildidd.errors import BuildiddError
+from buildidd.cli.common import (add_session_options, config_from_args, duration_arg, listening_pid,
+                                 require_recording_privileges)
+from buildidd.errors import BuildiddError, UsageError
 from buildidd.sessionlog import read_session
 
 log = logging.getLogger("buildidd")
@@ -19,10 +20,14 @@ log = logging.getLogger("buildidd")
 
 def cmd_run(args) -> int:
     """`buildidd run`: record the host until SIGTERM/SIGINT (or --duration); SIGHUP reloads and rotates."""
-    from buildidd.capture.recorder import Recorder
     from buildidd.cli.service import Signals, Ticker, notify, watchdog_interval_s
 
     cfg = config_from_args(args)
+    require_recording_privileges("run")
+    if cfg.control_socket and (pid := listening_pid(cfg.control_socket)) is not None:
+        raise BuildiddError(f"another buildidd (pid {pid}) already listens on {cfg.control_socket}; stop it "
+                            "first (systemctl stop buildidd), or give this one --control-socket PATH or ''")
+    from buildidd.capture.recorder import Recorder
     signals = Signals()
     rec = Recorder(cfg, session_dir=args.session_dir)
     log.info("loading BPF programs and synthesizing running processes ...")
@@ -32,7 +37,12 @@ def cmd_run(args) -> int:
         from buildidd.control.handlers import make_handlers
         from buildidd.control.server import ControlServer, ServerOptions
         server = ControlServer(cfg.control_socket, make_handlers(rec), ServerOptions(group=cfg.control_group))
-        server.start()
+        try:
+            server.start()
+        except FileExistsError as e:  # a second daemon started meanwhile, or not a socket
+            rec.close()
+            raise BuildiddError(f"control socket {cfg.control_socket}: {e.strerror}; stop the other buildidd "
+                                "(systemctl stop buildidd) or give --control-socket PATH") from e
     notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
     log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
              rec.session_dir, rec.ready_s, rec.stats.synthesized)
@@ -77,54 +87,75 @@ def cmd_run(args) -> int:
 
 def cmd_record(args) -> int:
     """`buildidd record -- CMD`: a session around one command and its descendants; exits with its status."""
-    from buildidd.capture.recorder import Recorder
-
     if not args.command:
-        log.error("record: give a command after --")
-        return 2
+        raise UsageError("record: give the command after --: buildidd record -- make -j8")
     cfg = config_from_args(args)
+    require_recording_privileges("record")
+    from buildidd.capture.recorder import Recorder
     rec = Recorder(cfg, session_dir=args.session_dir, follow=True)
     rec.start()
     try:
         child = subprocess.Popen(args.command)
     except OSError as e:
         rec.close()
-        log.error("cannot run %s: %s", args.command[0], e)
-        return 127
+        # As a shell: 127 command not found, 126 found but not executable.
+        log.error("cannot run %s: %s", args.command[0], e.strerror or e)
+        return 127 if isinstance(e, FileNotFoundError) else 126
     rec.follow(child.pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child gets it; we end with it
     # SIGTERM to us ends the command; the session then closes normally.
     signal.signal(signal.SIGTERM, lambda _s, _f: child.terminate())
     try:
         rec.run(lambda: child.poll() is not None)
+    except BuildiddError as e:  # the recording failed; the command's status is still ours
+        log.error("recording stopped: %s; the command ran on unrecorded", e)
     finally:
         child.wait()
         rec.close()
-    summary = _dso_summary(rec.session_dir)
     print(f"buildidd: session {rec.session_dir}", file=sys.stderr)
-    for path, bid, err in summary:
+    for path, bid, err in _dso_summary(rec.session_dir):
         print(f"  {bid or '-':<40}  {path}{'  (' + err + ')' if err else ''}", file=sys.stderr)
-    return child.returncode if child.returncode >= 0 else 128 - child.returncode
+    return exit_status(child.returncode)
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen.returncode as a shell reports it: the exit code, or 128+N for a signal N (returncode -N)."""
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 def _dso_summary(session_dir: Path) -> list[tuple[str, str | None, str | None]]:
+    """(path, build-id hex or None, error or None) of each distinct mapped file, sorted by path.
+
+    A path may appear with a build-id and without one (a file replaced between
+    two runs, or unreadable once): None sorts before any string.
+    """
     seen = {}
     for r in read_session(session_dir):
         if r.get("type") == "mmap":
-            seen.setdefault((r["path"], r["build_id"]), r.get("error"))
-    return sorted((p, b, e) for (p, b), e in seen.items())
+            seen.setdefault((r.get("path") or "", r.get("build_id")), r.get("error"))
+    return sorted(((p, b, e) for (p, b), e in seen.items()),
+                  key=lambda t: (t[0], t[1] is not None, t[1] or "", t[2] or ""))
 
 
 def register(sub) -> None:
     """Add ``run`` and ``record`` to the subcommand parsers."""
-    run = sub.add_parser("run", help="record this host in the foreground until SIGTERM/SIGINT")
+    run = sub.add_parser("run", help="record this host in the foreground until SIGTERM/SIGINT",
+                         description="Record every executable mapping of this host into a new session until "
+                                     "SIGTERM or SIGINT (or --duration); SIGHUP re-reads the configuration and "
+                                     "rotates. What buildidd.service runs. Needs root (CAP_BPF, CAP_PERFMON, "
+                                     "CAP_SYS_ADMIN).")
     add_session_options(run)
-    run.add_argument("--duration", type=float, help="stop after this many seconds")
+    run.add_argument("--duration", type=duration_arg, metavar="DURATION",
+                     help="stop after this long (seconds, or with a unit: 10min)")
     run.add_argument("--profile", metavar="FILE", help="write a cProfile of the event loop to FILE")
-    run.add_argument("--control-socket", help="control socket path ('' disables it)")
+    run.add_argument("--control-socket", metavar="PATH", help="control socket path ('' disables it)")
     run.set_defaults(func=cmd_run)
 
-    rec = sub.add_parser("record", help="record one command and its descendants: record -- CMD ...")
+    rec = sub.add_parser("record", help="record one command and its descendants: record -- CMD ...",
+                         description="Run CMD and record the executable mappings of it and its descendants "
+                                     "into a new session; print the files mapped with their build-ids; exit "
+                                     "with CMD's status (128+N if signal N ended it). Needs root.")
     add_session_options(rec)
-    rec.add_argument("command", nargs=argparse.REMAINDER)
+    rec.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]",
+                     help="the command to run and its arguments, after --")
     rec.set_defaults(func=cmd_record)
