@@ -70,9 +70,7 @@ def cmd_archive(args) -> int:
             bar.close()
         if tmp.exists():
             tmp.unlink()
-    up = manifest.upstream
-    if up is not None and not up["reachable"]:
-        print(f"buildidd: upstream {up['url']} unreachable ({up['error']}): nothing excluded", file=sys.stderr)
+    # An unreachable --exclude-upstream was logged (stderr) by write_archive and is in the manifest.
     print(f"{out}: session {session.name}, {len(manifest.segments)} segment(s), build-ids: "
           f"{_summary(manifest.counts())}, {out.stat().st_size} bytes")
     return 0

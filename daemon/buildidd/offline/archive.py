@@ -46,7 +46,7 @@ from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import ARCHIVED, UPSTREAM, BuildIdRef, FileRef, Manifest, SegmentRef
 from buildidd.offline.sessions import SessionFacts, session_facts
 from buildidd.sessionlog import list_segments
-from buildidd.store import DEBUG_NAME, ELF_NAME, Store
+from buildidd.store import DEBUG_NAME, ELF_NAME, PROBES_NAME, Store
 
 __all__ = ["write_archive", "check_upstream", "UpstreamCheck", "ZSTD_LEVEL"]
 
@@ -217,6 +217,8 @@ def _apply_upstream(refs: list[BuildIdRef], check: UpstreamCheck) -> int:
         if any(f.upstream and f.name == ELF_NAME for f in ref.files):
             ref.status = UPSTREAM
             excluded += 1
+            for f in ref.files:                # perf's probes cache is derived from the binary
+                f.upstream = f.upstream or f.name == PROBES_NAME
     return excluded
 
 
