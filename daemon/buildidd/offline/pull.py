@@ -1,0 +1,296 @@
+"""``buildidd pull URL [SESSION...]``: fetch session archives from a ``buildidd serve`` and import them.
+
+Each archive is downloaded into ``work_dir/NAME.tar.zst.part``, with its
+``ETag`` beside it (``NAME.tar.zst.etag``).  A transfer that breaks (a reset,
+a timeout, a short body) is resumed with ``Range: bytes=N-`` and ``If-Range:
+"ETAG"`` (RFC 9110 §14.2, §13.1.5), up to :data:`MAX_ATTEMPTS` times in one
+run, and by the next run from the kept partial file.  The server answers 206
+with the rest of the same archive, or 200 with a whole new one when the
+session changed since (its ETag differs): the partial file is then replaced.
+
+After the download, :func:`buildidd.offline.importer.import_archive` verifies
+everything (manifest, sizes, each binary's build-id) before installing.  When
+an archive assembled from resumed pieces fails that verification, it is
+fetched once more from the start and verified again; the files are removed
+once imported.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import re
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from buildidd.errors import ArchiveError, ServeError
+from buildidd.offline.importer import import_archive
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 5
+"""Requests per archive download in one run (the first and the resumptions)."""
+
+RETRY_PAUSE_S = 1.0
+"""Seconds between attempts (doubled each time)."""
+
+CHUNK_BYTES = 1 << 20
+SESSIONS_MAX_BYTES = 16 << 20
+"""A ``/sessions`` answer larger than this is refused."""
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
+_CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_UNSATISFIED_RE = re.compile(r"bytes \*/(\d+)")
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    """What ``buildidd pull`` is told.
+
+    Attributes:
+        url: the serve's base URL (``http://host:8002``, ``https://…``).
+        sessions: session names to pull (``latest`` for the newest); empty: every session it lists.
+        token: the bearer token to send, or None.
+        debug_dir: the perf build-id cache to install into; None: ``~/.debug``.
+        session_root: where the sessions go.
+        work_dir: where partial downloads are kept; None: ``~/.cache/buildidd/pull``.
+        timeout_s: seconds without progress (connect, or between reads) before an attempt fails.
+        cafile: CA certificates to trust for https, or None (the system's).
+    """
+
+    url: str
+    sessions: tuple[str, ...]
+    session_root: str
+    token: str | None = None
+    debug_dir: str | None = None
+    work_dir: str | None = None
+    timeout_s: float = 60.0
+    cafile: str | None = None
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """One session pulled: its name, where it was imported, the archive's size, whether a transfer resumed."""
+
+    name: str
+    session_dir: Path
+    archive_bytes: int
+    resumed: bool
+
+
+class _Broken(Exception):
+    """An attempt failed in a way another attempt may fix (reset, timeout, short body, 5xx)."""
+
+
+class _Client:
+    """GET requests to one serve, with the token and TLS settings."""
+
+    def __init__(self, opts: PullOptions):
+        parsed = urllib.parse.urlsplit(opts.url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ServeError(f"{opts.url}: expected an http:// or https:// URL")
+        self.base = opts.url.rstrip("/")
+        self.token = opts.token
+        self.timeout_s = opts.timeout_s
+        self.context = ssl.create_default_context(cafile=opts.cafile) if parsed.scheme == "https" else None
+
+    def open(self, path: str, headers: dict[str, str] | None = None):
+        """The response to GET path (an HTTPError is returned too, as a response).
+
+        Raises:
+            _Broken: the connection failed or timed out.
+        """
+        req = urllib.request.Request(self.base + path, headers=dict(headers or {}))
+        if self.token is not None:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout_s, context=self.context)
+        except urllib.error.HTTPError as e:
+            return e
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            raise _Broken(f"{self.base}{path}: {getattr(e, 'reason', e)}") from e
+
+
+def remote_sessions(client: _Client) -> list[str]:
+    """The names ``/sessions`` lists, in its order (oldest first).
+
+    Raises:
+        ServeError: refused, unreachable, or a malformed answer.
+    """
+    try:
+        resp = client.open("/sessions")
+    except _Broken as e:
+        raise ServeError(f"cannot list sessions: {e}") from e
+    with resp:
+        if resp.status != 200:
+            raise ServeError(f"{client.base}/sessions: HTTP {resp.status} {resp.reason}")
+        data = resp.read(SESSIONS_MAX_BYTES + 1)
+    if len(data) > SESSIONS_MAX_BYTES:
+        raise ServeError(f"{client.base}/sessions: answer over {SESSIONS_MAX_BYTES} bytes")
+    try:
+        items = json.loads(data)
+        names = [item["name"] for item in items]
+    except (ValueError, TypeError, KeyError) as e:
+        raise ServeError(f"{client.base}/sessions: malformed answer") from e
+    bad = [n for n in names if not isinstance(n, str) or not _NAME_RE.fullmatch(n) or ".." in n]
+    if bad:
+        raise ServeError(f"{client.base}/sessions: refusing session names {bad[:3]!r}")
+    return names
+
+
+def _chosen(wanted: tuple[str, ...], listed: list[str]) -> list[str]:
+    if not wanted:
+        return listed
+    out = []
+    for name in wanted:
+        if name == "latest":
+            if not listed:
+                raise ServeError("no session to pull: the serve lists none")
+            name = listed[-1]
+        if name not in listed:
+            raise ServeError(f"the serve has no session {name!r}")
+        out.append(name)
+    return out
+
+
+class _Download:
+    """One archive's download into work_dir, resumable."""
+
+    def __init__(self, client: _Client, name: str, work_dir: Path):
+        self.client = client
+        self.name = name
+        self.part = work_dir / f"{name}.tar.zst.part"
+        self.etag_file = work_dir / f"{name}.tar.zst.etag"
+        self.resumed = False
+
+    def discard(self) -> None:
+        self.part.unlink(missing_ok=True)
+        self.etag_file.unlink(missing_ok=True)
+
+    def run(self) -> Path:
+        """Download until complete; the part file's path.
+
+        Raises:
+            ServeError: refused (4xx), or still broken after MAX_ATTEMPTS.
+        """
+        pause = RETRY_PAUSE_S
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                self._attempt()
+                return self.part
+            except _Broken as e:
+                if attempt == MAX_ATTEMPTS:
+                    raise ServeError(f"{self.name}: transfer failed {attempt} times, last: {e}; "
+                                     f"{self._have()} bytes kept in {self.part} for the next pull") from e
+                log.warning("%s: %s; resuming from byte %d in %.0f s", self.name, e, self._have(), pause)
+                time.sleep(pause)
+                pause *= 2
+        raise AssertionError("unreachable")
+
+    def _have(self) -> int:
+        try:
+            return self.part.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _attempt(self) -> None:
+        have = self._have()
+        etag = self.etag_file.read_text().strip() if have and self.etag_file.exists() else None
+        headers = {"Range": f"bytes={have}-", "If-Range": etag} if etag else {}
+        if not etag:
+            have = 0
+        resp = self.client.open(f"/sessions/{urllib.parse.quote(self.name)}/archive", headers)
+        with resp:
+            if resp.status == 416:
+                m = _UNSATISFIED_RE.fullmatch(resp.headers.get("Content-Range", ""))
+                if m and int(m.group(1)) == have:
+                    return  # already complete
+                self.discard()
+                raise _Broken("the kept partial file does not fit the archive; starting over")
+            if resp.status >= 500:
+                raise _Broken(f"HTTP {resp.status} {resp.reason}")
+            if resp.status == 206:
+                m = _CONTENT_RANGE_RE.fullmatch(resp.headers.get("Content-Range", ""))
+                if not m or int(m.group(1)) != have:
+                    self.discard()
+                    raise _Broken(f"unexpected Content-Range {resp.headers.get('Content-Range')!r}; starting over")
+                self.resumed = True
+                log.info("%s: resuming at byte %d", self.name, have)
+                mode = "ab"
+            elif resp.status == 200:
+                mode = "wb"
+                new_etag = resp.headers.get("ETag")
+                if new_etag:
+                    self.etag_file.write_text(new_etag)
+                else:
+                    self.etag_file.unlink(missing_ok=True)
+            else:
+                raise ServeError(f"{self.client.base}: session {self.name}: HTTP {resp.status} {resp.reason}")
+            self._copy(resp, mode)
+
+    def _copy(self, resp, mode: str) -> None:
+        expected = resp.headers.get("Content-Length")
+        got = 0
+        with open(self.part, mode) as f:
+            try:
+                while chunk := resp.read(CHUNK_BYTES):
+                    f.write(chunk)
+                    got += len(chunk)
+            except (OSError, http.client.HTTPException) as e:
+                raise _Broken(f"transfer broke after {got} bytes: {e}") from e
+            finally:
+                f.flush()
+                os.fsync(f.fileno())
+        if expected is not None and got != int(expected):
+            raise _Broken(f"transfer ended after {got} of {expected} bytes")
+
+
+def _pull_one(client: _Client, name: str, opts: PullOptions, work_dir: Path) -> PullResult:
+    dl = _Download(client, name, work_dir)
+    for fresh in (False, True):
+        if fresh:
+            dl.discard()
+            dl.resumed = False
+        path = dl.run()
+        size = path.stat().st_size
+        try:
+            report = import_archive(path, debug_dir=opts.debug_dir or os.path.expanduser("~/.debug"),
+                                    session_root=opts.session_root)
+        except ArchiveError as e:
+            if dl.resumed and not fresh:
+                log.warning("%s: the resumed archive failed verification (%s); fetching it whole", name, e)
+                continue
+            dl.discard()
+            raise
+        dl.discard()
+        return PullResult(name, report.session_dir, size, dl.resumed)
+    raise AssertionError("unreachable")
+
+
+def pull(opts: PullOptions, progress: bool = False) -> Iterator[PullResult]:
+    """Fetch and import each chosen session, in order; yields each one's result once imported.
+
+    Args:
+        opts: see :class:`PullOptions`.
+        progress: log each archive's start (the archive's own progress is the server's).
+
+    Raises:
+        ServeError: the serve refuses, lacks a session, or a transfer keeps failing.
+        ArchiveError: an archive fetched whole fails verification (nothing of it is installed).
+        OSError: the work directory or a target cannot be written.
+    """
+    client = _Client(opts)
+    work_dir = Path(opts.work_dir or os.path.expanduser("~/.cache/buildidd/pull"))
+    work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in _chosen(opts.sessions, remote_sessions(client)):
+        if progress:
+            log.info("pulling %s from %s", name, client.base)
+        yield _pull_one(client, name, opts, work_dir)
