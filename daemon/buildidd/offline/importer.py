@@ -184,7 +184,7 @@ class _Staging:
         """Remove the staging directories, and after a refusal the (empty) targets this import made."""
         for r in self.roots.values():
             shutil.rmtree(r, ignore_errors=True)
-        for d in self.made if failed else ():
+        for d in sorted(self.made, key=lambda d: len(d.parts), reverse=True) if failed else ():
             try:
                 os.rmdir(d)
             except OSError:       # not empty: another import or the user wrote there meanwhile
