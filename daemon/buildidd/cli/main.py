@@ -71,9 +71,29 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+#: Options whose value may start with "-" (journalctl's relative times: --since -1h).
+_DASHED_VALUES = ("--since", "--until")
+
+
+def _attach_dashed_values(argv: list[str]) -> list[str]:
+    """``--since -1h`` → ``--since=-1h`` (argparse would take -1h for an option), up to a ``--``."""
+    out = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] in _DASHED_VALUES and i + 1 < len(argv) and argv[i + 1][:2].lstrip("-+")[:1].isdigit():
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse, set up logging, run the subcommand; returns the exit status (see module doc)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else list(argv)))
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     from buildidd.cli.service import setup_logging
