@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 
 from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args
 from buildidd.errors import AnalysisError, UsageError
@@ -69,58 +68,76 @@ def cmd_buildid_list(args) -> int:
 # -- resolve ---------------------------------------------------------------------------
 
 
-@dataclass
 class _Output:
-    """How answers are printed: JSON or text, with or without symbols, and where binaries are now."""
+    """How answers are printed: JSON or text, with or without symbols; where binaries are now (cached)."""
 
-    json: bool
-    store: object
-    symbolizer: object
+    def __init__(self, as_json: bool, store, symbolizer):
+        self.json = as_json
+        self.store = store
+        self.symbolizer = symbolizer
+        self._store_paths: dict[str, str | None] = {}
+        self._dso_text: dict[object, str] = {}
 
+    def store_path(self, bid: str | None) -> str | None:
+        """Where the binary with that build-id is in the store now (``Store.path_of``), or ``None``."""
+        if not bid or self.store is None:
+            return None
+        if bid not in self._store_paths:
+            try:
+                p = self.store.path_of(bid)
+            except ValueError:   # not a build-id in hex: nothing stored under it
+                p = None
+            self._store_paths[bid] = str(p) if p is not None else None
+        return self._store_paths[bid]
 
-def _answer_dict(a, out: _Output) -> dict:
-    """An Answer as the JSON object ``resolve --json`` prints."""
-    d = {"pid": a.query.pid, "addr": f"{a.query.addr:#x}", "time_ns": a.query.time_ns}
-    m = a.mapping
-    if m is None:
-        d.update(reason=a.reason, exited_ns=a.exited_ns)
+    def symbol(self, bid: str | None, file_offset: int):
+        """The Symbol at file_offset, and the reason when there is none (``None`` without --symbolize)."""
+        sym = self.symbolizer.symbolize(bid, file_offset) if bid else None
+        return sym, (None if sym else self.symbolizer.errors.get(bid, "no_symbol") if bid else "no_build_id")
+
+    def line(self, a) -> str:
+        """One answer as ``resolve`` prints it: JSON, or ``PID ADDR PATH BUILD-ID +OFFSET [SYMBOL] STORE-PATH``."""
+        if self.json:
+            return json.dumps(self.as_dict(a), separators=(",", ":"))
+        q, m = a.query, a.mapping
+        if m is None:
+            return f"{q.pid} {q.addr:#x} - ({a.reason})"
+        dso = m.dso
+        text = self._dso_text.get(dso)
+        if text is None:
+            text = self._dso_text[dso] = (f"{dso.path} {dso.build_id or f'({dso.error})'}",
+                                          self.store_path(dso.build_id) or "(not in store)")
+        parts = [f"{q.pid} {q.addr:#x} {text[0]} +{a.file_offset:#x}"]
+        if self.symbolizer is not None:
+            sym, why = self.symbol(dso.build_id, a.file_offset)
+            parts.append(f"{sym.name}+{sym.offset:#x}" if sym else f"?({why})")
+        parts.append(text[1])
+        if a.via:
+            parts.append(f"(inherited from pid {m.pid})")
+        if a.exited_ns is not None:
+            parts.append(f"(process exited at {a.exited_ns})")
+        return " ".join(parts)
+
+    def as_dict(self, a) -> dict:
+        """An Answer as the JSON object ``resolve --json`` prints."""
+        q, m = a.query, a.mapping
+        d = {"pid": q.pid, "addr": f"{q.addr:#x}", "time_ns": q.time_ns}
+        if m is None:
+            d.update(reason=a.reason, exited_ns=a.exited_ns)
+            return d
+        bid = m.dso.build_id
+        d.update(path=m.dso.path, build_id=bid, build_id_error=m.dso.error, deleted=m.dso.deleted,
+                 file_offset=a.file_offset, store_path=self.store_path(bid),
+                 mapping={"start": f"{m.start:#x}", "end": f"{m.end:#x}", "pgoff": m.pgoff,
+                          "time_ns": m.time_ns, "origin": m.origin, "pid": m.pid},
+                 via=list(a.via), exited_ns=a.exited_ns)
+        if self.symbolizer is not None:
+            sym, why = self.symbol(bid, a.file_offset)
+            d["symbol"] = ({"name": sym.name, "offset": sym.offset, "size": sym.size, "source": sym.source}
+                           if sym else None)
+            if why:
+                d["symbol_error"] = why
         return d
-    bid = m.dso.build_id
-    store_path = None
-    if bid and out.store is not None:
-        try:
-            p = out.store.path_of(bid)
-        except ValueError:
-            p = None
-        store_path = str(p) if p is not None else None
-    d.update(path=m.dso.path, build_id=bid, build_id_error=m.dso.error, deleted=m.dso.deleted,
-             file_offset=a.file_offset, store_path=store_path,
-             mapping={"start": f"{m.start:#x}", "end": f"{m.end:#x}", "pgoff": m.pgoff, "time_ns": m.time_ns,
-                      "origin": m.origin, "pid": m.pid},
-             via=list(a.via), exited_ns=a.exited_ns)
-    if out.symbolizer is not None:
-        sym = out.symbolizer.symbolize(bid, a.file_offset) if bid else None
-        d["symbol"] = ({"name": sym.name, "offset": sym.offset, "size": sym.size, "source": sym.source}
-                       if sym else None)
-        if sym is None and bid:
-            d["symbol_error"] = out.symbolizer.errors.get(bid, "no_symbol")
-    return d
-
-
-def _answer_text(d: dict) -> str:
-    head = f"{d['pid']} {d['addr']}"
-    if "path" not in d:
-        return f"{head} - ({d['reason']})"
-    parts = [head, d["path"], d["build_id"] or f"({d['build_id_error']})", f"+{d['file_offset']:#x}"]
-    if "symbol" in d:
-        sym = d["symbol"]
-        parts.append(f"{sym['name']}+{sym['offset']:#x}" if sym else f"?({d.get('symbol_error')})")
-    parts.append(d["store_path"] or "(not in store)")
-    if d["via"]:
-        parts.append(f"(inherited from pid {d['mapping']['pid']})")
-    if d["exited_ns"] is not None:
-        parts.append(f"(process exited at {d['exited_ns']})")
-    return " ".join(parts)
 
 
 def _queries_from_stdin(stream, default_ns: int, offset_ns: int | None):
@@ -170,9 +187,8 @@ def cmd_resolve(args) -> int:
     found = 0
     write = sys.stdout.write
     for a in replay.resolve_many(queries):
-        d = _answer_dict(a, out)
         found += a.mapping is not None
-        write((json.dumps(d, separators=(",", ":")) if args.json else _answer_text(d)) + "\n")
+        write(out.line(a) + "\n")
     if bad:
         return 1
     return 0 if found or from_stdin else 1

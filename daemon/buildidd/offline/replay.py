@@ -113,8 +113,7 @@ class Epoch:
     mappings: list[Mapping] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Query:
+class Query(NamedTuple):
     """Which mapping covered ``addr`` (bytes) in ``pid`` (tgid) at ``time_ns`` (ns since boot)."""
 
     pid: int
@@ -122,8 +121,7 @@ class Query:
     time_ns: int
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     """The answer to one :class:`Query`.
 
     Attributes:
@@ -308,41 +306,32 @@ class Replay:
         """
         queries = list(queries)
         answers: list[Answer | None] = [None] * len(queries)
+        exited: list[int | None] = [None] * len(queries)
         # pending: epoch -> [(time_ns, addr, query index, via pids)]
         pending: dict[Epoch, list[tuple[int, int, int, tuple[int, ...]]]] = defaultdict(list)
         for i, q in enumerate(queries):
             e = self.epoch_at(q.pid, q.time_ns)
             if e is None:
-                answers[i] = Answer(q, None, reason="unknown_pid")
-            else:
-                pending[e].append((q.time_ns, q.addr, i, ()))
+                answers[i] = Answer(q, None, None, (), None, "unknown_pid")
+                continue
+            if e.exit_ns is not None and e.exit_ns < q.time_ns:
+                exited[i] = e.exit_ns
+            pending[e].append((q.time_ns, q.addr, i, ()))
         for _hop in range(MAX_FORK_HOPS + 1):
             if not pending:
                 break
             inherited: dict[Epoch, list] = defaultdict(list)
             for epoch, items in pending.items():
-                for (t, addr, i, via), m in zip(items, _sweep(epoch, items)):
-                    q = queries[i]
+                parent = self.epoch_at(*epoch.parent) if epoch.parent else None
+                for (_t, addr, i, via), m in zip(items, _sweep(epoch, items)):
                     if m is not None:
-                        answers[i] = self._hit(q, m, via)
-                        continue
-                    parent = self.epoch_at(*epoch.parent) if epoch.parent else None
-                    if parent is None or len(via) >= MAX_FORK_HOPS:
-                        answers[i] = self._miss(q, "not_mapped")
+                        answers[i] = Answer(queries[i], m, addr - m.start + m.pgoff, via, exited[i], None)
+                    elif parent is None or len(via) >= MAX_FORK_HOPS:
+                        answers[i] = Answer(queries[i], None, None, (), exited[i], "not_mapped")
                     else:
                         inherited[parent].append((epoch.parent[1], addr, i, via + (epoch.pid,)))
             pending = inherited
         return answers
-
-    def _hit(self, q: Query, m: Mapping, via: tuple[int, ...]) -> Answer:
-        return Answer(q, m, file_offset=q.addr - m.start + m.pgoff, via=via, exited_ns=self._exited(q))
-
-    def _miss(self, q: Query, reason: str) -> Answer:
-        return Answer(q, None, exited_ns=self._exited(q), reason=reason)
-
-    def _exited(self, q: Query) -> int | None:
-        e = self.epoch_at(q.pid, q.time_ns)
-        return e.exit_ns if e is not None and e.exit_ns is not None and e.exit_ns < q.time_ns else None
 
 
 def _sweep(epoch: Epoch, items: list[tuple[int, int, int, tuple]]) -> list[Mapping | None]:
@@ -368,18 +357,19 @@ def _uint(value) -> int:
     return value
 
 
+_HEX_ADDRESS = re.compile(r"(?:0[xX])?([0-9a-fA-F]{1,16})")
+
+
 def parse_address(text: str) -> int:
     """An address in hex, with or without ``0x`` (``7f12ab``, ``0x7f12ab``) → int.
 
     Raises:
         AnalysisError: not hex, or beyond 64 bits.
     """
-    s = text.strip().lower()
-    if s.startswith("0x"):
-        s = s[2:]
-    if not s or len(s) > 16 or not all(c in "0123456789abcdef" for c in s):
+    m = _HEX_ADDRESS.fullmatch(text.strip())
+    if m is None:
         raise AnalysisError(f"not a 64-bit hex address: {text!r}")
-    return int(s, 16)
+    return int(m.group(1), 16)
 
 
 _FRACTION = re.compile(r"([T ]\d\d:\d\d:\d\d)[.,](\d{1,9})")
