@@ -180,15 +180,18 @@ class SegmentFile:
         except OSError as e:
             log.warning("%s: cannot remove empty segment: %s", self.stats.path, e.strerror)
 
-    def close(self) -> None:
-        """Terminate a torn last line with ``b"\\n"``, ``fsync`` and close.
+    def close(self, *, sync_dir: bool) -> None:
+        """Terminate a torn last line with ``b"\\n"``, ``fsync`` and close; then,
+        with ``sync_dir``, ``fsync`` the session directory (the segment's name
+        is final: it will not be compressed).
 
         The descriptor is closed whatever happens.  A torn line that cannot be
         terminated is only logged: the compressor terminates it inside the
         ``.zst`` instead, and an uncompressed segment keeps it (readers skip it).
 
         Raises:
-            OSError: ``fsync`` or ``close`` failed (the first of the two errors).
+            OSError: ``fsync`` or ``close`` failed (the first of the errors; the
+                directory is not synced after a failure).
         """
         stats = self.stats
         if not stats.tail_complete:
@@ -207,5 +210,10 @@ class SegmentFile:
             os.close(self.fd)
         except OSError as e:
             error = error or e
+        if error is None and sync_dir:
+            try:
+                fsync_dir(stats.path.parent)
+            except OSError as e:
+                error = e
         if error is not None:
             raise error

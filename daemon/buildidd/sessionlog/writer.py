@@ -43,7 +43,7 @@ import zstandard
 from buildidd.errors import SessionLogError
 from buildidd.sessionlog.compress import SegmentCompressor
 from buildidd.sessionlog.segments import (
-    MAX_LINE_BYTES, SEGMENT_GLOB, SegmentFile, SegmentStats, create_session_dir, fsync_dir,
+    MAX_LINE_BYTES, SEGMENT_GLOB, SegmentFile, SegmentStats, create_session_dir,
 )
 
 __all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentStats", "SessionWriter"]
@@ -255,15 +255,11 @@ class SessionWriter:
         before = segment.stats.size_bytes
         error: OSError | None = None
         try:
-            segment.close()  # terminates a torn last line, fsync, close
+            # An uncompressed segment is final: its directory entry is synced now.
+            segment.close(sync_dir=self._compressor is None)
         except OSError as e:
             error = e
         self._bytes_written += segment.stats.size_bytes - before
-        if error is None and self._compressor is None:
-            try:
-                fsync_dir(self._dir)
-            except OSError as e:
-                error = e
         self._segments_closed += 1
         if self._compressor is not None:
             self._compressor.submit(segment.stats.path)
@@ -304,7 +300,6 @@ class SessionWriter:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
 
     # -- introspection ---------------------------------------------------
 
