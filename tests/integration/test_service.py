@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,19 +90,79 @@ def test_sighup_rotates(bpf, tmp_path):
     assert "configuration reloaded" in p.stderr.read()
 
 
+def _install(dest: Path, *prefix: str, path_dir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DESTDIR": str(dest), "HOME": "/nonexistent"}
+    if path_dir is not None:
+        env["PATH"] = f"{path_dir}:{env['PATH']}"
+    return subprocess.run([*prefix, str(ROOT / "scripts" / "install")], env=env, capture_output=True, text=True)
+
+
 def test_unit_verifies_and_is_hardened(tmp_path):
     need(shutil.which("systemd-analyze") is not None, "systemd-analyze missing")
     dest = tmp_path / "root"
-    env = {**os.environ, "DESTDIR": str(dest)}
-    r = subprocess.run([str(ROOT / "scripts" / "install")], env=env, capture_output=True, text=True)
+    r = _install(dest)
     assert r.returncode == 0, r.stderr
     unit = dest / "etc/systemd/system/buildidd.service"
     text = unit.read_text()
-    assert "Type=notify" in text and f"{ROOT}/.venv/bin/buildidd run" in text
+    assert "Type=notify" in text and f"{ROOT}/.venv/bin/buildidd run --config /etc/buildidd/buildidd.toml" in text
+    settings = [x for x in text.splitlines() if x and not x.startswith("#")]
+    assert not [x for x in settings if re.search(r"@[A-Z_]+@", x)]          # every placeholder filled
+    # The host's /tmp stays visible (short-lived binaries there keep their build-ids and snapshots).
+    assert not re.search(r"^PrivateTmp=(yes|true)", text, re.M)
+    assert re.search(r"^ReadWritePaths=-/var/lib/buildidd/sessions -/var/lib/buildidd/store$", text, re.M)
+    assert re.search(r"^StartLimitIntervalSec=\d+$", text, re.M) and re.search(r"^StartLimitBurst=\d+$", text, re.M)
+    assert "\nMemoryHigh=256M\n" in text and "\nMemoryMax=512M\n" in text
+    assert "\nIOSchedulingClass=best-effort\n" in text and "\nIOSchedulingPriority=7\n" in text
     r = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True)
     line = [x for x in r.stdout.splitlines() if "Overall exposure level" in x][0]
     score = float(line.split("buildidd.service:")[1].split()[0])
-    assert score <= 3.5, line
-    assert (dest / "etc/buildidd/buildidd.toml").exists()
-    import tomllib
-    tomllib.loads((dest / "etc/buildidd/buildidd.toml").read_text())
+    assert score <= 2.9, line
+    assert (dest / "etc/buildidd/buildidd.toml").read_text() == (ROOT / "systemd/buildidd.toml").read_text()
+    man = (dest / "usr/local/share/man/man8/buildidd.8").read_text()
+    assert man.startswith(".TH BUILDIDD \"8\"") and "lookup" in man
+
+
+def test_unit_write_paths_follow_the_configured_roots(tmp_path):
+    dest = tmp_path / "root"
+    (dest / "etc/buildidd").mkdir(parents=True)
+    (dest / "etc/buildidd/buildidd.toml").write_text('session_root = "/srv/bid/sessions"\nstore_root = ""\n')
+    r = _install(dest)
+    assert r.returncode == 0, r.stderr
+    text = (dest / "etc/systemd/system/buildidd.service").read_text()
+    assert re.search(r"^ReadWritePaths=-/srv/bid/sessions$", text, re.M), text
+    (dest / "etc/buildidd/buildidd.toml").write_text('sesion_root = "/x"\n')          # a typo: refused
+    r = _install(dest)
+    assert r.returncode != 0 and "unknown key 'sesion_root'" in r.stderr
+
+
+def test_install_with_destdir_changes_nothing_outside_it(tmp_path):
+    """As an unprivileged user (any write outside DESTDIR would fail) and with the host-changing tools
+    replaced by stubs that log their call: nothing is called, only DESTDIR is written."""
+    need(shutil.which("setpriv") is not None, "setpriv missing")
+    top = Path(tempfile.mkdtemp(prefix="buildidd-install-"))
+    try:
+        os.chmod(top, 0o777)
+        stubs, calls = top / "stubs", top / "calls.log"
+        stubs.mkdir()
+        for tool in ("systemctl", "groupadd", "useradd", "chown", "chgrp", "apt-get", "pip", "mount",
+                     "scripts-setup", "getent", "sudo"):
+            (stubs / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {calls}\nexit 1\n")
+            (stubs / tool).chmod(0o755)
+        calls.touch()
+        calls.chmod(0o666)
+        watched = [Path("/etc/systemd/system"), Path("/etc/buildidd"), Path("/etc/group"), ROOT / ".venv",
+                   Path("/usr/local/share/man/man8")]
+        before = {p: (p.stat().st_mtime_ns, sorted(os.listdir(p)) if p.is_dir() else None)
+                  for p in watched if p.exists()}
+        dest = top / "root"
+        r = _install(dest, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", path_dir=stubs)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert calls.read_text() == ""
+        assert {p: (p.stat().st_mtime_ns, sorted(os.listdir(p)) if p.is_dir() else None)
+                for p in watched if p.exists()} == before
+        written = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+        assert written == ["etc/buildidd/buildidd.toml", "etc/systemd/system/buildidd.service",
+                           "usr/local/share/man/man8/buildidd.8"]
+        assert sorted(x.name for x in top.iterdir()) == ["calls.log", "root", "stubs"]
+    finally:
+        shutil.rmtree(top)
