@@ -297,3 +297,27 @@ def test_tls(world, tmp_path):
         conn.close()
     finally:
         serve.stop()
+
+
+def test_metrics_carry_the_recording_daemons_status(world, tmp_path):
+    from buildidd.control import ControlServer, ServerOptions
+
+    sockdir = tempfile.mkdtemp(prefix="bsrv-", dir="/tmp")   # sun_path holds 107 bytes
+    path = os.path.join(sockdir, "ctl.sock")
+    status = {"events": {"mmap": 42, "exec": 7}, "lost": {}, "uptime_s": 12.5, "session": "s1", "ready": True}
+    ctl = ControlServer(path, {"status": lambda args: status}, ServerOptions(group=None))
+    ctl.start()
+    serve = ServeProcess(world["tmp"] / "store", tmp_path / "serve.log", "--socket", path)
+    try:
+        body = request(serve.url, "GET", "/metrics")[2].decode()
+        assert "buildidd_daemon_up 1" in body.splitlines()
+        assert 'buildidd_daemon_status{key="events.mmap"} 42' in body
+        assert 'buildidd_daemon_status{key="uptime_s"} 12.5' in body
+        assert 'buildidd_daemon_status{key="ready"} 1' in body
+        ctl.stop()
+        body = request(serve.url, "GET", "/metrics")[2].decode()
+        assert "buildidd_daemon_up 0" in body.splitlines() and "buildidd_daemon_status{" not in body
+    finally:
+        ctl.stop()
+        serve.stop()
+        shutil.rmtree(sockdir, ignore_errors=True)
