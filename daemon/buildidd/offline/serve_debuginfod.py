@@ -22,9 +22,11 @@ page debuginfod(8), "WEBAPI":
   else is 400 (elfutils ≥ 0.188 answers 400 too).
 
 404 and 500 are cached by clients for ``cache_miss_s`` (600 s by default,
-debuginfod-client.c ``cache_miss_default_s``; 0.188 caches a 500 too).  A file
-that is held but cannot be opened or read right now (EACCES, EIO, a link whose
-target is unreadable) is therefore answered 503, never 404 or 500, and logged.
+debuginfod-client.c ``cache_miss_default_s``).  A file that is held but cannot
+be opened or read right now (EACCES, EIO, a link whose target is unreadable)
+is therefore answered 503 with ``Retry-After``, never 404 or 500, and logged.
+(Measured: the 0.188 client maps every HTTP error to ENOENT and caches even
+the 503; newer clients and the federating server tell it apart.)
 
 The store is read only through :class:`buildidd.store.Store`'s public lookups
 and perf's cache layout (``elf``, ``debug``, ``vmlinux`` in the entry directory
