@@ -746,7 +746,7 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	if (!s || !st)
 		return 0;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_EXEC);
-	s->ev.old_pid = (__u32)ctx->args[1];
+	s->ev.old_tid = (__u32)ctx->args[1];
 	s->ev.id_flags = 0;
 	file = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILE));
 	if (!file || read_file_id(file, &s->ev.file)) {
@@ -925,8 +925,8 @@ int on_sched_process_fork(struct bpf_raw_tracepoint_args *ctx)
 	struct task_event ev = {};
 
 	fill_task_header(&ev.hdr, BUILDIDD_EV_FORK, child);
-	ev.ppid = rd32(AT(parent, OFF_TASK_STRUCT_TGID));
-	ev.ptid = rd32(AT(parent, OFF_TASK_STRUCT_PID));
+	ev.fork.ppid = rd32(AT(parent, OFF_TASK_STRUCT_TGID));
+	ev.fork.ptid = rd32(AT(parent, OFF_TASK_STRUCT_PID));
 	submit_task_event(&ev);
 	return 0;
 }
@@ -941,7 +941,7 @@ int on_sched_process_exit(struct bpf_raw_tracepoint_args *ctx)
 	fill_task_header(&ev.hdr, BUILDIDD_EV_EXIT, task);
 	if (ev.hdr.pid != ev.hdr.tid)
 		return 0;
-	ev.ppid = rd32(AT(task, OFF_TASK_STRUCT_EXIT_CODE));
+	ev.exit.exit_code = rd32(AT(task, OFF_TASK_STRUCT_EXIT_CODE));
 	submit_task_event(&ev);
 	return 0;
 }

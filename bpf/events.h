@@ -85,7 +85,9 @@ struct map_event {
 
 struct exec_event {
 	struct event_header hdr;
-	__u32 old_pid;		/* tid before exec (differs when a non-leader thread execs) */
+	__u32 old_tid;		/* sched_process_exec's old_pid: the task's pid (the user-space
+				 * "tid") before exec; differs from hdr.tid when a non-leader
+				 * thread execs (de_thread gives it the leader's pid) */
 	__u32 id_flags;		/* BUILDIDD_PATH_* */
 	struct file_id file;	/* linux_binprm.file: the executable */
 	__u16 path_len;
@@ -93,10 +95,24 @@ struct exec_event {
 	char path[BUILDIDD_PATH_MAX];	/* linux_binprm.filename, as passed to execve */
 };
 
+/* What a BUILDIDD_EV_FORK task_event says besides its header: the parent. */
+struct task_fork {
+	__u32 ppid;		/* tgid of the parent (the user-space "pid") */
+	__u32 ptid;		/* pid of the parent thread (the user-space "tid") */
+};
+
+/* What a BUILDIDD_EV_EXIT task_event says besides its header. */
+struct task_exit {
+	__u32 exit_code;	/* task_struct.exit_code: wait(2) status (code << 8 | signal) */
+	__u32 _pad;
+};
+
 struct task_event {
 	struct event_header hdr;
-	__u32 ppid;		/* FORK: tgid of the parent; EXIT: exit_code; COMM: 0 */
-	__u32 ptid;		/* FORK: pid of the parent thread; otherwise 0 */
+	union {			/* by hdr.type; all zero for BUILDIDD_EV_COMM */
+		struct task_fork fork;
+		struct task_exit exit;
+	};
 };
 
 /* Key and value of the known_ids map: identities user space already resolved. */

@@ -14,7 +14,9 @@ import pytest
 
 from buildidd.capture import _fastpath
 from buildidd.config import Config
+from buildidd.memo import Memo
 from buildidd.capture.recorder import Recorder
+from buildidd.capture.tables import HeldExec, Tables
 from buildidd.kernel.events import EventType, ExecEvent, MapEvent, TaskEvent, file_key, st_dev_to_kdev
 from buildidd.resolve.procfs import identity_of
 
@@ -44,10 +46,15 @@ class FakeTracer:
         pass
 
 
+def _memos(comm, filename):
+    """Memos that answer every comm and every filename with fixed JSON (run()'s own tables)."""
+    return Memo("comm", 16, lambda raw: comm), Memo("filename", 16, lambda raw: filename)
+
+
 def _recorder(tmp_path, name, fast):
     rec = Recorder(Config(session_root=str(tmp_path / name), store_root=""))
     rec.tracer = rec.rings = FakeTracer()
-    rec._next_drop_check = float("inf")
+    rec.recovery.next_check = float("inf")
     if not fast:
         rec._run_fast = None
     return rec
@@ -80,14 +87,14 @@ def map_raw(rng, ident, *, pid, tid, time_ns, comm, path=b"", origin=None, nlink
 def task_raw(etype, *, pid, tid, time_ns, comm, a, b):
     ev = TaskEvent()
     _hdr(ev, etype, pid, tid, time_ns, comm)
-    ev.ppid, ev.ptid = a, b
+    ev.fork.ppid, ev.fork.ptid = a, b       # the union's two words, whatever the type
     return bytes(ev)
 
 
 def exec_raw(ident, *, pid, tid, time_ns, comm, path):
     ev = ExecEvent()
     _hdr(ev, EventType.EXEC, pid, tid, time_ns, comm)
-    ev.old_pid = tid
+    ev.old_tid = tid
     _file_id(ev.file, ident, 1)
     ev.path_len = len(path)
     ev.path = path
@@ -177,21 +184,21 @@ def test_fast_path_lines_and_counters_equal_the_python_path(tmp_path, elfs):
     batches, n_python = _workload(rng, elfs, 20000)
     fast, slow = _recorder(tmp_path, "fast", True), _recorder(tmp_path, "slow", False)
     slow_calls = 0
-    orig = fast._slow_record
+    orig = fast.slow.record
 
     def counting(raw):
         nonlocal slow_calls
         slow_calls += 1
         orig(raw)
 
-    fast._slow_record = counting
+    fast.slow.record = counting
     for batch in batches:
         for rec in (fast, slow):
             rec.tracer.batch = list(batch)
             rec.step()
-    assert fast._pending_lines == slow._pending_lines
+    assert fast.tables.lines == slow.tables.lines
     assert fast.summary() == slow.summary()
-    assert fast._live == slow._live
+    assert fast.tables.live == slow.tables.live
     # The fast path did the work: only the records that need Python reached it.
     assert slow_calls == n_python
     assert n_python < sum(map(len, batches)) * 0.4
@@ -199,8 +206,8 @@ def test_fast_path_lines_and_counters_equal_the_python_path(tmp_path, elfs):
     assert s["events"]["mmap"] > 10000 and s["events"]["fork"] > 500 and s["events"]["exec"] > 300
     assert s["decode_errors"] > 50
     assert s["build_ids_resolved"] > 3000 and s["build_ids_missing"]["no_build_id"] > 3000
-    assert any(b'"deleted":true' in line for line in fast._pending_lines)
-    assert any(b'"comm":"q\\"uote"' in line for line in fast._pending_lines)
+    assert any(b'"deleted":true' in line for line in fast.tables.lines)
+    assert any(b'"comm":"q\\"uote"' in line for line in fast.tables.lines)
 
 
 def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
@@ -214,22 +221,25 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     fork = task_raw(EventType.FORK, pid=2, tid=2, time_ns=3, comm=b"c", a=1, b=1)
     renamed = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", path=p + b".new", origin=1)
     raws = [plain, fork, known, renamed, plain, b"\x09" + bytes(60)]
-    lines = []
-    args = (rec._fast, {}, {}, {}, lambda raw: b'"x"', (b"mmap",) * 5, {}, lines, 0, {}, lambda raw: b'"p"')
-    assert _fastpath.run(raws, 0, *args)[:4] == (3, 2, 2, 1)          # stops at another path
-    assert _fastpath.run(raws, 4, *args)[0] == 5                      # stops at the unknown type
+    comm_json, filename_json = _memos(b'"x"', b'"p"')
+    t = Tables(missing={}, fast=rec.tables.fast, comm_json=comm_json, filename_json=filename_json,
+               origins=(b"mmap",) * 5)
+    lines = t.lines
+    assert _fastpath.run(raws, 0, t)[:4] == (3, 2, 2, 1)          # stops at another path
+    assert _fastpath.run(raws, 4, t)[0] == 5                      # stops at the unknown type
     assert len(lines) == 4
-    held = {1: (None, 0, b"another file".ljust(36), b"{")}
-    assert _fastpath.run([plain], 0, rec._fast, held, *args[2:])[0] == 0   # its tid holds another exec
+    t.held = {1: HeldExec((None, 0, b"another file".ljust(36), b"{"))}
+    assert _fastpath.run([plain], 0, t)[0] == 0   # its tid holds another exec
     ex = exec_raw(elfs[p], pid=1, tid=1, time_ns=4, comm=b"c", path=b"/x")
-    assert _fastpath.run([ex, ex], 0, rec._fast, held, *args[2:])[0] == 0   # tid 1 holds an exec
-    held = {}
-    assert _fastpath.run([ex, ex], 0, rec._fast, held, *args[2:])[0] == 1   # held; the second is Python's
+    assert _fastpath.run([ex, ex], 0, t)[0] == 0   # tid 1 holds an exec
+    t.held = held = {}
+    assert _fastpath.run([ex, ex], 0, t)[0] == 1   # held; the second is Python's
     assert held[1][0] is ex and held[1][2] == file_key(elfs[p]) and held[1][3].endswith(b'"filename":"p",')
-    assert _fastpath.run([ex[:-1]], 0, rec._fast, {}, *args[2:])[0] == 0   # filename past the end
+    t.held = {}
+    assert _fastpath.run([ex[:-1]], 0, t)[0] == 0   # filename past the end
     unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c")
-    assert _fastpath.run([unknown], 0, *args)[0] == 0
-    assert file_key(elfs[p]) in rec._fast
+    assert _fastpath.run([unknown], 0, t)[0] == 0
+    assert file_key(elfs[p]) in rec.tables.fast
 
 
 def _ring(records, size=4096, busy_at=None, discard=()):
@@ -320,8 +330,9 @@ def test_configure_rejects_a_template_it_cannot_fill():
     with pytest.raises(ValueError):
         _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX + b"%s")
     # A rejected set leaves the templates in use untouched.
-    lines = []
+    comm_json, filename_json = _memos(b'"x"', b'"p"')
+    t = Tables(missing={}, comm_json=comm_json, filename_json=filename_json, origins=(b"mmap",))
+    lines = t.lines
     comm = task_raw(EventType.COMM, pid=7, tid=8, time_ns=9, comm=b"x", a=0, b=0)
-    assert _fastpath.run([comm], 0, {}, {}, {}, {}, lambda raw: b'"x"', (b"mmap",), {}, lines,
-                         0, {}, lambda raw: b'"p"')[0] == 1
+    assert _fastpath.run([comm], 0, t)[0] == 1
     assert lines == [COMM_LINE % (9, 7, 8, b'"x"')]

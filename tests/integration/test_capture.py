@@ -33,7 +33,7 @@ def _step_until(rec, pred, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rec.step()
-        rec._flush()
+        rec.log.flush()
         if pred():
             return True
         time.sleep(0.02)
@@ -205,7 +205,7 @@ def test_each_exec_mmap_is_recorded_once_and_no_other_among_threads_racing_on_bo
     assert _step_until(rec, lambda: len(_mmaps(rec, path=str(target))) >= threads * rounds)
     time.sleep(0.2)
     rec.step()
-    rec._flush()
+    rec.log.flush()
     recs = _mmaps(rec, path=str(target))
     per_tid = {}
     for r in recs:
@@ -237,7 +237,7 @@ print("\\n".join(l for l in open("/proc/self/maps").read().splitlines() if l.end
     assert _step_until(rec, lambda: _mmaps(rec, path=str(target)))
     time.sleep(0.2)
     rec.step()
-    rec._flush()
+    rec.log.flush()
     recs = _mmaps(rec, path=str(target))
     assert [r["start"] for r in recs] == [addr], recs   # not the plain PROT_READ one
     assert recs[0]["prot"] & mmap.PROT_EXEC

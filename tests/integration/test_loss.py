@@ -17,7 +17,7 @@ def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
     try:
         time.sleep(0.3)   # idle has mapped its libraries; the ring has long been full
         rec.step()
-        rec._next_drop_check = 0
+        rec.recovery.next_check = 0
         rec.step()
         records = session_records(rec.session_dir)
         lost = [r for r in records if r["type"] == "lost"]
@@ -56,7 +56,7 @@ def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(rec
             seen.add(os.getpriority(os.PRIO_PROCESS, tid))
             time.sleep(0.002)
         assert -5 in seen, seen
-        deadline = time.monotonic() + rec.CALM_S + 3
+        deadline = time.monotonic() + rec.pacer.CALM_S + 3
         while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != 0:
             time.sleep(0.05)
         assert os.getpriority(os.PRIO_PROCESS, tid) == 0          # calm again: back down

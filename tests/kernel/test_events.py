@@ -8,9 +8,23 @@ from buildidd.kernel.events import BPF_DIR, WIRE_STRUCTS
 from conftest import gcc
 
 
-def _fields(cls, prefix=""):
+def _fields(cls, prefix="", base=0):
+    """(C member designator, offset, size) of every field, nested ones too.
+
+    A nested struct or union is checked whole and member by member
+    ("task_event.fork.ppid"); an anonymous one (ctypes _anonymous_, a C11
+    anonymous union) has no name of its own in C: only its members are.
+    """
+    anonymous = getattr(cls, "_anonymous_", ())
     for name, ctype in cls._fields_:
-        yield prefix + name, getattr(cls, name).offset, ctypes.sizeof(ctype)
+        off = base + getattr(cls, name).offset
+        nested = isinstance(ctype, type) and issubclass(ctype, (ctypes.Structure, ctypes.Union))
+        if name in anonymous:
+            yield from _fields(ctype, prefix, off)
+            continue
+        yield prefix + name, off, ctypes.sizeof(ctype)
+        if nested:
+            yield from _fields(ctype, f"{prefix}{name}.", off)
 
 
 def test_every_wire_struct_matches_the_c_header(tmp_path):

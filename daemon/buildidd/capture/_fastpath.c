@@ -3,13 +3,13 @@
  * The recorder's per-event hot path, in C: reading the BPF ring buffers and
  * turning the common records into session-log lines.
  *
- * Python (daemon.py) owns every decision that needs more than a dict lookup:
+ * Python (the recorder and its exec join) owns every decision that needs more than a dict lookup:
  * resolving an identity, holding an exec, a record with a path, a malformed
  * record.  run() handles records for as long as they need nothing of that,
  * and returns the index of the first one that does; Python records that one
  * and calls run() again.  Lines are formatted from the templates of
  * records.py (given once to configure()), so the JSON of a record is defined
- * in one place; tests/test_fastpath.py checks the lines byte for byte against
+ * in one place; tests/capture/test_fastpath.py checks the lines byte for byte against
  * the Python path.
  *
  * Record layouts come from bpf/events.h, the one definition of the wire format.
@@ -31,7 +31,7 @@
 #define KEY_LEN offsetof(struct file_id, nlink)
 #define MAP_MIN_LEN offsetof(struct map_event, path)
 #define TASK_LEN sizeof(struct task_event)
-/* live sets stop growing at this many mappings per process (daemon.py) */
+/* live sets stop growing at this many mappings per process (capture/tables.py) */
 #define LIVE_MAX 4096
 #define U64_DIGITS 20
 
@@ -358,17 +358,197 @@ static PyObject *configure(PyObject *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+/* ---- named types shared with Python ------------------------------------ */
+
+/*
+ * Struct sequences (named tuples made in C): Python reads their fields by
+ * name, this file by index (the *_F_* constants below follow the field order).
+ */
+static PyStructSequence_Field held_exec_fields[] = {
+	{"record", "the raw EXEC ring record (bytes)"},
+	{"step", "the recorder step it came in (int)"},
+	{"key", "identity key of its executable: struct file_id bytes before nlink"},
+	{"prefix", "its line up to the identity fields (records.py EXEC_PREFIX, filled)"},
+	{NULL, NULL},
+};
+enum { HELD_F_RECORD, HELD_F_STEP, HELD_F_KEY, HELD_F_PREFIX, HELD_NF };
+static PyStructSequence_Desc held_exec_desc = {
+	"buildidd.capture._fastpath.HeldExec",
+	"An exec waiting for its executable's mapping: HeldExec((record, step, key, prefix)).",
+	held_exec_fields, HELD_NF,
+};
+
+static PyStructSequence_Field fast_entry_fields[] = {
+	{"resolution", "the identity's Resolution (final)"},
+	{"mmap_tail", "path, identity and build-id fields of a mapping line (bytes)"},
+	{"error", "None when the build-id is known, else the reason (str)"},
+	{"res_tail", "identity and build-id fields alone (bytes), for exec lines"},
+	{"path", "the path in mmap_tail, raw bytes"},
+	{NULL, NULL},
+};
+enum { FAST_F_RESOLUTION, FAST_F_MMAP_TAIL, FAST_F_ERROR, FAST_F_RES_TAIL, FAST_F_PATH, FAST_NF };
+static PyStructSequence_Desc fast_entry_desc = {
+	"buildidd.capture._fastpath.FastEntry",
+	"What the fast path writes for an identity with a final answer:\n"
+	"FastEntry((resolution, mmap_tail, error, res_tail, path)).",
+	fast_entry_fields, FAST_NF,
+};
+
+static PyStructSequence_Field run_counts_fields[] = {
+	{"next", "index of the first record not handled (len(raws) when all were)"},
+	{"mmap", "mappings recorded"},
+	{"resolved", "mappings recorded with a build-id"},
+	{"fork", "fork records"},
+	{"exit", "exit records"},
+	{"comm", "comm records"},
+	{"exec", "exec records written (completed by their mapping)"},
+	{NULL, NULL},
+};
+static PyStructSequence_Desc run_counts_desc = {
+	"buildidd.capture._fastpath.RunCounts", "What one run() call did.", run_counts_fields, 7,
+};
+
+static PyTypeObject *HeldExec, *FastEntry, *RunCounts;
+
+/* Attribute names read from run()'s tables object and from a Memo. */
+static PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_origins, *s_missing,
+	*s_lines, *s_step, *s_entries, *s_fill, *s_hits, *s_move_to_end;
+
 /* ---- records ----------------------------------------------------------- */
 
-/* State of one run() call: the Python objects it reads and updates. */
+/* A memo.Memo as run() uses it: its entries (an OrderedDict) read directly. */
+struct memo_ref {
+	PyObject *memo;		/* owned */
+	PyObject *entries;	/* owned: memo.entries */
+	PyObject *fill;		/* owned: memo.fill, called on a miss (counts it, computes, stores) */
+	PyObject *move_to_end;	/* owned: entries.move_to_end, keeps a hit the most recent */
+	long hits;		/* added to memo.hits when run() returns */
+};
+
+/* State of one run() call: the tables' attributes it reads and updates (owned). */
 struct run_state {
-	PyObject *fast, *held, *live, *comm_json, *comm_fn, *origins, *missing, *emit;
-	PyObject *steps, *path_json, *path_fn;
+	PyObject *fast, *held, *live, *origins, *missing, *lines, *step;
+	struct memo_ref comm, filename;
 	char last_comm[BUILDIDD_COMM_LEN];
 	PyObject *last_comm_json;	/* owned: the JSON of last_comm */
 };
 
-/* JSON of a raw 16-byte comm: the memo dict, else comm_fn(raw) (which memoizes). */
+static PyObject *get_attr_of(PyObject *obj, PyObject *name, PyTypeObject *type)
+{
+	PyObject *v = PyObject_GetAttr(obj, name);
+
+	if (v != NULL && type != NULL && !PyObject_TypeCheck(v, type)) {
+		PyErr_Format(PyExc_TypeError, "run(): tables.%U must be %s, not %s", name, type->tp_name,
+			     Py_TYPE(v)->tp_name);
+		Py_CLEAR(v);
+	}
+	return v;
+}
+
+static int load_memo(struct memo_ref *m, PyObject *tables, PyObject *name)
+{
+	m->memo = get_attr_of(tables, name, NULL);
+	if (m->memo == NULL || (m->entries = get_attr_of(m->memo, s_entries, &PyDict_Type)) == NULL ||
+	    (m->fill = get_attr_of(m->memo, s_fill, NULL)) == NULL ||
+	    (m->move_to_end = get_attr_of(m->entries, s_move_to_end, NULL)) == NULL)
+		return -1;
+	return 0;
+}
+
+/* Add the hits counted in C to memo.hits and drop the references.  Keeps a pending error. */
+static void release_memo(struct memo_ref *m)
+{
+	if (m->hits && m->memo != NULL) {
+		PyObject *exc_type, *exc, *tb, *old, *sum = NULL;
+
+		PyErr_Fetch(&exc_type, &exc, &tb);
+		old = PyObject_GetAttr(m->memo, s_hits);
+		if (old != NULL) {
+			PyObject *n = PyLong_FromLong(m->hits);
+
+			sum = n ? PyNumber_Add(old, n) : NULL;
+			Py_XDECREF(n);
+			Py_DECREF(old);
+		}
+		if (sum == NULL || PyObject_SetAttr(m->memo, s_hits, sum) < 0)
+			PyErr_WriteUnraisable(m->memo);
+		Py_XDECREF(sum);
+		PyErr_Restore(exc_type, exc, tb);
+	}
+	Py_CLEAR(m->move_to_end);
+	Py_CLEAR(m->fill);
+	Py_CLEAR(m->entries);
+	Py_CLEAR(m->memo);
+}
+
+static int load_state(struct run_state *st, PyObject *tables)
+{
+	if ((st->fast = get_attr_of(tables, s_fast, &PyDict_Type)) == NULL ||
+	    (st->held = get_attr_of(tables, s_held, &PyDict_Type)) == NULL ||
+	    (st->live = get_attr_of(tables, s_live, &PyDict_Type)) == NULL ||
+	    (st->origins = get_attr_of(tables, s_origins, &PyTuple_Type)) == NULL ||
+	    (st->missing = get_attr_of(tables, s_missing, &PyDict_Type)) == NULL ||
+	    (st->lines = get_attr_of(tables, s_lines, &PyList_Type)) == NULL ||
+	    (st->step = get_attr_of(tables, s_step, &PyLong_Type)) == NULL ||
+	    load_memo(&st->comm, tables, s_comm_json) < 0 || load_memo(&st->filename, tables, s_filename_json) < 0)
+		return -1;
+	if (PyTuple_GET_SIZE(st->origins) == 0) {
+		PyErr_SetString(PyExc_ValueError, "run(): tables.origins must not be empty");
+		return -1;
+	}
+	for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(st->origins); k++)
+		if (!PyBytes_Check(PyTuple_GET_ITEM(st->origins, k))) {
+			PyErr_SetString(PyExc_TypeError, "run(): tables.origins must be a tuple of bytes");
+			return -1;
+		}
+	return 0;
+}
+
+static void release_state(struct run_state *st)
+{
+	release_memo(&st->comm);
+	release_memo(&st->filename);
+	Py_CLEAR(st->last_comm_json);
+	Py_CLEAR(st->fast);
+	Py_CLEAR(st->held);
+	Py_CLEAR(st->live);
+	Py_CLEAR(st->origins);
+	Py_CLEAR(st->missing);
+	Py_CLEAR(st->lines);
+	Py_CLEAR(st->step);
+}
+
+/*
+ * memo(key) for a Memo's entries: a hit is counted and made the most recent;
+ * a miss calls memo.fill(key) (which counts it and stores the value).
+ * New reference to bytes, or NULL with an error set.
+ */
+static PyObject *memo_get(struct memo_ref *m, PyObject *key, const char *what)
+{
+	PyObject *v = PyDict_GetItemWithError(m->entries, key);
+
+	if (v != NULL) {
+		PyObject *r;
+
+		Py_INCREF(v);
+		r = PyObject_CallOneArg(m->move_to_end, key);
+		if (r == NULL) {
+			Py_DECREF(v);
+			return NULL;
+		}
+		Py_DECREF(r);
+		m->hits++;
+	} else if (!PyErr_Occurred()) {
+		v = PyObject_CallOneArg(m->fill, key);
+	}
+	if (v != NULL && !PyBytes_Check(v)) {
+		PyErr_Format(PyExc_TypeError, "%s values must be bytes", what);
+		Py_CLEAR(v);
+	}
+	return v;
+}
+
+/* JSON of a raw 16-byte comm (tables.comm_json).  Borrowed from st (valid until the next call). */
 static PyObject *comm_of(struct run_state *st, const char *comm)
 {
 	PyObject *key, *v;
@@ -378,46 +558,24 @@ static PyObject *comm_of(struct run_state *st, const char *comm)
 	key = PyBytes_FromStringAndSize(comm, BUILDIDD_COMM_LEN);
 	if (key == NULL)
 		return NULL;
-	v = PyDict_GetItemWithError(st->comm_json, key);
-	if (v != NULL) {
-		Py_INCREF(v);
-	} else if (PyErr_Occurred()) {
-		Py_DECREF(key);
-		return NULL;
-	} else {
-		v = PyObject_CallOneArg(st->comm_fn, key);
-		if (v != NULL && !PyBytes_Check(v)) {
-			Py_SETREF(v, NULL);
-			PyErr_SetString(PyExc_TypeError, "comm_fn must return bytes");
-		}
-	}
+	v = memo_get(&st->comm, key, "comm_json");
 	Py_DECREF(key);
 	if (v == NULL)
 		return NULL;
-	/* Own a reference: comm_fn may clear the memo dict later in this run. */
-	Py_XDECREF(st->last_comm_json);
-	st->last_comm_json = v;
+	/* Own a reference: the memo may evict it later in this run. */
+	Py_XSETREF(st->last_comm_json, v);
 	memcpy(st->last_comm, comm, BUILDIDD_COMM_LEN);
 	return v;
 }
 
-/* JSON of a raw exec filename: the memo dict path_json, else path_fn(raw) (which memoizes). New reference. */
-static PyObject *path_of(struct run_state *st, const char *path, Py_ssize_t len)
+/* JSON of a raw exec filename (tables.filename_json).  New reference. */
+static PyObject *filename_of(struct run_state *st, const char *path, Py_ssize_t len)
 {
 	PyObject *key = PyBytes_FromStringAndSize(path, len), *v;
 
 	if (key == NULL)
 		return NULL;
-	v = PyDict_GetItemWithError(st->path_json, key);
-	if (v != NULL) {
-		Py_INCREF(v);
-	} else if (!PyErr_Occurred()) {
-		v = PyObject_CallOneArg(st->path_fn, key);
-		if (v != NULL && !PyBytes_Check(v)) {
-			Py_SETREF(v, NULL);
-			PyErr_SetString(PyExc_TypeError, "path_fn must return bytes");
-		}
-	}
+	v = memo_get(&st->filename, key, "filename_json");
 	Py_DECREF(key);
 	return v;
 }
@@ -428,7 +586,7 @@ static int emit(struct run_state *st, PyObject *line)
 
 	if (line == NULL)
 		return -1;
-	r = PyList_Append(st->emit, line);
+	r = PyList_Append(st->lines, line);
 	Py_DECREF(line);
 	return r;
 }
@@ -458,8 +616,6 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
 	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
 	uint64_t time_ns = ld_u64(r + offsetof(struct event_header, time_ns));
-	uint32_t a = ld_u32(r + offsetof(struct task_event, ppid));
-	uint32_t b = ld_u32(r + offsetof(struct task_event, ptid));
 	PyObject *cj;
 	struct arg args[6];
 	int which = type == BUILDIDD_EV_FORK ? T_FORK : type == BUILDIDD_EV_EXIT ? T_EXIT : T_COMM;
@@ -474,8 +630,12 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 	args[2].u = tid;
 	args[3].s = PyBytes_AS_STRING(cj);
 	args[3].len = PyBytes_GET_SIZE(cj);
-	args[4].u = a;
-	args[5].u = b;
+	if (type == BUILDIDD_EV_FORK) {
+		args[4].u = ld_u32(r + offsetof(struct task_event, fork.ppid));
+		args[5].u = ld_u32(r + offsetof(struct task_event, fork.ptid));
+	} else if (type == BUILDIDD_EV_EXIT) {
+		args[4].u = ld_u32(r + offsetof(struct task_event, exit.exit_code));
+	}
 	if (emit(st, format_line(&templates[which], args)) < 0)
 		return -1;
 	counts[which]++;
@@ -486,7 +646,7 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 struct last_key {
 	char key[KEY_LEN];
 	PyObject *key_obj;	/* owned */
-	PyObject *hit;		/* owned: fast[key], (Resolution, mmap tail, error, res tail, path) */
+	PyObject *hit;		/* owned: tables.fast[key], a FastEntry */
 };
 
 /*
@@ -496,9 +656,8 @@ struct last_key {
  */
 static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *lk, long *counts)
 {
-	PyObject *t = PyLong_FromUnsignedLong(tid), *h, *key, *prefix;
+	PyObject *t = PyLong_FromUnsignedLong(tid), *h, *key, *prefix, *res_tail;
 	struct arg args[2];
-	int same;
 
 	if (t == NULL)
 		return -1;
@@ -507,21 +666,21 @@ static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *
 		Py_DECREF(t);
 		return PyErr_Occurred() ? -1 : 1;	/* nothing held: just the mapping */
 	}
-	if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 4 ||
-	    !PyBytes_Check(key = PyTuple_GET_ITEM(h, 2)) || !PyBytes_Check(prefix = PyTuple_GET_ITEM(h, 3))) {
+	if (!Py_IS_TYPE(h, HeldExec) || !PyBytes_Check(key = PyStructSequence_GET_ITEM(h, HELD_F_KEY)) ||
+	    !PyBytes_Check(prefix = PyStructSequence_GET_ITEM(h, HELD_F_PREFIX))) {
 		Py_DECREF(t);
-		PyErr_SetString(PyExc_TypeError, "held execs must be (record, step, bytes, bytes)");
+		PyErr_SetString(PyExc_TypeError, "tables.held values must be HeldExec with bytes key and prefix");
 		return -1;
 	}
-	same = PyBytes_GET_SIZE(key) == (Py_ssize_t)KEY_LEN && memcmp(PyBytes_AS_STRING(key), lk->key, KEY_LEN) == 0;
-	if (!same) {
+	if (PyBytes_GET_SIZE(key) != (Py_ssize_t)KEY_LEN || memcmp(PyBytes_AS_STRING(key), lk->key, KEY_LEN) != 0) {
 		Py_DECREF(t);
 		return 0;
 	}
+	res_tail = PyStructSequence_GET_ITEM(lk->hit, FAST_F_RES_TAIL);
 	args[0].s = PyBytes_AS_STRING(prefix);
 	args[0].len = PyBytes_GET_SIZE(prefix);
-	args[1].s = PyBytes_AS_STRING(PyTuple_GET_ITEM(lk->hit, 3));
-	args[1].len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(lk->hit, 3));
+	args[1].s = PyBytes_AS_STRING(res_tail);
+	args[1].len = PyBytes_GET_SIZE(res_tail);
 	if (emit(st, format_line(&templates[T_EXEC], args)) < 0 || PyDict_DelItem(st->held, t) < 0) {
 		Py_DECREF(t);
 		return -1;
@@ -529,6 +688,63 @@ static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *
 	Py_DECREF(t);
 	counts[T_EXEC]++;
 	return 1;
+}
+
+/* missing[reason] += 1.  0, or -1 with an error set. */
+static int count_missing(struct run_state *st, PyObject *reason)
+{
+	PyObject *old = PyDict_GetItemWithError(st->missing, reason), *inc;
+	Py_ssize_t was = 0;
+
+	if (old == NULL && PyErr_Occurred())
+		return -1;
+	if (old != NULL && (was = PyLong_AsSsize_t(old)) == -1 && PyErr_Occurred())
+		return -1;
+	inc = PyLong_FromSsize_t(was + 1);
+	if (inc == NULL)
+		return -1;
+	if (PyDict_SetItem(st->missing, reason, inc) < 0) {
+		Py_DECREF(inc);
+		return -1;
+	}
+	Py_DECREF(inc);
+	return 0;
+}
+
+/* live[pid].add((start, key)), at most LIVE_MAX per process.  0, or -1 with an error set. */
+static int add_live(struct run_state *st, uint32_t pid, uint64_t start, PyObject *key)
+{
+	PyObject *pid_obj = PyLong_FromUnsignedLong(pid), *pl, *item;
+
+	if (pid_obj == NULL)
+		return -1;
+	pl = PyDict_GetItemWithError(st->live, pid_obj);
+	if (pl == NULL) {
+		if (PyErr_Occurred() || (pl = PySet_New(NULL)) == NULL) {
+			Py_DECREF(pid_obj);
+			return -1;
+		}
+		if (PyDict_SetItem(st->live, pid_obj, pl) < 0) {
+			Py_DECREF(pl);
+			Py_DECREF(pid_obj);
+			return -1;
+		}
+		Py_DECREF(pl);			/* the dict holds it */
+	}
+	Py_DECREF(pid_obj);
+	if (!PySet_Check(pl)) {
+		PyErr_SetString(PyExc_TypeError, "tables.live values must be sets");
+		return -1;
+	}
+	if (PySet_GET_SIZE(pl) < LIVE_MAX) {
+		item = Py_BuildValue("(KO)", (unsigned long long)start, key);
+		if (item == NULL || PySet_Add(pl, item) < 0) {
+			Py_XDECREF(item);
+			return -1;
+		}
+		Py_DECREF(item);
+	}
+	return 0;
 }
 
 static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struct last_key *lk, long *counts)
@@ -540,7 +756,7 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	uint32_t origin = ld_u32(r + offsetof(struct map_event, origin));
 	uint32_t nlink = ld_u32(file + offsetof(struct file_id, nlink));
 	Py_ssize_t plen = ld_u16(r + offsetof(struct map_event, path_len));
-	PyObject *hit, *tail, *error, *cj, *origin_name, *pl, *pid_obj, *item;
+	PyObject *hit, *tail, *error, *cj, *origin_name;
 	struct arg args[12];
 
 	if (lk->key_obj == NULL || memcmp(lk->key, file, KEY_LEN) != 0) {
@@ -553,11 +769,11 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 			Py_DECREF(key);
 			return PyErr_Occurred() ? -1 : 0;
 		}
-		if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 5 || !PyBytes_Check(PyTuple_GET_ITEM(hit, 1)) ||
-		    !PyBytes_Check(PyTuple_GET_ITEM(hit, 3)) || !PyBytes_Check(PyTuple_GET_ITEM(hit, 4))) {
+		if (!Py_IS_TYPE(hit, FastEntry) || !PyBytes_Check(PyStructSequence_GET_ITEM(hit, FAST_F_MMAP_TAIL)) ||
+		    !PyBytes_Check(PyStructSequence_GET_ITEM(hit, FAST_F_RES_TAIL)) ||
+		    !PyBytes_Check(PyStructSequence_GET_ITEM(hit, FAST_F_PATH))) {
 			Py_DECREF(key);
-			PyErr_SetString(PyExc_TypeError,
-					"fast-path entries must be (Resolution, bytes, error, bytes, bytes)");
+			PyErr_SetString(PyExc_TypeError, "tables.fast values must be FastEntry with bytes tails and path");
 			return -1;
 		}
 		Py_INCREF(hit);
@@ -568,7 +784,7 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	if (plen != 0) {
 		/* The kernel sent a path after all (the record was made before the
 		 * identity was marked known): the tail holds when it is the same path. */
-		PyObject *path = PyTuple_GET_ITEM(lk->hit, 4);
+		PyObject *path = PyStructSequence_GET_ITEM(lk->hit, FAST_F_PATH);
 
 		if ((Py_ssize_t)MAP_MIN_LEN + plen > len || PyBytes_GET_SIZE(path) != plen ||
 		    memcmp(PyBytes_AS_STRING(path), r + MAP_MIN_LEN, plen) != 0)
@@ -577,8 +793,8 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	if (PyDict_GET_SIZE(st->held) != 0 && held_exec(st, tid, lk, counts) <= 0)
 		return PyErr_Occurred() ? -1 : 0;
 	hit = lk->hit;
-	tail = PyTuple_GET_ITEM(hit, 1);
-	error = PyTuple_GET_ITEM(hit, 2);
+	tail = PyStructSequence_GET_ITEM(hit, FAST_F_MMAP_TAIL);
+	error = PyStructSequence_GET_ITEM(hit, FAST_F_ERROR);
 	cj = comm_of(st, ((const struct event_header *)r)->comm);
 	if (cj == NULL)
 		return -1;
@@ -602,61 +818,19 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	if (emit(st, format_line(&templates[T_MMAP], args)) < 0)
 		return -1;
 	counts[T_N]++;
-	if (error == Py_None) {
+	if (error == Py_None)
 		counts[T_N + 1]++;
-	} else {
-		PyObject *old = PyDict_GetItemWithError(st->missing, error);
-		Py_ssize_t was = 0;
-		PyObject *inc;
-
-		if (old == NULL && PyErr_Occurred())
-			return -1;
-		if (old != NULL && (was = PyLong_AsSsize_t(old)) == -1 && PyErr_Occurred())
-			return -1;
-		inc = PyLong_FromSsize_t(was + 1);
-		if (inc == NULL)
-			return -1;
-		if (PyDict_SetItem(st->missing, error, inc) < 0) {
-			Py_DECREF(inc);
-			return -1;
-		}
-		Py_DECREF(inc);
-	}
-	/* live[pid].add((start, key)), at most LIVE_MAX per process */
-	pid_obj = PyLong_FromUnsignedLong(pid);
-	if (pid_obj == NULL)
+	else if (count_missing(st, error) < 0)
 		return -1;
-	pl = PyDict_GetItemWithError(st->live, pid_obj);
-	if (pl == NULL) {
-		if (PyErr_Occurred() || (pl = PySet_New(NULL)) == NULL) {
-			Py_DECREF(pid_obj);
-			return -1;
-		}
-		if (PyDict_SetItem(st->live, pid_obj, pl) < 0) {
-			Py_DECREF(pl);
-			Py_DECREF(pid_obj);
-			return -1;
-		}
-		Py_DECREF(pl);			/* the dict holds it */
-	}
-	Py_DECREF(pid_obj);
-	if (PySet_GET_SIZE(pl) < LIVE_MAX) {
-		item = Py_BuildValue("(KO)", (unsigned long long)start, lk->key_obj);
-		if (item == NULL || PySet_Add(pl, item) < 0) {
-			Py_XDECREF(item);
-			return -1;
-		}
-		Py_DECREF(item);
-	}
-	return 1;
+	return add_live(st, pid, start, lk->key_obj) < 0 ? -1 : 1;
 }
 
 /*
- * An EXEC record: held in held (tid -> (record, step, key, EXEC_PREFIX line))
- * until its executable's mapping completes it, as Recorder._hold_exec does;
- * the pid leaves live.  1: held; 0: left to Python (a record whose filename
- * runs past its end, or a tid that holds an exec already: that one must be
- * written out first, with a resolution only Python makes); -1: error set.
+ * An EXEC record: held in tables.held (tid -> HeldExec) until its
+ * executable's mapping completes it, as the Python exec join does; the pid
+ * leaves live.  1: held; 0: left to Python (a record whose filename runs past
+ * its end, or a tid that holds an exec already: that one must be written out
+ * first, with a resolution only Python makes); -1: error set.
  */
 static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ssize_t len)
 {
@@ -664,7 +838,7 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
 	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
 	uint16_t plen = ld_u16(r + offsetof(struct exec_event, path_len));
-	PyObject *t, *cj, *pj, *prefix, *key, *held;
+	PyObject *t, *cj, *fj, *prefix, *key, *held = NULL;
 	struct arg args[6];
 	int rc = -1;
 
@@ -679,8 +853,8 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 		return rc < 0 ? -1 : 0;
 	}
 	cj = comm_of(st, h->comm);		/* borrowed from st */
-	pj = cj ? path_of(st, r + offsetof(struct exec_event, path), plen) : NULL;
-	if (pj == NULL) {
+	fj = cj ? filename_of(st, r + offsetof(struct exec_event, path), plen) : NULL;
+	if (fj == NULL) {
 		Py_DECREF(t);
 		return -1;
 	}
@@ -689,13 +863,21 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	args[2].u = tid;
 	args[3].s = PyBytes_AS_STRING(cj);
 	args[3].len = PyBytes_GET_SIZE(cj);
-	args[4].u = ld_u32(r + offsetof(struct exec_event, old_pid));
-	args[5].s = PyBytes_AS_STRING(pj);
-	args[5].len = PyBytes_GET_SIZE(pj);
+	args[4].u = ld_u32(r + offsetof(struct exec_event, old_tid));
+	args[5].s = PyBytes_AS_STRING(fj);
+	args[5].len = PyBytes_GET_SIZE(fj);
 	prefix = format_line(&templates[T_EXEC_PREFIX], args);
-	Py_DECREF(pj);
+	Py_DECREF(fj);
 	key = prefix ? PyBytes_FromStringAndSize(r + offsetof(struct exec_event, file), KEY_LEN) : NULL;
-	held = key ? PyTuple_Pack(4, raw, st->steps, key, prefix) : NULL;
+	if (key != NULL && (held = PyStructSequence_New(HeldExec)) != NULL) {
+		Py_INCREF(raw);
+		Py_INCREF(st->step);
+		PyStructSequence_SET_ITEM(held, HELD_F_RECORD, raw);
+		PyStructSequence_SET_ITEM(held, HELD_F_STEP, st->step);
+		PyStructSequence_SET_ITEM(held, HELD_F_KEY, key);
+		PyStructSequence_SET_ITEM(held, HELD_F_PREFIX, prefix);
+		key = prefix = NULL;	/* held owns them */
+	}
 	rc = held ? PyDict_SetItem(st->held, t, held) : -1;
 	Py_XDECREF(held);
 	Py_XDECREF(key);
@@ -707,63 +889,50 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 }
 
 PyDoc_STRVAR(run_doc,
-"run(raws, i, fast, held, live, comm_json, comm_fn, origins, missing, emit, steps,\n"
-"    path_json, path_fn)\n"
-"    -> (next_i, n_mmap, n_resolved, n_fork, n_exit, n_comm, n_exec)\n\n"
-"Record raws[i:] (raw ring records, bytes) for as long as each is one of:\n"
-"  * a MAP record (struct map_event) whose identity key (the\n"
-"    struct file_id bytes before nlink) is in fast, a dict key -> (Resolution,\n"
-"    mmap tail: the path, identity and build-id fields of its line, error:\n"
-"    None when the build-id is known, else the reason, res tail: the identity\n"
-"    and build-id fields alone, path: the path bytes in mmap tail), and that\n"
-"    carries no path or that same path.  When its tid is in held, a dict tid ->\n"
-"    (exec record, step, key, exec line prefix) of execs waiting for their\n"
-"    executable's mapping, and the key is the same, the exec's line is\n"
-"    written first (EXEC_LINE: prefix, res tail) and the tid leaves held; a\n"
-"    different key is left to Python;\n"
+"run(raws, start, tables) -> RunCounts\n\n"
+"Record raws[start:] (raw ring records, bytes) for as long as each is one of:\n"
+"  * a MAP record (struct map_event) whose identity key (the struct file_id\n"
+"    bytes before nlink) is in tables.fast (key -> FastEntry), and that\n"
+"    carries no path or FastEntry.path.  When its tid is in tables.held\n"
+"    (tid -> HeldExec: execs waiting for their executable's mapping) with the\n"
+"    same key, the exec's line is written first (EXEC_LINE: prefix, res_tail)\n"
+"    and the tid leaves held; a different key is left to Python;\n"
 "  * a FORK, EXIT or COMM record (struct task_event);\n"
 "  * an EXEC record (struct exec_event) from a tid that holds none: it is\n"
-"    held, held[tid] = (record, steps, key, EXEC_PREFIX line), and its pid\n"
-"    leaves live; the filename's JSON comes from the memo path_json (raw\n"
-"    bytes -> JSON bytes), filled by path_fn(raw) on a miss.\n"
+"    held, tables.held[tid] = HeldExec((record, tables.step, key, EXEC_PREFIX\n"
+"    line)), and its pid leaves tables.live.\n"
 "Each becomes one line (records.py's templates, see configure()) appended to\n"
-"the list emit.  comm_json: memo of raw 16-byte comm -> JSON bytes, filled by\n"
-"comm_fn(raw) on a miss; origins: tuple of bytes indexed by map_event.origin\n"
-"(index 0 for an unknown one); missing: dict reason -> count, incremented for\n"
-"each mapping without a build-id; live: dict pid -> set of (vm_start, key),\n"
-"added to (at most 4096 per pid), a pid removed on EXIT.  Returns the index of\n"
-"the first record not handled (len(raws) when all were) and the counts of\n"
-"mappings, mappings with a build-id, forks, exits, comm changes and execs\n"
-"handled.\n"
-"Raises RuntimeError before configure(); what comm_fn or path_fn raises.");
+"the list tables.lines.  The other attributes of tables: comm_json and\n"
+"filename_json, memo.Memo of raw comm (16 bytes) / raw exec filename -> JSON\n"
+"bytes (entries read here, hits counted and made recent, fill() called on a\n"
+"miss); origins: tuple of bytes indexed by map_event.origin (index 0 for an\n"
+"unknown one); missing: dict reason -> count, incremented for each mapping\n"
+"without a build-id; live: dict pid -> set of (vm_start, key), added to (at\n"
+"most 4096 per pid), a pid removed on EXIT and EXEC; step: int.\n"
+"Returns a RunCounts: the index of the first record not handled (len(raws)\n"
+"when all were) and the counts of what was handled.\n"
+"Raises RuntimeError before configure(); TypeError or ValueError for tables\n"
+"of the wrong shape; what a memo's fill() raises.");
 
 static PyObject *run(PyObject *self, PyObject *args)
 {
-	PyObject *raws;
+	PyObject *raws, *tables, *out;
 	Py_ssize_t i, n;
 	struct run_state st = {0};
 	struct last_key lk = {0};
 	long counts[T_N + 2] = {0};	/* per template index, then mmap, resolved */
 	int rc = 1;
 
-	if (!PyArg_ParseTuple(args, "O!nO!O!O!O!OO!O!O!OO!O", &PyList_Type, &raws, &i, &PyDict_Type, &st.fast,
-			      &PyDict_Type, &st.held, &PyDict_Type, &st.live, &PyDict_Type, &st.comm_json,
-			      &st.comm_fn, &PyTuple_Type, &st.origins, &PyDict_Type, &st.missing,
-			      &PyList_Type, &st.emit, &st.steps, &PyDict_Type, &st.path_json, &st.path_fn))
+	if (!PyArg_ParseTuple(args, "O!nO", &PyList_Type, &raws, &i, &tables))
 		return NULL;
 	if (templates[T_MMAP].owner == NULL) {
 		PyErr_SetString(PyExc_RuntimeError, "_fastpath.configure() was not called");
 		return NULL;
 	}
-	if (PyTuple_GET_SIZE(st.origins) == 0) {
-		PyErr_SetString(PyExc_ValueError, "origins must not be empty");
+	if (load_state(&st, tables) < 0) {
+		release_state(&st);
 		return NULL;
 	}
-	for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(st.origins); k++)
-		if (!PyBytes_Check(PyTuple_GET_ITEM(st.origins, k))) {
-			PyErr_SetString(PyExc_TypeError, "origins must be a tuple of bytes");
-			return NULL;
-		}
 	n = PyList_GET_SIZE(raws);
 	if (i < 0)
 		i = 0;
@@ -793,11 +962,31 @@ static PyObject *run(PyObject *self, PyObject *args)
 	}
 	Py_XDECREF(lk.key_obj);
 	Py_XDECREF(lk.hit);
-	Py_XDECREF(st.last_comm_json);
+	release_state(&st);
 	if (rc < 0)
 		return NULL;
-	return Py_BuildValue("(nllllll)", i, counts[T_N], counts[T_N + 1], counts[T_FORK], counts[T_EXIT],
-			     counts[T_COMM], counts[T_EXEC]);
+	out = PyStructSequence_New(RunCounts);
+	if (out == NULL)
+		return NULL;
+	{
+		long v[] = {counts[T_N], counts[T_N + 1], counts[T_FORK], counts[T_EXIT], counts[T_COMM],
+			    counts[T_EXEC]};
+		PyObject *x = PyLong_FromSsize_t(i);
+
+		if (x == NULL) {
+			Py_DECREF(out);
+			return NULL;
+		}
+		PyStructSequence_SET_ITEM(out, 0, x);
+		for (int k = 0; k < 6; k++) {
+			if ((x = PyLong_FromLong(v[k])) == NULL) {
+				Py_DECREF(out);
+				return NULL;
+			}
+			PyStructSequence_SET_ITEM(out, k + 1, x);
+		}
+	}
+	return out;
 }
 
 static PyMethodDef methods[] = {
@@ -814,7 +1003,36 @@ static struct PyModuleDef module = {
 	-1, methods,
 };
 
+static int add_type(PyObject *m, PyTypeObject **type, PyStructSequence_Desc *desc)
+{
+	const char *dot = strrchr(desc->name, '.');
+
+	*type = PyStructSequence_NewType(desc);
+	if (*type == NULL)
+		return -1;
+	return PyModule_AddObjectRef(m, dot ? dot + 1 : desc->name, (PyObject *)*type);
+}
+
 PyMODINIT_FUNC PyInit__fastpath(void)
 {
-	return PyModule_Create(&module);
+	PyObject *m;
+	struct { PyObject **s; const char *name; } names[] = {
+		{&s_fast, "fast"}, {&s_held, "held"}, {&s_live, "live"}, {&s_comm_json, "comm_json"},
+		{&s_filename_json, "filename_json"}, {&s_origins, "origins"}, {&s_missing, "missing"},
+		{&s_lines, "lines"}, {&s_step, "step"}, {&s_entries, "entries"}, {&s_fill, "fill"},
+		{&s_hits, "hits"}, {&s_move_to_end, "move_to_end"},
+	};
+
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+		if ((*names[k].s = PyUnicode_InternFromString(names[k].name)) == NULL)
+			return NULL;
+	m = PyModule_Create(&module);
+	if (m == NULL)
+		return NULL;
+	if (add_type(m, &HeldExec, &held_exec_desc) < 0 || add_type(m, &FastEntry, &fast_entry_desc) < 0 ||
+	    add_type(m, &RunCounts, &run_counts_desc) < 0) {
+		Py_DECREF(m);
+		return NULL;
+	}
+	return m;
 }

@@ -12,6 +12,9 @@ import enum
 import os
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from buildidd import memo
 
 COMM_LEN = 16
 PATH_MAX = 4096
@@ -120,7 +123,7 @@ class ExecEvent(ctypes.Structure):
     """struct exec_event of bpf/events.h (see the field comments there)."""
     _fields_ = [
         ("hdr", EventHeader),
-        ("old_pid", ctypes.c_uint32),
+        ("old_tid", ctypes.c_uint32),    # the tid before exec (tracepoint's old_pid)
         ("id_flags", ctypes.c_uint32),
         ("file", FileId),
         ("path_len", ctypes.c_uint16),
@@ -129,12 +132,33 @@ class ExecEvent(ctypes.Structure):
     ]
 
 
+class TaskFork(ctypes.Structure):
+    """struct task_fork of bpf/events.h: a FORK event's parent."""
+    _fields_ = [
+        ("ppid", ctypes.c_uint32),       # tgid
+        ("ptid", ctypes.c_uint32),
+    ]
+
+
+class TaskExit(ctypes.Structure):
+    """struct task_exit of bpf/events.h: an EXIT event's status."""
+    _fields_ = [
+        ("exit_code", ctypes.c_uint32),  # task_struct.exit_code
+        ("_pad", ctypes.c_uint32),
+    ]
+
+
+class _TaskBody(ctypes.Union):
+    """The anonymous union of struct task_event (by hdr.type)."""
+    _fields_ = [("fork", TaskFork), ("exit", TaskExit)]
+
+
 class TaskEvent(ctypes.Structure):
-    """struct task_event of bpf/events.h (see the field comments there)."""
+    """struct task_event of bpf/events.h: ev.fork (FORK), ev.exit (EXIT), nothing (COMM)."""
+    _anonymous_ = ("_body",)
     _fields_ = [
         ("hdr", EventHeader),
-        ("ppid", ctypes.c_uint32),
-        ("ptid", ctypes.c_uint32),
+        ("_body", _TaskBody),
     ]
 
 
@@ -168,6 +192,8 @@ WIRE_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "file_id": FileId,
     "map_event": MapEvent,
     "exec_event": ExecEvent,
+    "task_fork": TaskFork,
+    "task_exit": TaskExit,
     "task_event": TaskEvent,
     "known_key": KnownKey,
     "known_value": KnownValue,
@@ -186,21 +212,22 @@ _FILE = struct.Struct("<QQqIIII")
 _MAP_BODY = struct.Struct("<QQQIIII")
 _MAP_TAIL = struct.Struct("<H6x")
 _EXEC_BODY = struct.Struct("<II")
-_EXEC_HEAD = struct.Struct("<IIIIQ16sII")     # event_header, old_pid, id_flags: exec_head()
+_EXEC_HEAD = struct.Struct("<IIIIQ16sII")     # event_header, old_tid, id_flags: exec_head()
 
 _MAP_BODY_OFF = MapEvent.start.offset
 _MAP_FILE_OFF = MapEvent.file.offset
 _MAP_PLEN_OFF = MapEvent.path_len.offset
 _MAP_PATH_OFF = MapEvent.path.offset
-_EXEC_BODY_OFF = ExecEvent.old_pid.offset
+_EXEC_BODY_OFF = ExecEvent.old_tid.offset
 _EXEC_FILE_OFF = ExecEvent.file.offset
 _EXEC_PLEN_OFF = ExecEvent.path_len.offset
 _EXEC_PATH_OFF = ExecEvent.path.offset
-_TASK_BODY_OFF = TaskEvent.ppid.offset
+_TASK_BODY_OFF = TaskEvent.fork.offset
 
 
 _FILE_KEY = struct.Struct("<QQqIII")
-#: A fork/exit/comm event in one unpack: header fields, ppid, ptid.
+#: A fork/exit/comm event in one unpack: header fields, then the union's two
+#: words (fork: ppid, ptid; exit: exit_code, 0; comm: 0, 0).
 TASK_EVENT = struct.Struct("<IIIIQ16sII")
 
 
@@ -215,25 +242,82 @@ def _check_formats() -> None:
     assert _TASK_BODY_OFF == _HDR.size
     assert _FILE_KEY.size == FileId.nlink.offset
     assert TASK_EVENT.size == ctypes.sizeof(TaskEvent)
+    assert TaskEvent.exit.offset + TaskExit.exit_code.offset == _TASK_BODY_OFF
+    assert TaskFork.ptid.offset == 4
     assert _EXEC_HEAD.size == _EXEC_FILE_OFF
 
 
 _check_formats()
-TASK_PPID_OFF = _TASK_BODY_OFF    #: offset of task_event.ppid in a raw record
+TASK_FORK_PPID_OFF = _TASK_BODY_OFF + TaskFork.ppid.offset    #: offset of task_event.fork.ppid in a raw record
 
 
-def exec_head(buf: bytes) -> tuple[int, int, int, str, int, str]:
-    """(pid, tid, time_ns, comm, old_pid, filename) of a raw EXEC record, its identity left raw.
+class ExecHead(NamedTuple):
+    """An EXEC record without its identity (see exec_head).
+
+    Attributes:
+        pid: tgid; tid: the task's pid after exec; time_ns: ns since boot;
+        comm: text; old_tid: exec_event.old_tid (the tid before exec);
+        filename: linux_binprm.filename as passed to execve (surrogateescape).
+    """
+
+    pid: int
+    tid: int
+    time_ns: int
+    comm: str
+    old_tid: int
+    filename: str
+
+
+def exec_head(buf: bytes) -> ExecHead:
+    """The ExecHead of a raw EXEC record, its identity left raw.
 
     Cheaper than decode() when the identity is only needed as a key
     (exec_file_key).  Raises DecodeError as decode() does for a short record.
     """
     if len(buf) < _EXEC_PATH_OFF:
         raise DecodeError(f"exec record of {len(buf)} bytes")
-    _t, pid, tid, _p, time_ns, comm, old_pid, _idf = _EXEC_HEAD.unpack_from(buf)
+    _t, pid, tid, _p, time_ns, comm, old_tid, _idf = _EXEC_HEAD.unpack_from(buf)
     (plen,) = _MAP_TAIL.unpack_from(buf, _EXEC_PLEN_OFF)
     path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
-    return pid, tid, time_ns, _comm(comm), old_pid, path
+    return ExecHead(pid, tid, time_ns, _COMM_TEXT(comm), old_tid, path)
+
+
+class TaskRecord(NamedTuple):
+    """A FORK, EXIT or COMM record (struct task_event), see decode_task.
+
+    Attributes:
+        type: EventType.FORK, EXIT or COMM; pid: tgid; tid; time_ns: ns since boot.
+        comm: the raw 16 bytes of event_header.comm (NUL-padded).
+        ppid, ptid: task_event.fork (FORK; else 0).
+        exit_code: task_event.exit.exit_code (EXIT; else 0).
+    """
+
+    type: int
+    pid: int
+    tid: int
+    time_ns: int
+    comm: bytes
+    ppid: int = 0
+    ptid: int = 0
+    exit_code: int = 0
+
+
+def decode_task(buf: bytes) -> TaskRecord:
+    """Decode one FORK, EXIT or COMM ring-buffer record.
+
+    Raises:
+        DecodeError: shorter than struct task_event, or another type.
+    """
+    if len(buf) < TASK_EVENT.size:
+        raise DecodeError(f"task record of {len(buf)} bytes")
+    etype, pid, tid, _p, time_ns, comm, w0, w1 = TASK_EVENT.unpack_from(buf)
+    if etype == EventType.FORK:
+        return TaskRecord(etype, pid, tid, time_ns, comm, ppid=w0, ptid=w1)
+    if etype == EventType.EXIT:
+        return TaskRecord(etype, pid, tid, time_ns, comm, exit_code=w0)
+    if etype == EventType.COMM:
+        return TaskRecord(etype, pid, tid, time_ns, comm)
+    raise DecodeError(f"event type {etype} is not a task event")
 
 
 def exec_file_key(buf: bytes) -> bytes:
@@ -290,7 +374,7 @@ class RawEvent:
         id_flags: ID_KNOWN / PATH_TRUNCATED / PATH_UNREACHABLE bits.
         path: file path in the task's mount namespace (MAP; "" when ID_KNOWN),
             or linux_binprm.filename (EXEC).
-        old_pid: EXEC only.
+        old_tid: EXEC only: exec_event.old_tid, the tid before exec.
     """
 
     type: int
@@ -308,19 +392,15 @@ class RawEvent:
     nlink: int = 1
     id_flags: int = 0
     path: str = ""
-    old_pid: int = 0
+    old_tid: int = 0
 
 
-_comm_cache: dict[bytes, str] = {}
+def _comm_text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def _comm(raw: bytes) -> str:
-    text = _comm_cache.get(raw)
-    if text is None:
-        text = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-        if len(_comm_cache) < 4096:
-            _comm_cache[raw] = text
-    return text
+#: Raw 16-byte event_header.comm -> text (memo.py: bounded LRU "comm_text").
+_COMM_TEXT = memo.shared("comm_text", 4096, _comm_text)
 
 
 def _identity(buf: bytes, off: int) -> tuple[Identity, int]:
@@ -335,8 +415,7 @@ class DecodeError(ValueError):
 def decode(buf: bytes) -> RawEvent:
     """Decode one MAP or EXEC ring-buffer record (bytes as submitted by the BPF side).
 
-    Fork, exit and comm records are flat: the recorder unpacks them with
-    TASK_EVENT directly.
+    Fork, exit and comm records: decode_task (or TASK_EVENT, flat).
 
     Raises:
         DecodeError: truncated record, or a type other than MAP and EXEC.
@@ -351,15 +430,15 @@ def decode(buf: bytes) -> RawEvent:
         ident, nlink = _identity(buf, _MAP_FILE_OFF)
         (plen,) = _MAP_TAIL.unpack_from(buf, _MAP_PLEN_OFF)
         path = buf[_MAP_PATH_OFF:_MAP_PATH_OFF + plen].decode("utf-8", "surrogateescape")
-        return RawEvent(etype, pid, tid, time_ns, _comm(comm), start, length, pgoff, prot, flags,
+        return RawEvent(etype, pid, tid, time_ns, _COMM_TEXT(comm), start, length, pgoff, prot, flags,
                         origin, ident, nlink, id_flags, path)
     if etype == EventType.EXEC:
         if len(buf) < _EXEC_PATH_OFF:
             raise DecodeError(f"exec record of {len(buf)} bytes")
-        old_pid, id_flags = _EXEC_BODY.unpack_from(buf, _EXEC_BODY_OFF)
+        old_tid, id_flags = _EXEC_BODY.unpack_from(buf, _EXEC_BODY_OFF)
         ident, nlink = _identity(buf, _EXEC_FILE_OFF)
         (plen,) = _MAP_TAIL.unpack_from(buf, _EXEC_PLEN_OFF)
         path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
-        return RawEvent(etype, pid, tid, time_ns, _comm(comm), identity=ident, nlink=nlink,
-                        id_flags=id_flags, path=path, old_pid=old_pid)
+        return RawEvent(etype, pid, tid, time_ns, _COMM_TEXT(comm), identity=ident, nlink=nlink,
+                        id_flags=id_flags, path=path, old_tid=old_tid)
     raise DecodeError(f"event type {etype} is not decoded here (fork/exit/comm: unpack with TASK_EVENT)")

@@ -11,12 +11,11 @@ kept too, but the next event for that identity retries its own
 from __future__ import annotations
 
 import errno
-import json
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from buildidd.memo import LruCache
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.errors import ElfError
 from buildidd.kernel.events import Identity, RawEvent
@@ -78,25 +77,31 @@ class Enricher:
                  on_resolved: Callable[[Identity, Resolution], None] | None = None,
                  on_evicted: Callable[[Identity], None] | None = None,
                  on_build_id: Callable[[Identity, Resolution, int], None] | None = None):
-        self.cache: OrderedDict[Identity, Resolution] = OrderedDict()
-        self.cache_entries = cache_entries
+        self.cache: LruCache[Identity, Resolution] = LruCache("identity", cache_entries,
+                                                              on_evict=self._evicted)
         self.on_resolved = on_resolved
         self.on_evicted = on_evicted
         self.on_build_id = on_build_id
-        self.hits = 0
-        self.misses = 0
         self.resolved = 0
         self.missing: dict[str, int] = {}
 
     # -- cache -------------------------------------------------------------
+    @property
+    def hits(self) -> int:
+        """Lookups answered from the identity cache (final answers only)."""
+        return self.cache.hits
+
+    @property
+    def misses(self) -> int:
+        """Lookups that had to open and read a file."""
+        return self.cache.misses
+
+    def _evicted(self, ident: Identity, _res: Resolution) -> None:
+        if self.on_evicted is not None:
+            self.on_evicted(ident)
+
     def _store(self, ident: Identity, res: Resolution) -> Resolution:
-        cache = self.cache
-        cache[ident] = res
-        cache.move_to_end(ident)
-        while len(cache) > self.cache_entries:
-            old, _ = cache.popitem(last=False)
-            if self.on_evicted:
-                self.on_evicted(old)
+        self.cache.put(ident, res)
         if res.final and self.on_resolved:
             self.on_resolved(ident, res)
         return res
@@ -116,25 +121,23 @@ class Enricher:
         Never raises for a per-file problem: the Resolution's error says what went wrong.
         """
         ident = ev.identity
-        res = self.cache.get(ident)
-        if res is not None:
-            if res.final:
-                self.hits += 1
-                self.cache.move_to_end(ident)
-                return res
+        res = self.cache.peek(ident)
+        if res is not None and not res.final:
             # Unreachable before: only the mapping itself can still help.
             got = self._try_map_files(ev, ident, ev.path or res.path)
             return self._store(ident, got) if got is not None else res
-        self.misses += 1
+        res = self.cache.get(ident)         # counts the hit or the miss
+        if res is not None:
+            return res
         return self._store(ident, self._resolve_uncached(ev, ident))
 
     def resolve_open(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
         """Resolution for a file already open on fd whose identity was checked by the caller."""
-        res = self.cache.get(ident)
+        res = self.cache.peek(ident)
         if res is not None and res.final:
-            self.hits += 1
+            self.cache.count_hits(1)
             return res
-        self.misses += 1
+        self.cache.count_miss()
         return self._store(ident, self._read(ident, fd, source, path))
 
     def _read(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
@@ -203,16 +206,3 @@ class Enricher:
             error = "file_vanished"
         return Resolution(None, Source.NONE.value, error, path, _tail(ident, None, Source.NONE.value, error))
 
-
-_json_cache: dict[str, str] = {}
-
-
-def json_str(text: str) -> str:
-    """JSON encoding of a short, often repeated string (paths, comms), memoized (bounded)."""
-    out = _json_cache.get(text)
-    if out is None:
-        out = json.dumps(text)
-        if len(_json_cache) >= 65536:
-            _json_cache.clear()
-        _json_cache[text] = out
-    return out

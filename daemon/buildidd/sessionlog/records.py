@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import json
 
-from buildidd.resolve.enrich import Resolution, json_str
-from buildidd.kernel.events import EventType, MapOrigin, RawEvent
+from buildidd import memo
+from buildidd.resolve.enrich import Resolution
+from buildidd.kernel.events import EventType, ExecHead, MapOrigin, RawEvent, TaskRecord
 
 #: map_event.origin → the record's "origin"; plus the two user-space origins.
 ORIGIN_NAMES = {
@@ -42,7 +43,30 @@ ORIGIN_NAMES = {
 SYNTHESIZED = "synthesized"   #: found in /proc/PID/maps at start (perf's synthesized MMAP2)
 RECOVERED = "recovered"       #: found in /proc/PID/maps by the rescan after a loss
 
+# -- JSON of the strings records repeat: memoized (memo.shared, bounded LRU) ----
 
+_JSON_STR = memo.shared("json_str", 65536, json.dumps)
+
+
+def json_str(text: str) -> str:
+    """JSON encoding of a short, often repeated string (paths, comms), memoized (LRU "json_str")."""
+    return _JSON_STR(text)
+
+
+def _comm_json(raw: bytes) -> bytes:
+    return json_str(raw.split(b"\0", 1)[0].decode("utf-8", "replace")).encode("utf-8", "surrogateescape")
+
+
+def _filename_json(raw: bytes) -> bytes:
+    return json_str(raw.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
+#: Raw 16-byte task comm (NUL-padded) -> its JSON string (bytes), as the
+#: records below write "comm".  Also read by the C fast path (memo.py).
+COMM_JSON = memo.shared("comm_json", 65536, _comm_json)
+#: Raw exec filename (linux_binprm.filename bytes) -> its JSON string (bytes),
+#: as exec_prefix() writes "filename".  Also read by the C fast path.
+FILENAME_JSON = memo.shared("exec_filename_json", 4096, _filename_json)
 
 #: A mapping record: time_ns, pid, tid, comm (JSON), start, len, pgoff, prot,
 #: flags, origin, deleted (true/false), then mmap_tail().  Only %d (unsigned
@@ -64,14 +88,14 @@ def mmap_line(ev: RawEvent, origin: str, path: str, res: Resolution) -> bytes:
 
 
 #: An exec record's line up to its identity and build-id fields: time_ns, pid,
-#: tid, comm (JSON), old_tid, filename (JSON).
+#: tid, comm (JSON), old_tid (exec_event.old_tid), filename (JSON).
 EXEC_PREFIX = b'{"type":"exec","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"old_tid":%d,"filename":%s,'
 
 
-def exec_prefix(time_ns: int, pid: int, tid: int, comm: str, old_tid: int, filename: str) -> bytes:
+def exec_prefix(head: ExecHead) -> bytes:
     """An exec record's line up to its identity and build-id fields (see exec_line)."""
-    return EXEC_PREFIX % (time_ns, pid, tid, json_str(comm).encode("utf-8", "surrogateescape"), old_tid,
-                          json_str(filename).encode("utf-8", "surrogateescape"))
+    return EXEC_PREFIX % (head.time_ns, head.pid, head.tid, json_str(head.comm).encode("utf-8", "surrogateescape"),
+                          head.old_tid, json_str(head.filename).encode("utf-8", "surrogateescape"))
 
 
 def res_tail(res: Resolution) -> bytes:
@@ -88,20 +112,21 @@ def exec_line(prefix: bytes, res: Resolution) -> bytes:
     return EXEC_LINE % (prefix, res_tail(res))
 
 
-#: fork, exit and comm records: time_ns, pid, tid, comm (JSON), then ppid, ptid (fork)
-#: or exit_code (exit).
+#: fork, exit and comm records: time_ns, pid, tid, comm (JSON), then ppid, ptid
+#: (fork: task_event.fork) or exit_code (exit: task_event.exit.exit_code).
 FORK_LINE = b'{"type":"fork","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"ppid":%d,"ptid":%d}'
 EXIT_LINE = b'{"type":"exit","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"exit_code":%d}'
 COMM_LINE = b'{"type":"comm","time_ns":%d,"pid":%d,"tid":%d,"comm":%s}'
 
 
-def task_line(etype: int, time_ns: int, pid: int, tid: int, comm_json: bytes, a: int, b: int) -> bytes:
-    """The JSON line of a fork, exit or comm record (a, b: task_event.ppid, .ptid)."""
-    if etype == EventType.FORK:
-        return FORK_LINE % (time_ns, pid, tid, comm_json, a, b)
-    if etype == EventType.EXIT:
-        return EXIT_LINE % (time_ns, pid, tid, comm_json, a)
-    return COMM_LINE % (time_ns, pid, tid, comm_json)
+def task_line(rec: TaskRecord) -> bytes:
+    """The JSON line of a fork, exit or comm record (kernel.events.decode_task)."""
+    comm = COMM_JSON(rec.comm)
+    if rec.type == EventType.FORK:
+        return FORK_LINE % (rec.time_ns, rec.pid, rec.tid, comm, rec.ppid, rec.ptid)
+    if rec.type == EventType.EXIT:
+        return EXIT_LINE % (rec.time_ns, rec.pid, rec.tid, comm, rec.exit_code)
+    return COMM_LINE % (rec.time_ns, rec.pid, rec.tid, comm)
 
 
 def dict_line(record: dict) -> bytes:

@@ -1,0 +1,123 @@
+"""Loss recovery: drops become ``lost`` records, then a /proc rescan recovers live mappings.
+
+The BPF side counts the events it could not send (kernel.tracer.DropReport).
+Every Config.drop_check_interval_s the recorder asks; a loss is written as a
+``lost`` record (counts per cause, the gap's time range), and a rescan of
+/proc/PID/maps follows (at most one per RESCAN_MIN_INTERVAL_S) that records
+every executable file mapping not already known live, with origin
+"recovered".  The same scan, at start, synthesizes the mappings of the
+processes already running (origin "synthesized", as perf record synthesizes
+existing tasks).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from buildidd import clock
+from buildidd.capture.tables import Stats, Tables
+from buildidd.kernel.events import EventType, RawEvent
+from buildidd.kernel.tracer import DropReport
+from buildidd.resolve import procfs
+from buildidd.resolve.enrich import Enricher, Resolution
+from buildidd.resolve.procfs import Source
+from buildidd.sessionlog.records import RECOVERED, dict_line
+
+MAP_SHARED, MAP_PRIVATE = 0x01, 0x02
+
+#: record_map(event, origin, Resolution): how the recorder records one mapping.
+RecordMap = Callable[[RawEvent, str, Resolution], None]
+
+
+class LossRecovery:
+    """Drop checks, ``lost`` records and the /proc scans.
+
+    Args:
+        tables: the recorder's Tables (live mappings; lines).
+        stats: the session's counters (lost, recovered, synthesized, synth_skipped).
+        enricher: resolves the scanned mappings (opened through map_files).
+        record_map: writes one mapping record (the recorder's).
+        tracked: follow mode's set of pids (scanned instead of all of /proc), or None.
+    """
+
+    #: At most one recovery rescan of /proc/*/maps per this many seconds: a
+    #: storm that keeps overflowing the rings must not also pay a rescan of
+    #: every process four times a second.
+    RESCAN_MIN_INTERVAL_S = 5.0
+
+    def __init__(self, tables: Tables, stats: Stats, enricher: Enricher, record_map: RecordMap,
+                 tracked: set[int] | None):
+        self.tables = tables
+        self.stats = stats
+        self.enricher = enricher
+        self.record_map = record_map
+        self.tracked = tracked
+        #: time.monotonic() of the next drop check (the recorder's step decides when it is due)
+        self.next_check = 0.0
+        self._rescan_pending = False
+        self._next_rescan = 0.0
+
+    def on_drops(self, report: DropReport) -> None:
+        """Record what the BPF side dropped since the last check; rescan /proc when due."""
+        now = time.monotonic()
+        if report.total:
+            for cause, n in report.counts.items():
+                self.stats.lost[cause] = self.stats.lost.get(cause, 0) + n
+            self.tables.emit(dict_line({"type": "lost", "time_ns": clock.boot_ns(), "counts": report.counts,
+                                        "first_ns": report.first_ns, "last_ns": report.last_ns,
+                                        "recovery": "rescan of /proc/*/maps follows (origin recovered)"}))
+            self._rescan_pending = True
+        if self._rescan_pending and now >= self._next_rescan:
+            self._rescan_pending = False
+            self._next_rescan = now + self.RESCAN_MIN_INTERVAL_S
+            self.scan(RECOVERED)
+
+    def scan(self, origin: str) -> None:
+        """Record the executable file mappings in /proc/PID/maps of every process (or the tracked ones).
+
+        origin: SYNTHESIZED (at start) or RECOVERED (after a loss: mappings
+        already live, same start and inode, are skipped).  The daemon's own
+        process is skipped in host mode.  A process that is gone or cannot be
+        read is skipped.
+        """
+        pids = list(self.tracked) if self.tracked is not None else list(procfs.pids())
+        me = os.getpid()
+        for pid in pids:
+            if pid == me and self.tracked is None:
+                continue
+            try:
+                maps = procfs.exec_file_mappings(pid)
+            except OSError:
+                continue
+            comm = procfs.read_comm(pid)
+            live = self.tables.live.get(pid, set())
+            for m in maps:
+                if origin == RECOVERED and any(s == m.start and int.from_bytes(k[:8], "little") == m.ino
+                                               for s, k in live):
+                    continue
+                self._record_scanned(pid, comm, m, origin)
+
+    def _record_scanned(self, pid: int, comm: str, m: procfs.MapsEntry, origin: str) -> None:
+        try:
+            fd = procfs.open_map_file(pid, m.start, m.end)
+        except OSError:
+            self.stats.synth_skipped += 1
+            return
+        try:
+            ident = procfs.identity_of(fd)
+            res = self.enricher.resolve_open(ident, fd, Source.MAP_FILES, m.path)
+        except OSError:
+            self.stats.synth_skipped += 1
+            return
+        finally:
+            os.close(fd)
+        ev = RawEvent(EventType.MAP, pid, pid, clock.boot_ns(), comm, m.start, m.end - m.start, m.offset,
+                      m.prot, MAP_SHARED if m.perms[3] == "s" else MAP_PRIVATE, None, ident,
+                      0 if m.deleted else 1, 0, m.path)
+        if origin == RECOVERED:
+            self.stats.recovered += 1
+        else:
+            self.stats.synthesized += 1
+        self.record_map(ev, origin, res)

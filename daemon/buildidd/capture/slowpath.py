@@ -1,0 +1,82 @@
+"""What the C fast path leaves to Python: one raw record at a time.
+
+A mapping whose identity has no final answer yet (it is resolved here, and,
+once final, gets a fast entry so the next ones stay in C), a mapping from a
+tid whose held exec is of another file, a second exec from one tid, a path
+other than the known one, a malformed record.  Written byte for byte as the
+fast path writes (tests/capture/test_fastpath.py).
+"""
+
+from __future__ import annotations
+
+from buildidd.capture.execjoin import ExecJoin
+from buildidd.capture.tables import FastEntry, Stats, Tables
+from buildidd.kernel.events import (PATH_TRUNCATED, PATH_UNREACHABLE, DecodeError, EventType, RawEvent, decode,
+                                    decode_task, exec_head, file_key)
+from buildidd.resolve.enrich import Enricher, Resolution
+from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, mmap_tail, res_tail, task_line
+
+
+class SlowPath:
+    """Records raw ring records in Python (any type).
+
+    Args:
+        tables: the recorder's Tables (lines, fast entries, live mappings).
+        stats: counts events and decode errors.
+        enricher: resolves mappings.
+        join: the exec join (holds execs; a mapping completes them).
+    """
+
+    def __init__(self, tables: Tables, stats: Stats, enricher: Enricher, join: ExecJoin):
+        self.tables = tables
+        self.stats = stats
+        self.enricher = enricher
+        self.join = join
+
+    def record(self, raw: bytes) -> None:
+        """Record one raw ring record the fast path left to Python (any record type)."""
+        etype = raw[0]
+        try:
+            if etype >= EventType.FORK:       # fork, exit, comm
+                task = decode_task(raw)
+            elif etype == EventType.EXEC:
+                head = exec_head(raw)
+            else:
+                ev = decode(raw)
+        except DecodeError:
+            self.stats.decode_errors += 1
+            return
+        if etype >= EventType.FORK:
+            if task.type == EventType.EXIT:
+                self.tables.live.pop(task.pid, None)
+            self.tables.emit(task_line(task))
+            self.stats.count(EventType(task.type).name.lower())
+        elif etype == EventType.EXEC:
+            self.join.hold(raw, head)
+        else:
+            # A mapping whose identity has no final answer yet (or an exec'd one).
+            res = self.enricher.resolve(ev)
+            self.join.complete(ev, res)
+            self.record_map(ev, ORIGIN_NAMES.get(ev.origin, "mmap"), res)
+
+    def record_map(self, ev: RawEvent, origin: str, res: Resolution) -> None:
+        """Write a mapping record (origin: its "origin"), note it live, and give its identity a fast entry.
+
+        The entry is made when res is final and ev carried the Resolution's
+        path whole: the fast path then writes what this writes.
+        """
+        path = ev.path if ev.path else res.path
+        self.enricher.count(res)
+        self.stats.count("mmap")
+        key = file_key(ev.identity)
+        self.tables.add_live(ev.pid, ev.start, key)
+        # The fast path writes what this method writes for a record without
+        # a path (the Resolution's path) or with that same path; so its entry
+        # is made from an event that carried that path whole.
+        fast = self.tables.fast
+        if (res.final and ev.origin is not None and path and path == res.path and key not in fast
+                and not ev.id_flags & (PATH_TRUNCATED | PATH_UNREACHABLE)):
+            fast[key] = FastEntry((res, mmap_tail(path, res), None if res.build_id else res.error or "unknown",
+                                   res_tail(res), path.encode("utf-8", "surrogateescape")))
+        self.tables.emit(mmap_line(ev, origin, path, res))
+

@@ -1,0 +1,106 @@
+"""The state the recorder's parts share, and the C fast path's one argument.
+
+:class:`Tables` holds what the loop (recorder.py), the exec join
+(execjoin.py), loss recovery (rescan.py) and the C fast path (_fastpath.c)
+all read or write: the pending lines, the fast path's identity table, the
+held execs, the live mappings per process.  ``_fastpath.run(raws, start,
+tables)`` reads these attributes by name.  :class:`Stats` are the session's
+counters.  The named types that cross into C (HeldExec, FastEntry, RunCounts)
+are defined in _fastpath.c as struct sequences and re-exported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from buildidd.capture import _fastpath
+from buildidd.capture._fastpath import FastEntry, HeldExec, RunCounts
+from buildidd.memo import Memo
+from buildidd.sessionlog.records import (COMM_JSON, COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FILENAME_JSON,
+                                         FORK_LINE, MMAP_LINE, ORIGIN_NAMES)
+
+__all__ = ["FastEntry", "HeldExec", "RunCounts", "Stats", "Tables", "LIVE_MAX", "ORIGINS"]
+
+_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX)
+
+_BY_VALUE = {int(k): v for k, v in ORIGIN_NAMES.items()}
+#: Record "origin" by map_event.origin, as the fast path reads it (index 0
+#: and values past the end: "mmap", as ORIGIN_NAMES.get(origin, "mmap")).
+ORIGINS: tuple[bytes, ...] = tuple(_BY_VALUE.get(i, "mmap").encode() for i in range(max(_BY_VALUE) + 1))
+
+#: Live mappings kept per process for the rescan after a loss (_fastpath.c: LIVE_MAX).
+LIVE_MAX = 4096
+
+
+@dataclass(eq=False)
+class Tables:
+    """The recorder's shared tables (see the module docstring).
+
+    Attributes:
+        missing: the enricher's mappings without a build-id, reason -> count
+            (Enricher.missing: the fast path counts into it).
+        lines: session-log lines not yet written (bytes, no newline).
+        fast: identity key (kernel.events.file_key bytes) -> FastEntry, for
+            identities with a final answer whose line tail is known.
+        held: tid -> HeldExec, execs waiting for their executable's mapping.
+        live: pid (tgid) -> {(vm_start, identity key)} of its recorded
+            mappings (at most LIVE_MAX), for the rescan after a loss.
+        comm_json, filename_json: the memos of records.py (raw comm / raw exec
+            filename -> JSON bytes).
+        origins: ORIGINS.
+        step: steps begun so far (a held exec carries the one it came in).
+    """
+
+    missing: dict[str, int]
+    lines: list[bytes] = field(default_factory=list)
+    fast: dict[bytes, FastEntry] = field(default_factory=dict)
+    held: dict[int, HeldExec] = field(default_factory=dict)
+    live: dict[int, set[tuple[int, bytes]]] = field(default_factory=dict)
+    comm_json: Memo = COMM_JSON
+    filename_json: Memo = FILENAME_JSON
+    origins: tuple[bytes, ...] = ORIGINS
+    step: int = 0
+
+    def emit(self, line: bytes) -> None:
+        """Queue one session-log line (the recorder writes them at the end of a step)."""
+        self.lines.append(line)
+
+    def drop_oldest_lines(self, max_bytes: int) -> int:
+        """Drop the oldest pending lines until the rest (newline each) fit in max_bytes; how many went."""
+        lines = self.lines
+        excess = sum(map(len, lines)) + len(lines) - max_bytes
+        drop = 0
+        while excess > 0 and drop < len(lines):
+            excess -= len(lines[drop]) + 1
+            drop += 1
+        if drop:
+            del lines[:drop]
+        return drop
+
+    def add_live(self, pid: int, start: int, key: bytes) -> None:
+        """Remember a recorded mapping of pid at start (bytes) of the identity key."""
+        live = self.live.get(pid)
+        if live is None:
+            live = self.live[pid] = set()
+        if len(live) < LIVE_MAX:
+            live.add((start, key))
+
+
+@dataclass
+class Stats:
+    """Counters of one session (reported in the end record and by status)."""
+
+    events: dict[str, int] = field(default_factory=dict)
+    decode_errors: int = 0
+    lost: dict[str, int] = field(default_factory=dict)
+    recovered: int = 0
+    synthesized: int = 0
+    synth_skipped: int = 0
+    log_write_errors: int = 0
+    log_lines_dropped: int = 0
+    priority_boosts: int = 0
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Count n recorded events of type name ("mmap", "exec", "fork", ...)."""
+        ev = self.events
+        ev[name] = ev.get(name, 0) + n
