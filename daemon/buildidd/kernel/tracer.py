@@ -205,7 +205,8 @@ class Tracer:
 
     Args:
         ringbuf_bytes: total ring buffer memory, split into one ring per CPU
-            (at most MAX_RINGS), each a power-of-two number of pages.
+            (at most MAX_RINGS), each a power-of-two number of pages; no
+            default here: Config.ringbuf_bytes is the one default.
         known_ids_max: capacity of the kernel map of identities already resolved.
 
     Raises:
@@ -222,7 +223,7 @@ class Tracer:
         ("raw_tracepoint", "task_rename"),
     )
 
-    def __init__(self, *, ringbuf_bytes: int = 16 << 20, known_ids_max: int = 65536,
+    def __init__(self, *, ringbuf_bytes: int, known_ids_max: int = 65536,
                  btf_path: str = "/sys/kernel/btf/vmlinux"):
         t0 = time.monotonic()
         try:
