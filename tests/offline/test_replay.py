@@ -6,6 +6,7 @@ import os
 import random
 import re
 import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -203,3 +204,66 @@ def test_symbolize_names_a_gcc_function_from_the_store(tmp_path, strip):
     assert got is not None and got.name == "buildidd_probe_target" and got.offset == 2
     assert got.source == ("dynsym" if strip else "symtab")
     assert sym.symbolize("ab" * 20, 0) is None and sym.errors["ab" * 20] == "not_in_store"
+
+
+def test_symbolize_a_stripped_binary_from_its_stored_debuginfo(tmp_path):
+    """strip --strip-all leaves no symbol at all; the store's ``debug`` (from debug_root) names it."""
+    exe = gcc(SYM_SRC, tmp_path / "prog", "-Wl,--build-id=sha1")
+    vaddr = _nm_address(exe, "buildidd_probe_target")
+    bid = readelf_build_id(exe)
+    debug_root = tmp_path / "debug"
+    dbg = debug_root / ".build-id" / bid[:2] / f"{bid[2:]}.debug"
+    dbg.parent.mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(exe), str(dbg)], check=True)
+    subprocess.run(["strip", "--strip-all", str(exe)], check=True)
+    store = Store(tmp_path / "store", debug_root=debug_root)
+    fd = os.open(exe, os.O_RDONLY)
+    try:
+        assert store.add_from_fd(fd, str(exe), bid).debuginfo
+    finally:
+        os.close(fd)
+    table = Symbolizer(store).table(bid)
+    off = next(o + (vaddr - v) for o, n, v in table.loads if v <= vaddr < v + n)
+    got = table.lookup(off)
+    assert (got.name, got.offset, got.source) == ("buildidd_probe_target", 0, "debuginfo")
+
+
+def _cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "buildidd.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_resolve_command_reads_stdin_reports_bad_lines_and_converts_wall_time(tmp_path):
+    d = tmp_path / "s"
+    write_session(d, [mmap(10, 100, 0x1000, 0x1000, "/bin/a", BID_A),
+                      task("exec", 20, 100, old_tid=100, filename="/bin/b"),
+                      mmap(21, 100, 0x1000, 0x1000, "/bin/b", BID_B)])
+    wall_ns = OFFSET_NS + 15                      # boot time 15, as wall-clock ISO 8601 with ns
+    wall_15 = (datetime.fromtimestamp(wall_ns // 10**9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+               + f".{wall_ns % 10**9:09d}Z")
+    stdin = (f"100 0x1800\n100 1800 15\n# a comment\n\n100 zz\n7 0x1000\n100 0x1800 {wall_15}\n"
+             "100 0x9000 30\n")
+    r = _cli("resolve", str(d), "--store-root", str(tmp_path / "none"), stdin=stdin)
+    assert r.returncode == 1 and "stdin line 5: not a 64-bit hex address" in r.stderr
+    lines = r.stdout.splitlines()
+    assert [line.split()[2] for line in lines] == ["/bin/b", "/bin/a", "-", "/bin/a", "-"]
+    assert lines[0] == f"100 0x1800 /bin/b {BID_B} +0x800 (not in store)"
+    assert lines[2].endswith("(unknown_pid)") and lines[4].endswith("(not_mapped)")
+    one = _cli("resolve", str(d), "100", "1800", "--time", "15", "--json", "--store-root", "")
+    assert one.returncode == 0 and '"build_id":"' + BID_A in one.stdout
+    assert _cli("resolve", str(d), "100", "--store-root", "").returncode == 2      # PID without ADDR
+
+
+def test_buildid_list_command_filters_like_perf(tmp_path):
+    d = tmp_path / "s"
+    write_session(d, [mmap(10, 100, 0x1000, 0x1000, "/bin/a", BID_A),
+                      dict(mmap(11, 200, 0x1000, 0x1000, "/bin/b", BID_B), comm="other"),
+                      mmap(12, 200, 0x5000, 0x1000, "/bin/nobid", None)])
+    r = _cli("buildid-list", str(d), "--store-root", "")
+    assert r.stdout.splitlines() == [f"{'ee' * 20} [kernel.kallsyms]", f"{BID_A} /bin/a", f"{BID_B} /bin/b"]
+    r = _cli("buildid-list", str(d), "--comm", "other", "--json", "--store-root", "")
+    import json
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(x["path"], x["build_id"], x["error"]) for x in rows[1:]] == [("/bin/b", BID_B, None)]
+    r = _cli("buildid-list", str(d), "--pid", "200", "--json", "--store-root", "")
+    assert [x["error"] for x in map(json.loads, r.stdout.splitlines())][1:] == [None, "no_build_id"]
