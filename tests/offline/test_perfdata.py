@@ -12,7 +12,7 @@ import pytest
 from buildidd.offline.perfdata import (ATTR_SIZE, BUILD_ID_ENTRY, FILE_HEADER, PERF_RECORD_MISC_BUILD_ID_SIZE,
                                        SECTION, export_perf)
 
-from tests.offline.test_replay import mmap, task, write_session
+from offline.test_replay import mmap, task, write_session
 
 PERF = shutil.which("perf")
 pytestmark = pytest.mark.skipif(PERF is None, reason="perf (linux-perf) is not installed")
