@@ -122,8 +122,10 @@ def test_second_daemon_refused_before_loading_anything(server, tmp_path):
 
 
 def test_lookup_takes_the_proc_maps_address_form(server):
-    me = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    me = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert me.stdout.readline() == "ready\n"    # exec'd: its maps are its own, not the forked parent's
         line = next(x for x in Path(f"/proc/{me.pid}/maps").read_text().splitlines() if "libc.so" in x)
         start_text = line.split("-")[0]                               # e.g. 7f3c75c44000, no 0x
         start = int(start_text, 16)

@@ -65,6 +65,9 @@ def cmd_status(args) -> int:
 def cmd_rotate(args) -> int:
     """`buildidd rotate`: close the daemon's current segment."""
     r = daemon_request(args, "rotate")
+    if args.json:
+        print(json.dumps(r))
+        return 0
     print("rotated" + (f"; now writing {r['segment']}" if r.get("segment") else
                        "; the next segment opens with the next record"))
     return 0
@@ -105,6 +108,7 @@ def register(sub) -> None:
                                     "opens a new one. The same as systemctl reload buildidd without re-reading "
                                     "the configuration.")
     add_client_options(ro)
+    ro.add_argument("--json", action="store_true", help="the answer as one JSON object")
     ro.set_defaults(func=cmd_rotate)
     lk = sub.add_parser("lookup", help="which mapping, file, offset and build-id cover PID's ADDR now",
                         description=paragraph("Ask the daemon which mapping of process PID covers address ADDR now, "
