@@ -233,6 +233,8 @@ class Style:
     utc: bool = False
     boot_time: bool = False
     color: bool = False
+    _second: int | None = None      # the wall-clock second _parts were formatted for
+    _parts: tuple[str, str] = ("", "")
 
     def time(self, time_ns) -> str:
         """A record's time: ISO 8601 with zone, or raw boot ns."""
@@ -241,9 +243,12 @@ class Style:
         if self.boot_time or self.offset_ns is None:
             return str(time_ns)
         wall = clock.wall_ns(time_ns, self.offset_ns)
-        tz = timezone.utc if self.utc else None
-        dt = datetime.fromtimestamp(wall // 10**9, tz).astimezone(tz)
-        return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{wall % 10**9 // 1000:06d}" + dt.strftime("%z")
+        second = wall // 10**9
+        if second != self._second:     # records come in bursts: format each second once
+            tz = timezone.utc if self.utc else None
+            dt = datetime.fromtimestamp(second, tz).astimezone(tz)
+            self._second, self._parts = second, (dt.strftime("%Y-%m-%dT%H:%M:%S."), dt.strftime("%z"))
+        return f"{self._parts[0]}{wall % 10**9 // 1000:06d}{self._parts[1]}"
 
     def paint(self, text: str, code: str) -> str:
         """text in SGR colour code when colour is on."""
