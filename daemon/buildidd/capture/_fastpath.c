@@ -412,7 +412,7 @@ static PyTypeObject *HeldExec, *FastEntry, *RunCounts;
 
 /* Attribute names read from run()'s tables object and from a Memo. */
 static PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_origins, *s_missing,
-	*s_lines, *s_step, *s_entries, *s_fill, *s_hits, *s_move_to_end;
+	*s_lines, *s_step, *s_entries, *s_fill, *s_hits;
 
 /* ---- records ----------------------------------------------------------- */
 
@@ -421,7 +421,6 @@ struct memo_ref {
 	PyObject *memo;		/* owned */
 	PyObject *entries;	/* owned: memo.entries */
 	PyObject *fill;		/* owned: memo.fill, called on a miss (counts it, computes, stores) */
-	PyObject *move_to_end;	/* owned: entries.move_to_end, keeps a hit the most recent */
 	long hits;		/* added to memo.hits when run() returns */
 };
 
@@ -449,8 +448,7 @@ static int load_memo(struct memo_ref *m, PyObject *tables, PyObject *name)
 {
 	m->memo = get_attr_of(tables, name, NULL);
 	if (m->memo == NULL || (m->entries = get_attr_of(m->memo, s_entries, &PyDict_Type)) == NULL ||
-	    (m->fill = get_attr_of(m->memo, s_fill, NULL)) == NULL ||
-	    (m->move_to_end = get_attr_of(m->entries, s_move_to_end, NULL)) == NULL)
+	    (m->fill = get_attr_of(m->memo, s_fill, NULL)) == NULL)
 		return -1;
 	return 0;
 }
@@ -475,7 +473,6 @@ static void release_memo(struct memo_ref *m)
 		Py_XDECREF(sum);
 		PyErr_Restore(exc_type, exc, tb);
 	}
-	Py_CLEAR(m->move_to_end);
 	Py_CLEAR(m->fill);
 	Py_CLEAR(m->entries);
 	Py_CLEAR(m->memo);
@@ -519,8 +516,10 @@ static void release_state(struct run_state *st)
 }
 
 /*
- * memo(key) for a Memo's entries: a hit is counted and made the most recent;
- * a miss calls memo.fill(key) (which counts it and stores the value).
+ * memo(key) for a Memo's entries: a hit is counted (not made the most recent:
+ * a call of move_to_end per lookup cost ~4% of the fast path's time per
+ * event, and an entry evicted in its turn is only computed again); a miss
+ * calls memo.fill(key) (which counts it and stores the value).
  * New reference to bytes, or NULL with an error set.
  */
 static PyObject *memo_get(struct memo_ref *m, PyObject *key, const char *what)
@@ -528,15 +527,7 @@ static PyObject *memo_get(struct memo_ref *m, PyObject *key, const char *what)
 	PyObject *v = PyDict_GetItemWithError(m->entries, key);
 
 	if (v != NULL) {
-		PyObject *r;
-
 		Py_INCREF(v);
-		r = PyObject_CallOneArg(m->move_to_end, key);
-		if (r == NULL) {
-			Py_DECREF(v);
-			return NULL;
-		}
-		Py_DECREF(r);
 		m->hits++;
 	} else if (!PyErr_Occurred()) {
 		v = PyObject_CallOneArg(m->fill, key);
@@ -904,8 +895,8 @@ PyDoc_STRVAR(run_doc,
 "Each becomes one line (records.py's templates, see configure()) appended to\n"
 "the list tables.lines.  The other attributes of tables: comm_json and\n"
 "filename_json, memo.Memo of raw comm (16 bytes) / raw exec filename -> JSON\n"
-"bytes (entries read here, hits counted and made recent, fill() called on a\n"
-"miss); origins: tuple of bytes indexed by map_event.origin (index 0 for an\n"
+"bytes (entries read here, hits counted but not made recent, fill() called\n"
+"on a miss); origins: tuple of bytes indexed by map_event.origin (index 0 for an\n"
 "unknown one); missing: dict reason -> count, incremented for each mapping\n"
 "without a build-id; live: dict pid -> set of (vm_start, key), added to (at\n"
 "most 4096 per pid), a pid removed on EXIT and EXEC; step: int.\n"
@@ -1020,7 +1011,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 		{&s_fast, "fast"}, {&s_held, "held"}, {&s_live, "live"}, {&s_comm_json, "comm_json"},
 		{&s_filename_json, "filename_json"}, {&s_origins, "origins"}, {&s_missing, "missing"},
 		{&s_lines, "lines"}, {&s_step, "step"}, {&s_entries, "entries"}, {&s_fill, "fill"},
-		{&s_hits, "hits"}, {&s_move_to_end, "move_to_end"},
+		{&s_hits, "hits"},
 	};
 
 	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
