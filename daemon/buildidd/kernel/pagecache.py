@@ -1,0 +1,393 @@
+"""Build-ids from the page cache in BPF: kernel layout, start-up discovery, self-test.
+
+bpf/pagecache.h reads a file's GNU build-id straight from its page cache.  It
+needs, besides struct offsets from BTF (:func:`pagecache_layout`), two
+addresses the kernel does not publish: ``vmemmap_base`` (the ``struct page``
+of pfn 0) and ``page_offset_base`` (the direct map's address of physical
+address 0).  With CONFIG_RANDOMIZE_MEMORY they move at each boot and they are
+not in /proc/kallsyms, so :func:`discover_bases` measures them at start-up
+with the small program bpf/pagecache_probe.bpf.c (recipe and measurements:
+../shared/ENVIRONMENT.md "Reading the page cache from BPF"):
+
+1. ``vmemmap_base``: a memfd page of random bytes, its PFN from
+   /proc/self/pagemap (bits 0-54, real PFNs for root), and the folio the BPF
+   program finds for it by walking current->files->fdt->fd[fd]->f_mapping->
+   i_pages: ``vmemmap_base = folio - pfn * sizeof(struct page)``.
+2. ``page_offset_base``: 1 GiB-aligned, at most the highest physical RAM
+   address (/proc/iomem) below any direct-map pointer, e.g. the memfd's
+   ``struct file``: candidates are tried downwards from that pointer until the
+   page's bytes are found at ``candidate + pfn * 4096``.
+3. Checked: both bases 1 GiB-aligned, the folio belongs to the file, the
+   whole page reads back through the bases; otherwise retried, then
+   :class:`~buildidd.errors.ProbeError`.
+
+:mod:`buildidd.kernel.pagecache_selftest` then compares the kernel path with
+user space on known files; the daemon turns the kernel path off when they
+disagree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import errno
+import mmap
+import os
+import secrets
+import struct
+from dataclasses import dataclass
+
+from buildidd.errors import BtfError, ProbeError
+from buildidd.kernel.btf import Btf
+from buildidd.kernel.events import BPF_DIR
+
+__all__ = [
+    "Bases", "FolioInfo", "KernelBuildId", "PageCacheProbe", "PcStatus",
+    "discover_bases", "pagecache_layout", "probe_layout",
+]
+
+PAGE_SIZE = 4096
+GIB = 1 << 30
+#: posix_fadvise arguments that mark a request to bpf/pagecache_probe.bpf.c: the
+#: offset spells "buildidd"; the advice is invalid, so the call fails with EINVAL
+#: and does nothing.
+TRIGGER_OFFSET = 0x6275696C64696464
+TRIGGER_ADVICE = 0x62696464
+PROBE_SOURCE = "pagecache_probe.bpf.c"
+#: Probes of the downward page_offset_base search; the highest RAM address over
+#: 1 GiB bounds it (25 here), this caps it on any machine.
+MAX_BASE_PROBES = 4096
+
+
+class PcStatus(enum.IntEnum):
+    """enum pagecache_status of bpf/pagecache.h: the outcome of one kernel read."""
+
+    NONE = 0            #: not tried
+    OK = 1              #: build-id read
+    NOT_CACHED = 2      #: page ``page`` not in the page cache
+    NOT_ELF = 3         #: no ELF magic
+    NO_NOTE = 4         #: sound ELF without a GNU build-id note in a PT_NOTE segment
+    NOTE_TOO_LARGE = 5  #: the GNU build-id note has more than 64 bytes
+    RACED = 6           #: the folio of page ``page`` changed during the read
+    MALFORMED = 7       #: headers or notes out of the file or inconsistent
+    UNSUPPORTED = 8     #: big-endian, PN_XNUM, or beyond the walk's caps
+    FAULT = 9           #: a kernel read failed, or the bases are unknown
+
+
+def pagecache_layout(btf: Btf) -> dict[str, int]:
+    """The macros bpf/pagecache.h needs, from BTF: offsets (bytes), bit numbers, sizes.
+
+    Sources: struct file.f_mapping, address_space.i_pages, xarray.xa_head,
+    xa_node.shift/slots, folio.flags/mapping/index/_flags_1, enum pageflags
+    (PG_locked, PG_uptodate, PG_head), sizeof(struct page).
+
+    Raises:
+        BtfError: a type or member is missing, or the folio fields lie beyond
+            the first 256 bytes of struct folio (one probe read fetches them).
+    """
+    out = {
+        "OFF_FILE_F_MAPPING": btf.offsetof("file", "f_mapping"),
+        "OFF_ADDRESS_SPACE_I_PAGES": btf.offsetof("address_space", "i_pages"),
+        "OFF_XARRAY_XA_HEAD": btf.offsetof("xarray", "xa_head"),
+        "OFF_XA_NODE_SHIFT": btf.offsetof("xa_node", "shift"),
+        "OFF_XA_NODE_SLOTS": btf.offsetof("xa_node", "slots"),
+        "OFF_FOLIO_FLAGS": btf.offsetof("folio", "flags"),
+        "OFF_FOLIO_MAPPING": btf.offsetof("folio", "mapping"),
+        "OFF_FOLIO_INDEX": btf.offsetof("folio", "index"),
+        "OFF_FOLIO_FLAGS_1": btf.offsetof("folio", "_flags_1"),
+        "PG_LOCKED_BIT": btf.enum_value("pageflags", "PG_locked"),
+        "PG_UPTODATE_BIT": btf.enum_value("pageflags", "PG_uptodate"),
+        "PG_HEAD_BIT": btf.enum_value("pageflags", "PG_head"),
+        "STRUCT_PAGE_SIZE": btf.sizeof("page"),
+    }
+    slots = btf.array_len("xa_node", "slots")
+    if slots & (slots - 1) or slots < 2:
+        raise BtfError(f"xa_node.slots has {slots} entries, not a power of two")
+    out["XA_CHUNK_SHIFT"] = slots.bit_length() - 1
+    span = max(out[k] for k in ("OFF_FOLIO_FLAGS", "OFF_FOLIO_MAPPING", "OFF_FOLIO_INDEX",
+                                "OFF_FOLIO_FLAGS_1")) + 8
+    if span > 256:
+        raise BtfError(f"struct folio fields span {span} bytes; one probe read takes at most 256")
+    out["FOLIO_SPAN_LEN"] = span
+    return out
+
+
+def probe_layout(btf: Btf) -> dict[str, int]:
+    """The extra macros of bpf/pagecache_probe.bpf.c: fd -> struct file -> size.
+
+    Sources: task_struct.files, files_struct.fdt, fdtable.max_fds/fd,
+    file.f_inode, inode.i_size.
+
+    Raises:
+        BtfError: a type or member is missing.
+    """
+    return {
+        "OFF_TASK_STRUCT_FILES": btf.offsetof("task_struct", "files"),
+        "OFF_FILES_STRUCT_FDT": btf.offsetof("files_struct", "fdt"),
+        "OFF_FDTABLE_MAX_FDS": btf.offsetof("fdtable", "max_fds"),
+        "OFF_FDTABLE_FD": btf.offsetof("fdtable", "fd"),
+        "OFF_FILE_F_INODE": btf.offsetof("file", "f_inode"),
+        "OFF_INODE_I_SIZE": btf.offsetof("inode", "i_size"),
+        "PC_TRIGGER_OFFSET": TRIGGER_OFFSET,
+        "PC_TRIGGER_ADVICE": TRIGGER_ADVICE,
+    }
+
+
+@dataclass(frozen=True)
+class Bases:
+    """Where the kernel keeps page structs and the direct map (x86_64, this boot).
+
+    Attributes:
+        vmemmap_base: kernel address of the struct page of pfn 0.
+        page_offset_base: kernel address of physical address 0 in the direct map.
+    """
+
+    vmemmap_base: int
+    page_offset_base: int
+
+
+@dataclass(frozen=True)
+class FolioInfo:
+    """What the probe program found for one page of an open file.
+
+    Attributes:
+        file, mapping: the fd's struct file * and its f_mapping.
+        size: the file's i_size, bytes.
+        folio: the struct folio * holding the page, 0 when none is cached.
+        folio_mapping, folio_index, folio_flags, folio_flags_1: its fields.
+    """
+
+    file: int
+    mapping: int
+    size: int
+    folio: int
+    folio_mapping: int
+    folio_index: int
+    folio_flags: int
+    folio_flags_1: int
+
+
+@dataclass(frozen=True)
+class KernelBuildId:
+    """The answer of bpf/pagecache.h for one file.
+
+    Attributes:
+        status: the outcome.
+        build_id: the descriptor bytes (1..64) when status is OK, else b"".
+        page: the file page (offset / 4096) not cached or raced, else 0.
+    """
+
+    status: PcStatus
+    build_id: bytes
+    page: int
+
+
+class PageCacheProbe:
+    """bpf/pagecache_probe.bpf.c, loaded: serves this process's requests.
+
+    Args:
+        btf: the kernel's BTF (loaded from /sys/kernel/btf/vmlinux when None).
+        cflags: extra compiler flags (e.g. ``-DPC_NO_BUILD_ID`` for a baseline).
+
+    Raises:
+        ProbeError: BCC is missing, BTF lacks a field, or the program does not
+            compile, load or attach.
+    """
+
+    def __init__(self, btf: Btf | None = None, cflags: tuple[str, ...] = ()):
+        try:
+            from bcc import BPF
+        except ImportError as e:
+            raise ProbeError("BCC (python3-bpfcc) is not importable; run scripts/setup") from e
+        from buildidd.kernel.tracer import ensure_tracefs
+        ensure_tracefs()
+        btf = btf or Btf.load()
+        self.layout = pagecache_layout(btf) | probe_layout(btf)
+        self.struct_page_size = self.layout["STRUCT_PAGE_SIZE"]
+        flags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
+        flags += [f"-I{BPF_DIR}", "-Wno-unused-function", *cflags]
+        try:
+            self.bpf = BPF(src_file=os.path.join(BPF_DIR, PROBE_SOURCE).encode(), cflags=flags)
+        except Exception as e:  # BCC raises bare Exception on compile/load failure
+            raise ProbeError(f"{PROBE_SOURCE} failed to compile or load: {e}") from e
+        self._req = self.bpf[b"pc_request"]
+        self._rep = self.bpf[b"pc_reply"]
+        self._bases = self.bpf[b"pagecache_bases"]
+        self._key = ctypes.c_int(0)
+        self._pid = os.getpid()
+
+    @property
+    def prog_fd(self) -> int:
+        """File descriptor of the loaded tracepoint program."""
+        return self.bpf.funcs[b"tracepoint__syscalls__sys_enter_fadvise64"].fd
+
+    def _call(self, fd: int, op: int, **fields: int):
+        req = self._req.Leaf()
+        req.tgid, req.op = self._pid, op
+        for name, value in fields.items():
+            setattr(req, name, value)
+        self._req[self._key] = req
+        before = self._rep[self._key].seq
+        try:
+            os.posix_fadvise(fd, TRIGGER_OFFSET, 0, TRIGGER_ADVICE)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise ProbeError(f"probe trigger failed: {e}") from e
+        rep = self._rep[self._key]
+        if rep.seq != before + 1:
+            raise ProbeError("the page-cache probe program did not run for its trigger")
+        if rep.err:
+            raise ProbeError(f"page-cache probe request {op} failed: {os.strerror(-rep.err)}")
+        return rep
+
+    def folio(self, fd: int, index: int) -> FolioInfo:
+        """The folio holding page ``index`` of the open file ``fd`` (an xarray walk).
+
+        Raises:
+            ProbeError: fd is not open, or the walk met a concurrent change.
+        """
+        r = self._call(fd, 1, index=index)
+        return FolioInfo(r.file, r.mapping, r.size, r.folio, r.folio_mapping, r.folio_index,
+                         r.folio_flags, r.folio_flags_1)
+
+    def read_kernel(self, addr: int, length: int) -> bytes | None:
+        """``length`` (<= 4096) bytes of kernel memory at ``addr``; None when unreadable."""
+        if not 0 < length <= PAGE_SIZE:
+            raise ValueError(f"read of {length} bytes; 1..{PAGE_SIZE} allowed")
+        fd = os.open("/", os.O_RDONLY | os.O_CLOEXEC)  # the trigger needs some fd
+        try:
+            r = self._call(fd, 2, addr=addr, len=length)
+        except ProbeError:
+            return None
+        finally:
+            os.close(fd)
+        return bytes(r.data[:length])
+
+    def build_id(self, fd: int) -> KernelBuildId:
+        """bpf/pagecache.h's answer for the file open on ``fd``.
+
+        Raises:
+            ProbeError: fd is not open, or the program did not run.
+        """
+        r = self._call(fd, 3)
+        bid = r.bid
+        raw = bytes(bid.build_id[:bid.size]) if bid.status == PcStatus.OK else b""
+        return KernelBuildId(PcStatus(bid.status), raw, bid.page)
+
+    def baseline(self, fd: int) -> None:
+        """A request doing everything but the build-id read (cost measurements)."""
+        self._call(fd, 4)
+
+    def set_bases(self, bases: Bases) -> None:
+        """Hand the discovered bases to the BPF side (zeros turn the reads off)."""
+        v = self._bases.Leaf()
+        v.vmemmap_base, v.page_offset_base = bases.vmemmap_base, bases.page_offset_base
+        self._bases[self._key] = v
+
+    def close(self) -> None:
+        """Detach and unload."""
+        self.bpf.cleanup()
+
+
+def _pfn_of(addr: int) -> int:
+    """The PFN backing this process's virtual address addr (/proc/self/pagemap,
+    Documentation/admin-guide/mm/pagemap.rst: bit 63 present, bits 0-54 PFN;
+    zero without CAP_SYS_ADMIN)."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(addr // PAGE_SIZE * 8)
+        (entry,) = struct.unpack("<Q", f.read(8))
+    if not entry >> 63 or not entry & ((1 << 55) - 1):
+        raise ProbeError("/proc/self/pagemap gives no PFN (page not present, or not root)")
+    return entry & ((1 << 55) - 1)
+
+
+def max_physical_address(iomem: str = "/proc/iomem") -> int:
+    """One past the highest "System RAM" byte in /proc/iomem (real addresses as root).
+
+    Raises:
+        ProbeError: no System RAM line, or only zeros (not root).
+    """
+    top = 0
+    try:
+        with open(iomem) as f:
+            for line in f:
+                span, _, name = line.strip().partition(" : ")
+                if name == "System RAM" and not line.startswith((" ", "\t")):
+                    top = max(top, int(span.split("-")[1], 16) + 1)
+    except (OSError, ValueError) as e:
+        raise ProbeError(f"cannot read {iomem}: {e}") from e
+    if top <= 1:
+        raise ProbeError(f"{iomem} shows no System RAM address (not root?)")
+    return top
+
+
+def _memfd_page(data: bytes) -> tuple[int, int]:
+    """``(fd, pfn)``: a memfd holding data (one page), mapped and touched so that
+    its page is in the page cache, and the PFN of that page."""
+    fd = os.memfd_create("buildidd-pagecache-probe", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        with mmap.mmap(fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as m:
+            if m[:PAGE_SIZE] != data:   # the read faults the page in
+                raise ProbeError("memfd page reads back wrong")
+            cell = ctypes.c_char.from_buffer(m)
+            try:
+                pfn = _pfn_of(ctypes.addressof(cell))
+            finally:
+                del cell
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, pfn
+
+
+def _discover_once(probe: PageCacheProbe, maxphys: int) -> Bases:
+    """One attempt of the recipe in the module docstring."""
+    data = secrets.token_bytes(PAGE_SIZE)
+    fd, pfn = _memfd_page(data)
+    try:
+        info = probe.folio(fd, 0)
+    finally:
+        os.close(fd)
+    if not info.folio or info.folio_mapping != info.mapping or info.folio_index != 0:
+        raise ProbeError("the memfd page's folio was not found in its page cache")
+    vmemmap = info.folio - pfn * probe.struct_page_size
+    start = info.file & ~(GIB - 1)  # struct file is slab memory: in the direct map
+    page_offset = None
+    for k in range(min(maxphys // GIB + 2, MAX_BASE_PROBES)):
+        cand = start - k * GIB
+        if probe.read_kernel(cand + pfn * PAGE_SIZE, 16) == data[:16]:
+            page_offset = cand
+            break
+    if page_offset is None:
+        raise ProbeError("page_offset_base not found below the memfd's struct file")
+    if vmemmap % GIB or page_offset % GIB:
+        raise ProbeError(f"bases not 1 GiB-aligned: vmemmap_base {vmemmap:#x}, "
+                         f"page_offset_base {page_offset:#x}")
+    if probe.read_kernel(page_offset + pfn * PAGE_SIZE, PAGE_SIZE) != data:
+        raise ProbeError("the memfd page does not read back whole through the discovered bases")
+    return Bases(vmemmap, page_offset)
+
+
+def discover_bases(probe: PageCacheProbe, attempts: int = 3) -> Bases:
+    """vmemmap_base and page_offset_base of this boot, verified (module docstring);
+    also handed to the probe program (:meth:`PageCacheProbe.set_bases`).
+
+    Args:
+        probe: the loaded probe program.
+        attempts: tries, each with a new memfd page, before giving up.
+    Raises:
+        ProbeError: not root, /proc/iomem or /proc/self/pagemap unreadable, or
+            no attempt could be verified (the message of the last one).
+    """
+    maxphys = max_physical_address()
+    last: ProbeError | None = None
+    for _ in range(attempts):
+        try:
+            bases = _discover_once(probe, maxphys)
+        except ProbeError as e:
+            last = e
+            continue
+        probe.set_bases(bases)
+        return bases
+    raise ProbeError(f"page-cache bases not found in {attempts} attempts: {last}") from last
