@@ -210,3 +210,19 @@ def test_selftest_reports_a_disagreement(probe, tmp_path):
     exe = gcc(MAIN, tmp_path / "exe")
     verdict = check_kernel_path(probe, tmp_path, lambda fd: b"\x01" * 20, [("exe", exe)])
     assert not verdict.ok and "user space 0101" in verdict.reason
+
+
+def test_note_at_the_end_of_page_0_needs_only_page_0(probe, tmp_path):
+    path = tmp_path / "edge"
+    path.write_bytes(synthetic_elf(bytes(range(50, 70)), note_offset=PAGE_SIZE - 64, size=3 * PAGE_SIZE))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, 16, 0)
+        assert not probe.folio(fd, 1).folio, "page 1 was read ahead"
+        got = probe.build_id(fd)
+    finally:
+        os.close(fd)
+    assert got.status == PcStatus.OK and got.build_id == bytes(range(50, 70))
