@@ -57,6 +57,8 @@ PROBE_SOURCE = "pagecache_probe.bpf.c"
 #: Probes of the downward page_offset_base search; the highest RAM address over
 #: 1 GiB bounds it (25 here), this caps it on any machine.
 MAX_BASE_PROBES = 4096
+# enum pc_op of bpf/pagecache_probe.bpf.c
+_OP_FOLIO, _OP_READ, _OP_BUILD_ID, _OP_FILE = 1, 2, 3, 4
 
 
 class PcStatus(enum.IntEnum):
@@ -246,7 +248,7 @@ class PageCacheProbe:
         Raises:
             ProbeError: fd is not open, or the walk met a concurrent change.
         """
-        r = self._call(fd, 1, index=index)
+        r = self._call(fd, _OP_FOLIO, index=index)
         return FolioInfo(r.file, r.mapping, r.size, r.folio, r.folio_mapping, r.folio_index,
                          r.folio_flags, r.folio_flags_1)
 
@@ -256,7 +258,7 @@ class PageCacheProbe:
             raise ValueError(f"read of {length} bytes; 1..{PAGE_SIZE} allowed")
         fd = os.open("/", os.O_RDONLY | os.O_CLOEXEC)  # the trigger needs some fd
         try:
-            r = self._call(fd, 2, addr=addr, len=length)
+            r = self._call(fd, _OP_READ, addr=addr, len=length)
         except ProbeError:
             return None
         finally:
@@ -269,14 +271,14 @@ class PageCacheProbe:
         Raises:
             ProbeError: fd is not open, or the program did not run.
         """
-        r = self._call(fd, 3)
+        r = self._call(fd, _OP_BUILD_ID)
         bid = r.bid
         raw = bytes(bid.build_id[:bid.size]) if bid.status == PcStatus.OK else b""
         return KernelBuildId(PcStatus(bid.status), raw, bid.page)
 
     def baseline(self, fd: int) -> None:
         """A request doing everything but the build-id read (cost measurements)."""
-        self._call(fd, 4)
+        self._call(fd, _OP_FILE)
 
     def set_bases(self, bases: Bases) -> None:
         """Hand the discovered bases to the BPF side (zeros turn the reads off)."""
