@@ -161,7 +161,8 @@ def test_install_with_destdir_changes_nothing_outside_it(tmp_path):
         assert {p: (p.stat().st_mtime_ns, sorted(os.listdir(p)) if p.is_dir() else None)
                 for p in watched if p.exists()} == before
         written = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-        assert written == ["etc/buildidd/buildidd.toml", "etc/systemd/system/buildidd.service",
+        assert written == ["etc/buildidd/buildidd.toml", "etc/systemd/system/buildidd-serve.service",
+                           "etc/systemd/system/buildidd.service",
                            "usr/local/share/man/man8/buildidd.8"]
         assert sorted(x.name for x in top.iterdir()) == ["calls.log", "root", "stubs"]
     finally:
