@@ -66,6 +66,20 @@ class ElfError(BuildiddError):
         self.reason = reason
 
 
+class FileRefusedError(BuildiddError):
+    """A file a user controls was not opened for reading (resolve.procfs.open_identified).
+
+    Attributes:
+        reason: ``not_regular`` (a FIFO, device, directory or symlink),
+            ``slow_fs`` (on FUSE), or why it is another file than the one
+            mapped: ``other_inode``, ``other_generation``, ``modified``.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
 class SessionLogError(BuildiddError):
     """The session log cannot be written or read (I/O error, full disk, bad segment)."""
 
