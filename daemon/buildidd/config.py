@@ -128,6 +128,14 @@ class Config:
     identity_cache_entries: int = _key(65536, "entries",
                                        "file identities whose build-id answer is kept (LRU); also the size of "
                                        "the kernel's known_ids map; at least 16.")
+    resolve_deadline_s: float = _key(0.2, "seconds",
+                                     "the recording thread waits at most this long for a worker that opens and "
+                                     "reads a mapped file (and at most this long in all per step); a mapping "
+                                     "not resolved by then is recorded with error \"timeout\" and completed by "
+                                     "a later \"resolution\" record; in (0, 10].")
+    resolve_workers: int = _key(2, "threads",
+                                "threads that open and read mapped files (more are started, up to 8 times "
+                                "this, while some are stuck on a slow file system); 1..64.")
     pending_lines_max_bytes: int = _key(64 << 20, "bytes",
                                         "records kept in memory while the log cannot be written (full disk); "
                                         "beyond it the oldest are dropped and counted.")
@@ -173,6 +181,10 @@ class Config:
             raise ConfigError("recording_nice must be in -20..19")
         if self.identity_cache_entries < 16:
             raise ConfigError("identity_cache_entries must be at least 16")
+        if not 0 < self.resolve_deadline_s <= 10:
+            raise ConfigError("resolve_deadline_s must be in (0, 10]")
+        if not 1 <= self.resolve_workers <= 64:
+            raise ConfigError("resolve_workers must be in 1..64")
 
 
 def _coerce(key: str, value, want: type):
