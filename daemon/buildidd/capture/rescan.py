@@ -22,7 +22,6 @@ from buildidd.kernel.events import EventType, RawEvent
 from buildidd.kernel.tracer import DropReport
 from buildidd.resolve import procfs
 from buildidd.resolve.enrich import Enricher, Resolution
-from buildidd.resolve.procfs import Source
 from buildidd.sessionlog.records import RECOVERED, dict_line
 
 MAP_SHARED, MAP_PRIVATE = 0x01, 0x02
@@ -100,19 +99,13 @@ class LossRecovery:
                 self._record_scanned(pid, comm, m, origin)
 
     def _record_scanned(self, pid: int, comm: str, m: procfs.MapsEntry, origin: str) -> None:
-        try:
-            fd = procfs.open_map_file(pid, m.start, m.end)
-        except OSError:
+        # Opened and read on a resolution worker (the mapped file may be on a
+        # slow or hostile file system): skipped when gone, refused or late.
+        got = self.enricher.resolve_scanned(pid, (m.start, m.end), m.path)
+        if got is None:
             self.stats.synth_skipped += 1
             return
-        try:
-            ident = procfs.identity_of(fd)
-            res = self.enricher.resolve_open(ident, fd, Source.MAP_FILES, m.path)
-        except OSError:
-            self.stats.synth_skipped += 1
-            return
-        finally:
-            os.close(fd)
+        ident, res = got
         ev = RawEvent(EventType.MAP, pid, pid, clock.boot_ns(), comm, m.start, m.end - m.start, m.offset,
                       m.prot, MAP_SHARED if m.perms[3] == "s" else MAP_PRIVATE, None, ident,
                       0 if m.deleted else 1, 0, m.path)

@@ -3,25 +3,53 @@
 Answers are cached by identity (dev, ino, generation, size, mtime), so a library
 is opened and parsed once, not once per process.  The cache is a bounded LRU;
 answers that depend only on the file's contents (a build-id, no note, not ELF,
-malformed) are kept until evicted.  "Could not open the right file" answers are
-kept too, but the next event for that identity retries its own
-/proc/PID/map_files route, the one route that can still succeed later.
+malformed, not a regular file, on FUSE) are kept until evicted.  "Could not
+open the right file" answers are kept too, but the next event for that
+identity retries its own /proc/PID/map_files route, the one route that can
+still succeed later.
+
+The recording thread never opens, stats or reads a mapped file itself: every
+route (procfs.open_route, open_identified) runs as a job on a
+resolve.workers.WorkerPool, and the thread waits for it at most
+:attr:`Offload.deadline_s`, and within one step at most the budget given to
+:meth:`Enricher.begin_step`.  A job that misses its wait gives the mapping the
+reason ``timeout`` at once and goes on; its answer comes back through
+:meth:`Enricher.take_late` (the recorder writes it as a ``resolution``
+record).  While a device has a job past its deadline (or did in the last
+:data:`SUSPECT_S` seconds), new jobs for files on it are queued without
+waiting: one stuck file system costs one deadline, not one per file.
+
+Files without a GNU build-id get, when they could be read, a ``file_id``
+content key and, for Go binaries, their ``go_build_id`` (resolve.fileid).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
+from buildidd.errors import ElfError, FileRefusedError
+from buildidd.kernel.events import Identity, RawEvent
 from buildidd.memo import LruCache
 from buildidd.resolve.buildid import read_build_id_fd
-from buildidd.errors import ElfError
-from buildidd.kernel.events import Identity, RawEvent
-from buildidd.resolve.procfs import Source, identity_of, mismatch, open_in_root, open_map_file, open_path
+from buildidd.resolve.fileid import file_id, read_go_build_id
+from buildidd.resolve.procfs import Source, open_identified, open_route, open_scanned
+from buildidd.resolve.reasons import MissReason
+from buildidd.resolve.workers import Job, PoolPolicy, WorkerPool
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+#: Seconds a device stays suspect after a job on it missed its deadline.
+SUSPECT_S = 10.0
+#: Suspect devices remembered at most (the oldest forgotten first).
+SUSPECT_MAX = 1024
+
+#: The reasons for which the exact inode was reached: final, like a build-id.
+_FINAL_REFUSALS = (MissReason.SLOW_FS, MissReason.NOT_REGULAR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +59,20 @@ class Resolution:
     Attributes:
         build_id: lower-case hex, or None.
         source: Source value the build-id (or the verdict) came from.
-        error: None, or why there is no build-id: ``no_build_id`` (an ELF without
-            the note), ``not_elf``, ``malformed_elf``, ``unsupported_elf``,
-            ``file_replaced`` (the reachable file has another identity and the
-            mapping is gone), ``file_deleted``, ``file_vanished``,
-            ``permission``, ``io_error``.
+        error: None, or the MissReason there is no build-id (the log's ``error``).
         path: the last path seen for this identity.
         json_tail: the record's identity and build-id fields, JSON-encoded once.
+        go_build_id: the Go build ID text (``.note.go.buildid``), for an ELF file without a GNU build-id.
+        file_id: 32 hex digits (resolve.fileid.file_id) of a file without a GNU build-id that could be read.
     """
 
     build_id: str | None
     source: str
-    error: str | None
+    error: MissReason | None
     path: str
     json_tail: str
+    go_build_id: str | None = None
+    file_id: str | None = None
 
     @property
     def final(self) -> bool:
@@ -52,38 +80,82 @@ class Resolution:
         return self.source != Source.NONE.value
 
 
-def _tail(ident: Identity, build_id: str | None, source: str, error: str | None) -> str:
+def make_resolution(ident: Identity, build_id: str | None, source: Source, error: MissReason | None,
+                    path: str, keys: tuple[str | None, str | None] = (None, None)) -> Resolution:
+    """A Resolution with its JSON tail; keys: (go_build_id, file_id)."""
     bid = f'"{build_id}"' if build_id else "null"
     err = f'"{error}"' if error else "null"
-    return (f'"dev":{ident.dev},"ino":{ident.ino},"ino_generation":{ident.generation},'
+    tail = (f'"dev":{ident.dev},"ino":{ident.ino},"ino_generation":{ident.generation},'
             f'"size":{ident.size},"mtime_ns":{ident.mtime_ns},"build_id":{bid},'
-            f'"build_id_source":"{source}","error":{err}')
+            f'"build_id_source":"{source.value}","error":{err}')
+    go, fid = keys
+    if go:
+        tail += f',"go_build_id":{json.dumps(go)}'
+    if fid:
+        tail += f',"file_id":"{fid}"'
+    return Resolution(build_id, source.value, error, path, tail, go, fid)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One mapping to resolve, as a worker gets it (from a RawEvent).
+
+    Attributes:
+        pid: tgid; start, length: the VMA (bytes; 0 for an exec record);
+        path: the event's path; nlink: 0 when the file was deleted; identity: the kernel's.
+    """
+
+    pid: int
+    start: int
+    length: int
+    path: str
+    nlink: int
+    identity: Identity
+
+
+@dataclass(frozen=True)
+class Offload:
+    """How resolution is handed to workers: Config.resolve_deadline_s and the pool's sizes."""
+
+    deadline_s: float = 0.2
+    pool: PoolPolicy = field(default_factory=PoolPolicy)
+
+
+_TIMED_OUT = object()
 
 
 class Enricher:
-    """Resolves identities to build-ids, with a bounded identity cache.
+    """Resolves identities to build-ids, with a bounded identity cache; file work on workers.
 
     Args:
         cache_entries: identities kept (LRU).
         on_resolved: called with (identity, Resolution) when an identity gets a
-            final answer (the tracer then stops sending its path).
-        on_evicted: called with an identity dropped from the cache.
+            final answer (the tracer then stops sending its path); recording thread.
+        on_evicted: called with an identity dropped from the cache; recording thread.
         on_build_id: called with (identity, Resolution, fd) when a build-id was
             just read from fd (still open: the callee may dup it, e.g. to
-            snapshot the exact inode).
+            snapshot the exact inode).  Called on a worker thread.
+        offload: the deadline and the pool's sizes.
     """
 
     def __init__(self, cache_entries: int = 65536,
                  on_resolved: Callable[[Identity, Resolution], None] | None = None,
                  on_evicted: Callable[[Identity], None] | None = None,
-                 on_build_id: Callable[[Identity, Resolution, int], None] | None = None):
+                 on_build_id: Callable[[Identity, Resolution, int], None] | None = None,
+                 offload: Offload | None = None):
         self.cache: LruCache[Identity, Resolution] = LruCache("identity", cache_entries,
                                                               on_evict=self._evicted)
         self.on_resolved = on_resolved
         self.on_evicted = on_evicted
         self.on_build_id = on_build_id
+        self.offload = offload or Offload()
+        self.pool = WorkerPool(self.offload.pool)
         self.resolved = 0
         self.missing: dict[str, int] = {}
+        self.timeouts = 0
+        self._pending: dict[Identity, Job] = {}
+        self._suspect: dict[int, float] = {}
+        self._budget_s = float("inf")
 
     # -- cache -------------------------------------------------------------
     @property
@@ -114,95 +186,215 @@ class Enricher:
             key = res.error or "unknown"
             self.missing[key] = self.missing.get(key, 0) + 1
 
-    # -- resolution --------------------------------------------------------
-    def resolve(self, ev: RawEvent) -> Resolution:
-        """The Resolution for a MAP or EXEC event's file (cached, else opened and read).
+    # -- the recording thread's side -----------------------------------------
+    def begin_step(self, budget_s: float) -> None:
+        """Start a step: the thread waits for workers at most budget_s seconds in all until the next call."""
+        self._budget_s = budget_s
 
-        Never raises for a per-file problem: the Resolution's error says what went wrong.
+    def resolve(self, ev: RawEvent) -> Resolution:
+        """The Resolution for a MAP or EXEC event's file (cached, else resolved on a worker).
+
+        Never raises for a per-file problem: the Resolution's error says what
+        went wrong (``timeout`` when the worker did not answer in time).
+        Raises:
+            Exception: whatever unexpected error the worker's job raised (a bug; the caller counts it).
         """
         ident = ev.identity
         res = self.cache.peek(ident)
         if res is not None and not res.final:
             # Unreachable before: only the mapping itself can still help.
-            got = self._try_map_files(ev, ident, ev.path or res.path)
-            return self._store(ident, got) if got is not None else res
+            if ident in self._pending or ev.start == 0 or ev.length == 0:
+                return res
+            got = self._offload(ident, self._retry_job, _request(ev, ev.path or res.path))
+            return self._store(ident, got) if isinstance(got, Resolution) else res
         res = self.cache.get(ident)         # counts the hit or the miss
         if res is not None:
             return res
-        return self._store(ident, self._resolve_uncached(ev, ident))
+        got = self._offload(ident, self._fresh_job, _request(ev, ev.path))
+        if got is _TIMED_OUT:
+            self.timeouts += 1
+            return self._store(ident, make_resolution(ident, None, Source.NONE, MissReason.TIMEOUT, ev.path))
+        return self._store(ident, got)
 
-    def resolve_open(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
-        """Resolution for a file already open on fd whose identity was checked by the caller."""
-        res = self.cache.peek(ident)
-        if res is not None and res.final:
+    def resolve_scanned(self, pid: int, vma: tuple[int, int], path: str) -> tuple[Identity, Resolution] | None:
+        """Open pid's mapping vma = (vm_start, vm_end) through map_files (on a worker): (identity, Resolution).
+
+        For the /proc/PID/maps scans.  None when the mapping cannot be opened
+        or the worker did not answer in time (its answer is then cached when it
+        comes, with no record written).
+        Raises:
+            Exception: an unexpected error of the job (a bug; the caller counts it).
+        """
+        got = self._offload(None, self._scan_job, (pid, vma, path))
+        if got is _TIMED_OUT or got is None:
+            return None
+        ident, res, cached = got
+        if cached:
             self.cache.count_hits(1)
-            return res
+            return ident, res
         self.cache.count_miss()
-        return self._store(ident, self._read(ident, fd, source, path))
+        if res.final or ident not in self.cache:
+            self._store(ident, res)
+        return ident, res
 
+    def take_late(self) -> list[tuple[Identity, Resolution]]:
+        """Answers of jobs that missed their deadline and have finished since: cached, and returned to be written.
+
+        Only answers for identities whose mappings were recorded (not the
+        scans'), and only when they differ from the ``timeout`` recorded.
+        """
+        out = []
+        for job in self.pool.take_late():
+            if job.fn == self._scan_job:
+                if job.error is None and job.result is not None and not job.result[2]:
+                    ident, res, _ = job.result
+                    if res.final and ident not in self.cache:
+                        self._store(ident, res)
+                continue
+            ident = job.arg.identity
+            if self._pending.get(ident) is job:
+                del self._pending[ident]
+            res = job.result
+            if job.error is not None or not isinstance(res, Resolution):
+                continue
+            self._store(ident, res)
+            out.append((ident, res))
+        return out
+
+    def status(self) -> dict:
+        """Worker pool and deadline counters (JSON-ready)."""
+        now = time.monotonic()
+        return {**self.pool.status(), "timeouts": self.timeouts, "pending": len(self._pending),
+                "suspect_devices": sum(1 for t in self._suspect.values() if t > now),
+                "deadline_s": self.offload.deadline_s}
+
+    def close(self) -> int:
+        """Stop the workers (blocked ones are left behind); the number of resolutions abandoned."""
+        return self.pool.close()
+
+    def _offload(self, ident: Identity | None, fn: Callable, arg):
+        """Run fn(arg) on a worker and wait for it within the deadline and the step's budget.
+
+        Returns its result, or _TIMED_OUT (the job is then pending: take_late).
+        """
+        dev = ident.dev if ident is not None else None
+        now = time.monotonic()
+        wait = min(self.offload.deadline_s, self._budget_s)
+        if (dev is not None and self._suspect.get(dev, 0.0) > now) or not self.pool.can_run_now():
+            wait = 0.0
+        job = self.pool.submit(fn, arg)
+        if job is None:
+            return _TIMED_OUT
+        done = self.pool.wait(job, wait)
+        self._budget_s -= time.monotonic() - now
+        if done:
+            if job.error is not None:
+                raise job.error
+            return job.result
+        if dev is not None:
+            self._suspect.pop(dev, None)
+            self._suspect[dev] = time.monotonic() + SUSPECT_S
+            while len(self._suspect) > SUSPECT_MAX:
+                del self._suspect[next(iter(self._suspect))]
+        if ident is not None:
+            self._pending[ident] = job
+        return _TIMED_OUT
+
+    # -- the workers' side (no shared state but the callbacks) ----------------
     def _read(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
+        reason = None
         try:
             bid = read_build_id_fd(fd)
         except ElfError as e:
-            return Resolution(None, source.value, e.reason, path, _tail(ident, None, source.value, e.reason))
+            bid, reason = None, MissReason(e.reason)
         except OSError:
-            return Resolution(None, Source.NONE.value, "io_error", path,
-                              _tail(ident, None, Source.NONE.value, "io_error"))
-        if bid is None:
-            return Resolution(None, source.value, "no_build_id", path,
-                              _tail(ident, None, source.value, "no_build_id"))
-        res = Resolution(bid.hex, source.value, None, path, _tail(ident, bid.hex, source.value, None))
-        if self.on_build_id is not None:
-            self.on_build_id(ident, res, fd)
-        return res
+            return make_resolution(ident, None, Source.NONE, MissReason.IO_ERROR, path)
+        if bid is not None:
+            res = make_resolution(ident, bid.hex, source, None, path)
+            if self.on_build_id is not None:
+                self.on_build_id(ident, res, fd)
+            return res
+        try:
+            keys = (read_go_build_id(fd) if reason is None else None, file_id(fd))
+        except OSError:
+            keys = (None, None)          # the verdict stands, without a content key
+        return make_resolution(ident, None, source, reason or MissReason.NO_BUILD_ID, path, keys)
 
-    def _try_map_files(self, ev: RawEvent, ident: Identity, path: str) -> Resolution | None:
-        if ev.start == 0 or ev.length == 0:
-            return None
-        end = ev.start + ((ev.length + PAGE - 1) & ~(PAGE - 1))
+    def _open_read(self, req: Request, source: Source, vma: tuple[int, int]) -> Resolution:
+        """Open one route, check it is the mapped file, read it.
+
+        Raises:
+            OSError: the route cannot be opened; FileRefusedError: another file, or refused.
+        """
+        pfd = open_route(source, req.pid, req.path, vma)
         try:
-            fd = open_map_file(ev.pid, ev.start, end)
-        except OSError:
-            return None
+            fd = open_identified(pfd, req.identity)
+        except FileRefusedError as e:
+            if e.reason in _FINAL_REFUSALS and (source is Source.MAP_FILES or e.reason == MissReason.SLOW_FS):
+                return make_resolution(req.identity, None, source, MissReason(e.reason), req.path)
+            raise
+        finally:
+            os.close(pfd)
         try:
-            if mismatch(ident, identity_of(fd, ident.generation != 0)) is not None:
-                return None
-            return self._read(ident, fd, Source.MAP_FILES, path)
-        except OSError:
-            return None
+            return self._read(req.identity, fd, source, req.path)
         finally:
             os.close(fd)
 
-    def _resolve_uncached(self, ev: RawEvent, ident: Identity) -> Resolution:
-        path = ev.path
-        got = self._try_map_files(ev, ident, path)
-        if got is not None:
-            return got
-        seen_other = False
-        denied = False
+    def _retry_job(self, req: Request) -> Resolution | None:
+        """The map_files route only; None when it does not reach the mapped file."""
+        end = req.start + ((req.length + PAGE - 1) & ~(PAGE - 1))
+        try:
+            return self._open_read(req, Source.MAP_FILES, (req.start, end))
+        except (OSError, FileRefusedError):
+            return None
+
+    def _fresh_job(self, req: Request) -> Resolution:
+        """Every route, best first (procfs docstring); the reason when none reaches the mapped file."""
+        if req.start and req.length:
+            got = self._retry_job(req)
+            if got is not None:
+                return got
+        path = req.path
+        seen_other = denied = not_regular = False
         if path and "\0" not in path and not path.startswith("/memfd:"):
-            for source, opener, arg in ((Source.PROC_ROOT, open_in_root, (ev.pid, path)),
-                                        (Source.PATH, open_path, (path,))):
+            for source in (Source.PROC_ROOT, Source.PATH):
                 try:
-                    fd = opener(*arg)
+                    return self._open_read(req, source, (0, 0))
+                except FileRefusedError as e:
+                    not_regular |= e.reason == MissReason.NOT_REGULAR
+                    seen_other |= e.reason != MissReason.NOT_REGULAR
                 except OSError as e:
                     denied |= e.errno in (errno.EACCES, errno.EPERM)
-                    continue
-                try:
-                    if mismatch(ident, identity_of(fd, ident.generation != 0)) is None:
-                        return self._read(ident, fd, source, path)
-                    seen_other = True
-                except OSError:
-                    continue
-                finally:
-                    os.close(fd)
-        if ev.nlink == 0 or path.startswith("/memfd:"):
-            error = "file_deleted"
+        if req.nlink == 0 or path.startswith("/memfd:"):
+            error = MissReason.FILE_DELETED
+        elif not_regular:
+            error = MissReason.NOT_REGULAR
         elif seen_other:
-            error = "file_replaced"
+            error = MissReason.FILE_REPLACED
         elif denied:
-            error = "permission"
+            error = MissReason.PERMISSION
         else:
-            error = "file_vanished"
-        return Resolution(None, Source.NONE.value, error, path, _tail(ident, None, Source.NONE.value, error))
+            error = MissReason.FILE_VANISHED
+        return make_resolution(req.identity, None, Source.NONE, error, path)
 
+    def _scan_job(self, arg: tuple[int, tuple[int, int], str]) -> tuple[Identity, Resolution, bool] | None:
+        """(identity, Resolution, answered from the cache) of a scanned mapping, or None (gone, refused).
+
+        The cache is only peeked here (one OrderedDict.get: atomic under CPython's GIL).
+        """
+        pid, vma, path = arg
+        try:
+            fd, ident = open_scanned(pid, *vma)
+        except (OSError, FileRefusedError):
+            return None
+        try:
+            res = self.cache.peek(ident)
+            if res is not None and res.final:
+                return ident, res, True
+            return ident, self._read(ident, fd, Source.MAP_FILES, path), False
+        finally:
+            os.close(fd)
+
+
+def _request(ev: RawEvent, path: str) -> Request:
+    return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity)

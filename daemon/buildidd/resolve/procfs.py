@@ -8,20 +8,37 @@ DSO_BINARY_TYPE__*):
 * ``/proc/PID/root/PATH``: the path in the process's mount namespace and root.
 * ``PATH`` in the daemon's own namespace.
 
-Whatever the route, the caller accepts a file only when :func:`identity_of`
-agrees with the identity the kernel read at mmap time.
+Whatever the route, a file is opened for reading only when it is the regular
+file the kernel saw at mmap time (:func:`open_identified`): the route is first
+opened with O_PATH, which runs no file system's or driver's open method (a
+FIFO or a device put at the path is never opened), its statfs type, mode and
+identity are checked on that descriptor, and only then is that same inode
+reopened through /proc/self/fd/N with O_RDONLY|O_NONBLOCK|O_NOCTTY|O_CLOEXEC.
+Symbolic links: ``map_files/START-END`` and ``/proc/PID/root`` are magic links
+that must be followed (they name the mapped inode and the process's root
+directly, with no walk of a name the user chose); the user's PATH is walked
+with openat2 RESOLVE_NO_MAGICLINKS (inside the process's root:
+RESOLVE_IN_ROOT, so an absolute symlink stays in that root), and its last
+component is never followed (O_NOFOLLOW: a symlink there is ``not_regular``).
+These calls can still block on a slow or hostile file system (FUSE, NFS):
+they run on resolve.workers' threads, never on the recording thread.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
+import errno
 import fcntl
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Iterator
 
+from buildidd.errors import FileRefusedError
 from buildidd.kernel.events import Identity
+from buildidd.resolve.reasons import MissReason
 
 #: FS_IOC_GETVERSION = _IOR('v', 1, long): the inode generation (include/uapi/linux/fs.h).
 FS_IOC_GETVERSION = 0x80087601
@@ -79,25 +96,162 @@ def mismatch(want: Identity, got: Identity) -> str | None:
     return None
 
 
-def open_map_file(pid: int, start: int, end: int) -> int:
-    """Open /proc/PID/map_files/START-END read-only.
+#: statfs f_type of FUSE (include/uapi/linux/magic.h FUSE_SUPER_MAGIC): a
+#: process serves its files, possibly the mapping user's own; never read.
+FUSE_SUPER_MAGIC = 0x65735546
 
+#: statfs f_type of network and cluster file systems (include/uapi/linux/magic.h,
+#: fs/smb/client/cifsglob.h, fs/ceph/super.h): read, but only on a worker
+#: under Config.resolve_deadline_s (a server may be slow or gone).
+NETWORK_FS_TYPES = {0x6969: "nfs", 0xFF534D42: "cifs", 0xFE534D42: "smb2", 0x517B: "smb",
+                    0x01021997: "9p", 0x00C36400: "ceph", 0x5346414F: "afs", 0x6B414653: "afs",
+                    0x73757245: "coda", 0x0BD00BD0: "lustre", 0x20030528: "orangefs",
+                    0x01161970: "gfs2", 0x7461636F: "ocfs2"}
+
+#: Flags of every open of a user-controlled file for reading: O_NONBLOCK (a
+#: FIFO or a device does not block the open), O_NOCTTY (a tty never becomes
+#: ours).  The file was checked on an O_PATH descriptor first (open_identified).
+O_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPENAT2 = 437                   # x86_64 and the generic table (include/uapi/asm-generic/unistd.h)
+_RESOLVE_NO_MAGICLINKS = 0x02        # include/uapi/linux/openat2.h
+_RESOLVE_IN_ROOT = 0x10
+_AT_FDCWD = -100
+_STATFS_BYTES = 120                  # sizeof(struct statfs) on 64-bit; f_type (long) first
+
+
+def fs_type(fd: int) -> int:
+    """statfs f_type of the file system holding fd (fstatfs(2); works on O_PATH fds). Raises OSError."""
+    buf = ctypes.create_string_buffer(_STATFS_BYTES)
+    if _libc.fstatfs(fd, buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
+    """openat2(2) with struct open_how {flags, mode 0, resolve}; an fd. Raises OSError."""
+    how = struct.pack("=QQQ", flags, 0, resolve)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), how, len(how))
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    return fd
+
+
+def open_route(source: "Source", pid: int, path: str, vma: tuple[int, int] = (0, 0)) -> int:
+    """An O_PATH descriptor of one route to a mapped file (no open method of the file runs).
+
+    Args:
+        source: MAP_FILES (/proc/PID/map_files/START-END, vma = (vm_start,
+            vm_end) in bytes; the magic link is followed: it is the mapped
+            inode), PROC_ROOT (path inside /proc/PID/root, RESOLVE_IN_ROOT) or
+            PATH (path in the daemon's namespace); both path routes use
+            RESOLVE_NO_MAGICLINKS and O_NOFOLLOW on the last component.
+        pid: the mapping process (tgid).
+    Raises:
+        OSError: ENOENT (no such mapping, process or file), EACCES/EPERM, ELOOP ...
+    """
+    flags = os.O_PATH | os.O_CLOEXEC
+    if source is Source.MAP_FILES:
+        return os.open(f"/proc/{pid}/map_files/{vma[0]:x}-{vma[1]:x}", flags)
+    if "\0" in path:
+        raise OSError(errno.ENOENT, "path holds a NUL byte", path)
+    flags |= os.O_NOFOLLOW
+    if source is Source.PATH:
+        return _openat2(_AT_FDCWD, path, flags, _RESOLVE_NO_MAGICLINKS)
+    root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _openat2(root, path.lstrip("/") or ".", flags, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    finally:
+        os.close(root)
+
+
+def open_identified(pfd: int, want: Identity) -> int:
+    """Reopen the O_PATH descriptor pfd for reading when it is the regular file want describes.
+
+    The checks run on pfd, before any open for reading: fstat (a regular
+    file; ino, dev, size and mtime equal want's by :func:`mismatch`), then
+    fstatfs (on FUSE: not read; the answer is final for that identity).  The reopen goes through the magic link
+    /proc/self/fd/PFD, so it reaches that same inode whatever the path names
+    now, with :data:`O_READ_FLAGS`; the generation is compared on the result
+    (FS_IOC_GETVERSION does not work on O_PATH descriptors).  pfd stays open
+    (the caller closes it).
+
+    Returns:
+        A read-only fd of the file (the caller closes it).
+    Raises:
+        FileRefusedError: reason ``slow_fs``, ``not_regular``, or the mismatch
+            (``other_inode``, ``other_generation``, ``modified``).
+        OSError: a call failed (ENOENT, EACCES, EIO ...).
+    """
+    st = os.fstat(pfd)
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefusedError(MissReason.NOT_REGULAR, f"mode {stat.filemode(st.st_mode)}")
+    why = mismatch(want, Identity(st.st_dev, st.st_ino, 0, st.st_size, st.st_mtime_ns))
+    if why is not None:
+        raise FileRefusedError(why, "another file than the one mapped")
+    if fs_type(pfd) == FUSE_SUPER_MAGIC:
+        raise FileRefusedError(MissReason.SLOW_FS, "on a FUSE file system")
+    fd = os.open(f"/proc/self/fd/{pfd}", O_READ_FLAGS)
+    try:
+        why = mismatch(want, identity_of(fd, want.generation != 0))
+        if why is not None:
+            raise FileRefusedError(why, "another file than the one mapped")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_map_file(pid: int, start: int, end: int) -> int:
+    """Open /proc/PID/map_files/START-END for reading (:data:`O_READ_FLAGS`; the magic link is followed).
+
+    For callers that check the result themselves; the enricher uses
+    :func:`open_route` and :func:`open_identified`.
     Args:
         start, end: the VMA's exact vm_start and vm_end (bytes).
     Raises:
         OSError: ENOENT when no such mapping or process exists, EPERM/EACCES without privilege.
     """
-    return os.open(f"/proc/{pid}/map_files/{start:x}-{end:x}", os.O_RDONLY | os.O_CLOEXEC)
-
-
-def open_in_root(pid: int, path: str) -> int:
-    """Open path as process pid sees it (/proc/PID/root/PATH). Raises OSError."""
-    return os.open(f"/proc/{pid}/root/{path.lstrip('/')}", os.O_RDONLY | os.O_CLOEXEC)
+    return os.open(f"/proc/{pid}/map_files/{start:x}-{end:x}", O_READ_FLAGS)
 
 
 def open_path(path: str) -> int:
-    """Open path in the daemon's own mount namespace. Raises OSError."""
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """Open path in the daemon's namespace for reading: :data:`O_READ_FLAGS` | O_NOFOLLOW.
+
+    A FIFO or device at path is opened without blocking but opened all the
+    same: callers that must not open one use :func:`open_route` and
+    :func:`open_identified`.  Raises OSError (ELOOP: a symlink at the last component).
+    """
+    return os.open(path, O_READ_FLAGS | os.O_NOFOLLOW)
+
+
+def open_scanned(pid: int, start: int, end: int) -> tuple[int, Identity]:
+    """Open the mapping [start, end) of pid through map_files for reading: (fd, its Identity).
+
+    For the /proc/PID/maps scans, where the kernel's view of the identity is
+    not known beforehand: the checks of :func:`open_identified` except the
+    identity comparison (map_files names the mapped inode itself).
+    Raises:
+        FileRefusedError: ``slow_fs`` or ``not_regular``.
+        OSError: the mapping or process is gone, or a call failed.
+    """
+    pfd = open_route(Source.MAP_FILES, pid, "", (start, end))
+    try:
+        if fs_type(pfd) == FUSE_SUPER_MAGIC:
+            raise FileRefusedError(MissReason.SLOW_FS, "on a FUSE file system")
+        if not stat.S_ISREG(os.fstat(pfd).st_mode):
+            raise FileRefusedError(MissReason.NOT_REGULAR, "not a regular file")
+        fd = os.open(f"/proc/self/fd/{pfd}", O_READ_FLAGS)
+    finally:
+        os.close(pfd)
+    try:
+        return fd, identity_of(fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @dataclass(frozen=True, slots=True)

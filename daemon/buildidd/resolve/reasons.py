@@ -36,3 +36,13 @@ class MissReason(enum.StrEnum):
     PERMISSION = "permission"
     #: Reading the file failed (EIO, ...).
     IO_ERROR = "io_error"
+    #: Resolution did not finish within Config.resolve_deadline_s (a slow or
+    #: hostile file system, a stuck worker, or the worker queue full); a later
+    #: ``resolution`` record may complete it.
+    TIMEOUT = "timeout"
+    #: The file lies on a FUSE file system (statfs f_type FUSE_SUPER_MAGIC): its
+    #: contents are served by a process, possibly the mapping user's; not read.
+    SLOW_FS = "slow_fs"
+    #: The path or link reached something other than a regular file (a FIFO, a
+    #: device, a directory, a symlink at the last component): never opened for reading.
+    NOT_REGULAR = "not_regular"

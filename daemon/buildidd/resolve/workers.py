@@ -1,0 +1,193 @@
+"""Worker threads for the file system calls of resolution, so the recording thread never blocks on one.
+
+Opening and reading a mapped file can block for as long as the file's owner
+wants: a FUSE file system answers when its process decides to, an NFS server
+may be gone.  The enricher hands each such job to a :class:`WorkerPool` and
+waits for it at most a deadline; a job that misses it goes on in its worker,
+and its result is handed back later through :meth:`WorkerPool.take_late`.
+
+Bounds: at most ``queue_max`` jobs wait (beyond: refused and counted), at most
+``max_threads`` threads exist.  A worker busy with one job for longer than the
+deadline counts as stuck; when no worker is idle, a new one is started (up to
+max_threads) so that one stuck file system does not stop the resolution of
+files elsewhere.  Workers beyond ``workers`` that become idle exit.  All are
+daemon threads: a worker blocked in a system call never holds up the exit of
+the process (:meth:`WorkerPool.close` says how many jobs were abandoned).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Job", "PoolPolicy", "WorkerPool"]
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """Sizes of a WorkerPool.
+
+    Attributes:
+        workers: threads kept (idle or busy), >= 1.
+        max_threads: threads at most, counting stuck ones (>= workers).
+        queue_max: jobs waiting for a thread at most.
+        stuck_after_s: a worker on one job this long (seconds) is stuck.
+    """
+
+    workers: int = 2
+    max_threads: int = 16
+    queue_max: int = 4096
+    stuck_after_s: float = 0.2
+
+
+class Job:
+    """One call fn(arg) to run on a worker.
+
+    Attributes:
+        fn, arg: the call.
+        result: its return value once done; error: the exception it raised (or None).
+        late: the waiter gave up on it; the result goes to WorkerPool.take_late.
+        started: time.monotonic() when a worker took it (0 while queued).
+    """
+
+    __slots__ = ("fn", "arg", "result", "error", "late", "started", "_done")
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any):
+        self.fn = fn
+        self.arg = arg
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.late = False
+        self.started = 0.0
+        self._done = threading.Lock()
+        self._done.acquire()
+
+    @property
+    def done(self) -> bool:
+        """True once the call returned or raised."""
+        return not self._done.locked()
+
+
+class WorkerPool:
+    """A bounded pool of daemon threads running Jobs (see the module docstring).
+
+    Args:
+        policy: its sizes.
+        name: thread name prefix.
+    """
+
+    def __init__(self, policy: PoolPolicy = PoolPolicy(), name: str = "buildidd-resolve"):
+        self.policy = policy
+        self.name = name
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._queue: collections.deque[Job] = collections.deque()
+        self._late: collections.deque[Job] = collections.deque()
+        self._running: dict[int, Job] = {}      # thread ident -> its job
+        self._threads = 0
+        self._idle = 0
+        self._closed = False
+        self.stats = {"submitted": 0, "completed": 0, "queue_dropped": 0, "timed_out": 0,
+                      "late_completed": 0, "threads_started": 0}
+
+    # -- the recording thread's side ----------------------------------------
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Job | None:
+        """Queue fn(arg); the Job, or None when the queue is full or the pool closed (counted)."""
+        with self._lock:
+            if self._closed or len(self._queue) >= self.policy.queue_max:
+                self.stats["queue_dropped"] += 1
+                return None
+            job = Job(fn, arg)
+            self._queue.append(job)
+            self.stats["submitted"] += 1
+            if self._idle < len(self._queue) and self._threads < self.policy.max_threads:
+                self._start_thread()
+            self._cv.notify()
+            return job
+
+    def can_run_now(self) -> bool:
+        """True when a submitted job would start at once: an idle thread, or room for a new one."""
+        return self._idle > len(self._queue) or self._threads < self.policy.max_threads
+
+    def wait(self, job: Job, timeout_s: float) -> bool:
+        """Wait up to timeout_s seconds for job; True when done.  False marks it late (see take_late)."""
+        if timeout_s > 0 and job._done.acquire(timeout=timeout_s):
+            job._done.release()
+            return True
+        with self._lock:
+            if job.done:
+                return True
+            job.late = True
+            self.stats["timed_out"] += 1
+            return False
+
+    def take_late(self) -> list[Job]:
+        """The late jobs finished since the last call (their result or error is set)."""
+        if not self._late:
+            return []
+        with self._lock:
+            out = list(self._late)
+            self._late.clear()
+        return out
+
+    def status(self) -> dict:
+        """Counters and gauges (JSON-ready): threads, idle, stuck, queued, in flight late, and stats."""
+        now = time.monotonic()
+        with self._lock:
+            stuck = sum(1 for j in self._running.values() if now - j.started >= self.policy.stuck_after_s)
+            return {**self.stats, "threads": self._threads, "idle": self._idle, "stuck": stuck,
+                    "queued": len(self._queue), "queue_max": self.policy.queue_max}
+
+    def close(self) -> int:
+        """Stop taking jobs; idle threads exit, busy ones are left (daemon threads).  Jobs abandoned: queued + running."""
+        with self._lock:
+            self._closed = True
+            abandoned = len(self._queue) + len(self._running)
+            self._queue.clear()
+            self._cv.notify_all()
+        return abandoned
+
+    # -- the workers ----------------------------------------------------------
+    def _start_thread(self) -> None:
+        """With the lock held: one more worker thread."""
+        self._threads += 1
+        self.stats["threads_started"] += 1
+        t = threading.Thread(target=self._work, name=f"{self.name}-{self.stats['threads_started']}", daemon=True)
+        t.start()
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        lock, queue = self._lock, self._queue
+        with lock:
+            self._idle += 1
+        while True:
+            with lock:
+                while not queue and not self._closed:
+                    if self._threads > self.policy.workers and self._idle > 1:
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
+                    self._cv.wait()
+                if self._closed:
+                    self._idle -= 1
+                    self._threads -= 1
+                    return
+                job = queue.popleft()
+                self._idle -= 1
+                job.started = time.monotonic()
+                self._running[me] = job
+            try:
+                job.result = job.fn(job.arg)
+            except BaseException as e:  # handed to the waiter, who counts it by type
+                job.error = e
+            with lock:
+                del self._running[me]
+                self._idle += 1
+                self.stats["completed"] += 1
+                job._done.release()
+                if job.late:
+                    self.stats["late_completed"] += 1
+                    self._late.append(job)
