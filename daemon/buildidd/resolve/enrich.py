@@ -147,7 +147,7 @@ class Enricher:
                                                               on_evict=self._evicted)
         self.on_resolved = on_resolved
         self.on_evicted = on_evicted
-        self.on_build_id = on_build_id
+        self.routes = Routes(self.cache, on_build_id)
         self.offload = offload or Offload()
         self.pool = WorkerPool(self.offload.pool)
         self.resolved = 0
@@ -205,12 +205,12 @@ class Enricher:
             # Unreachable before: only the mapping itself can still help.
             if ident in self._pending or ev.start == 0 or ev.length == 0:
                 return res
-            got = self._offload(ident, self._retry_job, _request(ev, ev.path or res.path))
+            got = self._offload(ident, self.routes.retry, _request(ev, ev.path or res.path))
             return self._store(ident, got) if isinstance(got, Resolution) else res
         res = self.cache.get(ident)         # counts the hit or the miss
         if res is not None:
             return res
-        got = self._offload(ident, self._fresh_job, _request(ev, ev.path))
+        got = self._offload(ident, self.routes.fresh, _request(ev, ev.path))
         if got is _TIMED_OUT:
             self.timeouts += 1
             return self._store(ident, make_resolution(ident, None, Source.NONE, MissReason.TIMEOUT, ev.path))
@@ -225,7 +225,7 @@ class Enricher:
         Raises:
             Exception: an unexpected error of the job (a bug; the caller counts it).
         """
-        got = self._offload(None, self._scan_job, (pid, vma, path))
+        got = self._offload(None, self.routes.scan, (pid, vma, path))
         if got is _TIMED_OUT or got is None:
             return None
         ident, res, cached = got
@@ -245,7 +245,7 @@ class Enricher:
         """
         out = []
         for job in self.pool.take_late():
-            if job.fn == self._scan_job:
+            if job.fn == self.routes.scan:
                 if job.error is None and job.result is not None and not job.result[2]:
                     ident, res, _ = job.result
                     if res.final and ident not in self.cache:
@@ -300,7 +300,23 @@ class Enricher:
             self._pending[ident] = job
         return _TIMED_OUT
 
-    # -- the workers' side (no shared state but the callbacks) ----------------
+
+class Routes:
+    """The jobs the workers run: open a route, check it is the mapped file, read it.
+
+    No state is shared with the recording thread but on_build_id (called on
+    the worker) and the identity cache, only peeked (one OrderedDict.get:
+    atomic under CPython's GIL).
+
+    Args:
+        cache: the Enricher's identity cache.
+        on_build_id: as Enricher's.
+    """
+
+    def __init__(self, cache: LruCache, on_build_id: Callable[[Identity, Resolution, int], None] | None):
+        self.cache = cache
+        self.on_build_id = on_build_id
+
     def _read(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
         reason = None
         try:
@@ -340,7 +356,7 @@ class Enricher:
         finally:
             os.close(fd)
 
-    def _retry_job(self, req: Request) -> Resolution | None:
+    def retry(self, req: Request) -> Resolution | None:
         """The map_files route only; None when it does not reach the mapped file."""
         end = req.start + ((req.length + PAGE - 1) & ~(PAGE - 1))
         try:
@@ -348,10 +364,10 @@ class Enricher:
         except (OSError, FileRefusedError):
             return None
 
-    def _fresh_job(self, req: Request) -> Resolution:
+    def fresh(self, req: Request) -> Resolution:
         """Every route, best first (procfs docstring); the reason when none reaches the mapped file."""
         if req.start and req.length:
-            got = self._retry_job(req)
+            got = self.retry(req)
             if got is not None:
                 return got
         path = req.path
@@ -377,7 +393,7 @@ class Enricher:
             error = MissReason.FILE_VANISHED
         return make_resolution(req.identity, None, Source.NONE, error, path)
 
-    def _scan_job(self, arg: tuple[int, tuple[int, int], str]) -> tuple[Identity, Resolution, bool] | None:
+    def scan(self, arg: tuple[int, tuple[int, int], str]) -> tuple[Identity, Resolution, bool] | None:
         """(identity, Resolution, answered from the cache) of a scanned mapping, or None (gone, refused).
 
         The cache is only peeked here (one OrderedDict.get: atomic under CPython's GIL).
