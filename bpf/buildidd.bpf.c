@@ -31,8 +31,16 @@
 
 #define PATH_MASK	(BUILDIDD_PATH_MAX - 1)
 #define NAME_MASK	255		/* a dentry name is at most NAME_MAX (255) bytes */
+/*
+ * Dentries walked per path (mount roots crossed count too).  A path of
+ * BUILDIDD_PATH_MAX - 1 bytes has up to 2047 components ("/a" each); 1024
+ * steps is what the verifier accepts here (2048: "sequence of 8193 jumps is
+ * too complex"; 1536: sched_process_exec over its limit), so a path of more
+ * than about 1000 components is sent cut (its end), with
+ * BUILDIDD_PATH_UNREACHABLE.
+ */
 #ifndef PATH_MAX_DEPTH
-#define PATH_MAX_DEPTH	32		/* dentries walked per path */
+#define PATH_MAX_DEPTH	1024
 #endif
 #ifndef MAPLE_MAX_DEPTH
 #define MAPLE_MAX_DEPTH	8		/* maple tree levels walked */
@@ -51,9 +59,6 @@
 #ifndef RINGBUF_PAGES
 #define RINGBUF_PAGES 4096
 #endif
-#ifndef KNOWN_IDS_MAX
-#define KNOWN_IDS_MAX 65536
-#endif
 
 struct pending_mprotect {
 	__u64 start;
@@ -66,7 +71,8 @@ struct map_scratch {
 	struct map_event ev;
 	/* read_path's walk state */
 	const void *w_dentry, *w_mnt, *w_root;
-	__u32 w_off, w_done;
+	__u32 w_off, w_done;		/* w_done: 1 at the root, 2 a read failed */
+	__u8 w_dent[DENTRY_SPAN_LEN];	/* struct dentry from DENTRY_SPAN_BASE */
 	char buf[2 * BUILDIDD_PATH_MAX];	/* path assembled backwards from its end */
 };
 
@@ -111,7 +117,6 @@ BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
 BPF_PERCPU_ARRAY(map_scratch, struct map_scratch, 1);
 BPF_PERCPU_ARRAY(exec_scratch, struct exec_scratch, 1);
 BPF_HASH(pending_mprotect, __u32, struct pending_mprotect, 16384);
-BPF_HASH(known_ids, struct known_key, struct known_value, KNOWN_IDS_MAX);
 
 #define AT(base, off) ((const void *)((const char *)(base) + (off)))
 
@@ -238,15 +243,52 @@ static __always_inline void fill_task_header(struct event_header *h, __u32 type,
 }
 
 /*
- * Identity of file->f_inode, as stat(2) would report it.  The inode fields
+ * What the user opened: file->f_path and file->f_inode, except for an
+ * overlayfs backing file (FMODE_BACKING, Linux 6.6, commit 62d53c4a1dfe:
+ * ovl_mmap() puts the real file in vma->vm_file), embedded in a struct
+ * backing_file whose user_path is the overlay path; its dentry's inode is
+ * the overlay inode that stat(2) and /proc/PID/maps show.
+ */
+#define FMODE_BACKING	(1U << 24)	/* include/linux/fs.h */
+
+struct user_view {
+	const void *dentry;	/* struct dentry * */
+	const void *vfsmnt;	/* struct vfsmount * */
+	const void *inode;	/* struct inode * */
+};
+
+static __always_inline int user_view(const void *file, struct user_view *u, __u32 *flags)
+{
+	const void *path = AT(file, OFF_FILE_F_PATH);
+	const void *pp[2] = {};
+
+#ifdef OFF_BACKING_FILE_USER_PATH
+	if (rd32(AT(file, OFF_FILE_F_MODE)) & FMODE_BACKING) {
+		path = AT(file, OFF_BACKING_FILE_USER_PATH);
+		*flags |= BUILDIDD_FILE_BACKING;
+	}
+#endif
+	/* struct path: vfsmount *mnt, dentry *dentry (one read when adjacent) */
+	if (bpf_probe_read_kernel(pp, sizeof(pp), AT(path, PATH_SPAN_BASE)))
+		return -1;
+	u->vfsmnt = pp[(OFF_PATH_MNT - PATH_SPAN_BASE) / 8 & 1];
+	u->dentry = pp[(OFF_PATH_DENTRY - PATH_SPAN_BASE) / 8 & 1];
+	if (*flags & BUILDIDD_FILE_BACKING)
+		u->inode = u->dentry ? rdptr(AT(u->dentry, OFF_DENTRY_D_INODE)) : NULL;
+	else
+		u->inode = rdptr(AT(file, OFF_FILE_F_INODE));
+	return u->inode && u->dentry && u->vfsmnt ? 0 : -1;
+}
+
+/*
+ * Identity of the inode, as stat(2) would report it.  The inode fields
  * lie within INODE_SPAN_LEN bytes from INODE_SPAN_BASE (computed from BTF by
  * tracer.py), so one probe read fetches them all.
  */
 #define INODE_FIELD(buf, off, type) (*(type *)((buf) + (off) - INODE_SPAN_BASE))
 
-static __always_inline int read_file_id(const void *file, struct file_id *id)
+static __always_inline int read_file_id(const void *inode, struct file_id *id)
 {
-	const void *inode = rdptr(AT(file, OFF_FILE_F_INODE));
 	__u8 buf[INODE_SPAN_LEN];
 	const void *sb;
 
@@ -263,36 +305,27 @@ static __always_inline int read_file_id(const void *file, struct file_id *id)
 	return 0;
 }
 
-/* True when user space already resolved this identity (then no path is sent). */
-static __always_inline int identity_known(const struct file_id *id)
-{
-	struct known_key key = {
-		.ino = id->ino, .dev = id->dev, .generation = id->generation,
-	};
-	struct known_value *v = known_ids.lookup(&key);
-
-	return v && v->size == id->size && v->mtime_sec == id->mtime_sec &&
-	       v->mtime_nsec == id->mtime_nsec;
-}
+#define DENTRY_FIELD(buf, off, type) (*(type *)((buf) + (off) - DENTRY_SPAN_BASE))
 
 /*
- * The path of file->f_path in its mount namespace, assembled backwards into
- * s->buf[0..BUILDIDD_PATH_MAX) by walking dentry->d_parent and, at a mount's
- * root, struct mount->mnt_mountpoint (what d_path() does, fs/d_path.c).
- * Returns the offset in s->buf where the path starts; it ends at
- * BUILDIDD_PATH_MAX.
+ * The path of (u->dentry, u->vfsmnt) in its mount namespace, assembled
+ * backwards into s->buf[0..BUILDIDD_PATH_MAX) by walking dentry->d_parent
+ * and, at a mount's root, struct mount->mnt_mountpoint (what d_path() does,
+ * fs/d_path.c).  Returns the offset in s->buf where the path starts; it ends
+ * at BUILDIDD_PATH_MAX.  d_parent and d_name come with one probe read per
+ * dentry, the name with a second.
  *
  * The walk keeps its state in the per-CPU scratch value, not in registers:
  * reloaded from memory each iteration, the state looks the same to the
  * verifier at every loop head, so it verifies in linear rather than
  * exponential time in PATH_MAX_DEPTH.
  */
-static __always_inline __u32 read_path(const void *file, struct map_scratch *s, __u32 *flags)
+static __always_inline __u32 read_path(const struct user_view *u, struct map_scratch *s, __u32 *flags)
 {
-	const void *vfsmnt = rdptr(AT(file, OFF_FILE_F_PATH_MNT));
+	const void *vfsmnt = u->vfsmnt;
 	int i;
 
-	s->w_dentry = rdptr(AT(file, OFF_FILE_F_PATH_DENTRY));
+	s->w_dentry = u->dentry;
 	s->w_mnt = AT(vfsmnt, -OFF_MOUNT_MNT);
 	s->w_root = rdptr(AT(vfsmnt, OFF_VFSMOUNT_MNT_ROOT));
 	s->w_off = BUILDIDD_PATH_MAX;
@@ -316,7 +349,11 @@ static __always_inline __u32 read_path(const void *file, struct map_scratch *s, 
 			s->w_root = rdptr(AT(mparent, OFF_MOUNT_MNT + OFF_VFSMOUNT_MNT_ROOT));
 			continue;
 		}
-		parent = rdptr(AT(dentry, OFF_DENTRY_D_PARENT));
+		if (bpf_probe_read_kernel(s->w_dent, sizeof(s->w_dent), AT(dentry, DENTRY_SPAN_BASE))) {
+			s->w_done = 2;
+			continue;
+		}
+		parent = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_PARENT, const void *);
 		if (!parent) {
 			s->w_done = 1;
 			continue;
@@ -329,8 +366,8 @@ static __always_inline __u32 read_path(const void *file, struct map_scratch *s, 
 		 */
 		if (parent == dentry)
 			s->w_done = 1;
-		len = rd32(AT(dentry, OFF_DENTRY_D_NAME_LEN)) & NAME_MASK;
-		name = rdptr(AT(dentry, OFF_DENTRY_D_NAME_NAME));
+		len = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_LEN, __u32) & NAME_MASK;
+		name = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_NAME, const void *);
 		off = s->w_off;
 		if (len + 1 >= off || off > BUILDIDD_PATH_MAX) {
 			*flags |= BUILDIDD_PATH_TRUNCATED;
@@ -344,7 +381,7 @@ static __always_inline __u32 read_path(const void *file, struct map_scratch *s, 
 		s->w_off = off;
 		s->w_dentry = parent;
 	}
-	if (!s->w_done)
+	if (s->w_done != 1)
 		*flags |= BUILDIDD_PATH_UNREACHABLE;
 	if (s->w_off >= BUILDIDD_PATH_MAX) {
 		s->w_off = BUILDIDD_PATH_MAX - 1;
@@ -468,23 +505,21 @@ static __always_inline const void *find_vma(const void *mm, __u64 addr, struct w
 }
 
 /*
- * Fills ev's identity and path for file (path only when the identity is not
- * known yet).  Returns the number of path bytes, or -1 if the file is unreadable.
+ * Fills ev's identity and path for file (the one the user opened, see
+ * user_view), read now for this event.  Returns the number of path bytes,
+ * or -1 if the file is unreadable.
  */
 static __always_inline int prepare_map_event(struct map_scratch *s, const void *file)
 {
 	struct map_event *ev = &s->ev;
+	struct user_view u;
 	__u32 off, plen;
 
 	ev->id_flags = 0;
 	ev->path_len = 0;
-	if (read_file_id(file, &ev->file))
+	if (user_view(file, &u, &ev->id_flags) || read_file_id(u.inode, &ev->file))
 		return -1;
-	if (identity_known(&ev->file)) {
-		ev->id_flags |= BUILDIDD_ID_KNOWN;
-		return 0;
-	}
-	off = read_path(file, s, &ev->id_flags);
+	off = read_path(&u, s, &ev->id_flags);
 	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
 	bpf_probe_read_kernel(ev->path, plen, s->buf + (off & PATH_MASK));
 	ev->path_len = plen;
@@ -552,35 +587,29 @@ static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
 #endif
 
 /*
- * mmap(2): everything is read from the new VMA at syscall exit, as perf's
+ * mmap(2) returned ret: everything is read from the new VMA, as perf's
  * PERF_RECORD_MMAP2 does (vm_start, vm_end - vm_start, vm_pgoff, vm_flags):
  * the file is the one actually mapped.
  */
-TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+static __always_inline void mmap_exit(const void *task, __u64 ret)
 {
 	struct map_scratch *s;
 	struct walk_scratch *w;
 	struct vma_info v;
-	const void *task, *mm;
-	__u64 ret = (__u64)args->ret;
+	const void *mm;
 	__u32 zero = 0;
 
-	if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
-		return 0;
-	task = (const void *)bpf_get_current_task();
-	if (mmap_cannot_exec(task, ret))
-		return 0;
 	w = walk_scratch.lookup(&zero);
 	s = map_scratch.lookup(&zero);
 	if (!w || !s)
-		return 0;
+		return;
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
 	if (!mm || !find_vma(mm, ret, w, &v)) {
 		count_drop(BUILDIDD_DROP_NO_VMA);
-		return 0;
+		return;
 	}
 	if (!(v.flags & VM_EXEC) || !v.file)
-		return 0;
+		return;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
 	s->ev.start = v.start;
 	s->ev.len = v.end - v.start;
@@ -590,10 +619,58 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	s->ev.origin = BUILDIDD_ORIGIN_MMAP;
 	if (prepare_map_event(s, v.file) < 0) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
-		return 0;
+		return;
 	}
 	submit_map_event(s);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+	__u64 ret = (__u64)args->ret;
+	const void *task;
+
+	if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
+		return 0;
+	task = (const void *)bpf_get_current_task();
+	if (mmap_cannot_exec(task, ret))
+		return 0;
+	mmap_exit(task, ret);
 	return 0;
+}
+
+/*
+ * An mprotect(2) that made [start, start + len) executable (prot) returned:
+ * the mapping event of the file mapped there.
+ */
+static __always_inline void mprotect_exit(const void *task, __u64 start, __u64 len, __u32 prot)
+{
+	struct map_scratch *s;
+	struct walk_scratch *w;
+	struct vma_info v;
+	const void *mm;
+	__u32 zero = 0;
+
+	w = walk_scratch.lookup(&zero);
+	s = map_scratch.lookup(&zero);
+	if (!w || !s)
+		return;
+	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
+	if (!mm || !find_vma(mm, start, w, &v) || !v.file) {
+		count_drop(BUILDIDD_DROP_NO_VMA);
+		return;
+	}
+	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
+	s->ev.start = start;
+	s->ev.len = len;
+	s->ev.pgoff = (v.pgoff << PAGE_SHIFT) + (start - v.start);
+	s->ev.prot = prot;
+	s->ev.flags = vm_flags_to_map(v.flags);
+	s->ev.origin = BUILDIDD_ORIGIN_MPROTECT;
+	if (prepare_map_event(s, v.file) < 0) {
+		count_drop(BUILDIDD_DROP_READ_FAILED);
+		return;
+	}
+	submit_map_event(s);
 }
 
 /*
@@ -644,10 +721,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 	__u32 tid, zero = 0;
 	__u64 *count = pending_count.lookup(&zero);
 	struct pending_mprotect *pp, p;
-	struct map_scratch *s;
-	struct walk_scratch *w;
-	struct vma_info v;
-	const void *task, *mm;
 
 	/* Read without a lock: this thread's own increment is always visible to it. */
 	if (!count || !*count)
@@ -661,30 +734,55 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 	__sync_fetch_and_add(count, -1);
 	if (args->ret != 0)
 		return 0;
-	w = walk_scratch.lookup(&zero);
-	s = map_scratch.lookup(&zero);
-	if (!w || !s)
-		return 0;
-	task = (const void *)bpf_get_current_task();
-	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
-	if (!mm || !find_vma(mm, p.start, w, &v) || !v.file) {
-		count_drop(BUILDIDD_DROP_NO_VMA);
-		return 0;
-	}
-	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
-	s->ev.start = p.start;
-	s->ev.len = p.len;
-	s->ev.pgoff = (v.pgoff << PAGE_SHIFT) + (p.start - v.start);
-	s->ev.prot = p.prot;
-	s->ev.flags = vm_flags_to_map(v.flags);
-	s->ev.origin = BUILDIDD_ORIGIN_MPROTECT;
-	if (prepare_map_event(s, v.file) < 0) {
-		count_drop(BUILDIDD_DROP_READ_FAILED);
-		return 0;
-	}
-	submit_map_event(s);
+	mprotect_exit((const void *)bpf_get_current_task(), p.start, p.len, p.prot);
 	return 0;
 }
+
+#ifdef TS_COMPAT
+/*
+ * i386 (compat) syscalls: the syscalls:sys_{enter,exit}_* tracepoints skip
+ * them (they are defined for the native table only), raw_syscalls:sys_exit
+ * fires for every syscall.  This program runs for every syscall of every
+ * task, so it first tests thread_info.status & TS_COMPAT (set by
+ * __set_personality_ia32() at exec of an i386 ELF and at each 32-bit
+ * syscall entry, arch/x86), one probe read; only a compat task reads its
+ * saved registers (i386: orig_ax = number, bx, cx, dx = first arguments).
+ *
+ * mprotect is seen at exit only (a sys_enter program would cost every
+ * syscall as much again): a file mapping made executable is reported even
+ * when it was executable already (perf reports only the change).
+ */
+#define IA32_NR_OLD_MMAP	90	/* arch/x86/entry/syscalls/syscall_32.tbl */
+#define IA32_NR_MPROTECT	125
+#define IA32_NR_MMAP2		192
+#define IA32_NR_PKEY_MPROTECT	380
+
+int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	/* TP_PROTO(struct pt_regs *regs, long ret) */
+	const void *task = (const void *)bpf_get_current_task();
+	const void *regs = (const void *)ctx->args[0];
+	__u64 ret = ctx->args[1], nr, start, len, prot;
+
+	if (!(rd32(AT(task, OFF_TASK_STRUCT_THREAD_INFO_STATUS)) & TS_COMPAT))
+		return 0;
+	nr = rd64(AT(regs, OFF_PT_REGS_ORIG_AX));
+	if (nr == IA32_NR_MMAP2 || nr == IA32_NR_OLD_MMAP) {
+		if (ret < (__u64)-4095)
+			mmap_exit(task, (__u32)ret);
+		return 0;
+	}
+	if ((nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT) || ret != 0)
+		return 0;
+	prot = rd64(AT(regs, OFF_PT_REGS_DX)) & 0xffffffff;
+	if (!(prot & PROT_EXEC))
+		return 0;
+	start = rd64(AT(regs, OFF_PT_REGS_BX)) & 0xffffffff;
+	len = rd64(AT(regs, OFF_PT_REGS_CX)) & 0xffffffff;
+	mprotect_exit(task, start, len, prot);
+	return 0;
+}
+#endif
 
 /*
  * After execve the new mm holds the executable's and the interpreter's
@@ -736,27 +834,38 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	const void *bprm = (const void *)ctx->args[2];
 	const void *file, *mm, *filename;
 	struct exec_scratch *s;
+	struct map_scratch *ms;
 	struct exec_stage *st;
+	struct user_view u;
 	__u64 at_phdr = 0, at_base = 0, at_entry = 0;
-	__u32 zero = 0, size;
+	__u32 zero = 0, size, flen, plen, off, compat = 0;
 	int i, n;
 
 	s = exec_scratch.lookup(&zero);
+	ms = map_scratch.lookup(&zero);
 	st = exec_stages.lookup(&zero);
-	if (!s || !st)
+	if (!s || !ms || !st)
 		return 0;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_EXEC);
 	s->ev.old_tid = (__u32)ctx->args[1];
 	s->ev.id_flags = 0;
+	/* At this tracepoint bprm->file is the ELF that runs (exec_binprm() swapped a #! script for its interpreter). */
 	file = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILE));
-	if (!file || read_file_id(file, &s->ev.file)) {
+	if (!file || user_view(file, &u, &s->ev.id_flags) || read_file_id(u.inode, &s->ev.file)) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return 0;
 	}
 	filename = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILENAME));
-	n = bpf_probe_read_kernel_str(s->ev.path, sizeof(s->ev.path), filename);
-	s->ev.path_len = n > 0 ? n - 1 : 0;
-	size = offsetof(struct exec_event, path) + (s->ev.path_len & PATH_MASK);
+	n = bpf_probe_read_kernel_str(s->ev.names, BUILDIDD_PATH_MAX, filename);
+	flen = (n > 0 ? n - 1 : 0) & PATH_MASK;
+	s->ev.filename_len = flen;
+	off = read_path(&u, ms, &s->ev.id_flags);
+	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
+	bpf_probe_read_kernel(s->ev.names + flen, plen, ms->buf + (off & PATH_MASK));
+	s->ev.path_len = plen;
+	size = offsetof(struct exec_event, names) + flen + plen;
+	if (size > sizeof(s->ev))
+		size = sizeof(s->ev);
 	output_event(&s->ev, size);
 
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
@@ -765,8 +874,22 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return 0;
 	}
-	for (i = 0; i + 1 < AUXV_LEN; i += 2) {
-		__u64 type = s->auxv[i], val = s->auxv[i + 1];
+#ifdef TS_COMPAT
+	/* An i386 process: create_elf_tables() wrote 32-bit (elf_addr_t) pairs. */
+	compat = rd32(AT(task, OFF_TASK_STRUCT_THREAD_INFO_STATUS)) & TS_COMPAT;
+#endif
+	for (i = 0; i < AUXV_LEN; i++) {
+		__u64 type, val;
+
+		if (compat) {
+			type = ((__u32 *)s->auxv)[2 * i];
+			val = ((__u32 *)s->auxv)[2 * i + 1];
+		} else {
+			if (2 * i + 1 >= AUXV_LEN)
+				break;
+			type = s->auxv[2 * i];
+			val = s->auxv[2 * i + 1];
+		}
 
 		if (type == AT_NULL)
 			break;

@@ -32,10 +32,11 @@ enum buildidd_map_origin {
 	BUILDIDD_ORIGIN_EXEC_INTERP = 4,  /* mapped by execve: the ELF interpreter (ld.so) */
 };
 
-/* map_event.id_flags / exec_event.id_flags */
-#define BUILDIDD_ID_KNOWN 0x1		/* identity is in the known_ids map: path not sent */
-#define BUILDIDD_PATH_TRUNCATED 0x2	/* path longer than BUILDIDD_PATH_MAX or too deep */
+/* map_event.id_flags / exec_event.id_flags (0x1 was "identity known, path not sent") */
+#define BUILDIDD_PATH_TRUNCATED 0x2	/* path longer than BUILDIDD_PATH_MAX - 1 bytes: its end is sent */
 #define BUILDIDD_PATH_UNREACHABLE 0x4	/* dentry walk hit its depth limit or a read failed */
+#define BUILDIDD_FILE_BACKING 0x8	/* the mapped file is an overlayfs backing file: path and
+					 * identity are its user_path's (what the user opened) */
 
 /* Indexes of the per-CPU drop counters (map "drops"). */
 enum buildidd_drop_cause {
@@ -79,8 +80,8 @@ struct map_event {
 	struct file_id file;
 	__u16 path_len;		/* bytes of path used, no NUL */
 	__u8 _pad1[6];
-	char path[BUILDIDD_PATH_MAX];	/* path in the task's mount namespace; only
-					 * path_len bytes of it are sent */
+	char path[BUILDIDD_PATH_MAX];	/* path in the task's mount namespace, read for
+					 * this event; only path_len bytes of it are sent */
 };
 
 struct exec_event {
@@ -88,11 +89,19 @@ struct exec_event {
 	__u32 old_tid;		/* sched_process_exec's old_pid: the task's pid (the user-space
 				 * "tid") before exec; differs from hdr.tid when a non-leader
 				 * thread execs (de_thread gives it the leader's pid) */
-	__u32 id_flags;		/* BUILDIDD_PATH_* */
-	struct file_id file;	/* linux_binprm.file: the executable */
-	__u16 path_len;
-	__u8 _pad1[6];
-	char path[BUILDIDD_PATH_MAX];	/* linux_binprm.filename, as passed to execve */
+	__u32 id_flags;		/* BUILDIDD_PATH_* of path (filename is never cut: see names) */
+	struct file_id file;	/* linux_binprm.file: the ELF that runs (for a #! script,
+				 * its interpreter; = mm_struct.exe_file) */
+	__u16 filename_len;	/* bytes of filename in names, no NUL */
+	__u16 path_len;		/* bytes of path in names, no NUL */
+	__u8 _pad1[4];
+	/*
+	 * filename_len bytes of linux_binprm.filename (as passed to execve;
+	 * longer ones end at BUILDIDD_PATH_MAX - 1 bytes), then path_len bytes
+	 * of the path of linux_binprm.file in the task's mount namespace.  Only
+	 * filename_len + path_len bytes are sent.
+	 */
+	char names[2 * BUILDIDD_PATH_MAX];
 };
 
 /* What a BUILDIDD_EV_FORK task_event says besides its header: the parent. */
@@ -113,20 +122,6 @@ struct task_event {
 		struct task_fork fork;
 		struct task_exit exit;
 	};
-};
-
-/* Key and value of the known_ids map: identities user space already resolved. */
-struct known_key {
-	__u64 ino;
-	__u32 dev;
-	__u32 generation;
-};
-
-struct known_value {
-	__u64 size;
-	__s64 mtime_sec;
-	__u32 mtime_nsec;
-	__u32 _pad;
 };
 
 /* Per-CPU record of when drops happened (map "drop_times"), ns since boot. */

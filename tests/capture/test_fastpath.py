@@ -70,7 +70,7 @@ def _hdr(ev, etype, pid, tid, time_ns, comm):
     ev.hdr.type, ev.hdr.pid, ev.hdr.tid, ev.hdr.time_ns, ev.hdr.comm = etype, pid, tid, time_ns, comm
 
 
-def map_raw(rng, ident, *, pid, tid, time_ns, comm, path=b"", origin=None, nlink=1):
+def map_raw(rng, ident, *, pid, tid, time_ns, comm, path=b"", origin=None, nlink=1, id_flags=0):
     ev = MapEvent()
     _hdr(ev, EventType.MAP, pid, tid, time_ns, comm)
     ev.start = rng.choice([0x7F0000000000 + rng.randrange(1 << 30) * 4096, (1 << 64) - 4096])
@@ -79,6 +79,7 @@ def map_raw(rng, ident, *, pid, tid, time_ns, comm, path=b"", origin=None, nlink
     ev.prot, ev.flags = rng.choice([5, 7, 4]), rng.choice([2, 1, 0x812])
     ev.origin = origin if origin is not None else rng.choice([0, 1, 2, 3, 4, 5, 99])
     _file_id(ev.file, ident, nlink)
+    ev.id_flags = id_flags
     ev.path_len = len(path)
     ev.path = path
     return bytes(ev)[:MapEvent.path.offset + len(path)]
@@ -91,14 +92,15 @@ def task_raw(etype, *, pid, tid, time_ns, comm, a, b):
     return bytes(ev)
 
 
-def exec_raw(ident, *, pid, tid, time_ns, comm, path):
+def exec_raw(ident, *, pid, tid, time_ns, comm, filename, path=b"/bin/elf", id_flags=0):
     ev = ExecEvent()
     _hdr(ev, EventType.EXEC, pid, tid, time_ns, comm)
     ev.old_tid = tid
+    ev.id_flags = id_flags
     _file_id(ev.file, ident, 1)
-    ev.path_len = len(path)
-    ev.path = path
-    return bytes(ev)[:ExecEvent.path.offset + len(path)]
+    ev.filename_len, ev.path_len = len(filename), len(path)
+    ev.names = filename + path
+    return bytes(ev)[:ExecEvent.names.offset + len(filename) + len(path)]
 
 
 @pytest.fixture
@@ -142,7 +144,8 @@ def _workload(rng, elfs, n):
         kind = rng.random()
         if kind < 0.70:
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm,
-                                 nlink=rng.choice([1, 1, 0])))
+                                 nlink=rng.choice([1, 1, 0]), path=rng.choice([p, p, b"", p + b"\xff\n"]),
+                                 id_flags=rng.choice([0, 0, 2, 4, 8])))
             n_python += p == gone        # no final answer: never on the fast path
         elif kind < 0.85:
             etype = rng.choice([EventType.FORK, EventType.EXIT, EventType.COMM])
@@ -150,21 +153,19 @@ def _workload(rng, elfs, n):
                                   a=rng.randrange(1 << 32), b=rng.randrange(1 << 32)))
         elif kind < 0.88:       # an exec, then the mapping of its executable from that tid
             name = p + rng.choice([b"", b"", b"\xff", b'"q\\'])   # execve's filename: any bytes
-            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=name))
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, filename=name,
+                                  path=rng.choice([p, b"/usr/bin/\xfe\"q"]), id_flags=rng.choice([0, 2])))
             batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, origin=3))
             n_python += p == gone            # held in C; a mapping with no final answer is Python's
         elif kind < 0.885:      # two execs from one tid before a mapping: the second is Python's
-            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, path=p))
-            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, path=p))
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, filename=p))
+            batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, filename=p))
             batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 2, comm=comm, origin=3))
             n_python += 1 + (p == gone)
-        elif kind < 0.90:       # the kernel sent the path after all: the known one
-            batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm, path=p))
-            n_python += p == gone
-        elif kind < 0.91:       # ... or another name of the file (a hard link, a rename)
+        elif kind < 0.91:       # another name of the file (a hard link, a rename): its own path
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm,
-                                 path=p + rng.choice([b".link", b"\xff"])))
-            n_python += 1
+                                 path=p + rng.choice([b".link", b"\xff", b"\xed\xa0\x80"])))
+            n_python += p == gone
         elif kind < 0.93:       # malformed: short, unknown type, short task record
             batch.append(rng.choice([b"\x01\x00\x00\x00" + bytes(30), b"\x09" + bytes(60),
                                      b"\x03\x00\x00\x00" + bytes(30), b"\x01"]))
@@ -208,6 +209,14 @@ def test_fast_path_lines_and_counters_equal_the_python_path(tmp_path, elfs):
     assert s["build_ids_resolved"] > 3000 and s["build_ids_missing"]["no_build_id"] > 3000
     assert any(b'"deleted":true' in line for line in fast.tables.lines)
     assert any(b'"comm":"q\\"uote"' in line for line in fast.tables.lines)
+    # Names that are not UTF-8: U+FFFD in the text, the exact bytes in base64, no lone surrogates.
+    assert any(b'"comm":"\\ufffd\\ufffdinvalid","comm_bytes":"//5pbnZhbGlk"' in line for line in fast.tables.lines)
+    assert any(b'\\ufffd","path_bytes":"' in line for line in fast.tables.lines)
+    assert any(b'"path_truncated":true' in line for line in fast.tables.lines)
+    assert any(b'"filename_bytes":"' in line and b'"path":"/usr/bin/\\ufffd\\"q","path_bytes":"' in line
+               for line in fast.tables.lines)
+    for line in fast.tables.lines:
+        assert b"\\ud" not in line.lower()
 
 
 def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
@@ -225,16 +234,16 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     t = Tables(missing={}, fast=rec.tables.fast, comm_json=comm_json, filename_json=filename_json,
                origins=(b"mmap",) * 5)
     lines = t.lines
-    assert _fastpath.run(raws, 0, t)[:4] == (3, 2, 2, 1)          # stops at another path
-    assert _fastpath.run(raws, 4, t)[0] == 5                      # stops at the unknown type
-    assert len(lines) == 4
+    assert _fastpath.run(raws, 0, t)[:4] == (5, 4, 4, 1)          # another path is its own: stops at the unknown type
+    assert len(lines) == 5 and b'"path":"' + p + b'.new"' in lines[3]
     t.held = {1: HeldExec((None, 0, b"another file".ljust(36), b"{"))}
     assert _fastpath.run([plain], 0, t)[0] == 0   # its tid holds another exec
-    ex = exec_raw(elfs[p], pid=1, tid=1, time_ns=4, comm=b"c", path=b"/x")
+    ex = exec_raw(elfs[p], pid=1, tid=1, time_ns=4, comm=b"c", filename=b"/x")
     assert _fastpath.run([ex, ex], 0, t)[0] == 0   # tid 1 holds an exec
     t.held = held = {}
     assert _fastpath.run([ex, ex], 0, t)[0] == 1   # held; the second is Python's
-    assert held[1][0] is ex and held[1][2] == file_key(elfs[p]) and held[1][3].endswith(b'"filename":"p",')
+    assert held[1][0] is ex and held[1][2] == file_key(elfs[p])
+    assert held[1][3].endswith(b'"filename":"p","path":"/bin/elf",')
     t.held = {}
     assert _fastpath.run([ex[:-1]], 0, t)[0] == 0   # filename past the end
     unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c")

@@ -244,7 +244,7 @@ struct arg {
 };
 
 enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_EXEC, T_EXEC_PREFIX, T_N };
-static const char *const tmpl_convs[T_N] = {"dddsdddddsss", "dddsdd", "dddsd", "ddds", "ss", "dddsds"};
+static const char *const tmpl_convs[T_N] = {"dddsdddddsssss", "dddsdd", "dddsd", "ddds", "ss", "dddsdsss"};
 static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE", "EXEC_LINE",
 					    "EXEC_PREFIX"};
 static struct tmpl templates[T_N];
@@ -380,17 +380,15 @@ static PyStructSequence_Desc held_exec_desc = {
 
 static PyStructSequence_Field fast_entry_fields[] = {
 	{"resolution", "the identity's Resolution (final)"},
-	{"mmap_tail", "path, identity and build-id fields of a mapping line (bytes)"},
 	{"error", "None when the build-id is known, else the reason (str)"},
-	{"res_tail", "identity and build-id fields alone (bytes), for exec lines"},
-	{"path", "the path in mmap_tail, raw bytes"},
+	{"res_tail", "identity and build-id fields (bytes), records.res_tail()"},
 	{NULL, NULL},
 };
-enum { FAST_F_RESOLUTION, FAST_F_MMAP_TAIL, FAST_F_ERROR, FAST_F_RES_TAIL, FAST_F_PATH, FAST_NF };
+enum { FAST_F_RESOLUTION, FAST_F_ERROR, FAST_F_RES_TAIL, FAST_NF };
 static PyStructSequence_Desc fast_entry_desc = {
 	"buildidd.capture._fastpath.FastEntry",
 	"What the fast path writes for an identity with a final answer:\n"
-	"FastEntry((resolution, mmap_tail, error, res_tail, path)).",
+	"FastEntry((resolution, error, res_tail)).",
 	fast_entry_fields, FAST_NF,
 };
 
@@ -411,8 +409,8 @@ static PyStructSequence_Desc run_counts_desc = {
 static PyTypeObject *HeldExec, *FastEntry, *RunCounts;
 
 /* Attribute names read from run()'s tables object and from a Memo. */
-static PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_origins, *s_missing,
-	*s_lines, *s_step, *s_entries, *s_fill, *s_hits;
+static PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_path_json, *s_origins,
+	*s_missing, *s_lines, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json;
 
 /* ---- records ----------------------------------------------------------- */
 
@@ -427,9 +425,12 @@ struct memo_ref {
 /* State of one run() call: the tables' attributes it reads and updates (owned). */
 struct run_state {
 	PyObject *fast, *held, *live, *origins, *missing, *lines, *step;
-	struct memo_ref comm, filename;
+	struct memo_ref comm, filename, path;
+	PyObject *path_cut;	/* owned: tables.path_cut_json, 2 bytes: read whole / cut */
 	char last_comm[BUILDIDD_COMM_LEN];
 	PyObject *last_comm_json;	/* owned: the JSON of last_comm */
+	PyObject *last_path;	/* owned: raw bytes of the previous mapping's path */
+	PyObject *last_path_json;	/* owned: its JSON */
 };
 
 static PyObject *get_attr_of(PyObject *obj, PyObject *name, PyTypeObject *type)
@@ -487,8 +488,15 @@ static int load_state(struct run_state *st, PyObject *tables)
 	    (st->missing = get_attr_of(tables, s_missing, &PyDict_Type)) == NULL ||
 	    (st->lines = get_attr_of(tables, s_lines, &PyList_Type)) == NULL ||
 	    (st->step = get_attr_of(tables, s_step, &PyLong_Type)) == NULL ||
-	    load_memo(&st->comm, tables, s_comm_json) < 0 || load_memo(&st->filename, tables, s_filename_json) < 0)
+	    (st->path_cut = get_attr_of(tables, s_path_cut_json, &PyTuple_Type)) == NULL ||
+	    load_memo(&st->comm, tables, s_comm_json) < 0 || load_memo(&st->filename, tables, s_filename_json) < 0 ||
+	    load_memo(&st->path, tables, s_path_json) < 0)
 		return -1;
+	if (PyTuple_GET_SIZE(st->path_cut) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(st->path_cut, 0)) ||
+	    !PyBytes_Check(PyTuple_GET_ITEM(st->path_cut, 1))) {
+		PyErr_SetString(PyExc_TypeError, "run(): tables.path_cut_json must be a tuple of 2 bytes");
+		return -1;
+	}
 	if (PyTuple_GET_SIZE(st->origins) == 0) {
 		PyErr_SetString(PyExc_ValueError, "run(): tables.origins must not be empty");
 		return -1;
@@ -505,6 +513,10 @@ static void release_state(struct run_state *st)
 {
 	release_memo(&st->comm);
 	release_memo(&st->filename);
+	release_memo(&st->path);
+	Py_CLEAR(st->path_cut);
+	Py_CLEAR(st->last_path);
+	Py_CLEAR(st->last_path_json);
 	Py_CLEAR(st->last_comm_json);
 	Py_CLEAR(st->fast);
 	Py_CLEAR(st->held);
@@ -569,6 +581,36 @@ static PyObject *filename_of(struct run_state *st, const char *path, Py_ssize_t 
 	v = memo_get(&st->filename, key, "filename_json");
 	Py_DECREF(key);
 	return v;
+}
+
+/*
+ * JSON of a raw path (tables.path_json), the previous one's answer reused
+ * when the bytes are the same.  Borrowed from st (valid until the next call).
+ */
+static PyObject *path_of(struct run_state *st, const char *path, Py_ssize_t len)
+{
+	PyObject *key, *v;
+
+	if (st->last_path != NULL && PyBytes_GET_SIZE(st->last_path) == len &&
+	    memcmp(PyBytes_AS_STRING(st->last_path), path, len) == 0)
+		return st->last_path_json;
+	key = PyBytes_FromStringAndSize(path, len);
+	if (key == NULL)
+		return NULL;
+	v = memo_get(&st->path, key, "path_json");
+	if (v == NULL) {
+		Py_DECREF(key);
+		return NULL;
+	}
+	Py_XSETREF(st->last_path, key);
+	Py_XSETREF(st->last_path_json, v);
+	return v;
+}
+
+/* tables.path_cut_json[1 when id_flags says the path was not read whole]: borrowed. */
+static PyObject *path_cut_of(struct run_state *st, uint32_t id_flags)
+{
+	return PyTuple_GET_ITEM(st->path_cut, (id_flags & (BUILDIDD_PATH_TRUNCATED | BUILDIDD_PATH_UNREACHABLE)) ? 1 : 0);
 }
 
 static int emit(struct run_state *st, PyObject *line)
@@ -746,9 +788,13 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	uint64_t start = ld_u64(r + offsetof(struct map_event, start));
 	uint32_t origin = ld_u32(r + offsetof(struct map_event, origin));
 	uint32_t nlink = ld_u32(file + offsetof(struct file_id, nlink));
+	uint32_t id_flags = ld_u32(r + offsetof(struct map_event, id_flags));
 	Py_ssize_t plen = ld_u16(r + offsetof(struct map_event, path_len));
-	PyObject *hit, *tail, *error, *cj, *origin_name;
-	struct arg args[12];
+	PyObject *hit, *tail, *error, *cj, *pj, *cut, *origin_name;
+	struct arg args[14];
+
+	if ((Py_ssize_t)MAP_MIN_LEN + plen > len)
+		return 0;		/* a path past the record's end: Python counts it */
 
 	if (lk->key_obj == NULL || memcmp(lk->key, file, KEY_LEN) != 0) {
 		PyObject *key = PyBytes_FromStringAndSize(file, KEY_LEN);
@@ -760,11 +806,9 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 			Py_DECREF(key);
 			return PyErr_Occurred() ? -1 : 0;
 		}
-		if (!Py_IS_TYPE(hit, FastEntry) || !PyBytes_Check(PyStructSequence_GET_ITEM(hit, FAST_F_MMAP_TAIL)) ||
-		    !PyBytes_Check(PyStructSequence_GET_ITEM(hit, FAST_F_RES_TAIL)) ||
-		    !PyBytes_Check(PyStructSequence_GET_ITEM(hit, FAST_F_PATH))) {
+		if (!Py_IS_TYPE(hit, FastEntry) || !PyBytes_Check(PyStructSequence_GET_ITEM(hit, FAST_F_RES_TAIL))) {
 			Py_DECREF(key);
-			PyErr_SetString(PyExc_TypeError, "tables.fast values must be FastEntry with bytes tails and path");
+			PyErr_SetString(PyExc_TypeError, "tables.fast values must be FastEntry with a bytes res_tail");
 			return -1;
 		}
 		Py_INCREF(hit);
@@ -772,23 +816,18 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 		Py_XSETREF(lk->key_obj, key);
 		memcpy(lk->key, file, KEY_LEN);
 	}
-	if (plen != 0) {
-		/* The kernel sent a path after all (the record was made before the
-		 * identity was marked known): the tail holds when it is the same path. */
-		PyObject *path = PyStructSequence_GET_ITEM(lk->hit, FAST_F_PATH);
-
-		if ((Py_ssize_t)MAP_MIN_LEN + plen > len || PyBytes_GET_SIZE(path) != plen ||
-		    memcmp(PyBytes_AS_STRING(path), r + MAP_MIN_LEN, plen) != 0)
-			return 0;
-	}
 	if (PyDict_GET_SIZE(st->held) != 0 && held_exec(st, tid, lk, counts) <= 0)
 		return PyErr_Occurred() ? -1 : 0;
 	hit = lk->hit;
-	tail = PyStructSequence_GET_ITEM(hit, FAST_F_MMAP_TAIL);
+	tail = PyStructSequence_GET_ITEM(hit, FAST_F_RES_TAIL);
 	error = PyStructSequence_GET_ITEM(hit, FAST_F_ERROR);
 	cj = comm_of(st, ((const struct event_header *)r)->comm);
 	if (cj == NULL)
 		return -1;
+	pj = path_of(st, r + MAP_MIN_LEN, plen);
+	if (pj == NULL)
+		return -1;
+	cut = path_cut_of(st, id_flags);
 	origin_name = PyTuple_GET_ITEM(st->origins, origin < (uint32_t)PyTuple_GET_SIZE(st->origins) ? origin : 0);
 	args[0].u = ld_u64(r + offsetof(struct event_header, time_ns));
 	args[1].u = pid;
@@ -804,8 +843,12 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	args[9].len = PyBytes_GET_SIZE(origin_name);
 	args[10].s = nlink ? "false" : "true";
 	args[10].len = nlink ? 5 : 4;
-	args[11].s = PyBytes_AS_STRING(tail);
-	args[11].len = PyBytes_GET_SIZE(tail);
+	args[11].s = PyBytes_AS_STRING(pj);
+	args[11].len = PyBytes_GET_SIZE(pj);
+	args[12].s = PyBytes_AS_STRING(cut);
+	args[12].len = PyBytes_GET_SIZE(cut);
+	args[13].s = PyBytes_AS_STRING(tail);
+	args[13].len = PyBytes_GET_SIZE(tail);
 	if (emit(st, format_line(&templates[T_MMAP], args)) < 0)
 		return -1;
 	counts[T_N]++;
@@ -828,12 +871,14 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	const struct event_header *h = (const struct event_header *)r;
 	uint32_t pid = ld_u32(r + offsetof(struct event_header, pid));
 	uint32_t tid = ld_u32(r + offsetof(struct event_header, tid));
+	uint16_t flen = ld_u16(r + offsetof(struct exec_event, filename_len));
 	uint16_t plen = ld_u16(r + offsetof(struct exec_event, path_len));
-	PyObject *t, *cj, *fj, *prefix, *key, *held = NULL;
-	struct arg args[6];
+	const char *names = r + offsetof(struct exec_event, names);
+	PyObject *t, *cj, *fj, *pj, *prefix, *key, *held = NULL;
+	struct arg args[8];
 	int rc = -1;
 
-	if ((Py_ssize_t)offsetof(struct exec_event, path) + plen > len)
+	if ((Py_ssize_t)offsetof(struct exec_event, names) + flen + plen > len)
 		return 0;
 	t = PyLong_FromUnsignedLong(tid);
 	if (t == NULL)
@@ -844,8 +889,10 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 		return rc < 0 ? -1 : 0;
 	}
 	cj = comm_of(st, h->comm);		/* borrowed from st */
-	fj = cj ? filename_of(st, r + offsetof(struct exec_event, path), plen) : NULL;
-	if (fj == NULL) {
+	fj = cj ? filename_of(st, names, flen) : NULL;
+	pj = fj ? path_of(st, names + flen, plen) : NULL;	/* borrowed from st */
+	if (pj == NULL) {
+		Py_XDECREF(fj);
 		Py_DECREF(t);
 		return -1;
 	}
@@ -857,6 +904,10 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	args[4].u = ld_u32(r + offsetof(struct exec_event, old_tid));
 	args[5].s = PyBytes_AS_STRING(fj);
 	args[5].len = PyBytes_GET_SIZE(fj);
+	args[6].s = PyBytes_AS_STRING(pj);
+	args[6].len = PyBytes_GET_SIZE(pj);
+	args[7].s = PyBytes_AS_STRING(path_cut_of(st, ld_u32(r + offsetof(struct exec_event, id_flags))));
+	args[7].len = PyBytes_GET_SIZE(path_cut_of(st, ld_u32(r + offsetof(struct exec_event, id_flags))));
 	prefix = format_line(&templates[T_EXEC_PREFIX], args);
 	Py_DECREF(fj);
 	key = prefix ? PyBytes_FromStringAndSize(r + offsetof(struct exec_event, file), KEY_LEN) : NULL;
@@ -883,8 +934,8 @@ PyDoc_STRVAR(run_doc,
 "run(raws, start, tables) -> RunCounts\n\n"
 "Record raws[start:] (raw ring records, bytes) for as long as each is one of:\n"
 "  * a MAP record (struct map_event) whose identity key (the struct file_id\n"
-"    bytes before nlink) is in tables.fast (key -> FastEntry), and that\n"
-"    carries no path or FastEntry.path.  When its tid is in tables.held\n"
+"    bytes before nlink) is in tables.fast (key -> FastEntry); its own path\n"
+"    is written (tables.path_json, tables.path_cut_json by id_flags).  When its tid is in tables.held\n"
 "    (tid -> HeldExec: execs waiting for their executable's mapping) with the\n"
 "    same key, the exec's line is written first (EXEC_LINE: prefix, res_tail)\n"
 "    and the tid leaves held; a different key is left to Python;\n"
@@ -893,8 +944,8 @@ PyDoc_STRVAR(run_doc,
 "    held, tables.held[tid] = HeldExec((record, tables.step, key, EXEC_PREFIX\n"
 "    line)), and its pid leaves tables.live.\n"
 "Each becomes one line (records.py's templates, see configure()) appended to\n"
-"the list tables.lines.  The other attributes of tables: comm_json and\n"
-"filename_json, memo.Memo of raw comm (16 bytes) / raw exec filename -> JSON\n"
+"the list tables.lines.  The other attributes of tables: comm_json,\n"
+"filename_json and path_json, memo.Memo of raw comm (16 bytes) / raw exec filename / raw path -> JSON\n"
 "bytes (entries read here, hits counted but not made recent, fill() called\n"
 "on a miss); origins: tuple of bytes indexed by map_event.origin (index 0 for an\n"
 "unknown one); missing: dict reason -> count, incremented for each mapping\n"
@@ -944,7 +995,7 @@ static PyObject *run(PyObject *self, PyObject *args)
 			rc = map_record(&st, r, len, &lk, counts);
 		else if (type >= BUILDIDD_EV_FORK && type <= BUILDIDD_EV_COMM && len >= (Py_ssize_t)TASK_LEN)
 			rc = task_record(&st, r, type, counts);
-		else if (type == BUILDIDD_EV_EXEC && len >= (Py_ssize_t)offsetof(struct exec_event, path))
+		else if (type == BUILDIDD_EV_EXEC && len >= (Py_ssize_t)offsetof(struct exec_event, names))
 			rc = exec_record(&st, raw, r, len);
 		else
 			rc = 0;
@@ -1009,7 +1060,8 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 	PyObject *m;
 	struct { PyObject **s; const char *name; } names[] = {
 		{&s_fast, "fast"}, {&s_held, "held"}, {&s_live, "live"}, {&s_comm_json, "comm_json"},
-		{&s_filename_json, "filename_json"}, {&s_origins, "origins"}, {&s_missing, "missing"},
+		{&s_filename_json, "filename_json"}, {&s_path_json, "path_json"}, {&s_path_cut_json, "path_cut_json"},
+		{&s_origins, "origins"}, {&s_missing, "missing"},
 		{&s_lines, "lines"}, {&s_step, "step"}, {&s_entries, "entries"}, {&s_fill, "fill"},
 		{&s_hits, "hits"},
 	};

@@ -35,7 +35,7 @@ from buildidd.capture.slowpath import SlowPath
 from buildidd.capture.tables import Stats, Tables
 from buildidd.config import Config
 from buildidd.errors import StoreError
-from buildidd.kernel.events import Identity, file_key, st_dev_to_kdev
+from buildidd.kernel.events import Identity, file_key
 from buildidd.kernel.tracer import Tracer
 from buildidd.resolve import host
 from buildidd.resolve.enrich import Enricher, Resolution
@@ -72,7 +72,7 @@ class Recorder:
         self.stats = Stats()
         self.tracer: Tracer | None = None
         self.rings: Rings | None = None
-        self.enricher = Enricher(config.identity_cache_entries, on_resolved=self._on_resolved,
+        self.enricher = Enricher(config.identity_cache_entries,
                                  on_evicted=self._on_evicted, on_build_id=self._on_build_id)
         self.snapshotter = None
         self.last_errors: collections.deque = collections.deque(maxlen=10)
@@ -93,8 +93,7 @@ class Recorder:
     def start(self) -> None:
         """Load BPF, open the session, synthesize running processes. Returns at READY."""
         t0 = time.monotonic()
-        self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes,
-                             known_ids_max=self.config.identity_cache_entries)
+        self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
         record = {"type": "session", "version": __version__, "session": self.session_dir.name,
@@ -257,14 +256,9 @@ class Recorder:
                 "build_ids_resolved": e.resolved, "build_ids_missing": dict(e.missing),
                 "identity_cache": {"entries": len(e.cache), "hits": e.hits, "misses": e.misses,
                                    "hit_rate": round(e.hits / lookups, 4) if lookups else None},
-                "known_ids_full": self.tracer.known_full if self.tracer else 0,
                 "log_write_errors": self.stats.log_write_errors,
                 "log_lines_dropped": self.stats.log_lines_dropped,
                 "priority_boosts": self.stats.priority_boosts}
-
-    def _on_resolved(self, ident: Identity, res: Resolution) -> None:
-        if self.tracer is not None:
-            self.tracer.mark_known(ident, st_dev_to_kdev(ident.dev))
 
     def _start_snapshots(self, kernel_build_id: str | None) -> None:
         from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
@@ -290,5 +284,3 @@ class Recorder:
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
-        if self.tracer is not None:
-            self.tracer.forget(ident, st_dev_to_kdev(ident.dev))

@@ -2,8 +2,8 @@
 
 A mapping whose identity has no final answer yet (it is resolved here, and,
 once final, gets a fast entry so the next ones stay in C), a mapping from a
-tid whose held exec is of another file, a second exec from one tid, a path
-other than the known one, a malformed record.  Written byte for byte as the
+tid whose held exec is of another file, a second exec from one tid, a
+malformed record.  Written byte for byte as the
 fast path writes (tests/capture/test_fastpath.py).
 """
 
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.tables import FastEntry, Stats, Tables
-from buildidd.kernel.events import (PATH_TRUNCATED, PATH_UNREACHABLE, DecodeError, EventType, RawEvent, decode,
-                                    decode_task, exec_head, file_key)
+from buildidd.kernel.events import DecodeError, EventType, RawEvent, decode, decode_task, exec_head, file_key
 from buildidd.resolve.enrich import Enricher, Resolution
-from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, mmap_tail, res_tail, task_line
+from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, res_tail, task_line
 
 
 class SlowPath:
@@ -62,21 +61,15 @@ class SlowPath:
     def record_map(self, ev: RawEvent, origin: str, res: Resolution) -> None:
         """Write a mapping record (origin: its "origin"), note it live, and give its identity a fast entry.
 
-        The entry is made when res is final and ev carried the Resolution's
-        path whole: the fast path then writes what this writes.
+        The entry is made when res is final: the fast path then writes what
+        this writes (each record with its own path, read for its event).
         """
-        path = ev.path if ev.path else res.path
         self.enricher.count(res)
         self.stats.count("mmap")
         key = file_key(ev.identity)
         self.tables.add_live(ev.pid, ev.start, key)
-        # The fast path writes what this method writes for a record without
-        # a path (the Resolution's path) or with that same path; so its entry
-        # is made from an event that carried that path whole.
         fast = self.tables.fast
-        if (res.final and ev.origin is not None and path and path == res.path and key not in fast
-                and not ev.id_flags & (PATH_TRUNCATED | PATH_UNREACHABLE)):
-            fast[key] = FastEntry((res, mmap_tail(path, res), None if res.build_id else res.error or "unknown",
-                                   res_tail(res), path.encode("utf-8", "surrogateescape")))
-        self.tables.emit(mmap_line(ev, origin, path, res))
+        if res.final and ev.origin is not None and key not in fast:
+            fast[key] = FastEntry((res, None if res.build_id else res.error or "unknown", res_tail(res)))
+        self.tables.emit(mmap_line(ev, origin, res))
 

@@ -17,7 +17,7 @@ from buildidd.capture import _fastpath
 from buildidd.capture._fastpath import FastEntry, HeldExec, RunCounts
 from buildidd.memo import Memo
 from buildidd.sessionlog.records import (COMM_JSON, COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FILENAME_JSON,
-                                         FORK_LINE, MMAP_LINE, ORIGIN_NAMES)
+                                         FORK_LINE, MMAP_LINE, ORIGIN_NAMES, PATH_CUT_JSON, PATH_JSON)
 
 __all__ = ["FastEntry", "HeldExec", "RunCounts", "Stats", "Tables", "LIVE_MAX", "ORIGINS"]
 
@@ -41,12 +41,13 @@ class Tables:
             (Enricher.missing: the fast path counts into it).
         lines: session-log lines not yet written (bytes, no newline).
         fast: identity key (kernel.events.file_key bytes) -> FastEntry, for
-            identities with a final answer whose line tail is known.
+            identities with a final answer (their lines' identity and build-id fields).
         held: tid -> HeldExec, execs waiting for their executable's mapping.
         live: pid (tgid) -> {(vm_start, identity key)} of its recorded
             mappings (at most LIVE_MAX), for the rescan after a loss.
-        comm_json, filename_json: the memos of records.py (raw comm / raw exec
-            filename -> JSON bytes).
+        comm_json, filename_json, path_json: the memos of records.py (raw
+            comm / raw exec filename / raw path -> JSON bytes).
+        path_cut_json: records.PATH_CUT_JSON (what follows a path: read whole, cut).
         origins: ORIGINS.
         step: steps begun so far (a held exec carries the one it came in).
     """
@@ -58,6 +59,8 @@ class Tables:
     live: dict[int, set[tuple[int, bytes]]] = field(default_factory=dict)
     comm_json: Memo = COMM_JSON
     filename_json: Memo = FILENAME_JSON
+    path_json: Memo = PATH_JSON
+    path_cut_json: tuple[bytes, bytes] = PATH_CUT_JSON
     origins: tuple[bytes, ...] = ORIGINS
     step: int = 0
 

@@ -71,9 +71,11 @@ class DropCause(enum.IntEnum):
 
 N_DROP_CAUSES = 4
 
-ID_KNOWN = 0x1
 PATH_TRUNCATED = 0x2
 PATH_UNREACHABLE = 0x4
+FILE_BACKING = 0x8
+#: id_flags bits that mean the path was not read whole (the record's "path_truncated").
+PATH_CUT = PATH_TRUNCATED | PATH_UNREACHABLE
 
 
 class EventHeader(ctypes.Structure):
@@ -126,9 +128,10 @@ class ExecEvent(ctypes.Structure):
         ("old_tid", ctypes.c_uint32),    # the tid before exec (tracepoint's old_pid)
         ("id_flags", ctypes.c_uint32),
         ("file", FileId),
+        ("filename_len", ctypes.c_uint16),
         ("path_len", ctypes.c_uint16),
-        ("_pad1", ctypes.c_uint8 * 6),
-        ("path", ctypes.c_char * PATH_MAX),
+        ("_pad1", ctypes.c_uint8 * 4),
+        ("names", ctypes.c_char * (2 * PATH_MAX)),   # filename, then path
     ]
 
 
@@ -162,25 +165,6 @@ class TaskEvent(ctypes.Structure):
     ]
 
 
-class KnownKey(ctypes.Structure):
-    """struct known_key of bpf/events.h (see the field comments there)."""
-    _fields_ = [
-        ("ino", ctypes.c_uint64),
-        ("dev", ctypes.c_uint32),
-        ("generation", ctypes.c_uint32),
-    ]
-
-
-class KnownValue(ctypes.Structure):
-    """struct known_value of bpf/events.h (see the field comments there)."""
-    _fields_ = [
-        ("size", ctypes.c_uint64),
-        ("mtime_sec", ctypes.c_int64),
-        ("mtime_nsec", ctypes.c_uint32),
-        ("_pad", ctypes.c_uint32),
-    ]
-
-
 class DropTime(ctypes.Structure):
     """struct drop_time of bpf/events.h (see the field comments there)."""
     _fields_ = [("first_ns", ctypes.c_uint64), ("last_ns", ctypes.c_uint64)]
@@ -195,8 +179,6 @@ WIRE_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "task_fork": TaskFork,
     "task_exit": TaskExit,
     "task_event": TaskEvent,
-    "known_key": KnownKey,
-    "known_value": KnownValue,
     "drop_time": DropTime,
 }
 
@@ -213,6 +195,7 @@ _MAP_BODY = struct.Struct("<QQQIIII")
 _MAP_TAIL = struct.Struct("<H6x")
 _EXEC_BODY = struct.Struct("<II")
 _EXEC_HEAD = struct.Struct("<IIIIQ16sII")     # event_header, old_tid, id_flags: exec_head()
+_EXEC_LENS = struct.Struct("<HH4x")           # exec_event.filename_len, path_len
 
 _MAP_BODY_OFF = MapEvent.start.offset
 _MAP_FILE_OFF = MapEvent.file.offset
@@ -220,8 +203,8 @@ _MAP_PLEN_OFF = MapEvent.path_len.offset
 _MAP_PATH_OFF = MapEvent.path.offset
 _EXEC_BODY_OFF = ExecEvent.old_tid.offset
 _EXEC_FILE_OFF = ExecEvent.file.offset
-_EXEC_PLEN_OFF = ExecEvent.path_len.offset
-_EXEC_PATH_OFF = ExecEvent.path.offset
+_EXEC_FLEN_OFF = ExecEvent.filename_len.offset
+_EXEC_NAMES_OFF = ExecEvent.names.offset
 _TASK_BODY_OFF = TaskEvent.fork.offset
 
 
@@ -238,7 +221,7 @@ def _check_formats() -> None:
     assert _MAP_PLEN_OFF == _MAP_FILE_OFF + _FILE.size
     assert _MAP_PATH_OFF == _MAP_PLEN_OFF + _MAP_TAIL.size
     assert _EXEC_FILE_OFF == _EXEC_BODY_OFF + _EXEC_BODY.size
-    assert _EXEC_PATH_OFF == _EXEC_PLEN_OFF + _MAP_TAIL.size
+    assert _EXEC_NAMES_OFF == _EXEC_FLEN_OFF + _EXEC_LENS.size
     assert _TASK_BODY_OFF == _HDR.size
     assert _FILE_KEY.size == FileId.nlink.offset
     assert TASK_EVENT.size == ctypes.sizeof(TaskEvent)
@@ -256,16 +239,32 @@ class ExecHead(NamedTuple):
 
     Attributes:
         pid: tgid; tid: the task's pid after exec; time_ns: ns since boot;
-        comm: text; old_tid: exec_event.old_tid (the tid before exec);
-        filename: linux_binprm.filename as passed to execve (surrogateescape).
+        comm: the raw 16 bytes of event_header.comm (NUL-padded);
+        old_tid: exec_event.old_tid (the tid before exec);
+        filename: linux_binprm.filename as passed to execve (raw bytes);
+        path: the path of the ELF that runs (linux_binprm.file), raw bytes;
+        path_cut: True when that path was not read whole (id_flags PATH_CUT).
     """
 
     pid: int
     tid: int
     time_ns: int
-    comm: str
+    comm: bytes
     old_tid: int
-    filename: str
+    filename: bytes
+    path: bytes
+    path_cut: bool
+
+
+def _exec_names(buf: bytes) -> tuple[bytes, bytes]:
+    """exec_event's filename and path (raw bytes) of a raw EXEC record; DecodeError if it is short."""
+    if len(buf) < _EXEC_NAMES_OFF:
+        raise DecodeError(f"exec record of {len(buf)} bytes")
+    flen, plen = _EXEC_LENS.unpack_from(buf, _EXEC_FLEN_OFF)
+    end = _EXEC_NAMES_OFF + flen + plen
+    if len(buf) < end:
+        raise DecodeError(f"exec record of {len(buf)} bytes, its names end at {end}")
+    return buf[_EXEC_NAMES_OFF:_EXEC_NAMES_OFF + flen], buf[_EXEC_NAMES_OFF + flen:end]
 
 
 def exec_head(buf: bytes) -> ExecHead:
@@ -274,12 +273,9 @@ def exec_head(buf: bytes) -> ExecHead:
     Cheaper than decode() when the identity is only needed as a key
     (exec_file_key).  Raises DecodeError as decode() does for a short record.
     """
-    if len(buf) < _EXEC_PATH_OFF:
-        raise DecodeError(f"exec record of {len(buf)} bytes")
-    _t, pid, tid, _p, time_ns, comm, old_tid, _idf = _EXEC_HEAD.unpack_from(buf)
-    (plen,) = _MAP_TAIL.unpack_from(buf, _EXEC_PLEN_OFF)
-    path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
-    return ExecHead(pid, tid, time_ns, _COMM_TEXT(comm), old_tid, path)
+    filename, path = _exec_names(buf)
+    _t, pid, tid, _p, time_ns, comm, old_tid, idf = _EXEC_HEAD.unpack_from(buf)
+    return ExecHead(pid, tid, time_ns, comm, old_tid, filename, path, bool(idf & PATH_CUT))
 
 
 class TaskRecord(NamedTuple):
@@ -366,14 +362,16 @@ class RawEvent:
 
     Attributes:
         type: EventType.
-        pid: tgid; tid: task pid; time_ns: ns since boot; comm: text.
+        pid: tgid; tid: task pid; time_ns: ns since boot; comm: text
+            (surrogateescape for bytes that are not UTF-8).
         start, length, pgoff: bytes (MAP only); prot, flags: PROT_*/MAP_*.
         origin: MapOrigin (MAP) or None.
         identity: Identity of the mapped or executed file (MAP, EXEC) or None.
         nlink: inode.i_nlink (0: the file was deleted) for MAP/EXEC.
-        id_flags: ID_KNOWN / PATH_TRUNCATED / PATH_UNREACHABLE bits.
-        path: file path in the task's mount namespace (MAP; "" when ID_KNOWN),
-            or linux_binprm.filename (EXEC).
+        id_flags: PATH_TRUNCATED / PATH_UNREACHABLE / FILE_BACKING bits.
+        path: the file's path in the task's mount namespace, read for this
+            event (MAP; EXEC: the path of the ELF that runs), text with
+            surrogateescape for bytes that are not UTF-8 (os.fsdecode's form).
         old_tid: EXEC only: exec_event.old_tid, the tid before exec.
     """
 
@@ -396,7 +394,7 @@ class RawEvent:
 
 
 def _comm_text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
 #: Raw 16-byte event_header.comm -> text (memo.py: bounded LRU "comm_text").
@@ -433,12 +431,10 @@ def decode(buf: bytes) -> RawEvent:
         return RawEvent(etype, pid, tid, time_ns, _COMM_TEXT(comm), start, length, pgoff, prot, flags,
                         origin, ident, nlink, id_flags, path)
     if etype == EventType.EXEC:
-        if len(buf) < _EXEC_PATH_OFF:
-            raise DecodeError(f"exec record of {len(buf)} bytes")
+        _filename, raw_path = _exec_names(buf)
         old_tid, id_flags = _EXEC_BODY.unpack_from(buf, _EXEC_BODY_OFF)
         ident, nlink = _identity(buf, _EXEC_FILE_OFF)
-        (plen,) = _MAP_TAIL.unpack_from(buf, _EXEC_PLEN_OFF)
-        path = buf[_EXEC_PATH_OFF:_EXEC_PATH_OFF + plen].decode("utf-8", "surrogateescape")
+        path = raw_path.decode("utf-8", "surrogateescape")
         return RawEvent(etype, pid, tid, time_ns, _COMM_TEXT(comm), identity=ident, nlink=nlink,
                         id_flags=id_flags, path=path, old_tid=old_tid)
     raise DecodeError(f"event type {etype} is not decoded here (fork/exit/comm: unpack with TASK_EVENT)")

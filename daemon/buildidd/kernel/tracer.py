@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from buildidd.kernel.btf import Btf
 from buildidd.errors import BtfError, ProbeError
-from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, Identity
+from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,11 @@ KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("OFF_VM_AREA_STRUCT_VM_FILE", "vm_area_struct", "vm_file"),
     ("OFF_VM_AREA_STRUCT_VM_FLAGS", "vm_area_struct", "vm_flags"),
     ("OFF_FILE_F_INODE", "file", "f_inode"),
-    ("OFF_FILE_F_PATH_DENTRY", "file", "f_path.dentry"),
-    ("OFF_FILE_F_PATH_MNT", "file", "f_path.mnt"),
+    ("OFF_FILE_F_PATH", "file", "f_path"),
+    ("OFF_FILE_F_MODE", "file", "f_mode"),
+    ("OFF_PATH_MNT", "path", "mnt"),
+    ("OFF_PATH_DENTRY", "path", "dentry"),
+    ("OFF_DENTRY_D_INODE", "dentry", "d_inode"),
     ("OFF_INODE_I_INO", "inode", "i_ino"),
     ("OFF_INODE_I_SIZE", "inode", "i_size"),
     ("OFF_INODE_I_GENERATION", "inode", "i_generation"),
@@ -92,11 +95,15 @@ def syscall_regs_layout(btf: Btf, machine: str | None = None,
     config = kernel_config() if config is None else config
     thread_size = 32768 if config.get("CONFIG_KASAN") == "y" else 16384
     padding = 16 if config.get("CONFIG_X86_FRED") == "y" else 0
-    names = ("orig_ax", "ax", "dx")
+    names = ("orig_ax", "ax", "dx", "bx", "cx")
     out = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in names}
     out["REGS_SPAN_BASE"], out["REGS_SPAN_LEN"] = field_span(btf, "pt_regs", names)
     out["PT_REGS_OFFSET"] = thread_size - padding - btf.sizeof("pt_regs")
     out["NR_MMAP"] = 9          # arch/x86/entry/syscalls/syscall_64.tbl
+    if config.get("CONFIG_IA32_EMULATION") == "y":
+        # i386 processes: thread_info.status & TS_COMPAT (arch/x86/include/asm/thread_info.h).
+        out["OFF_TASK_STRUCT_THREAD_INFO_STATUS"] = btf.offsetof("task_struct", "thread_info.status")
+        out["TS_COMPAT"] = 0x0002
     return out
 
 
@@ -137,6 +144,14 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     # Fields the BPF side fetches together, each group with one probe read.
     out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = field_span(
         btf, "inode", ("i_ino", "i_size", "i_generation", "i_nlink", "i_sb") + mtime)
+    out["DENTRY_SPAN_BASE"], out["DENTRY_SPAN_LEN"] = field_span(
+        btf, "dentry", ("d_parent", "d_name.len", "d_name.name"))
+    out["PATH_SPAN_BASE"], span = field_span(btf, "path", ("mnt", "dentry"))
+    if span != 16:
+        raise BtfError(f"struct path is {span} bytes, not two pointers")
+    # overlayfs backing files (Linux 6.6+): the path the user opened.
+    if btf.has_struct("backing_file"):
+        out["OFF_BACKING_FILE_USER_PATH"] = btf.offsetof("backing_file", "user_path")
     out["VMA_SPAN_BASE"], out["VMA_SPAN_LEN"] = field_span(
         btf, "vm_area_struct", ("vm_start", "vm_end", "vm_flags", "vm_pgoff", "vm_file"))
     out["MAPLE_NODE_SIZE"] = btf.sizeof("maple_node")
@@ -207,7 +222,6 @@ class Tracer:
         ringbuf_bytes: total ring buffer memory, split into one ring per CPU
             (at most MAX_RINGS), each a power-of-two number of pages; no
             default here: Config.ringbuf_bytes is the one default.
-        known_ids_max: capacity of the kernel map of identities already resolved.
 
     Raises:
         ProbeError: BTF lacks a needed field, compilation, load or attach failed.
@@ -223,8 +237,7 @@ class Tracer:
         ("raw_tracepoint", "task_rename"),
     )
 
-    def __init__(self, *, ringbuf_bytes: int, known_ids_max: int = 65536,
-                 btf_path: str = "/sys/kernel/btf/vmlinux"):
+    def __init__(self, *, ringbuf_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux"):
         t0 = time.monotonic()
         try:
             from bcc import BPF
@@ -241,7 +254,7 @@ class Tracer:
             raise ProbeError(f"ring buffer of {ringbuf_bytes} bytes does not split into {self.nrings} "
                              f"rings of a power-of-two number of pages")
         cflags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
-        cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}", f"-DKNOWN_IDS_MAX={known_ids_max}",
+        cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}",
                    f"-I{BPF_DIR}",
                    "-Wno-unused-function"]
         try:
@@ -249,10 +262,6 @@ class Tracer:
         except Exception as e:  # BCC raises bare Exception on compile/load failure
             raise ProbeError(f"BPF program failed to compile or load: {e}") from e
         self.compile_s = time.monotonic() - t0
-        self._known = self.bpf[b"known_ids"]
-        self.known_ids_max = known_ids_max
-        self._known_count = 0
-        self.known_full = 0
         self._drop_totals = [0] * N_DROP_CAUSES
         #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
         self.ring_maps = [(self.bpf[f"events{i}".encode()].map_fd, pages * page) for i in range(self.nrings)]
@@ -279,6 +288,13 @@ class Tracer:
                 raise
             except Exception as e:
                 raise ProbeError(f"cannot attach {kind} {name}: {e}") from e
+        #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
+        self.compat = "TS_COMPAT" in self.layout
+        if self.compat:
+            try:
+                self.bpf.attach_raw_tracepoint(tp=b"sys_exit", fn_name=b"on_sys_exit")
+            except Exception as e:
+                raise ProbeError(f"cannot attach raw_tracepoint sys_exit: {e}") from e
 
     def drops(self) -> DropReport:
         """Kernel-side drops since the previous call (counters summed over CPUs)."""
@@ -299,37 +315,6 @@ class Tracer:
             report.last_ns = max((t.last_ns for t in per_cpu), default=0)
             times[key] = times.Leaf()  # Leaf is already the per-CPU array type
         return report
-
-    def mark_known(self, ident: Identity, kdev: int) -> bool:
-        """Tell the kernel side this identity is resolved, so its events carry no path.
-
-        Args:
-            ident: the identity as decoded; kdev: its kernel dev_t.
-        Returns:
-            False when the map is full (counted in known_full; events then keep their path).
-        """
-        if self._known_count >= self.known_ids_max:
-            self.known_full += 1
-            return False
-        key = self._known.Key(ino=ident.ino, dev=kdev, generation=ident.generation)
-        val = self._known.Leaf(size=ident.size, mtime_sec=ident.mtime_ns // 1_000_000_000,
-                               mtime_nsec=ident.mtime_ns % 1_000_000_000)
-        try:
-            self._known[key] = val
-        except Exception:
-            self.known_full += 1
-            return False
-        self._known_count += 1
-        return True
-
-    def forget(self, ident: Identity, kdev: int) -> None:
-        """Remove an identity from the kernel's known_ids map (its events carry a path again)."""
-        key = self._known.Key(ino=ident.ino, dev=kdev, generation=ident.generation)
-        try:
-            del self._known[key]
-            self._known_count -= 1
-        except KeyError:
-            pass
 
     def close(self) -> None:
         """Detach and unload every program."""

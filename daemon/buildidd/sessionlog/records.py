@@ -4,9 +4,12 @@ One JSON object per line, with a ``"type"``:
 
 ``session``  first record: host, kernel, boot id, clocks, daemon version.
 ``mmap``     an executable file mapping: time_ns, pid, tid, comm, start, len,
-             pgoff, prot, flags, origin, deleted, dev, ino, ino_generation, size,
-             mtime_ns, path, build_id, build_id_source, error.
-``exec``     execve() succeeded: the file executed (identity and build-id as mmap).
+             pgoff, prot, flags, origin, deleted, path (read by the kernel for
+             this very event: the name this process used), dev, ino,
+             ino_generation, size, mtime_ns, build_id, build_id_source, error.
+``exec``     execve() succeeded: filename (as passed to execve), path (the
+             ELF the kernel ran: for a #! script, its interpreter), and that
+             ELF's identity and build-id as mmap.
 ``fork``     pid/tid created by ppid/ptid.
 ``exit``     a process ended (exit_code as in task_struct.exit_code).
 ``comm``     a task's comm changed.
@@ -18,6 +21,14 @@ One JSON object per line, with a ``"type"``:
 Units: ``time_ns`` is ns since boot (CLOCK_BOOTTIME; the session record gives the
 offset to wall-clock time), ``start``/``len``/``pgoff``/``size`` are bytes,
 ``mtime_ns`` is ns since the epoch, ``dev`` is the user-space st_dev.
+
+Names (``path``, ``filename``, ``comm``) are the kernel's bytes.  JSON text
+must be Unicode without lone surrogates (RFC 8259), so a name that is not
+valid UTF-8 is written with each invalid byte replaced by U+FFFD, and its
+exact bytes follow in ``path_bytes``/``filename_bytes``/``comm_bytes``
+(base64) only then.  ``"path_truncated":true`` follows a path the kernel
+could not read whole (longer than 4095 bytes or about 1000 components, or a
+read failed): what is given is its end.
 Mapping, exec, fork, exit and comm records are bytes templates around pre-encoded
 fragments: they are the hot path, and json.dumps costs several µs per record.
 The templates below are the one definition of those lines: the recorder's C
@@ -27,11 +38,12 @@ fast path (_fastpath.c) is given them at import and fills them the way
 
 from __future__ import annotations
 
+import base64
 import json
 
 from buildidd import memo
 from buildidd.resolve.enrich import Resolution
-from buildidd.kernel.events import EventType, ExecHead, MapOrigin, RawEvent, TaskRecord
+from buildidd.kernel.events import PATH_CUT, EventType, ExecHead, MapOrigin, RawEvent, TaskRecord
 
 #: map_event.origin → the record's "origin"; plus the two user-space origins.
 ORIGIN_NAMES = {
@@ -43,59 +55,81 @@ ORIGIN_NAMES = {
 SYNTHESIZED = "synthesized"   #: found in /proc/PID/maps at start (perf's synthesized MMAP2)
 RECOVERED = "recovered"       #: found in /proc/PID/maps by the rescan after a loss
 
-# -- JSON of the strings records repeat: memoized (memo.shared, bounded LRU) ----
-
-_JSON_STR = memo.shared("json_str", 65536, json.dumps)
+# -- JSON of the names records repeat: memoized (memo.shared, bounded LRU) ----
 
 
-def json_str(text: str) -> str:
-    """JSON encoding of a short, often repeated string (paths, comms), memoized (LRU "json_str")."""
-    return _JSON_STR(text)
+def name_json(raw: bytes, key: str) -> bytes:
+    """A name's JSON value for field ``key``: the JSON string of raw as UTF-8, and when
+    raw is not valid UTF-8, ``,"<key>_bytes":"<base64 of raw>"`` after it.
+
+    Invalid bytes become U+FFFD (never lone surrogates: RFC 8259 JSON).  The
+    output is ASCII (json.dumps escapes the rest).  The C fast path writes
+    these bytes as given (memos below), so both paths agree byte for byte.
+    """
+    text = raw.decode("utf-8", "replace")
+    out = json.dumps(text).encode("ascii")
+    if text.encode("utf-8") != raw:
+        out += b',"%s_bytes":"%s"' % (key.encode(), base64.b64encode(raw))
+    return out
 
 
 def _comm_json(raw: bytes) -> bytes:
-    return json_str(raw.split(b"\0", 1)[0].decode("utf-8", "replace")).encode("utf-8", "surrogateescape")
+    return name_json(raw.split(b"\0", 1)[0], "comm")
 
 
 def _filename_json(raw: bytes) -> bytes:
-    return json_str(raw.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    return name_json(raw, "filename")
 
 
-#: Raw 16-byte task comm (NUL-padded) -> its JSON string (bytes), as the
-#: records below write "comm".  Also read by the C fast path (memo.py).
+def _path_json(raw: bytes) -> bytes:
+    return name_json(raw, "path")
+
+
+def raw_name(text: str) -> bytes:
+    """The kernel's bytes of a name decoded with surrogateescape (kernel.events, os.fsdecode)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+#: Raw 16-byte task comm (NUL-padded) -> its JSON value (bytes), as the
+#: records below write "comm" (name_json).  Also read by the C fast path (memo.py).
 COMM_JSON = memo.shared("comm_json", 65536, _comm_json)
-#: Raw exec filename (linux_binprm.filename bytes) -> its JSON string (bytes),
+#: Raw exec filename (linux_binprm.filename bytes) -> its JSON value (bytes),
 #: as exec_prefix() writes "filename".  Also read by the C fast path.
 FILENAME_JSON = memo.shared("exec_filename_json", 4096, _filename_json)
+#: Raw path bytes -> its JSON value (bytes), as mapping and exec records write
+#: "path".  Also read by the C fast path.
+PATH_JSON = memo.shared("path_json", 65536, _path_json)
+#: What follows a path's JSON value: by whether it was read whole.
+PATH_CUT_JSON = (b"", b',"path_truncated":true')
 
-#: A mapping record: time_ns, pid, tid, comm (JSON), start, len, pgoff, prot,
-#: flags, origin, deleted (true/false), then mmap_tail().  Only %d (unsigned
-#: decimal) and %s (bytes): the C fast path supports those two.
+
+#: A mapping record: time_ns, pid, tid, comm (COMM_JSON), start, len, pgoff,
+#: prot, flags, origin, deleted (true/false), path (PATH_JSON), PATH_CUT_JSON,
+#: then res_tail().  Only %d (unsigned decimal) and %s (bytes): the C fast
+#: path supports those two.
 MMAP_LINE = (b'{"type":"mmap","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"start":%d,"len":%d,'
-             b'"pgoff":%d,"prot":%d,"flags":%d,"origin":"%s","deleted":%s,%s}')
+             b'"pgoff":%d,"prot":%d,"flags":%d,"origin":"%s","deleted":%s,"path":%s%s,%s}')
 
 
-def mmap_tail(path: str, res: Resolution) -> bytes:
-    """The path, identity and build-id fields of a mapping record, encoded once per identity."""
-    return f'"path":{json_str(path)},'.encode("utf-8", "surrogateescape") + res_tail(res)
-
-
-def mmap_line(ev: RawEvent, origin: str, path: str, res: Resolution) -> bytes:
-    """The JSON line of a mapping record."""
-    return MMAP_LINE % (ev.time_ns, ev.pid, ev.tid, json_str(ev.comm).encode("utf-8", "surrogateescape"),
+def mmap_line(ev: RawEvent, origin: str, res: Resolution) -> bytes:
+    """The JSON line of a mapping record: ev's own path (read for this event), res's identity and build-id."""
+    return MMAP_LINE % (ev.time_ns, ev.pid, ev.tid, COMM_JSON(raw_name(ev.comm).ljust(16, b"\0")),
                         ev.start, ev.length, ev.pgoff, ev.prot, ev.flags, origin.encode(),
-                        b"true" if ev.nlink == 0 else b"false", mmap_tail(path, res))
+                        b"true" if ev.nlink == 0 else b"false", PATH_JSON(raw_name(ev.path)),
+                        PATH_CUT_JSON[bool(ev.id_flags & PATH_CUT)], res_tail(res))
 
 
 #: An exec record's line up to its identity and build-id fields: time_ns, pid,
-#: tid, comm (JSON), old_tid (exec_event.old_tid), filename (JSON).
-EXEC_PREFIX = b'{"type":"exec","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"old_tid":%d,"filename":%s,'
+#: tid, comm (COMM_JSON), old_tid (exec_event.old_tid), filename (FILENAME_JSON),
+#: path of the ELF that ran (PATH_JSON), PATH_CUT_JSON.
+EXEC_PREFIX = (b'{"type":"exec","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"old_tid":%d,"filename":%s,'
+               b'"path":%s%s,')
 
 
 def exec_prefix(head: ExecHead) -> bytes:
     """An exec record's line up to its identity and build-id fields (see exec_line)."""
-    return EXEC_PREFIX % (head.time_ns, head.pid, head.tid, json_str(head.comm).encode("utf-8", "surrogateescape"),
-                          head.old_tid, json_str(head.filename).encode("utf-8", "surrogateescape"))
+    return EXEC_PREFIX % (head.time_ns, head.pid, head.tid, COMM_JSON(head.comm), head.old_tid,
+                          FILENAME_JSON(head.filename), PATH_JSON(head.path), PATH_CUT_JSON[head.path_cut])
 
 
 def res_tail(res: Resolution) -> bytes:
