@@ -118,22 +118,34 @@ class PerfRecorder:
 
 @dataclass
 class Comparison:
-    """How a session's mmap records cover perf's.
+    """How a session's mmap records cover perf's, place by place.
+
+    A perf MMAP2 and a session record are at the same place when pid and start
+    agree; they match when len, pgoff, path and build-id agree too.
 
     Attributes:
         perf_with_build_id: perf MMAP2 records considered that carry a build-id.
-        matched: ... for which the session has a record with the same build-id.
-        wrong: ... for which the session's record has a different build-id (must be 0).
+        matched: ... for which the session has a record with the same len,
+            pgoff, path and build-id (and none with another build-id there).
+        wrong: ... where a session record at that place has another build-id
+            (even beside a matching one; must be 0).
+        path_differs: ... where the build-id agrees but the path does not
+            (" (deleted)" set apart on both sides).
+        extent_differs: ... where the build-id and path agree but len or pgoff do not.
         missing: ... with no session record at that pid and address.
         no_build_id: ... with a session record that has no build-id (reason in examples).
-        perf_without_build_id: perf records that carried dev/ino instead.
-        resolved_where_perf_had_none: ... of which the session has a build-id.
+        perf_without_build_id: perf's own misses: records that carried dev/ino
+            instead of a build-id (the page was not cached).
+        resolved_where_perf_had_none: ... of which the session has a build-id:
+            build-ids we have that perf does not.
         examples: a few mismatches, for the failure message.
     """
 
     perf_with_build_id: int = 0
     matched: int = 0
     wrong: int = 0
+    path_differs: int = 0
+    extent_differs: int = 0
     missing: int = 0
     no_build_id: int = 0
     perf_without_build_id: int = 0
@@ -150,6 +162,18 @@ class Comparison:
         d = {k: v for k, v in self.__dict__.items() if k != "examples"}
         d["match_rate"] = round(self.match_rate, 6)
         return d
+
+    def _example(self, *what) -> None:
+        if len(self.examples) < 10:
+            self.examples.append(what)
+
+
+DELETED = " (deleted)"
+
+
+def same_path(perf_path: str, ours: str) -> bool:
+    """True when perf's path (d_path: " (deleted)" appended to an unlinked file) names ours."""
+    return perf_path.removesuffix(DELETED) == ours.removesuffix(DELETED)
 
 
 def compare(perf: list[PerfMmap], records: Iterable[dict], comms: set[str] | None = None,
@@ -180,17 +204,24 @@ def compare(perf: list[PerfMmap], records: Iterable[dict], comms: set[str] | Non
                 c.resolved_where_perf_had_none += 1
             continue
         c.perf_with_build_id += 1
+        with_id = [r for r in cands if r["build_id"]]
+        same_id = [r for r in with_id if r["build_id"] == p.build_id]
         if not cands:
             c.missing += 1
-            if len(c.examples) < 10:
-                c.examples.append(("missing", p))
-        elif any(r["build_id"] == p.build_id for r in cands):
-            c.matched += 1
-        elif any(r["build_id"] for r in cands):
+            c._example("missing", p)
+        elif len(same_id) < len(with_id):
             c.wrong += 1
-            c.examples.append(("wrong", p, cands[0]))
-        else:
+            c._example("wrong", p, [r for r in with_id if r["build_id"] != p.build_id][0])
+        elif not same_id:
             c.no_build_id += 1
-            if len(c.examples) < 10:
-                c.examples.append(("no_build_id", p, cands[0].get("error")))
+            c._example("no_build_id", p, cands[0].get("error"))
+        elif not any(same_path(p.path, r["path"]) for r in same_id):
+            c.path_differs += 1
+            c._example("path_differs", p, same_id[0]["path"])
+        elif not any(same_path(p.path, r["path"]) and r["len"] == p.length and r["pgoff"] == p.pgoff
+                     for r in same_id):
+            c.extent_differs += 1
+            c._example("extent_differs", p, same_id[0])
+        else:
+            c.matched += 1
     return c
