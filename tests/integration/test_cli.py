@@ -150,8 +150,6 @@ def test_exec_of_a_shebang_script_names_the_script_and_the_interpreter(bpf, tmp_
     assert ex["build_id"] == readelf_build_id(python)
 
 
-@pytest.mark.xfail(strict=True, reason="exec records carry no 'path' of the ELF the kernel ran "
-                                       "(sessionlog/records.py EXEC_PREFIX, bpf exec_event): issue 17")
 def test_exec_record_names_the_elf_that_ran(bpf, tmp_path):
     script = tmp_path / "hello"
     script.write_text("#!/usr/bin/python3 -S\nprint('hi')\n")
