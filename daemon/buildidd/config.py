@@ -146,6 +146,15 @@ class Config:
                            'the build-id store, laid out as perf\'s build-id cache ("" disables snapshots); '
                            "not inside session_root.")
     store_quota_bytes: int = _key(10 << 30, "bytes", "the store's size limit (0: none).")
+    store_file_max_bytes: int = _key(1 << 30, "bytes",
+                                     "a mapped file larger than this is not copied into the store (counted and "
+                                     "logged with the reason \"too_large\"; 0: no limit).")
+    store_uid_share: float = _key(0.25, "fraction of store_quota_bytes",
+                                  "the part of the store's quota that the files of one owner other than root "
+                                  "may take, in (0, 1] (1: no per-owner limit).")
+    store_share_private: bool = _key(False, "boolean",
+                                     "archive and serve store entries marked private (a file other users could "
+                                     "not read at its source, or a memfd).")
     snapshot_rate_bytes_per_s: int = _key(50 << 20, "bytes per second",
                                           "copy bandwidth for snapshots (0: unlimited).")
     session_max_age_s: float = _key(30 * 86400.0, "seconds", "sessions older than this are deleted (0: kept).")
@@ -185,6 +194,8 @@ class Config:
             raise ConfigError("resolve_deadline_s must be in (0, 10]")
         if not 1 <= self.resolve_workers <= 64:
             raise ConfigError("resolve_workers must be in 1..64")
+        if not 0 < self.store_uid_share <= 1:
+            raise ConfigError("store_uid_share must be in (0, 1]")
 
 
 def _coerce(key: str, value, want: type):
