@@ -180,6 +180,13 @@ def compare(perf: list[PerfMmap], records: Iterable[dict], comms: set[str] | Non
             pids: set[int] | None = None) -> Comparison:
     """Compare perf's non-synthesized exec MMAP2 records with a session's mmap records.
 
+    A place (pid, start) can be mapped again and again (dlopen, dlclose,
+    dlopen of another library at the same address): at each place perf's
+    records and the session's (synthesized ones left out) are paired in time
+    order.  A perf record takes the session's next record at its place with
+    its build-id; session records passed over on the way that carry another
+    build-id make it wrong.
+
     Args:
         perf: from PerfRecorder.stop() or parse_perf_script().
         records: the session's records (any types; mmap ones are used).
@@ -187,41 +194,56 @@ def compare(perf: list[PerfMmap], records: Iterable[dict], comms: set[str] | Non
     """
     ours: dict[tuple[int, int], list[dict]] = {}
     for r in records:
-        if r.get("type") == "mmap":
+        if r.get("type") == "mmap" and r.get("origin") != "synthesized":
             ours.setdefault((r["pid"], r["start"]), []).append(r)
-    c = Comparison()
+    for rs in ours.values():
+        rs.sort(key=lambda r: r["time_ns"])
+    theirs: dict[tuple[int, int], list[PerfMmap]] = {}
     for p in perf:
-        if p.synthesized:
+        if p.synthesized or (comms is not None and p.comm not in comms) or (pids is not None and p.pid not in pids):
             continue
-        if comms is not None and p.comm not in comms:
-            continue
-        if pids is not None and p.pid not in pids:
-            continue
-        cands = ours.get((p.pid, p.start), [])
-        if p.build_id is None:
-            c.perf_without_build_id += 1
-            if any(r["build_id"] for r in cands):
-                c.resolved_where_perf_had_none += 1
-            continue
-        c.perf_with_build_id += 1
-        with_id = [r for r in cands if r["build_id"]]
-        same_id = [r for r in with_id if r["build_id"] == p.build_id]
-        if not cands:
+        theirs.setdefault((p.pid, p.start), []).append(p)
+    c = Comparison()
+    for place, ps in theirs.items():
+        cands = ours.get(place, [])
+        i = 0
+        for p in sorted(ps, key=lambda p: p.time_s):
+            i = _pair(c, p, cands, i)
+    return c
+
+
+def _pair(c: Comparison, p: PerfMmap, cands: list[dict], i: int) -> int:
+    """Count perf record p against cands[i:] (the session's records at its place, in time order);
+    returns the index of the first record left for the next perf record there."""
+    if p.build_id is None:
+        c.perf_without_build_id += 1
+        if i < len(cands) and cands[i]["build_id"]:
+            c.resolved_where_perf_had_none += 1
+        return i + 1
+    c.perf_with_build_id += 1
+    j = next((k for k in range(i, len(cands)) if cands[k]["build_id"] == p.build_id), None)
+    if j is None:
+        if i >= len(cands):
             c.missing += 1
             c._example("missing", p)
-        elif len(same_id) < len(with_id):
+        elif any(r["build_id"] for r in cands[i:]):
             c.wrong += 1
-            c._example("wrong", p, [r for r in with_id if r["build_id"] != p.build_id][0])
-        elif not same_id:
-            c.no_build_id += 1
-            c._example("no_build_id", p, cands[0].get("error"))
-        elif not any(same_path(p.path, r["path"]) for r in same_id):
-            c.path_differs += 1
-            c._example("path_differs", p, same_id[0]["path"])
-        elif not any(same_path(p.path, r["path"]) and r["len"] == p.length and r["pgoff"] == p.pgoff
-                     for r in same_id):
-            c.extent_differs += 1
-            c._example("extent_differs", p, same_id[0])
+            c._example("wrong", p, next(r for r in cands[i:] if r["build_id"]))
         else:
-            c.matched += 1
-    return c
+            c.no_build_id += 1
+            c._example("no_build_id", p, cands[i].get("error"))
+        return i + 1
+    other = [r for r in cands[i:j] if r["build_id"]]
+    r = cands[j]
+    if other:
+        c.wrong += 1
+        c._example("wrong", p, other[0])
+    elif not same_path(p.path, r["path"]):
+        c.path_differs += 1
+        c._example("path_differs", p, r["path"])
+    elif r["len"] != p.length or r["pgoff"] != p.pgoff:
+        c.extent_differs += 1
+        c._example("extent_differs", p, r)
+    else:
+        c.matched += 1
+    return j + 1

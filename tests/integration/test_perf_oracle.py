@@ -37,10 +37,15 @@ def test_every_mapping_perf_saw_with_a_build_id_has_the_same_build_id(recorder, 
     print("perf comparison:", c.as_dict())
     # The storm alone: 300 children x (exe, ld.so, libc) exec mappings.
     assert c.perf_with_build_id + c.perf_without_build_id >= 300 * 3 + 8 * 3 + 400
+    # Place by place: same pid, start, len, pgoff, path and build-id; perf's own misses apart.
     assert c.wrong == 0, c.examples
+    assert c.path_differs == 0, c.examples
+    assert c.extent_differs == 0, c.examples
     assert c.missing == 0, c.examples
     assert c.no_build_id == 0, c.examples
-    assert c.matched == c.perf_with_build_id
+    assert c.matched == c.perf_with_build_id and c.match_rate == 1.0
+    print(f"build-ids we have that perf does not: {c.resolved_where_perf_had_none} "
+          f"of perf's {c.perf_without_build_id} records without one")
     assert c.resolved_where_perf_had_none == c.perf_without_build_id
     lost = [r for r in records if r["type"] == "lost"]
     assert not lost, lost
