@@ -71,4 +71,7 @@ class ExecJoin:
         for tid, held in list(tables.held.items()):
             if everything or held.step < tables.step - 1:
                 del tables.held[tid]
-                self.write(held, None)
+                try:
+                    self.write(held, None)
+                except Exception as e:      # one exec's failure stops no other record
+                    self.stats.event_error(e)

@@ -27,6 +27,7 @@ from buildidd import __version__, clock, memo
 from buildidd.capture import _fastpath
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.follow import FollowFilter
+from buildidd.capture.guard import LoopGuard, call_within
 from buildidd.capture.logsink import LogSink
 from buildidd.capture.pacing import Pacer
 from buildidd.capture.rescan import LossRecovery
@@ -42,6 +43,10 @@ from buildidd.resolve.enrich import Enricher, Resolution
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
 
 __all__ = ["Recorder", "Stats", "new_session_dir"]
+
+#: Seconds close() gives the snapshotter to stop (it may be copying from a
+#: slow file system): SIGTERM must end the daemon within 2 s.
+SNAPSHOT_STOP_S = 1.0
 
 
 def new_session_dir(root: str) -> Path:
@@ -88,6 +93,8 @@ class Recorder:
         self.started_mono = time.monotonic()
         self.ready_s: float | None = None
         self._rate_window: collections.deque = collections.deque(maxlen=12)
+        self.enricher.configure(config)
+        self.guard = LoopGuard()
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -119,12 +126,20 @@ class Recorder:
 
         The calling thread records, paced by pacing.Pacer: the pause between
         steps follows the batch sizes, the thread's priority the rings' fill.
+        A step that raises is counted (LoopGuard); LoopGuard.FAILURES_MAX in a
+        row end the loop.  Raises BuildiddError then (close() writes the
+        reason into the ``end`` record).
         """
         pacer = self.pacer
         pacer.begin()
         while not should_stop():
             t = time.monotonic()
-            n = self.step()
+            try:
+                n = self.step()
+                self.guard.step_done()
+            except Exception as e:          # the loop's own failure: counted, bounded
+                self.guard.step_failed(e)   # raises once too many failed in a row
+                n = 0
             pacer.adjust_priority(self.rings.fill, t)
             if on_tick is not None:
                 on_tick()
@@ -145,6 +160,7 @@ class Recorder:
         path other than the known one, a malformed record): slowpath.SlowPath
         records that one, and the fast path resumes after it.
         """
+        self.enricher.begin_step(self.config.resolve_deadline_s)
         raws = self.rings.drain()
         if self.follow_filter is not None:
             raws = self.follow_filter.filter(raws)
@@ -163,7 +179,10 @@ class Recorder:
                 n_exec += done.exec
                 if i >= n:
                     break
-            self.slow.record(raws[i])
+            try:
+                self.slow.record(raws[i])
+            except Exception as e:          # one event's failure stops no other record
+                self.stats.event_error(e)
             i += 1
         for name, k in (("mmap", n_map), ("fork", n_fork), ("exit", n_exit), ("comm", n_comm), ("exec", n_exec)):
             if k:
@@ -172,6 +191,8 @@ class Recorder:
             self.enricher.cache.count_hits(n_map)
             self.enricher.resolved += n_resolved
         self.join.release()
+        self.slow.record_resolutions(self.enricher.take_late())
+        self.stats.live_pids_dropped += self.tables.trim_live()
         now = time.monotonic()
         if now >= self.recovery.next_check:
             self.recovery.next_check = now + self.config.drop_check_interval_s
@@ -185,12 +206,19 @@ class Recorder:
     def close(self) -> None:
         """Drain what is left, write the end record, close the log and detach BPF."""
         if self.tracer is not None:
-            self.step()
+            try:
+                self.step()
+            except Exception as e:          # the end record is still written
+                self.guard.step_failed(e)
         self.join.release(everything=True)
+        abandoned = self.enricher.close()
         if self.snapshotter is not None:
-            self.snapshotter.stop()
+            call_within(lambda: self.snapshotter.stop(drain_timeout_s=SNAPSHOT_STOP_S / 2), SNAPSHOT_STOP_S,
+                        "snapshotter stop")
         if self.log.writer is not None:
-            self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(), **self.summary()}))
+            self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(),
+                                        "reason": self.guard.end_reason or "stopped",
+                                        "resolutions_abandoned": abandoned, **self.summary()}))
             self.log.close()
         if self.rings is not None:
             self.rings.close()
@@ -234,6 +262,8 @@ class Recorder:
                "events_per_s": rates, "last_errors": list(self.last_errors),
                "log": self.log.stats_or_none(),
                "snapshots": self.snapshotter.status() if self.snapshotter is not None else None,
+               "resolve": self.enricher.status(), "loop_errors": dict(self.guard.loop_errors),
+               "last_step_s_ago": round(now - self.guard.last_progress, 3),
                "caches": {**memo.shared_stats(), self.enricher.cache.name: self.enricher.cache.stats()}}
         out.update(self.summary())
         return out
@@ -258,25 +288,12 @@ class Recorder:
                                    "hit_rate": round(e.hits / lookups, 4) if lookups else None},
                 "log_write_errors": self.stats.log_write_errors,
                 "log_lines_dropped": self.stats.log_lines_dropped,
-                "priority_boosts": self.stats.priority_boosts}
+                "priority_boosts": self.stats.priority_boosts,
+                "event_errors": dict(self.stats.event_errors), "resolve_timeouts": e.timeouts,
+                "live_pids_dropped": self.stats.live_pids_dropped}
 
     def _start_snapshots(self, kernel_build_id: str | None) -> None:
-        from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
-        from buildidd.store import SnapshotPolicy, Snapshotter, Store
-
-        cfg = self.config
-        store = Store(cfg.store_root, quota_bytes=cfg.store_quota_bytes or None)
-        if kernel_build_id:
-            try:
-                store.add_kallsyms(kernel_build_id)
-            except (StoreError, OSError) as e:
-                self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"kallsyms snapshot: {e}"})
-        retention = RetentionPolicy(session_root=self.session_dir.parent, current_session=self.session_dir,
-                                    max_age_s=cfg.session_max_age_s or None,
-                                    max_total_bytes=cfg.session_max_total_bytes or None)
-        self.snapshotter = Snapshotter(store, SnapshotPolicy(rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s),
-                                       housekeeping=Housekeeping(store, retention))
-        self.snapshotter.start()
+        self.snapshotter = start_snapshots(self.config, self.session_dir, kernel_build_id, self.last_errors)
 
     def _on_build_id(self, ident: Identity, res: Resolution, fd: int) -> None:
         if self.snapshotter is not None:
@@ -284,3 +301,28 @@ class Recorder:
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
+
+
+def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
+                    last_errors: collections.deque):
+    """The store's Snapshotter for a session, started (with kallsyms snapshotted and housekeeping).
+
+    A kallsyms snapshot that fails is noted in last_errors.  Raises StoreError
+    (the store cannot be opened).
+    """
+    from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
+    from buildidd.store import SnapshotPolicy, Snapshotter, Store
+
+    store = Store(cfg.store_root, quota_bytes=cfg.store_quota_bytes or None)
+    if kernel_build_id:
+        try:
+            store.add_kallsyms(kernel_build_id)
+        except (StoreError, OSError) as e:
+            last_errors.append({"time_ns": clock.boot_ns(), "error": f"kallsyms snapshot: {e}"})
+    retention = RetentionPolicy(session_root=session_dir.parent, current_session=session_dir,
+                                max_age_s=cfg.session_max_age_s or None,
+                                max_total_bytes=cfg.session_max_total_bytes or None)
+    snapshotter = Snapshotter(store, SnapshotPolicy(rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s),
+                              housekeeping=Housekeeping(store, retention))
+    snapshotter.start()
+    return snapshotter

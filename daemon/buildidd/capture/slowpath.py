@@ -9,11 +9,22 @@ fast path writes (tests/capture/test_fastpath.py).
 
 from __future__ import annotations
 
+from buildidd import clock
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.tables import FastEntry, Stats, Tables
 from buildidd.kernel.events import DecodeError, EventType, RawEvent, decode, decode_task, exec_head, file_key
 from buildidd.resolve.enrich import Enricher, Resolution
 from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, res_tail, task_line
+
+
+#: A ``resolution`` record: the answer for an identity whose mappings were
+#: recorded with error "timeout" (its worker answered after the deadline):
+#: time_ns (ns since boot, when the answer came), then the identity and
+#: build-id fields of the mapping records (Resolution.json_tail: dev, ino,
+#: ino_generation, size, mtime_ns, build_id, build_id_source, error, and
+#: go_build_id / file_id when known).  It completes every earlier mapping
+#: and exec record of that identity in the session.
+RESOLUTION_LINE = b'{"type":"resolution","time_ns":%d,%s}'
 
 
 class SlowPath:
@@ -73,3 +84,9 @@ class SlowPath:
             fast[key] = FastEntry((res, None if res.build_id else res.error or "unknown", res_tail(res)))
         self.tables.emit(mmap_line(ev, origin, res))
 
+    def record_resolutions(self, answers: list[tuple[object, Resolution]]) -> None:
+        """Write a ``resolution`` record for each late answer (Enricher.take_late)."""
+        now = clock.boot_ns()
+        for _ident, res in answers:
+            self.stats.count("resolution")
+            self.tables.emit(RESOLUTION_LINE % (now, res_tail(res)))

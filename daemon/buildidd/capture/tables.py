@@ -11,6 +11,8 @@ are defined in _fastpath.c as struct sequences and re-exported here.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 
 from buildidd.capture import _fastpath
@@ -30,6 +32,12 @@ ORIGINS: tuple[bytes, ...] = tuple(_BY_VALUE.get(i, "mmap").encode() for i in ra
 
 #: Live mappings kept per process for the rescan after a loss (_fastpath.c: LIVE_MAX).
 LIVE_MAX = 4096
+#: Processes whose live mappings are kept (Tables.trim_live): above, exits were lost.
+LIVE_PIDS_MAX = 65536
+#: Seconds between two log lines about events of one exception type that could not be recorded.
+EVENT_ERROR_LOG_EVERY_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -88,6 +96,19 @@ class Tables:
         if len(live) < LIVE_MAX:
             live.add((start, key))
 
+    def trim_live(self, max_pids: int = LIVE_PIDS_MAX) -> int:
+        """Forget the live mappings of the longest-known pids beyond max_pids; how many pids went.
+
+        An exit the recorder never saw (lost) leaves a pid's entry behind;
+        this bounds them.  A pid forgotten while alive has its mappings
+        recorded again by the next rescan (origin "recovered").
+        """
+        live = self.live
+        excess = len(live) - max_pids
+        for _ in range(max(0, excess)):
+            del live[next(iter(live))]
+        return max(0, excess)
+
 
 @dataclass
 class Stats:
@@ -102,8 +123,22 @@ class Stats:
     log_write_errors: int = 0
     log_lines_dropped: int = 0
     priority_boosts: int = 0
+    #: events that raised while being recorded, by exception type name
+    event_errors: dict[str, int] = field(default_factory=dict)
+    #: pids whose live mappings were forgotten (Tables.trim_live)
+    live_pids_dropped: int = 0
+    _error_log_next: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
 
     def count(self, name: str, n: int = 1) -> None:
         """Count n recorded events of type name ("mmap", "exec", "fork", ...)."""
         ev = self.events
         ev[name] = ev.get(name, 0) + n
+
+    def event_error(self, e: Exception) -> None:
+        """One event raised e while being recorded: count it by type; log it at most once a minute per type."""
+        name = type(e).__name__
+        n = self.event_errors[name] = self.event_errors.get(name, 0) + 1
+        now = time.monotonic()
+        if now >= self._error_log_next.get(name, 0.0):
+            self._error_log_next[name] = now + EVENT_ERROR_LOG_EVERY_S
+            log.error("an event could not be recorded (%s, %d so far): %s", name, n, e, exc_info=e)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from buildidd.config import Config
 from buildidd.errors import ElfError, FileRefusedError
 from buildidd.kernel.events import Identity, RawEvent
 from buildidd.memo import LruCache
@@ -156,6 +157,17 @@ class Enricher:
         self._pending: dict[Identity, Job] = {}
         self._suspect: dict[int, float] = {}
         self._budget_s = float("inf")
+
+    def configure(self, config: Config) -> None:
+        """Take the deadline and pool sizes from config (before the first resolve: the old pool must be unused).
+
+        resolve_deadline_s is also the time after which a busy worker counts as
+        stuck; up to 8 * resolve_workers threads exist while some are.
+        """
+        workers = config.resolve_workers
+        self.offload = Offload(config.resolve_deadline_s, PoolPolicy(
+            workers=workers, max_threads=8 * workers, stuck_after_s=config.resolve_deadline_s))
+        self.pool = WorkerPool(self.offload.pool)
 
     # -- cache -------------------------------------------------------------
     @property
