@@ -145,6 +145,48 @@ def tmpfs_mount(tmp_path):
             raise OSError(ctypes.get_errno(), f"umount {mnt}")
 
 
+ATTACKER_NAME = "buildidd-test-attacker"
+
+
+@pytest.fixture(scope="session")
+def attacker():
+    """A real unprivileged user for hostile tests: (uid, gid, name).
+
+    Made with ``useradd -M -r`` (no home, system account) when absent, and
+    kept (test sessions running at the same time share it).  Needs root;
+    skips otherwise (fails under BUILDIDD_REQUIRE_BPF=1).  Run commands as it
+    with :func:`as_user`.
+    """
+    import pwd
+    need(os.geteuid() == 0, "making a test user needs root")
+    try:
+        pw = pwd.getpwnam(ATTACKER_NAME)
+    except KeyError:
+        r = subprocess.run(["useradd", "-M", "-r", "-s", "/bin/sh", ATTACKER_NAME], capture_output=True, text=True)
+        if r.returncode != 0 and "already exists" not in r.stderr:
+            pytest.fail(f"useradd {ATTACKER_NAME}: {r.stderr}")
+        pw = pwd.getpwnam(ATTACKER_NAME)
+    return pw.pw_uid, pw.pw_gid, ATTACKER_NAME
+
+
+def as_user(user, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """Run argv as user ((uid, gid, name) from the ``attacker`` fixture) with no supplementary groups.
+
+    setpriv drops to the user's uid/gid (and clears groups) before exec;
+    keyword arguments go to subprocess.run (default: capture_output, text).
+    """
+    uid, gid, _ = user
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv], **kw)
+
+
+def as_user_popen(user, argv: list[str], **kw) -> subprocess.Popen:
+    """:func:`as_user` as a background process (subprocess.Popen)."""
+    uid, gid, _ = user
+    return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv], **kw)
+
+
 def store_add(store, path: Path, name: str | None = None) -> str:
     """Add the ELF file at path to a buildidd Store (as ``name``, default its path); returns its build-id."""
     bid = readelf_build_id(path)
