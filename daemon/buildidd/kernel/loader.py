@@ -1,0 +1,342 @@
+"""Compile and load a BPF program in a short-lived child; keep only file descriptors.
+
+BCC stays the compiler, but importing it maps libbcc, libLLVM (~55 MiB) and
+libclang-cpp (~28 MiB) into the process for good.  :func:`load` runs BCC in a
+child process (``python -m buildidd.kernel.loader``) that compiles the source,
+loads and attaches the programs, fills the program arrays (tail calls), then
+hands every file descriptor that matters to the parent over a socketpair with
+SCM_RIGHTS and exits.  The parent never imports bcc.
+
+What keeps things alive once the child is gone (the kernel counts references
+to the open files, not to the process that opened them):
+
+- a tracepoint program: the perf event fd BCC opened for it
+  (``BPF.tracepoint_fds``; libbcc's bpf_attach_tracepoint does perf_event_open
+  + PERF_EVENT_IOC_SET_BPF), holding the program;
+- a raw tracepoint program: the fd of BPF_RAW_TRACEPOINT_OPEN
+  (``BPF.raw_tracepoint_fds``), holding the program;
+- perf_event programs: ``BPF.open_perf_events``; (k|u)probes:
+  ``BPF.kprobe_fds``/``uprobe_fds`` (none attach on our kernels, listed for
+  completeness);
+- a tail-called program: its slot in the BPF_MAP_TYPE_PROG_ARRAY.  The kernel
+  empties a program array when its last user reference goes away
+  (kernel/bpf/arraymap.c, prog_array_map_clear on map_release_uref), so the
+  parent must keep that map's fd open for tail calls to keep working;
+- a map: every program using it, and the fd the parent holds.
+
+Closing the attachment fds (:meth:`LoadedProgram.close`) detaches.  The
+alternative the footprint issue lists (cache BCC's output keyed by the kernel's
+build-id and the source hash, and load it with raw bpf(2) calls) is not done:
+it means re-implementing BCC's loader (map creation, relocation of map fds
+into instructions, BTF, the TRACEPOINT_PROBE naming), and a child costs only
+one Python start-up on top of the compile that a cache would save.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from buildidd.errors import ProbeError
+from buildidd.kernel.bpfsys import MapRef, map_info
+
+log = logging.getLogger(__name__)
+
+#: File descriptors per SCM_RIGHTS message (the kernel's SCM_MAX_FD is 253).
+FDS_PER_MESSAGE = 64
+#: Largest message either side accepts (the spec; one chunk of names).
+MAX_MESSAGE_BYTES = 1 << 20
+#: Child stderr kept for an error message (BCC prints compiler errors there).
+STDERR_TAIL_BYTES = 8192
+
+
+@dataclass(frozen=True)
+class TailCall:
+    """A program put into a BPF_MAP_TYPE_PROG_ARRAY slot by the child.
+
+    Attributes:
+        table: the BCC name of the program array (``BPF_PROG_ARRAY(name, n)``).
+        index: the slot.
+        function: the C function to load.
+        prog_type: ``raw_tracepoint``, ``tracepoint``, ``perf_event`` or
+            ``tracing`` (must match the type of the programs calling it).
+    """
+
+    table: str
+    index: int
+    function: str
+    prog_type: str = "raw_tracepoint"
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What the child compiles, loads and attaches.
+
+    Attributes:
+        src_file: path of the ``.bpf.c`` source.
+        cflags: compiler flags (``-DOFF_...=N``, ``-I...``).
+        raw_tracepoints: (tracepoint name, C function) pairs attached with
+            attach_raw_tracepoint; TRACEPOINT_PROBE(category, event) functions
+            are attached by BCC itself when the module loads.
+        tail_calls: program-array slots to fill.
+        required_tracepoints: ``category:event`` names that must exist in
+            tracefs (BCC's auto-attach gives a poor message otherwise).
+    """
+
+    src_file: str
+    cflags: tuple[str, ...] = ()
+    raw_tracepoints: tuple[tuple[str, str], ...] = ()
+    tail_calls: tuple[TailCall, ...] = ()
+    required_tracepoints: tuple[str, ...] = ()
+
+    def to_json(self) -> bytes:
+        """The spec as the child reads it."""
+        d = {"src_file": self.src_file, "cflags": list(self.cflags),
+             "raw_tracepoints": [list(x) for x in self.raw_tracepoints],
+             "tail_calls": [[t.table, t.index, t.function, t.prog_type] for t in self.tail_calls],
+             "required_tracepoints": list(self.required_tracepoints)}
+        return json.dumps(d).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "LoadSpec":
+        """Inverse of to_json (raises ValueError/KeyError/TypeError on a malformed spec)."""
+        d = json.loads(data)
+        return cls(str(d["src_file"]), tuple(str(x) for x in d["cflags"]),
+                   tuple((str(tp), str(fn)) for tp, fn in d["raw_tracepoints"]),
+                   tuple(TailCall(str(t), int(i), str(f), str(p)) for t, i, f, p in d["tail_calls"]),
+                   tuple(str(x) for x in d["required_tracepoints"]))
+
+
+@dataclass
+class LoadedProgram:
+    """The loaded, attached program as file descriptors owned by this process.
+
+    Attributes:
+        maps: BCC table name → :class:`MapRef` (fd and the kernel's map info).
+        progs: C function name → program fd (each loaded program).
+        links: ``kind:target`` (``tracepoint:syscalls:sys_exit_mmap``,
+            ``raw_tracepoint:sched_process_exec``) → the fd holding the attachment.
+        compile_s: seconds the child spent in BPF() (compile, load, auto-attach).
+        attach_s: seconds the child spent attaching and filling program arrays.
+        load_s: seconds from spawning the child to holding every fd (all of it).
+    """
+
+    maps: dict[str, MapRef] = field(default_factory=dict)
+    progs: dict[str, int] = field(default_factory=dict)
+    links: dict[str, int] = field(default_factory=dict)
+    compile_s: float = 0.0
+    attach_s: float = 0.0
+    load_s: float = 0.0
+
+    def detach(self) -> None:
+        """Close the attachment fds: the programs stop running; maps stay readable.  Idempotent."""
+        for fd in self.links.values():
+            os.close(fd)
+        self.links.clear()
+
+    def close(self) -> None:
+        """Detach, then drop the programs and maps.  Idempotent."""
+        self.detach()
+        for fd in self.progs.values():
+            os.close(fd)
+        self.progs.clear()
+        for ref in self.maps.values():
+            os.close(ref.fd)
+        self.maps.clear()
+
+    def __enter__(self) -> "LoadedProgram":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load(spec: LoadSpec, timeout_s: float = 120.0) -> LoadedProgram:
+    """Compile, load and attach spec in a child process and take over its file descriptors.
+
+    The child is ``sys.executable -m buildidd.kernel.loader``: this interpreter,
+    which must see both buildidd and bcc (python3-bpfcc).
+
+    Args:
+        spec: what to load.
+        timeout_s: longest wait for the child (compile + load + attach), seconds.
+    Returns:
+        The :class:`LoadedProgram`; the child has exited.
+    Raises:
+        ProbeError: the child failed (BCC's message and the tail of its stderr
+            included), timed out, or sent something malformed.
+    """
+    t0 = time.monotonic()
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    loaded = LoadedProgram()
+    with parent, tempfile.TemporaryFile() as err:
+        with child:
+            try:
+                proc = subprocess.Popen([sys.executable, "-m", "buildidd.kernel.loader", str(child.fileno())],
+                                        pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                                        stdout=err, stderr=err)
+            except OSError as e:
+                raise ProbeError(f"cannot start the BPF loader child: {e}") from e
+        try:
+            parent.settimeout(timeout_s)
+            parent.sendall(spec.to_json())
+            result = _receive(parent, loaded)
+            proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+        except (OSError, ValueError, subprocess.TimeoutExpired, ProbeError) as e:
+            proc.kill()
+            proc.wait()
+            loaded.close()
+            raise ProbeError(f"BPF loader child failed: {e}{_tail(err)}") from e
+        if "error" in result or proc.returncode != 0:
+            loaded.close()
+            raise ProbeError(f"BPF loader child failed (exit {proc.returncode}): "
+                             f"{result.get('error', 'no result')}{_tail(err)}")
+        warnings = _tail(err)
+        if warnings:
+            log.debug("BPF loader child said:%s", warnings)
+    loaded.compile_s = float(result.get("compile_s", 0.0))
+    loaded.attach_s = float(result.get("attach_s", 0.0))
+    loaded.load_s = time.monotonic() - t0
+    return loaded
+
+
+def _tail(f) -> str:
+    """The last STDERR_TAIL_BYTES of the child's output, as a suffix for a message."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - STDERR_TAIL_BYTES))
+    text = f.read().decode(errors="replace").strip()
+    return f"\n{text}" if text else ""
+
+
+def _receive(sock: socket.socket, loaded: LoadedProgram) -> dict:
+    """Read the child's messages into loaded until its final one (returned as a dict).
+
+    Each message is JSON ``{"kind": "map"|"prog"|"link", "names": [...]}`` with
+    as many fds (SCM_RIGHTS) as names, or the final ``{"done": ...}`` /
+    ``{"error": ...}``.  Every fd received ends up owned by loaded or closed.
+    """
+    while True:
+        msg, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE_BYTES, FDS_PER_MESSAGE)
+        pending = list(fds)
+        try:
+            if not msg and not fds:
+                raise ProbeError("the loader child closed the socket without a result")
+            if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
+                raise ProbeError("truncated message from the loader child")
+            body = json.loads(msg)
+            if not isinstance(body, dict):
+                raise ProbeError("malformed message from the loader child")
+            if "kind" not in body:
+                if fds:
+                    raise ProbeError("file descriptors with the final message")
+                return body
+            kind, names = body["kind"], [str(n) for n in body["names"]]
+            table = {"map": loaded.maps, "prog": loaded.progs, "link": loaded.links}.get(kind)
+            if table is None or len(names) != len(fds):
+                raise ProbeError(f"{len(fds)} fds for {len(names)} names of kind {kind!r}")
+            while pending:
+                name = names[len(fds) - len(pending)]
+                if name in table:
+                    raise ProbeError(f"{kind} {name!r} sent twice")
+                fd = pending[0]
+                table[name] = MapRef(fd, map_info(fd)) if kind == "map" else fd
+                pending.pop(0)
+        finally:
+            for fd in pending:
+                os.close(fd)
+
+
+# ---- the child ---------------------------------------------------------------------------
+
+def _attachment_fds(b) -> list[tuple[str, int]]:
+    """(name, fd) of every attachment BCC holds for the BPF object b (bcc/__init__.py:
+    tracepoint_fds, raw_tracepoint_fds, open_perf_events, kprobe_fds, uprobe_fds)."""
+    out = [(f"tracepoint:{tp.decode()}", fd) for tp, fd in b.tracepoint_fds.items()]
+    out += [(f"raw_tracepoint:{tp.decode()}", fd) for tp, fd in b.raw_tracepoint_fds.items()]
+    for (ev_type, ev_config), per_cpu in b.open_perf_events.items():
+        out += [(f"perf_event:{ev_type}:{ev_config}:{cpu}", fd) for cpu, fd in per_cpu.items()]
+    for ev, by_fn in b.kprobe_fds.items():
+        out += [(f"kprobe:{ev.decode()}:{fn.decode()}", fd) for fn, fd in by_fn.items()]
+    out += [(f"uprobe:{ev.decode()}", fd) for ev, fd in b.uprobe_fds.items()]
+    return out
+
+
+def _table_fds(b) -> list[tuple[str, int]]:
+    """(BCC table name, fd) of every map of the module (libbcc's bpf_num_tables,
+    bpf_table_name, bpf_table_fd_id, which bcc's Python does not wrap)."""
+    import ctypes
+    from bcc import lib
+    lib.bpf_num_tables.restype = ctypes.c_size_t
+    lib.bpf_num_tables.argtypes = [ctypes.c_void_p]
+    lib.bpf_table_name.restype = ctypes.c_char_p
+    lib.bpf_table_name.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.bpf_table_fd_id.restype = ctypes.c_int
+    lib.bpf_table_fd_id.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return [(lib.bpf_table_name(b.module, i).decode(), lib.bpf_table_fd_id(b.module, i))
+            for i in range(lib.bpf_num_tables(b.module))]
+
+
+def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]], dict]:
+    """Compile, load and attach spec with BCC; return the fds to send by kind, and timings."""
+    import ctypes
+    from bcc import BPF
+    from buildidd.kernel.tracer import ensure_tracefs
+    ensure_tracefs()
+    for tp in spec.required_tracepoints:
+        category, _, event = tp.partition(":")
+        if not BPF.tracepoint_exists(category, event):
+            raise ProbeError(f"tracepoint {tp} does not exist on this kernel")
+    t0 = time.monotonic()
+    try:
+        b = BPF(src_file=spec.src_file.encode(), cflags=list(spec.cflags))
+    except Exception as e:  # BCC raises bare Exception on compile/load failure
+        raise ProbeError(f"{spec.src_file} failed to compile or load: {e}") from e
+    t1 = time.monotonic()
+    types = {"raw_tracepoint": BPF.RAW_TRACEPOINT, "tracepoint": BPF.TRACEPOINT,
+             "perf_event": BPF.PERF_EVENT, "tracing": BPF.TRACING}
+    try:
+        for t in spec.tail_calls:
+            fn = b.load_func(t.function.encode(), types[t.prog_type])
+            b[t.table.encode()][ctypes.c_int(t.index)] = ctypes.c_int(fn.fd)
+        for tp, fn_name in spec.raw_tracepoints:
+            b.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn_name.encode())
+    except Exception as e:  # BCC raises bare Exception on load/attach failure
+        raise ProbeError(f"cannot load or attach: {e}") from e
+    t2 = time.monotonic()
+    groups = [("map", _table_fds(b)),
+              ("prog", [(name.decode(), fn.fd) for name, fn in b.funcs.items()]),
+              ("link", _attachment_fds(b))]
+    return groups, {"compile_s": t1 - t0, "attach_s": t2 - t1}
+
+
+def _child_main(fd: int) -> int:
+    """Entry point of the child: read the spec, load, send fds, report."""
+    sock = socket.socket(fileno=fd)
+    try:
+        spec = LoadSpec.from_json(sock.recv(MAX_MESSAGE_BYTES))
+        groups, timings = _child_load(spec)
+        for kind, items in groups:
+            for i in range(0, len(items), FDS_PER_MESSAGE):
+                chunk = items[i:i + FDS_PER_MESSAGE]
+                socket.send_fds(sock, [json.dumps({"kind": kind, "names": [n for n, _ in chunk]}).encode()],
+                                [f for _, f in chunk])
+        sock.send(json.dumps({"done": True, **timings}).encode())
+        return 0
+    except (ProbeError, OSError, ValueError, KeyError, TypeError) as e:
+        sock.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    # os._exit: skip BCC's atexit cleanup (it would detach what the parent now holds
+    # where detaching is more than closing an fd, e.g. kprobe_events entries).
+    os._exit(_child_main(int(sys.argv[1])))
