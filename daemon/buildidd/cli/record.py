@@ -47,7 +47,10 @@ def cmd_run(args) -> int:
     log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
              rec.session_dir, rec.ready_s, rec.stats.synthesized)
     status = Ticker(2.0, lambda: notify(f"STATUS={rec.status_line()}"))
-    watchdog = Ticker(watchdog_interval_s(), lambda: notify("WATCHDOG=1"))
+    # WATCHDOG=1 only while the recording loop completes steps: a thread stuck
+    # in one stops the pings, and systemd restarts the unit (WatchdogSec=).
+    wd_s = watchdog_interval_s()
+    watchdog = Ticker(wd_s, lambda: rec.guard.progressing(wd_s) and notify("WATCHDOG=1"))
 
     def tick():
         now = time.monotonic()

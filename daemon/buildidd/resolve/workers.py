@@ -10,7 +10,7 @@ Bounds: at most ``queue_max`` jobs wait (beyond: refused and counted), at most
 ``max_threads`` threads exist.  A worker busy with one job for longer than the
 deadline counts as stuck; when no worker is idle, a new one is started (up to
 max_threads) so that one stuck file system does not stop the resolution of
-files elsewhere.  Workers beyond ``workers`` that become idle exit.  All are
+files elsewhere; they stay until close.  All are
 daemon threads: a worker blocked in a system call never holds up the exit of
 the process (:meth:`WorkerPool.close` says how many jobs were abandoned).
 """
@@ -18,6 +18,7 @@ the process (:meth:`WorkerPool.close` says how many jobs were abandoned).
 from __future__ import annotations
 
 import collections
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -83,8 +84,8 @@ class WorkerPool:
         self.policy = policy
         self.name = name
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
-        self._queue: collections.deque[Job] = collections.deque()
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()   # C: no Python-level wake-up cost
+        self._queued = 0
         self._late: collections.deque[Job] = collections.deque()
         self._running: dict[int, Job] = {}      # thread ident -> its job
         self._threads = 0
@@ -97,20 +98,20 @@ class WorkerPool:
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Job | None:
         """Queue fn(arg); the Job, or None when the queue is full or the pool closed (counted)."""
         with self._lock:
-            if self._closed or len(self._queue) >= self.policy.queue_max:
+            if self._closed or self._queued >= self.policy.queue_max:
                 self.stats["queue_dropped"] += 1
                 return None
             job = Job(fn, arg)
-            self._queue.append(job)
+            self._queued += 1
             self.stats["submitted"] += 1
-            if self._idle < len(self._queue) and self._threads < self.policy.max_threads:
+            if self._idle < self._queued and self._threads < self.policy.max_threads:
                 self._start_thread()
-            self._cv.notify()
-            return job
+        self._queue.put(job)
+        return job
 
     def can_run_now(self) -> bool:
         """True when a submitted job would start at once: an idle thread, or room for a new one."""
-        return self._idle > len(self._queue) or self._threads < self.policy.max_threads
+        return self._idle > self._queued or self._threads < self.policy.max_threads
 
     def wait(self, job: Job, timeout_s: float) -> bool:
         """Wait up to timeout_s seconds for job; True when done.  False marks it late (see take_late)."""
@@ -139,15 +140,16 @@ class WorkerPool:
         with self._lock:
             stuck = sum(1 for j in self._running.values() if now - j.started >= self.policy.stuck_after_s)
             return {**self.stats, "threads": self._threads, "idle": self._idle, "stuck": stuck,
-                    "queued": len(self._queue), "queue_max": self.policy.queue_max}
+                    "queued": self._queued, "queue_max": self.policy.queue_max}
 
     def close(self) -> int:
         """Stop taking jobs; idle threads exit, busy ones are left (daemon threads).  Jobs abandoned: queued + running."""
         with self._lock:
             self._closed = True
-            abandoned = len(self._queue) + len(self._running)
-            self._queue.clear()
-            self._cv.notify_all()
+            abandoned = self._queued + len(self._running)
+            threads = self._threads
+        for _ in range(threads):
+            self._queue.put(None)        # wakes idle threads; they exit
         return abandoned
 
     # -- the workers ----------------------------------------------------------
@@ -160,23 +162,17 @@ class WorkerPool:
 
     def _work(self) -> None:
         me = threading.get_ident()
-        lock, queue = self._lock, self._queue
+        lock = self._lock
         with lock:
             self._idle += 1
         while True:
+            job = self._queue.get()
             with lock:
-                while not queue and not self._closed:
-                    if self._threads > self.policy.workers and self._idle > 1:
-                        self._idle -= 1
-                        self._threads -= 1
-                        return
-                    self._cv.wait()
-                if self._closed:
-                    self._idle -= 1
+                self._idle -= 1
+                if job is None or self._closed:
                     self._threads -= 1
                     return
-                job = queue.popleft()
-                self._idle -= 1
+                self._queued -= 1
                 job.started = time.monotonic()
                 self._running[me] = job
             try:
