@@ -760,11 +760,17 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
 	/* TP_PROTO(struct pt_regs *regs, long ret) */
-	const void *task = (const void *)bpf_get_current_task();
+	/*
+	 * A BTF pointer: the verifier checks the load against the kernel's own
+	 * struct task_struct (BTF, not the headers) and makes it a fault-safe
+	 * load, cheaper than bpf_probe_read_kernel on every syscall.
+	 */
+	const char *btf_task = (const char *)bpf_get_current_task_btf();
+	const void *task = btf_task;
 	const void *regs = (const void *)ctx->args[0];
 	__u64 ret = ctx->args[1], nr, start, len, prot;
 
-	if (!(rd32(AT(task, OFF_TASK_STRUCT_THREAD_INFO_STATUS)) & TS_COMPAT))
+	if (!(*(const __u32 *)(btf_task + OFF_TASK_STRUCT_THREAD_INFO_STATUS) & TS_COMPAT))
 		return 0;
 	nr = rd64(AT(regs, OFF_PT_REGS_ORIG_AX));
 	if (nr == IA32_NR_MMAP2 || nr == IA32_NR_OLD_MMAP) {
