@@ -88,6 +88,20 @@ class StoreError(BuildiddError):
     """The build-id store cannot add or find an entry."""
 
 
+class StoreRefusedError(StoreError):
+    """The store would not take a file (buildidd.store): a limit, not a failure.
+
+    Attributes:
+        reason: ``too_large`` (over ``store_file_max_bytes``), ``quota`` (no
+            room left after eviction), ``uid_share`` (its owner's share of the
+            quota is used up), ``alt_limit`` (too many contents claim that build-id).
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
 class ProtocolError(BuildiddError):
     """A control-socket request is malformed, too large or unknown."""
 
