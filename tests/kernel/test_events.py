@@ -46,3 +46,21 @@ def test_every_wire_struct_matches_the_c_header(tmp_path):
         got[key] = (int(off), int(size))
     assert got == expected
     assert len(got) > 40
+
+
+def test_exec_record_names_filename_then_path_and_rejects_a_short_one():
+    from buildidd.kernel.events import PATH_TRUNCATED, DecodeError, EventType, ExecEvent, decode, exec_head
+    import pytest
+
+    ev = ExecEvent()
+    ev.hdr.type, ev.hdr.pid, ev.hdr.tid, ev.hdr.comm = EventType.EXEC, 7, 7, b"sh\xff"
+    ev.id_flags = PATH_TRUNCATED
+    filename, path = b"./run\xfe", b"/usr/bin/python3.11"
+    ev.filename_len, ev.path_len = len(filename), len(path)
+    ev.names = filename + path
+    raw = bytes(ev)[:ExecEvent.names.offset + len(filename) + len(path)]
+    head = exec_head(raw)
+    assert (head.filename, head.path, head.path_cut, head.comm.rstrip(b"\0")) == (filename, path, True, b"sh\xff")
+    assert decode(raw).path == "/usr/bin/python3.11"
+    with pytest.raises(DecodeError):
+        exec_head(raw[:-1])
