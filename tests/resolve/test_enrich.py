@@ -94,3 +94,46 @@ def test_a_path_with_a_nul_byte_gets_a_reason_not_an_exception(tmp_path):
     f = gcc("int main(void){return 0;}\n", tmp_path / "a", "-Wl,--build-id=sha1")
     res = Enricher().resolve(_event(str(f) + "\0junk", _ident(f)))
     assert res.build_id is None and res.error == "file_vanished"
+
+
+def test_a_fifo_or_a_symlink_at_the_path_is_never_opened(tmp_path):
+    f = gcc("int main(void){return 0;}\n", tmp_path / "a", "-Wl,--build-id=sha1")
+    ident = _ident(f)
+    os.unlink(f)
+    os.mkfifo(f)              # no writer: an open(O_RDONLY) without O_NONBLOCK would block for ever
+    res = Enricher().resolve(_event(f, ident))
+    assert res.build_id is None and res.error == "not_regular" and res.source == "none"
+    os.unlink(f)
+    os.symlink("/usr/bin/true", f)
+    assert Enricher().resolve(_event(f, ident)).error == "not_regular"
+
+
+def test_a_job_past_its_deadline_is_recorded_as_timeout_then_completed(tmp_path):
+    import threading
+
+    from buildidd.resolve.enrich import Offload
+
+    f = gcc("int main(void){return 0;}\n", tmp_path / "a", "-Wl,--build-id=sha1")
+    ident = _ident(f)
+    e = Enricher(offload=Offload(deadline_s=0.05))
+    gate = threading.Event()
+    real = e.routes.fresh
+
+    def stuck(req):           # a file system that answers late (FUSE, NFS): the worker blocks
+        gate.wait(30)
+        return real(req)
+
+    e.routes.fresh = stuck
+    res = e.resolve(_event(f, ident))
+    assert res.error == "timeout" and not res.final and e.timeouts == 1
+    assert e.resolve(_event(f, ident)).error == "timeout"      # pending: no second job, no wait
+    assert e.status()["pending"] == 1 and e.status()["suspect_devices"] == 1
+    gate.set()
+    for _ in range(500):
+        late = e.take_late()
+        if late:
+            break
+        threading.Event().wait(0.01)
+    assert late and late[0][0] == ident and late[0][1].build_id == readelf_build_id(f)
+    assert e.resolve(_event(f, ident)).build_id == readelf_build_id(f)
+    assert e.status()["pending"] == 0 and e.close() == 0
