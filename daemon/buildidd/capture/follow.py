@@ -5,11 +5,16 @@ The one place follow mode filters: the recorder then records all it is given.
 
 from __future__ import annotations
 
+import os
+
 from buildidd.capture import _fastpath
 from buildidd.kernel.events import TASK_EVENT, TASK_FORK_PPID_OFF, EventType
 
 #: Records of untracked pids held back at most (one step's worth).
 DEFERRED_MAX = 65536
+#: Pids followed at most: a fork beyond it, once pids without a /proc entry
+#: (their exit was lost) are pruned, is not followed and is counted (dropped).
+TRACKED_MAX = 65536
 
 
 class FollowFilter:
@@ -22,7 +27,18 @@ class FollowFilter:
 
     def __init__(self, tracked: set[int]):
         self.tracked = tracked
+        self.dropped = 0
         self._deferred: list[bytes] = []
+
+    def _track(self, pid: int) -> None:
+        tracked = self.tracked
+        if len(tracked) >= TRACKED_MAX:
+            # /proc/PID: the kernel's, not a path a user controls.
+            tracked.difference_update([p for p in tracked if not os.path.exists(f"/proc/{p}")])
+        if len(tracked) < TRACKED_MAX:
+            tracked.add(pid)
+        else:
+            self.dropped += 1
 
     def filter(self, raws: list[bytes]) -> list[bytes]:
         """The records of tracked processes (and forks from them) among raws, in time order.
@@ -50,7 +66,7 @@ class FollowFilter:
                 # A fork belongs to the tree when its parent does (the fork
                 # that made the command itself came from buildidd: not kept).
                 if int.from_bytes(raw[TASK_FORK_PPID_OFF:TASK_FORK_PPID_OFF + 4], "little") in tracked:
-                    tracked.add(pid)
+                    self._track(pid)
                     out.append(raw)
                 elif id(raw) not in held_before and len(self._deferred) < DEFERRED_MAX:
                     self._deferred.append(raw)
