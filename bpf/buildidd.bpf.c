@@ -12,6 +12,7 @@
  * few milliseconds.  What cannot be delivered is counted per cause in "drops".
  */
 #include "events.h"
+#include "pagecache.h"
 
 #define PROT_EXEC	0x4
 #define MAP_SHARED	0x01
@@ -117,6 +118,9 @@ BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
 BPF_PERCPU_ARRAY(map_scratch, struct map_scratch, 1);
 BPF_PERCPU_ARRAY(exec_scratch, struct exec_scratch, 1);
 BPF_HASH(pending_mprotect, __u32, struct pending_mprotect, 16384);
+/* bpf/pagecache.h: the bases user space found at start-up (zeros: the kernel path is off), its scratch. */
+BPF_ARRAY(pagecache_bases, struct pagecache_bases, 1);
+BPF_PERCPU_ARRAY(pagecache_scratch, struct pc_scratch, 1);
 
 #define AT(base, off) ((const void *)((const char *)(base) + (off)))
 
@@ -299,6 +303,10 @@ static __always_inline int read_file_id(const void *inode, struct file_id *id)
 	id->mtime_sec = INODE_FIELD(buf, OFF_INODE_I_MTIME_SEC, __s64);
 	id->mtime_nsec = INODE_FIELD(buf, OFF_INODE_I_MTIME_NSEC, __u32);
 	id->generation = INODE_FIELD(buf, OFF_INODE_I_GENERATION, __u32);
+	id->ctime_sec = INODE_FIELD(buf, OFF_INODE_I_CTIME_SEC, __s64);
+	/* Linux 6.13 (commit 4e40eff0b573, multigrain timestamps) keeps a flag in bit 31. */
+	id->ctime_nsec = INODE_FIELD(buf, OFF_INODE_I_CTIME_NSEC, __u32) & 0x3fffffff;
+	id->_pad = 0;
 	id->nlink = INODE_FIELD(buf, OFF_INODE_I_NLINK, __u32);
 	sb = INODE_FIELD(buf, OFF_INODE_I_SB, const void *);
 	id->dev = sb ? rd32(AT(sb, OFF_SUPER_BLOCK_S_DEV)) : 0;
@@ -505,6 +513,26 @@ static __always_inline const void *find_vma(const void *mm, __u64 addr, struct w
 }
 
 /*
+ * The GNU build-id of file (vma->vm_file: on overlayfs the real, backing
+ * file, whose page cache holds the bytes) into ev->bid, read now from its
+ * page cache (bpf/pagecache.h).  The size is the real inode's, which is the
+ * one ev->file describes unless the file is a backing file.
+ */
+static __always_inline void read_build_id(const void *file, struct map_event *ev)
+{
+	struct pc_scratch *pcs;
+	struct pagecache_bases *b;
+	__u64 size = ev->file.size;
+	__u32 zero = 0;
+
+	pcs = pagecache_scratch.lookup(&zero);
+	b = pagecache_bases.lookup(&zero);
+	if (ev->id_flags & BUILDIDD_FILE_BACKING)
+		size = rd64(AT(rdptr(AT(file, OFF_FILE_F_INODE)), OFF_INODE_I_SIZE));
+	pagecache_build_id(file, size, &ev->bid, pcs, b);
+}
+
+/*
  * Fills ev's identity and path for file (the one the user opened, see
  * user_view), read now for this event.  Returns the number of path bytes,
  * or -1 if the file is unreadable.
@@ -523,6 +551,7 @@ static __always_inline int prepare_map_event(struct map_scratch *s, const void *
 	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
 	bpf_probe_read_kernel(ev->path, plen, s->buf + (off & PATH_MASK));
 	ev->path_len = plen;
+	read_build_id(file, ev);
 	return plen;
 }
 
@@ -587,11 +616,15 @@ static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
 #endif
 
 /*
- * mmap(2) returned ret: everything is read from the new VMA, as perf's
- * PERF_RECORD_MMAP2 does (vm_start, vm_end - vm_start, vm_pgoff, vm_flags):
- * the file is the one actually mapped.
+ * A file mapping that may have become executable at addr: mmap(2) returned
+ * addr (origin BUILDIDD_ORIGIN_MMAP: everything is read from the new VMA, as
+ * perf's PERF_RECORD_MMAP2 does: vm_start, vm_end - vm_start, vm_pgoff,
+ * vm_flags; the file is the one actually mapped), or mprotect(2) made
+ * [addr, addr + len) executable with prot (BUILDIDD_ORIGIN_MPROTECT).  One
+ * function for both, so that a program handling both (on_sys_exit) holds
+ * one copy of the path walk and of the build-id reader.
  */
-static __always_inline void mmap_exit(const void *task, __u64 ret)
+static __always_inline void map_exit(const void *task, __u64 addr, __u64 len, __u32 prot, __u32 origin)
 {
 	struct map_scratch *s;
 	struct walk_scratch *w;
@@ -604,19 +637,28 @@ static __always_inline void mmap_exit(const void *task, __u64 ret)
 	if (!w || !s)
 		return;
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
-	if (!mm || !find_vma(mm, ret, w, &v)) {
+	if (!mm || !find_vma(mm, addr, w, &v) || (origin != BUILDIDD_ORIGIN_MMAP && !v.file)) {
 		count_drop(BUILDIDD_DROP_NO_VMA);
 		return;
 	}
-	if (!(v.flags & VM_EXEC) || !v.file)
+	if (!v.file)
 		return;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
-	s->ev.start = v.start;
-	s->ev.len = v.end - v.start;
-	s->ev.pgoff = v.pgoff << PAGE_SHIFT;
-	s->ev.prot = vm_flags_to_prot(v.flags);
+	if (origin == BUILDIDD_ORIGIN_MMAP) {
+		if (!(v.flags & VM_EXEC))
+			return;
+		s->ev.start = v.start;
+		s->ev.len = v.end - v.start;
+		s->ev.pgoff = v.pgoff << PAGE_SHIFT;
+		s->ev.prot = vm_flags_to_prot(v.flags);
+	} else {
+		s->ev.start = addr;
+		s->ev.len = len;
+		s->ev.pgoff = (v.pgoff << PAGE_SHIFT) + (addr - v.start);
+		s->ev.prot = prot;
+	}
 	s->ev.flags = vm_flags_to_map(v.flags);
-	s->ev.origin = BUILDIDD_ORIGIN_MMAP;
+	s->ev.origin = origin;
 	if (prepare_map_event(s, v.file) < 0) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return;
@@ -634,43 +676,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	task = (const void *)bpf_get_current_task();
 	if (mmap_cannot_exec(task, ret))
 		return 0;
-	mmap_exit(task, ret);
+	map_exit(task, ret, 0, 0, BUILDIDD_ORIGIN_MMAP);
 	return 0;
-}
-
-/*
- * An mprotect(2) that made [start, start + len) executable (prot) returned:
- * the mapping event of the file mapped there.
- */
-static __always_inline void mprotect_exit(const void *task, __u64 start, __u64 len, __u32 prot)
-{
-	struct map_scratch *s;
-	struct walk_scratch *w;
-	struct vma_info v;
-	const void *mm;
-	__u32 zero = 0;
-
-	w = walk_scratch.lookup(&zero);
-	s = map_scratch.lookup(&zero);
-	if (!w || !s)
-		return;
-	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
-	if (!mm || !find_vma(mm, start, w, &v) || !v.file) {
-		count_drop(BUILDIDD_DROP_NO_VMA);
-		return;
-	}
-	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
-	s->ev.start = start;
-	s->ev.len = len;
-	s->ev.pgoff = (v.pgoff << PAGE_SHIFT) + (start - v.start);
-	s->ev.prot = prot;
-	s->ev.flags = vm_flags_to_map(v.flags);
-	s->ev.origin = BUILDIDD_ORIGIN_MPROTECT;
-	if (prepare_map_event(s, v.file) < 0) {
-		count_drop(BUILDIDD_DROP_READ_FAILED);
-		return;
-	}
-	submit_map_event(s);
 }
 
 /*
@@ -734,7 +741,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 	__sync_fetch_and_add(count, -1);
 	if (args->ret != 0)
 		return 0;
-	mprotect_exit((const void *)bpf_get_current_task(), p.start, p.len, p.prot);
+	map_exit((const void *)bpf_get_current_task(), p.start, p.len, p.prot, BUILDIDD_ORIGIN_MPROTECT);
 	return 0;
 }
 
@@ -769,23 +776,28 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	const void *task = btf_task;
 	const void *regs = (const void *)ctx->args[0];
 	__u64 ret = ctx->args[1], nr, start, len, prot;
+	__u32 origin;
 
 	if (!(*(const __u32 *)(btf_task + OFF_TASK_STRUCT_THREAD_INFO_STATUS) & TS_COMPAT))
 		return 0;
 	nr = rd64(AT(regs, OFF_PT_REGS_ORIG_AX));
 	if (nr == IA32_NR_MMAP2 || nr == IA32_NR_OLD_MMAP) {
-		if (ret < (__u64)-4095)
-			mmap_exit(task, (__u32)ret);
-		return 0;
+		if (ret >= (__u64)-4095)
+			return 0;
+		start = (__u32)ret;
+		len = prot = 0;
+		origin = BUILDIDD_ORIGIN_MMAP;
+	} else {
+		if ((nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT) || ret != 0)
+			return 0;
+		prot = rd64(AT(regs, OFF_PT_REGS_DX)) & 0xffffffff;
+		if (!(prot & PROT_EXEC))
+			return 0;
+		start = rd64(AT(regs, OFF_PT_REGS_BX)) & 0xffffffff;
+		len = rd64(AT(regs, OFF_PT_REGS_CX)) & 0xffffffff;
+		origin = BUILDIDD_ORIGIN_MPROTECT;
 	}
-	if ((nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT) || ret != 0)
-		return 0;
-	prot = rd64(AT(regs, OFF_PT_REGS_DX)) & 0xffffffff;
-	if (!(prot & PROT_EXEC))
-		return 0;
-	start = rd64(AT(regs, OFF_PT_REGS_BX)) & 0xffffffff;
-	len = rd64(AT(regs, OFF_PT_REGS_CX)) & 0xffffffff;
-	mprotect_exit(task, start, len, prot);
+	map_exit(task, start, len, prot, origin);
 	return 0;
 }
 #endif

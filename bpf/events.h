@@ -65,7 +65,35 @@ struct file_id {
 	__u32 mtime_nsec;	/* inode.i_mtime_nsec */
 	__u32 dev;		/* inode.i_sb->s_dev: kernel dev_t, MAJOR << 20 | MINOR */
 	__u32 generation;	/* inode.i_generation (FS_IOC_GETVERSION) */
+	__u32 ctime_nsec;	/* inode.i_ctime_nsec (multigrain flag bit 31 cleared) */
+	__s64 ctime_sec;	/* inode.i_ctime_sec (time64_t): status change, stat's st_ctime */
+	/* the identity key (events.py file_key, _fastpath.c KEY_LEN) ends here */
 	__u32 nlink;		/* inode.i_nlink: 0 once the file is deleted */
+	__u32 _pad;
+};
+
+/* pagecache_build_id.status */
+enum pagecache_status {
+	PC_NONE = 0,		/* not tried: the kernel path is off or there is no file */
+	PC_OK = 1,		/* build_id[0..size) is the first GNU build-id note's descriptor */
+	PC_NOT_CACHED = 2,	/* file page `page` is not in the page cache (or not uptodate) */
+	PC_NOT_ELF = 3,		/* no ELF magic (or a file shorter than 4 bytes) */
+	PC_NO_NOTE = 4,		/* sound ELF, no GNU build-id note in any PT_NOTE segment */
+	PC_NOTE_TOO_LARGE = 5,	/* the only GNU build-id note has more than 64 bytes */
+	PC_RACED = 6,		/* the folio of page `page` changed while it was read */
+	PC_MALFORMED = 7,	/* header, table, segment or note out of the file or inconsistent */
+	PC_UNSUPPORTED = 8,	/* big-endian, PN_XNUM, or more headers/notes than the walk takes */
+	PC_FAULT = 9,		/* a kernel read failed, or the bases are not known (kernel path off) */
+};
+
+#define PC_BUILD_ID_MAX 64	/* longest build-id taken, bytes (resolve/buildid.py BUILD_ID_MAX_BYTES) */
+
+/* The build-id of a mapped file as the BPF side read it from the page cache (bpf/pagecache.h). */
+struct pagecache_build_id {
+	__u32 status;		/* enum pagecache_status */
+	__u32 size;		/* bytes of build_id used (PC_OK), else 0 */
+	__u64 page;		/* PC_NOT_CACHED, PC_RACED: the file page index (offset / 4096) */
+	__u8 build_id[PC_BUILD_ID_MAX];
 };
 
 struct map_event {
@@ -78,6 +106,8 @@ struct map_event {
 	__u32 origin;		/* enum buildidd_map_origin */
 	__u32 id_flags;		/* BUILDIDD_ID_* / BUILDIDD_PATH_* */
 	struct file_id file;
+	struct pagecache_build_id bid;	/* the GNU build-id of the mapped file (the real file
+					 * on overlayfs), read from its page cache at the event */
 	__u16 path_len;		/* bytes of path used, no NUL */
 	__u8 _pad1[6];
 	char path[BUILDIDD_PATH_MAX];	/* path in the task's mount namespace, read for

@@ -48,29 +48,7 @@
 
 #include <linux/types.h>
 
-/* pagecache_build_id.status */
-enum pagecache_status {
-	PC_NONE = 0,		/* not tried: the kernel path is off or there is no file */
-	PC_OK = 1,		/* build_id[0..size) is the first GNU build-id note's descriptor */
-	PC_NOT_CACHED = 2,	/* file page `page` is not in the page cache (or not uptodate) */
-	PC_NOT_ELF = 3,		/* no ELF magic (or a file shorter than 4 bytes) */
-	PC_NO_NOTE = 4,		/* sound ELF, no GNU build-id note in any PT_NOTE segment */
-	PC_NOTE_TOO_LARGE = 5,	/* the only GNU build-id note has more than 64 bytes */
-	PC_RACED = 6,		/* the folio of page `page` changed while it was read */
-	PC_MALFORMED = 7,	/* header, table, segment or note out of the file or inconsistent */
-	PC_UNSUPPORTED = 8,	/* big-endian, PN_XNUM, or more headers/notes than the walk takes */
-	PC_FAULT = 9,		/* a kernel read failed, or the bases are not known (kernel path off) */
-};
-
-#define PC_BUILD_ID_MAX 64	/* longest build-id taken, bytes (resolve/buildid.py BUILD_ID_MAX_BYTES) */
-
-/* The answer for one file.  To be moved into events.h when wired into map_event. */
-struct pagecache_build_id {
-	__u32 status;		/* enum pagecache_status */
-	__u32 size;		/* bytes of build_id used (PC_OK), else 0 */
-	__u64 page;		/* PC_NOT_CACHED, PC_RACED: the file page index (offset / 4096) */
-	__u8 build_id[PC_BUILD_ID_MAX];
-};
+#include "events.h"	/* enum pagecache_status, struct pagecache_build_id, PC_BUILD_ID_MAX */
 
 /* Filled by user space (pagecache.py) after its start-up discovery; zeros: kernel path off. */
 struct pagecache_bases {

@@ -12,12 +12,14 @@ import struct
 
 import pytest
 
+from buildidd import clock
 from buildidd.capture import _fastpath
 from buildidd.config import Config
 from buildidd.memo import Memo
 from buildidd.capture.recorder import Recorder
 from buildidd.capture.tables import HeldExec, Tables
-from buildidd.kernel.events import EventType, ExecEvent, MapEvent, TaskEvent, file_key, st_dev_to_kdev
+from buildidd.kernel.events import (KERNEL_FINAL, EventType, ExecEvent, MapEvent, TaskEvent, answer_key, decode,
+                                     file_key, st_dev_to_kdev)
 from buildidd.resolve.procfs import identity_of
 
 from conftest import gcc, readelf_build_id
@@ -64,14 +66,23 @@ def _file_id(fid, ident, nlink):
     fid.ino, fid.size = ident.ino, ident.size
     fid.mtime_sec, fid.mtime_nsec = divmod(ident.mtime_ns, 1_000_000_000)
     fid.dev, fid.generation, fid.nlink = st_dev_to_kdev(ident.dev), ident.generation, nlink
+    fid.ctime_sec, fid.ctime_nsec = divmod(ident.ctime_ns, 1_000_000_000)
 
 
 def _hdr(ev, etype, pid, tid, time_ns, comm):
     ev.hdr.type, ev.hdr.pid, ev.hdr.tid, ev.hdr.time_ns, ev.hdr.comm = etype, pid, tid, time_ns, comm
 
 
-def map_raw(rng, ident, *, pid, tid, time_ns, comm, path=b"", origin=None, nlink=1, id_flags=0):
+#: map_event.bid values drawn by map_raw: (status, build-id): none tried, a kernel
+#: build-id (two of them), not cached, the kernel path off, not ELF, no note.
+KERNEL_ANSWERS = [(0, b""), (1, bytes(range(20))), (1, b"\xab" * 16), (2, b""), (9, b""), (3, b""), (4, b"")]
+
+
+def map_raw(rng, ident, *, pid, tid, time_ns, comm, path=b"", origin=None, nlink=1, id_flags=0, pc=None):
     ev = MapEvent()
+    ev.bid.status, bid = pc if pc is not None else rng.choice(KERNEL_ANSWERS)
+    ev.bid.size, ev.bid.page = len(bid), rng.randrange(4)
+    ev.bid.build_id[:len(bid)] = bid
     _hdr(ev, EventType.MAP, pid, tid, time_ns, comm)
     ev.start = rng.choice([0x7F0000000000 + rng.randrange(1 << 30) * 4096, (1 << 64) - 4096])
     ev.len = rng.choice([4096, 1 << 21, (1 << 64) - 1])
@@ -129,12 +140,24 @@ def _workload(rng, elfs, n):
     """Batches of raw records, every record type, well-formed and not; and how many need Python."""
     me = os.getpid()
     paths = list(elfs)
-    t = 10**9
+    t = clock.boot_ns() + 10**8      # after the files were made: their ctime is older than a tick
     batches = [[map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t, comm=b"first", path=p, origin=1)
                 for p in paths]]
     batch = []
     gone = paths[-1]
-    n_python = len(paths)
+    seen = set()
+
+    def needs(raw):
+        """Whether this mapping record needs Python: the first of its answer key, or no final answer."""
+        ev = decode(raw)
+        key = answer_key(file_key(ev.identity), ev)
+        if ev.pc_status not in KERNEL_FINAL and ev.identity == elfs[gone]:
+            return True
+        new = key not in seen
+        seen.add(key)
+        return new
+
+    n_python = sum(map(needs, batches[0]))
     for _ in range(n):
         t += rng.randrange(1, 10**6)
         pid = rng.choice([me, 1, 4242, (1 << 32) - 1])
@@ -146,7 +169,7 @@ def _workload(rng, elfs, n):
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm,
                                  nlink=rng.choice([1, 1, 0]), path=rng.choice([p, p, b"", p + b"\xff\n"]),
                                  id_flags=rng.choice([0, 0, 2, 4, 8])))
-            n_python += p == gone        # no final answer: never on the fast path
+            n_python += needs(batch[-1])        # no final answer: never on the fast path
         elif kind < 0.85:
             etype = rng.choice([EventType.FORK, EventType.EXIT, EventType.COMM])
             batch.append(task_raw(etype, pid=pid, tid=tid, time_ns=t, comm=comm,
@@ -156,23 +179,23 @@ def _workload(rng, elfs, n):
             batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, filename=name,
                                   path=rng.choice([p, b"/usr/bin/\xfe\"q"]), id_flags=rng.choice([0, 2])))
             batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, origin=3))
-            n_python += p == gone            # held in C; a mapping with no final answer is Python's
+            n_python += needs(batch[-1])            # held in C; a mapping with no final answer is Python's
         elif kind < 0.885:      # two execs from one tid before a mapping: the second is Python's
             batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t, comm=comm, filename=p))
             batch.append(exec_raw(elfs[p], pid=me, tid=me, time_ns=t + 1, comm=comm, filename=p))
             batch.append(map_raw(rng, elfs[p], pid=me, tid=me, time_ns=t + 2, comm=comm, origin=3))
-            n_python += 1 + (p == gone)
+            n_python += 1 + needs(batch[-1])
         elif kind < 0.91:       # another name of the file (a hard link, a rename): its own path
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm,
                                  path=p + rng.choice([b".link", b"\xff", b"\xed\xa0\x80"])))
-            n_python += p == gone
+            n_python += needs(batch[-1])
         elif kind < 0.93:       # malformed: short, unknown type, short task record
             batch.append(rng.choice([b"\x01\x00\x00\x00" + bytes(30), b"\x09" + bytes(60),
                                      b"\x03\x00\x00\x00" + bytes(30), b"\x01"]))
             n_python += 1
         else:
             batch.append(map_raw(rng, elfs[p], pid=pid, tid=tid, time_ns=t, comm=comm, origin=1))
-            n_python += p == gone
+            n_python += needs(batch[-1])
         if rng.random() < 0.01:
             batches.append(batch)
             batch = []
@@ -223,12 +246,14 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     rng = random.Random(1)
     rec = _recorder(tmp_path, "r", True)
     p = next(iter(elfs))
-    known = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=1, comm=b"c", path=p, origin=1)
+    now = clock.boot_ns()
+    none = (0, b"")         # no kernel answer: the identity's user-space answer
+    known = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=now, comm=b"c", path=p, origin=1, pc=none)
     rec.tracer.batch = [known]
     rec.step()
-    plain = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", origin=1)
+    plain = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=now, comm=b"c", origin=1, pc=none)
     fork = task_raw(EventType.FORK, pid=2, tid=2, time_ns=3, comm=b"c", a=1, b=1)
-    renamed = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=2, comm=b"c", path=p + b".new", origin=1)
+    renamed = map_raw(rng, elfs[p], pid=1, tid=1, time_ns=now, comm=b"c", path=p + b".new", origin=1, pc=none)
     raws = [plain, fork, known, renamed, plain, b"\x09" + bytes(60)]
     comm_json, filename_json = _memos(b'"x"', b'"p"')
     t = Tables(missing={}, fast=rec.tables.fast, comm_json=comm_json, filename_json=filename_json,
@@ -236,7 +261,7 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     lines = t.lines
     assert _fastpath.run(raws, 0, t)[:4] == (5, 4, 4, 1)          # another path is its own: stops at the unknown type
     assert len(lines) == 5 and b'"path":"' + p + b'.new"' in lines[3]
-    t.held = {1: HeldExec((None, 0, b"another file".ljust(36), b"{"))}
+    t.held = {1: HeldExec((None, 0, b"another file".ljust(len(file_key(elfs[p]))), b"{"))}
     assert _fastpath.run([plain], 0, t)[0] == 0   # its tid holds another exec
     ex = exec_raw(elfs[p], pid=1, tid=1, time_ns=4, comm=b"c", filename=b"/x")
     assert _fastpath.run([ex, ex], 0, t)[0] == 0   # tid 1 holds an exec
@@ -246,7 +271,7 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     assert held[1][3].endswith(b'"filename":"p","path":"/bin/elf",')
     t.held = {}
     assert _fastpath.run([ex[:-1]], 0, t)[0] == 0   # filename past the end
-    unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c")
+    unknown = map_raw(rng, elfs[p].__class__(1, 2, 3, 4, 5), pid=1, tid=1, time_ns=2, comm=b"c", pc=none)
     assert _fastpath.run([unknown], 0, t)[0] == 0
     assert file_key(elfs[p]) in rec.tables.fast
 
@@ -328,16 +353,21 @@ def test_sort_by_time_merges_runs_stably():
 
 
 def test_configure_rejects_a_template_it_cannot_fill():
-    from buildidd.sessionlog.records import COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FORK_LINE, MMAP_LINE
+    from buildidd.sessionlog.records import (COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FORK_LINE,
+                                             KERNEL_STATUS_JSON as KS, MMAP_LINE)
 
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, b'{"comm":%s}', EXEC_LINE, EXEC_PREFIX)
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, b'{"comm":%s}', EXEC_LINE, EXEC_PREFIX, KS)
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE + b"%x", FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX)
+        _fastpath.configure(MMAP_LINE + b"%x", FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX, KS)
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, b"%s%d", EXEC_PREFIX)
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, b"%s%d", EXEC_PREFIX, KS)
     with pytest.raises(ValueError):
-        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX + b"%s")
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX + b"%s", KS)
+    with pytest.raises(ValueError):
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX, ())
+    with pytest.raises(TypeError):
+        _fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX, ("fault",))
     # A rejected set leaves the templates in use untouched.
     comm_json, filename_json = _memos(b'"x"', b'"p"')
     t = Tables(missing={}, comm_json=comm_json, filename_json=filename_json, origins=(b"mmap",))

@@ -64,3 +64,28 @@ def test_exec_record_names_filename_then_path_and_rejects_a_short_one():
     assert decode(raw).path == "/usr/bin/python3.11"
     with pytest.raises(DecodeError):
         exec_head(raw[:-1])
+
+
+def test_map_record_carries_the_kernel_build_id_and_ctime():
+    import pytest
+    from buildidd.kernel.events import (DecodeError, EventType, MapEvent, PcStatus, answer_key, decode,
+                                        file_key)
+
+    ev = MapEvent()
+    ev.hdr.type, ev.hdr.pid, ev.hdr.tid = EventType.MAP, 5, 6
+    ev.file.ino, ev.file.size, ev.file.ctime_sec, ev.file.ctime_nsec = 9, 100, 1_700_000_000, 42
+    ev.bid.status, ev.bid.size = PcStatus.OK, 20
+    ev.bid.build_id[:20] = bytes(range(1, 21))
+    raw = bytes(ev)[:MapEvent.path.offset]
+    got = decode(raw)
+    assert got.pc_status == PcStatus.OK and got.pc_build_id == bytes(range(1, 21))
+    assert got.identity.ctime_ns == 1_700_000_000_000_000_042
+    key = file_key(got.identity)
+    assert key == raw[MapEvent.file.offset:MapEvent.file.offset + len(key)]
+    assert answer_key(key, got) == key + b"\x01" + bytes(range(1, 21))
+    ev.bid.status, ev.bid.page = PcStatus.NOT_CACHED, 3
+    got = decode(bytes(ev)[:MapEvent.path.offset])
+    assert (got.pc_build_id, got.pc_page, answer_key(key, got)) == (b"", 3, key)
+    ev.bid.status, ev.bid.size = PcStatus.OK, 65
+    with pytest.raises(DecodeError):
+        decode(bytes(ev)[:MapEvent.path.offset])

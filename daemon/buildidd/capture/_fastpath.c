@@ -29,6 +29,12 @@
 
 /* The identity key: struct file_id without nlink (events.py: file_key). */
 #define KEY_LEN offsetof(struct file_id, nlink)
+/*
+ * The fast table's key of a mapping (events.py: answer_key): the identity
+ * key, followed, when the kernel's read is the whole answer (kernel_final),
+ * by the status byte and the build-id the kernel read.
+ */
+#define ANSWER_KEY_MAX (KEY_LEN + 1 + PC_BUILD_ID_MAX)
 #define MAP_MIN_LEN offsetof(struct map_event, path)
 #define TASK_LEN sizeof(struct task_event)
 /* live sets stop growing at this many mappings per process (capture/tables.py) */
@@ -244,10 +250,12 @@ struct arg {
 };
 
 enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_EXEC, T_EXEC_PREFIX, T_N };
-static const char *const tmpl_convs[T_N] = {"dddsdddddsssss", "dddsdd", "dddsd", "ddds", "ss", "dddsdsss"};
+static const char *const tmpl_convs[T_N] = {"dddsdddddssssss", "dddsdd", "dddsd", "ddds", "ss", "dddsdsss"};
 static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE", "EXEC_LINE",
 					    "EXEC_PREFIX"};
 static struct tmpl templates[T_N];
+/* records.py KERNEL_STATUS_JSON: what follows a mapping's fields, by enum pagecache_status (owned). */
+static PyObject *kernel_status_json;
 
 static int parse_tmpl(struct tmpl *t, PyObject *b, int which)
 {
@@ -332,10 +340,10 @@ static PyObject *format_line(const struct tmpl *t, const struct arg *a)
 }
 
 PyDoc_STRVAR(configure_doc,
-"configure(mmap_line, fork_line, exit_line, comm_line, exec_line, exec_prefix) -> None\n\n"
+"configure(mmap_line, fork_line, exit_line, comm_line, exec_line, exec_prefix, kernel_status_json) -> None\n\n"
 "Give the line templates of records.py (MMAP_LINE, FORK_LINE, EXIT_LINE,\n"
 "COMM_LINE, EXEC_LINE, EXEC_PREFIX): bytes with %d (unsigned decimal) and %s (bytes)\n"
-"conversions.\n"
+"conversions, and KERNEL_STATUS_JSON (a tuple of bytes indexed by map_event.bid.status).\n"
 "Raises ValueError when a template's conversions are not the ones run() fills.");
 
 static PyObject *configure(PyObject *self, PyObject *args)
@@ -343,8 +351,19 @@ static PyObject *configure(PyObject *self, PyObject *args)
 	PyObject *b[T_N];
 	struct tmpl parsed[T_N] = {0};
 
-	if (!PyArg_ParseTuple(args, "OOOOOO", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]))
+	PyObject *ks;
+
+	if (!PyArg_ParseTuple(args, "OOOOOOO!", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &PyTuple_Type, &ks))
 		return NULL;
+	if (PyTuple_GET_SIZE(ks) < 1) {
+		PyErr_SetString(PyExc_ValueError, "kernel_status_json must not be empty");
+		return NULL;
+	}
+	for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ks); k++)
+		if (!PyBytes_Check(PyTuple_GET_ITEM(ks, k))) {
+			PyErr_SetString(PyExc_TypeError, "kernel_status_json must be a tuple of bytes");
+			return NULL;
+		}
 	for (int i = 0; i < T_N; i++)
 		if (parse_tmpl(&parsed[i], b[i], i) < 0)
 			return NULL;
@@ -355,6 +374,8 @@ static PyObject *configure(PyObject *self, PyObject *args)
 		Py_XDECREF(templates[i].owner);
 		templates[i] = parsed[i];
 	}
+	Py_INCREF(ks);
+	Py_XSETREF(kernel_status_json, ks);
 	Py_RETURN_NONE;
 }
 
@@ -677,8 +698,10 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 
 /* Cache of the previous mapping's identity lookup within one run() call. */
 struct last_key {
-	char key[KEY_LEN];
-	PyObject *key_obj;	/* owned */
+	char key[ANSWER_KEY_MAX];
+	Py_ssize_t key_len;
+	PyObject *key_obj;	/* owned: the answer key (key[0..key_len)) */
+	PyObject *id_obj;	/* owned: its first KEY_LEN bytes, the identity key */
 	PyObject *hit;		/* owned: tables.fast[key], a FastEntry */
 };
 
@@ -705,7 +728,7 @@ static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *
 		PyErr_SetString(PyExc_TypeError, "tables.held values must be HeldExec with bytes key and prefix");
 		return -1;
 	}
-	if (PyBytes_GET_SIZE(key) != (Py_ssize_t)KEY_LEN || memcmp(PyBytes_AS_STRING(key), lk->key, KEY_LEN) != 0) {
+	if (PyBytes_GET_SIZE(key) != (Py_ssize_t)KEY_LEN || memcmp(PyBytes_AS_STRING(key), lk->key, KEY_LEN) != 0) {	/* identity only */
 		Py_DECREF(t);
 		return 0;
 	}
@@ -780,6 +803,31 @@ static int add_live(struct run_state *st, uint32_t pid, uint64_t start, PyObject
 	return 0;
 }
 
+/* enum pagecache_status values whose kernel answer is the whole answer (events.py KERNEL_FINAL). */
+static inline int kernel_final(uint32_t status)
+{
+	return status == PC_OK || status == PC_NOT_ELF || status == PC_NOTE_TOO_LARGE || status == PC_MALFORMED;
+}
+
+/* The answer key of a map record into key (events.py answer_key); its length, or -1 for a bad build-id size. */
+static Py_ssize_t answer_key(const char *r, char *key)
+{
+	const char *bid = r + offsetof(struct map_event, bid);
+	uint32_t status = ld_u32(bid + offsetof(struct pagecache_build_id, status));
+	uint32_t size = ld_u32(bid + offsetof(struct pagecache_build_id, size));
+
+	memcpy(key, r + offsetof(struct map_event, file), KEY_LEN);
+	if (!kernel_final(status))
+		return KEY_LEN;
+	key[KEY_LEN] = (char)status;
+	if (status != PC_OK)
+		return KEY_LEN + 1;
+	if (size == 0 || size > PC_BUILD_ID_MAX)
+		return -1;
+	memcpy(key + KEY_LEN + 1, bid + offsetof(struct pagecache_build_id, build_id), size);
+	return KEY_LEN + 1 + size;
+}
+
 static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struct last_key *lk, long *counts)
 {
 	const char *file = r + offsetof(struct map_event, file);
@@ -790,14 +838,20 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	uint32_t nlink = ld_u32(file + offsetof(struct file_id, nlink));
 	uint32_t id_flags = ld_u32(r + offsetof(struct map_event, id_flags));
 	Py_ssize_t plen = ld_u16(r + offsetof(struct map_event, path_len));
-	PyObject *hit, *tail, *error, *cj, *pj, *cut, *origin_name;
-	struct arg args[14];
+	uint32_t pc_status = ld_u32(r + offsetof(struct map_event, bid.status));
+	PyObject *hit, *tail, *error, *cj, *pj, *cut, *origin_name, *ks;
+	struct arg args[15];
+	char key_now[ANSWER_KEY_MAX];
+	Py_ssize_t klen;
 
 	if ((Py_ssize_t)MAP_MIN_LEN + plen > len)
 		return 0;		/* a path past the record's end: Python counts it */
+	klen = answer_key(r, key_now);
+	if (klen < 0)
+		return 0;		/* Python refuses it */
 
-	if (lk->key_obj == NULL || memcmp(lk->key, file, KEY_LEN) != 0) {
-		PyObject *key = PyBytes_FromStringAndSize(file, KEY_LEN);
+	if (lk->key_obj == NULL || lk->key_len != klen || memcmp(lk->key, key_now, klen) != 0) {
+		PyObject *key = PyBytes_FromStringAndSize(key_now, klen), *id;
 
 		if (key == NULL)
 			return -1;
@@ -811,10 +865,19 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 			PyErr_SetString(PyExc_TypeError, "tables.fast values must be FastEntry with a bytes res_tail");
 			return -1;
 		}
+		if (klen == (Py_ssize_t)KEY_LEN) {
+			id = key;
+			Py_INCREF(id);
+		} else if ((id = PyBytes_FromStringAndSize(file, KEY_LEN)) == NULL) {
+			Py_DECREF(key);
+			return -1;
+		}
 		Py_INCREF(hit);
 		Py_XSETREF(lk->hit, hit);
 		Py_XSETREF(lk->key_obj, key);
-		memcpy(lk->key, file, KEY_LEN);
+		Py_XSETREF(lk->id_obj, id);
+		memcpy(lk->key, key_now, klen);
+		lk->key_len = klen;
 	}
 	if (PyDict_GET_SIZE(st->held) != 0 && held_exec(st, tid, lk, counts) <= 0)
 		return PyErr_Occurred() ? -1 : 0;
@@ -828,6 +891,8 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	if (pj == NULL)
 		return -1;
 	cut = path_cut_of(st, id_flags);
+	ks = PyTuple_GET_ITEM(kernel_status_json,
+			      pc_status < (uint32_t)PyTuple_GET_SIZE(kernel_status_json) ? pc_status : 0);
 	origin_name = PyTuple_GET_ITEM(st->origins, origin < (uint32_t)PyTuple_GET_SIZE(st->origins) ? origin : 0);
 	args[0].u = ld_u64(r + offsetof(struct event_header, time_ns));
 	args[1].u = pid;
@@ -849,6 +914,8 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	args[12].len = PyBytes_GET_SIZE(cut);
 	args[13].s = PyBytes_AS_STRING(tail);
 	args[13].len = PyBytes_GET_SIZE(tail);
+	args[14].s = PyBytes_AS_STRING(ks);
+	args[14].len = PyBytes_GET_SIZE(ks);
 	if (emit(st, format_line(&templates[T_MMAP], args)) < 0)
 		return -1;
 	counts[T_N]++;
@@ -856,7 +923,7 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 		counts[T_N + 1]++;
 	else if (count_missing(st, error) < 0)
 		return -1;
-	return add_live(st, pid, start, lk->key_obj) < 0 ? -1 : 1;
+	return add_live(st, pid, start, lk->id_obj) < 0 ? -1 : 1;
 }
 
 /*
@@ -933,8 +1000,10 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 PyDoc_STRVAR(run_doc,
 "run(raws, start, tables) -> RunCounts\n\n"
 "Record raws[start:] (raw ring records, bytes) for as long as each is one of:\n"
-"  * a MAP record (struct map_event) whose identity key (the struct file_id\n"
-"    bytes before nlink) is in tables.fast (key -> FastEntry); its own path\n"
+"  * a MAP record (struct map_event) whose answer key (the struct file_id\n"
+"    bytes before nlink, then for a kernel-final bid.status that status byte\n"
+"    and the kernel's build-id: events.py answer_key) is in tables.fast\n"
+"    (key -> FastEntry); its own path and kernel status (KERNEL_STATUS_JSON)\n"
 "    is written (tables.path_json, tables.path_cut_json by id_flags).  When its tid is in tables.held\n"
 "    (tid -> HeldExec: execs waiting for their executable's mapping) with the\n"
 "    same key, the exec's line is written first (EXEC_LINE: prefix, res_tail)\n"
@@ -1003,6 +1072,7 @@ static PyObject *run(PyObject *self, PyObject *args)
 			break;
 	}
 	Py_XDECREF(lk.key_obj);
+	Py_XDECREF(lk.id_obj);
 	Py_XDECREF(lk.hit);
 	release_state(&st);
 	if (rc < 0)

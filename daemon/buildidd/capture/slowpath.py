@@ -12,7 +12,8 @@ from __future__ import annotations
 from buildidd import clock
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.tables import FastEntry, Stats, Tables
-from buildidd.kernel.events import DecodeError, EventType, RawEvent, decode, decode_task, exec_head, file_key
+from buildidd.kernel.events import (DecodeError, EventType, RawEvent, answer_key, decode, decode_task, exec_head,
+                                     file_key)
 from buildidd.resolve.enrich import Enricher, Resolution
 from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, res_tail, task_line
 
@@ -25,6 +26,10 @@ from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, res_tail, task_
 #: go_build_id / file_id when known).  It completes every earlier mapping
 #: and exec record of that identity in the session.
 RESOLUTION_LINE = b'{"type":"resolution","time_ns":%d,%s}'
+
+#: Fast entries of kernel answers (answer_key longer than the identity key)
+#: kept at most; the oldest go first.  (Identity entries follow the enricher's cache.)
+KERNEL_FAST_MAX = 65536
 
 
 class SlowPath:
@@ -42,6 +47,7 @@ class SlowPath:
         self.stats = stats
         self.enricher = enricher
         self.join = join
+        self._kernel_keys: dict[bytes, None] = {}
 
     def record(self, raw: bytes) -> None:
         """Record one raw ring record the fast path left to Python (any record type)."""
@@ -80,8 +86,15 @@ class SlowPath:
         key = file_key(ev.identity)
         self.tables.add_live(ev.pid, ev.start, key)
         fast = self.tables.fast
-        if res.final and ev.origin is not None and key not in fast:
-            fast[key] = FastEntry((res, None if res.build_id else res.error or "unknown", res_tail(res)))
+        akey = answer_key(key, ev)
+        if res.final and ev.origin is not None and akey not in fast:
+            fast[akey] = FastEntry((res, None if res.build_id else res.error or "unknown", res_tail(res)))
+            if akey is not key:
+                self._kernel_keys[akey] = None
+                if len(self._kernel_keys) > KERNEL_FAST_MAX:
+                    old = next(iter(self._kernel_keys))
+                    del self._kernel_keys[old]
+                    fast.pop(old, None)
         self.tables.emit(mmap_line(ev, origin, res))
 
     def record_resolutions(self, answers: list[tuple[object, Resolution]]) -> None:

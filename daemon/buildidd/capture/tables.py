@@ -19,11 +19,12 @@ from buildidd.capture import _fastpath
 from buildidd.capture._fastpath import FastEntry, HeldExec, RunCounts
 from buildidd.memo import Memo
 from buildidd.sessionlog.records import (COMM_JSON, COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FILENAME_JSON,
-                                         FORK_LINE, MMAP_LINE, ORIGIN_NAMES, PATH_CUT_JSON, PATH_JSON)
+                                         FORK_LINE, KERNEL_STATUS_JSON, MMAP_LINE, ORIGIN_NAMES, PATH_CUT_JSON,
+                                         PATH_JSON)
 
 __all__ = ["FastEntry", "HeldExec", "RunCounts", "Stats", "Tables", "LIVE_MAX", "ORIGINS"]
 
-_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX)
+_fastpath.configure(MMAP_LINE, FORK_LINE, EXIT_LINE, COMM_LINE, EXEC_LINE, EXEC_PREFIX, KERNEL_STATUS_JSON)
 
 _BY_VALUE = {int(k): v for k, v in ORIGIN_NAMES.items()}
 #: Record "origin" by map_event.origin, as the fast path reads it (index 0

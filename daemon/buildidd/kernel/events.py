@@ -20,7 +20,6 @@ COMM_LEN = 16
 PATH_MAX = 4096
 
 
-
 def bpf_dir() -> str:
     """The directory holding buildidd.bpf.c and events.h (package data ``buildidd.bpf``).
 
@@ -71,6 +70,23 @@ class DropCause(enum.IntEnum):
 
 N_DROP_CAUSES = 4
 
+
+class PcStatus(enum.IntEnum):
+    """enum pagecache_status of bpf/events.h: the outcome of one page-cache build-id read (bpf/pagecache.h)."""
+
+    NONE = 0            #: not tried
+    OK = 1              #: build-id read
+    NOT_CACHED = 2      #: page ``page`` not in the page cache
+    NOT_ELF = 3         #: no ELF magic
+    NO_NOTE = 4         #: sound ELF without a GNU build-id note in a PT_NOTE segment
+    NOTE_TOO_LARGE = 5  #: the GNU build-id note has more than 64 bytes
+    RACED = 6           #: the folio of page ``page`` changed during the read
+    MALFORMED = 7       #: headers or notes out of the file or inconsistent
+    UNSUPPORTED = 8     #: big-endian, PN_XNUM, or beyond the walk's caps
+    FAULT = 9           #: a kernel read failed, or the bases are unknown (kernel path off)
+
+
+PC_BUILD_ID_MAX = 64    #: the longest build-id the kernel side takes, bytes
 PATH_TRUNCATED = 0x2
 PATH_UNREACHABLE = 0x4
 FILE_BACKING = 0x8
@@ -99,7 +115,20 @@ class FileId(ctypes.Structure):
         ("mtime_nsec", ctypes.c_uint32),
         ("dev", ctypes.c_uint32),        # kernel dev_t: MAJOR << 20 | MINOR
         ("generation", ctypes.c_uint32),
+        ("ctime_nsec", ctypes.c_uint32),
+        ("ctime_sec", ctypes.c_int64),
         ("nlink", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+    ]
+
+
+class PagecacheBuildId(ctypes.Structure):
+    """struct pagecache_build_id of bpf/events.h (see the field comments there)."""
+    _fields_ = [
+        ("status", ctypes.c_uint32),     # PcStatus
+        ("size", ctypes.c_uint32),       # bytes of build_id used
+        ("page", ctypes.c_uint64),       # file page index (NOT_CACHED, RACED)
+        ("build_id", ctypes.c_uint8 * PC_BUILD_ID_MAX),
     ]
 
 
@@ -115,6 +144,7 @@ class MapEvent(ctypes.Structure):
         ("origin", ctypes.c_uint32),
         ("id_flags", ctypes.c_uint32),
         ("file", FileId),
+        ("bid", PagecacheBuildId),
         ("path_len", ctypes.c_uint16),
         ("_pad1", ctypes.c_uint8 * 6),
         ("path", ctypes.c_char * PATH_MAX),
@@ -174,6 +204,7 @@ class DropTime(ctypes.Structure):
 WIRE_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "event_header": EventHeader,
     "file_id": FileId,
+    "pagecache_build_id": PagecacheBuildId,
     "map_event": MapEvent,
     "exec_event": ExecEvent,
     "task_fork": TaskFork,
@@ -190,7 +221,8 @@ WIRE_STRUCTS: dict[str, type[ctypes.Structure]] = {
 
 
 _HDR = struct.Struct("<IIIIQ16s")
-_FILE = struct.Struct("<QQqIIII")
+_FILE = struct.Struct("<QQqIIIIqII")
+_BID = struct.Struct("<IIQ")                  # pagecache_build_id.status, size, page; then build_id
 _MAP_BODY = struct.Struct("<QQQIIII")
 _MAP_TAIL = struct.Struct("<H6x")
 _EXEC_BODY = struct.Struct("<II")
@@ -199,6 +231,8 @@ _EXEC_LENS = struct.Struct("<HH4x")           # exec_event.filename_len, path_le
 
 _MAP_BODY_OFF = MapEvent.start.offset
 _MAP_FILE_OFF = MapEvent.file.offset
+_MAP_BID_OFF = MapEvent.bid.offset
+_MAP_BID_BYTES_OFF = _MAP_BID_OFF + PagecacheBuildId.build_id.offset
 _MAP_PLEN_OFF = MapEvent.path_len.offset
 _MAP_PATH_OFF = MapEvent.path.offset
 _EXEC_BODY_OFF = ExecEvent.old_tid.offset
@@ -208,7 +242,7 @@ _EXEC_NAMES_OFF = ExecEvent.names.offset
 _TASK_BODY_OFF = TaskEvent.fork.offset
 
 
-_FILE_KEY = struct.Struct("<QQqIII")
+_FILE_KEY = struct.Struct("<QQqIIIIq")
 #: A fork/exit/comm event in one unpack: header fields, then the union's two
 #: words (fork: ppid, ptid; exit: exit_code, 0; comm: 0, 0).
 TASK_EVENT = struct.Struct("<IIIIQ16sII")
@@ -218,7 +252,9 @@ def _check_formats() -> None:
     assert _HDR.size == ctypes.sizeof(EventHeader)
     assert _FILE.size == ctypes.sizeof(FileId)
     assert _MAP_FILE_OFF == _MAP_BODY_OFF + _MAP_BODY.size
-    assert _MAP_PLEN_OFF == _MAP_FILE_OFF + _FILE.size
+    assert _MAP_BID_OFF == _MAP_FILE_OFF + _FILE.size
+    assert _MAP_PLEN_OFF == _MAP_BID_OFF + ctypes.sizeof(PagecacheBuildId)
+    assert _BID.size == PagecacheBuildId.build_id.offset
     assert _MAP_PATH_OFF == _MAP_PLEN_OFF + _MAP_TAIL.size
     assert _EXEC_FILE_OFF == _EXEC_BODY_OFF + _EXEC_BODY.size
     assert _EXEC_NAMES_OFF == _EXEC_FLEN_OFF + _EXEC_LENS.size
@@ -324,7 +360,18 @@ def exec_file_key(buf: bytes) -> bytes:
 def file_key(ident: "Identity") -> bytes:
     """The raw struct file_id bytes (without nlink) the kernel sends for ident: a cheap dict key."""
     return _FILE_KEY.pack(ident.ino, ident.size, ident.mtime_ns // 1_000_000_000,
-                          ident.mtime_ns % 1_000_000_000, st_dev_to_kdev(ident.dev), ident.generation)
+                          ident.mtime_ns % 1_000_000_000, st_dev_to_kdev(ident.dev), ident.generation,
+                          ident.ctime_ns % 1_000_000_000, ident.ctime_ns // 1_000_000_000)
+
+
+#: PcStatus values whose kernel answer is the whole answer (a build-id, or a verdict on the bytes).
+KERNEL_FINAL = frozenset({PcStatus.OK, PcStatus.NOT_ELF, PcStatus.NOTE_TOO_LARGE, PcStatus.MALFORMED})
+
+
+def answer_key(ident_key: bytes, ev: "RawEvent") -> bytes:
+    """The fast table's key of a mapping (_fastpath.c answer_key): its identity key (file_key), then,
+    when ev.pc_status is in KERNEL_FINAL, that status as one byte and the kernel's build-id."""
+    return ident_key + bytes((ev.pc_status,)) + ev.pc_build_id if ev.pc_status in KERNEL_FINAL else ident_key
 
 
 def st_dev_to_kdev(dev: int) -> int:
@@ -342,6 +389,7 @@ class Identity:
         generation: inode.i_generation; 0 where the file system has none.
         size: bytes (inode.i_size).
         mtime_ns: ns since the epoch (inode.i_mtime_sec * 10**9 + i_mtime_nsec).
+        ctime_ns: ns since the epoch (inode.i_ctime_sec/_nsec, st_ctime_ns); 0: unknown, not compared.
     """
 
     dev: int
@@ -349,6 +397,7 @@ class Identity:
     generation: int
     size: int
     mtime_ns: int
+    ctime_ns: int = 0
 
 
 def kdev_to_st_dev(kdev: int) -> int:
@@ -373,6 +422,9 @@ class RawEvent:
             event (MAP; EXEC: the path of the ELF that runs), text with
             surrogateescape for bytes that are not UTF-8 (os.fsdecode's form).
         old_tid: EXEC only: exec_event.old_tid, the tid before exec.
+        pc_status, pc_build_id, pc_page: MAP only: map_event.bid, the kernel's
+            page-cache read: PcStatus (NONE for EXEC and user-space records),
+            the build-id bytes (OK, else b""), the page not cached or raced.
     """
 
     type: int
@@ -391,6 +443,9 @@ class RawEvent:
     id_flags: int = 0
     path: str = ""
     old_tid: int = 0
+    pc_status: int = 0
+    pc_build_id: bytes = b""
+    pc_page: int = 0
 
 
 def _comm_text(raw: bytes) -> str:
@@ -402,8 +457,9 @@ _COMM_TEXT = memo.shared("comm_text", 4096, _comm_text)
 
 
 def _identity(buf: bytes, off: int) -> tuple[Identity, int]:
-    ino, size, msec, mnsec, kdev, gen, nlink = _FILE.unpack_from(buf, off)
-    return Identity(kdev_to_st_dev(kdev), ino, gen, size, msec * 1_000_000_000 + mnsec), nlink
+    ino, size, msec, mnsec, kdev, gen, cnsec, csec, nlink, _pad = _FILE.unpack_from(buf, off)
+    return Identity(kdev_to_st_dev(kdev), ino, gen, size, msec * 1_000_000_000 + mnsec,
+                    csec * 1_000_000_000 + cnsec), nlink
 
 
 class DecodeError(ValueError):
@@ -428,8 +484,12 @@ def decode(buf: bytes) -> RawEvent:
         ident, nlink = _identity(buf, _MAP_FILE_OFF)
         (plen,) = _MAP_TAIL.unpack_from(buf, _MAP_PLEN_OFF)
         path = buf[_MAP_PATH_OFF:_MAP_PATH_OFF + plen].decode("utf-8", "surrogateescape")
+        pcs, bsize, page = _BID.unpack_from(buf, _MAP_BID_OFF)
+        raw_bid = buf[_MAP_BID_BYTES_OFF:_MAP_BID_BYTES_OFF + bsize] if pcs == PcStatus.OK else b""
+        if pcs == PcStatus.OK and not 0 < bsize <= PC_BUILD_ID_MAX:
+            raise DecodeError(f"map record with a kernel build-id of {bsize} bytes")
         return RawEvent(etype, pid, tid, time_ns, _COMM_TEXT(comm), start, length, pgoff, prot, flags,
-                        origin, ident, nlink, id_flags, path)
+                        origin, ident, nlink, id_flags, path, 0, pcs, raw_bid, page)
     if etype == EventType.EXEC:
         _filename, raw_path = _exec_names(buf)
         old_tid, id_flags = _EXEC_BODY.unpack_from(buf, _EXEC_BODY_OFF)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.btf import Btf
-from buildidd.kernel.events import BPF_DIR
+from buildidd.kernel.events import BPF_DIR, PcStatus
 
 __all__ = [
     "Bases", "FolioInfo", "KernelBuildId", "PageCacheProbe", "PcStatus",
@@ -59,21 +59,6 @@ PROBE_SOURCE = "pagecache_probe.bpf.c"
 MAX_BASE_PROBES = 4096
 # enum pc_op of bpf/pagecache_probe.bpf.c
 _OP_FOLIO, _OP_READ, _OP_BUILD_ID, _OP_FILE = 1, 2, 3, 4
-
-
-class PcStatus(enum.IntEnum):
-    """enum pagecache_status of bpf/pagecache.h: the outcome of one kernel read."""
-
-    NONE = 0            #: not tried
-    OK = 1              #: build-id read
-    NOT_CACHED = 2      #: page ``page`` not in the page cache
-    NOT_ELF = 3         #: no ELF magic
-    NO_NOTE = 4         #: sound ELF without a GNU build-id note in a PT_NOTE segment
-    NOTE_TOO_LARGE = 5  #: the GNU build-id note has more than 64 bytes
-    RACED = 6           #: the folio of page ``page`` changed during the read
-    MALFORMED = 7       #: headers or notes out of the file or inconsistent
-    UNSUPPORTED = 8     #: big-endian, PN_XNUM, or beyond the walk's caps
-    FAULT = 9           #: a kernel read failed, or the bases are unknown
 
 
 def pagecache_layout(btf: Btf) -> dict[str, int]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from buildidd.kernel.btf import Btf
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause
+from buildidd.kernel.pagecache import pagecache_layout
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,26 @@ def field_span(btf: Btf, struct: str, fields: tuple[str, ...]) -> tuple[int, int
     return base, length
 
 
+def inode_ctime_fields(btf: Btf) -> tuple[str, str]:
+    """The struct inode members holding ctime seconds and nanoseconds on this kernel.
+
+    ``i_ctime_sec``/``i_ctime_nsec`` since the timestamps became discrete
+    integers (Linux 6.11, the series of the mtime change above), ``__i_ctime``
+    (struct timespec64, behind the ctime accessors of Linux 6.6) before that,
+    ``i_ctime`` earlier.
+    Raises:
+        BtfError: none of them is in this kernel's BTF.
+    """
+    for sec, nsec in (("i_ctime_sec", "i_ctime_nsec"), ("__i_ctime.tv_sec", "__i_ctime.tv_nsec"),
+                      ("i_ctime.tv_sec", "i_ctime.tv_nsec")):
+        try:
+            btf.offsetof("inode", sec)
+        except BtfError:
+            continue
+        return sec, nsec
+    raise BtfError("struct inode has no ctime member this reader knows")
+
+
 def kernel_layout(btf: Btf) -> dict[str, int]:
     """Every macro the BPF program needs, from BTF: offsets (bytes), array lengths, enum values.
 
@@ -141,9 +162,12 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
         mtime = ("i_mtime.tv_sec", "i_mtime.tv_nsec")
     out["OFF_INODE_I_MTIME_SEC"] = btf.offsetof("inode", mtime[0])
     out["OFF_INODE_I_MTIME_NSEC"] = btf.offsetof("inode", mtime[1])
+    ctime = inode_ctime_fields(btf)
+    out["OFF_INODE_I_CTIME_SEC"] = btf.offsetof("inode", ctime[0])
+    out["OFF_INODE_I_CTIME_NSEC"] = btf.offsetof("inode", ctime[1])
     # Fields the BPF side fetches together, each group with one probe read.
     out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = field_span(
-        btf, "inode", ("i_ino", "i_size", "i_generation", "i_nlink", "i_sb") + mtime)
+        btf, "inode", ("i_ino", "i_size", "i_generation", "i_nlink", "i_sb") + mtime + ctime)
     out["DENTRY_SPAN_BASE"], out["DENTRY_SPAN_LEN"] = field_span(
         btf, "dentry", ("d_parent", "d_name.len", "d_name.name"))
     out["PATH_SPAN_BASE"], span = field_span(btf, "path", ("mnt", "dentry"))
@@ -166,6 +190,7 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     except BtfError:
         log.info("task_struct.in_execve not in BTF: execve's comm change is reported as a comm event too")
     out.update(syscall_regs_layout(btf))
+    out.update(pagecache_layout(btf))
     out["AUXV_LEN"] = btf.array_len("mm_struct", "saved_auxv")
     out["MR64_NPIVOTS"] = btf.array_len("maple_range_64", "pivot")
     out["MA64_NPIVOTS"] = btf.array_len("maple_arange_64", "pivot")

@@ -34,11 +34,13 @@ from typing import Callable
 
 from buildidd.config import Config
 from buildidd.errors import ElfError, FileRefusedError
-from buildidd.kernel.events import Identity, RawEvent
+from buildidd import clock
+from buildidd.kernel.events import KERNEL_FINAL, Identity, PcStatus, RawEvent
 from buildidd.memo import LruCache
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.fileid import file_id, read_go_build_id
-from buildidd.resolve.procfs import Source, open_identified, open_route, open_scanned
+from buildidd.resolve.procfs import (Source, changed_near, coarse_tick_ns, open_identified, open_route,
+                                     open_scanned)
 from buildidd.resolve.reasons import MissReason
 from buildidd.resolve.workers import Job, PoolPolicy, WorkerPool
 
@@ -103,7 +105,8 @@ class Request:
 
     Attributes:
         pid: tgid; start, length: the VMA (bytes; 0 for an exec record);
-        path: the event's path; nlink: 0 when the file was deleted; identity: the kernel's.
+        path: the event's path; nlink: 0 when the file was deleted; identity: the kernel's;
+        time_ns: the event's time, ns since boot (0: unknown).
     """
 
     pid: int
@@ -112,6 +115,7 @@ class Request:
     path: str
     nlink: int
     identity: Identity
+    time_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,9 @@ class Enricher:
         Raises:
             Exception: whatever unexpected error the worker's job raised (a bug; the caller counts it).
         """
+        if ev.pc_status in KERNEL_FINAL:
+            self.cache.count_hits(1)     # answered without a file read, as the fast path counts it
+            return kernel_resolution(ev)
         ident = ev.identity
         res = self.cache.peek(ident)
         if res is not None and not res.final:
@@ -328,6 +335,8 @@ class Routes:
     def __init__(self, cache: LruCache, on_build_id: Callable[[Identity, Resolution, int], None] | None):
         self.cache = cache
         self.on_build_id = on_build_id
+        self.tick_ns = coarse_tick_ns()
+        self.wall_offset_ns = clock.boot_to_wall_offset_ns()
 
     def _read(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
         reason = None
@@ -363,6 +372,9 @@ class Routes:
             raise
         finally:
             os.close(pfd)
+        if req.time_ns and changed_near(req.identity, req.time_ns + self.wall_offset_ns, self.tick_ns):
+            os.close(fd)
+            return make_resolution(req.identity, None, Source.NONE, MissReason.CHANGED_AT_MAP, req.path)
         try:
             return self._read(req.identity, fd, source, req.path)
         finally:
@@ -425,4 +437,17 @@ class Routes:
 
 
 def _request(ev: RawEvent, path: str) -> Request:
-    return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity)
+    return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity, ev.time_ns)
+
+
+#: The reason of a kernel verdict without a build-id (PcStatus in KERNEL_FINAL).
+_KERNEL_VERDICTS = {PcStatus.NOT_ELF: MissReason.NOT_ELF, PcStatus.NOTE_TOO_LARGE: MissReason.MALFORMED_ELF,
+                    PcStatus.MALFORMED: MissReason.MALFORMED_ELF}
+
+
+def kernel_resolution(ev: RawEvent) -> Resolution:
+    """The Resolution of a mapping whose page-cache read in the BPF program answered (ev.pc_status
+    in KERNEL_FINAL): its build-id (OK) or the verdict on its bytes, source ``kernel``; nothing is read here."""
+    if ev.pc_status == PcStatus.OK:
+        return make_resolution(ev.identity, ev.pc_build_id.hex(), Source.KERNEL, None, ev.path)
+    return make_resolution(ev.identity, None, Source.KERNEL, _KERNEL_VERDICTS[PcStatus(ev.pc_status)], ev.path)

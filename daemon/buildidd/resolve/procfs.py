@@ -33,6 +33,7 @@ import fcntl
 import os
 import stat
 import struct
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -54,6 +55,7 @@ class Source(enum.Enum):
     PROC_ROOT = "proc_root"   #: /proc/PID/root + path, identity checked
     PATH = "path"             #: path in the daemon's namespace, identity checked
     NONE = "none"             #: no file with the right identity could be opened
+    KERNEL = "kernel"         #: the BPF side read it from the page cache at the event (bpf/pagecache.h)
 
 
 def identity_of(fd: int, want_generation: bool = True) -> Identity:
@@ -73,7 +75,7 @@ def identity_of(fd: int, want_generation: bool = True) -> Identity:
             gen = struct.unpack("<q", buf)[0] & 0xFFFFFFFF
         except OSError:
             gen = 0
-    return Identity(st.st_dev, st.st_ino, gen, st.st_size, st.st_mtime_ns)
+    return Identity(st.st_dev, st.st_ino, gen, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def mismatch(want: Identity, got: Identity) -> str | None:
@@ -93,7 +95,33 @@ def mismatch(want: Identity, got: Identity) -> str | None:
         return "other_generation"
     if want.size != got.size or want.mtime_ns != got.mtime_ns:
         return "modified"
+    if want.ctime_ns and got.ctime_ns and want.ctime_ns != got.ctime_ns:
+        return "modified"
     return None
+
+
+#: CLOCK_REALTIME_COARSE (include/uapi/linux/time.h); the time module does not name it.
+CLOCK_REALTIME_COARSE = 5
+
+
+def coarse_tick_ns() -> int:
+    """One tick of the coarse clock that stamps inode times (clock_getres(CLOCK_REALTIME_COARSE)), ns."""
+    return round(time.clock_getres(CLOCK_REALTIME_COARSE) * 1e9) or 1
+
+
+def changed_near(want: Identity, wall_ns: int, tick_ns: int) -> bool:
+    """True when want's ctime is not older than one coarse tick before wall_ns (ns since the epoch).
+
+    Inode times come from the coarse clock: a rewrite in place within the
+    tick of the last change leaves ctime (and mtime) as they were (measured
+    here: 1 time in 30, ../shared/ENVIRONMENT.md).  A file changed within a
+    tick before the mapping may thus have been rewritten after it with no
+    trace in its identity, so its bytes read now cannot be trusted to be
+    the ones mapped.  An unknown ctime (0) is not judged, nor one more than a
+    tick after wall_ns: the kernel reads ctime at the event, so that is a
+    clock step or an event time that is not the kernel's.
+    """
+    return bool(want.ctime_ns) and wall_ns - tick_ns <= want.ctime_ns <= wall_ns + tick_ns
 
 
 #: statfs f_type of FUSE (include/uapi/linux/magic.h FUSE_SUPER_MAGIC): a
@@ -189,7 +217,7 @@ def open_identified(pfd: int, want: Identity) -> int:
     st = os.fstat(pfd)
     if not stat.S_ISREG(st.st_mode):
         raise FileRefusedError(MissReason.NOT_REGULAR, f"mode {stat.filemode(st.st_mode)}")
-    why = mismatch(want, Identity(st.st_dev, st.st_ino, 0, st.st_size, st.st_mtime_ns))
+    why = mismatch(want, Identity(st.st_dev, st.st_ino, 0, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     if why is not None:
         raise FileRefusedError(why, "another file than the one mapped")
     if fs_type(pfd) == FUSE_SUPER_MAGIC:

@@ -46,3 +46,8 @@ class MissReason(enum.StrEnum):
     #: The path or link reached something other than a regular file (a FIFO, a
     #: device, a directory, a symlink at the last component): never opened for reading.
     NOT_REGULAR = "not_regular"
+    #: The kernel could not read the build-id at the mapping (kernel_status), and
+    #: the file's ctime lies within one coarse clock tick before the mapping: a
+    #: rewrite in place in that tick leaves no trace in its identity, so the
+    #: bytes read now may not be the bytes mapped (resolve.procfs.changed_near).
+    CHANGED_AT_MAP = "changed_at_map"

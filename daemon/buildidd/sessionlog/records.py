@@ -2,11 +2,17 @@
 
 One JSON object per line, with a ``"type"``:
 
-``session``  first record: host, kernel, boot id, clocks, daemon version.
+``session``  first record: host, kernel, boot id, clocks, daemon version,
+             kernel_build_id_path ({"enabled": bool, "reason": text or null}:
+             whether the BPF side reads build-ids from the page cache).
 ``mmap``     an executable file mapping: time_ns, pid, tid, comm, start, len,
              pgoff, prot, flags, origin, deleted, path (read by the kernel for
              this very event: the name this process used), dev, ino,
-             ino_generation, size, mtime_ns, build_id, build_id_source, error.
+             ino_generation, size, mtime_ns, build_id, build_id_source, error,
+             and kernel_status when the kernel's page-cache read of the
+             build-id at the event gave no answer (KERNEL_STATUS_JSON).
+             build_id_source "kernel": that read gave the build-id (or the
+             verdict not_elf / malformed_elf), nothing was read in user space.
 ``exec``     execve() succeeded: filename (as passed to execve), path (the
              ELF the kernel ran: for a #! script, its interpreter), and that
              ELF's identity and build-id as mmap.
@@ -43,7 +49,7 @@ import json
 
 from buildidd import memo
 from buildidd.resolve.enrich import Resolution
-from buildidd.kernel.events import PATH_CUT, EventType, ExecHead, MapOrigin, RawEvent, TaskRecord
+from buildidd.kernel.events import PATH_CUT, EventType, ExecHead, MapOrigin, PcStatus, RawEvent, TaskRecord
 
 #: map_event.origin → the record's "origin"; plus the two user-space origins.
 ORIGIN_NAMES = {
@@ -108,7 +114,17 @@ PATH_CUT_JSON = (b"", b',"path_truncated":true')
 #: then res_tail().  Only %d (unsigned decimal) and %s (bytes): the C fast
 #: path supports those two.
 MMAP_LINE = (b'{"type":"mmap","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"start":%d,"len":%d,'
-             b'"pgoff":%d,"prot":%d,"flags":%d,"origin":"%s","deleted":%s,"path":%s%s,%s}')
+             b'"pgoff":%d,"prot":%d,"flags":%d,"origin":"%s","deleted":%s,"path":%s%s,%s%s}')
+
+#: What follows a mapping record's build-id fields, by map_event.bid.status
+#: (kernel.events.PcStatus): nothing when the kernel read the build-id (OK) or
+#: did not try (NONE: records made in user space, e.g. synthesized), else
+#: ``"kernel_status"``, the reason its page-cache read gave no answer: not_cached,
+#: not_elf, no_note, note_too_large, raced, malformed, unsupported, fault
+#: (the kernel path is off: see the session record's kernel_build_id_path).
+KERNEL_STATUS_JSON: tuple[bytes, ...] = tuple(
+    b"" if st in (PcStatus.NONE, PcStatus.OK) else b',"kernel_status":"%s"' % st.name.lower().encode()
+    for st in PcStatus)
 
 
 def mmap_line(ev: RawEvent, origin: str, res: Resolution) -> bytes:
@@ -116,7 +132,8 @@ def mmap_line(ev: RawEvent, origin: str, res: Resolution) -> bytes:
     return MMAP_LINE % (ev.time_ns, ev.pid, ev.tid, COMM_JSON(raw_name(ev.comm).ljust(16, b"\0")),
                         ev.start, ev.length, ev.pgoff, ev.prot, ev.flags, origin.encode(),
                         b"true" if ev.nlink == 0 else b"false", PATH_JSON(raw_name(ev.path)),
-                        PATH_CUT_JSON[bool(ev.id_flags & PATH_CUT)], res_tail(res))
+                        PATH_CUT_JSON[bool(ev.id_flags & PATH_CUT)], res_tail(res),
+                        KERNEL_STATUS_JSON[ev.pc_status if ev.pc_status < len(KERNEL_STATUS_JSON) else 0])
 
 
 #: An exec record's line up to its identity and build-id fields: time_ns, pid,
