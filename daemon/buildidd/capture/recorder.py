@@ -29,6 +29,7 @@ from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.follow import FollowFilter
 from buildidd.capture.guard import LoopGuard, call_within
 from buildidd.capture.logsink import LogSink
+from buildidd.capture.kernelpath import check_kernel_path_now
 from buildidd.capture.pacing import Pacer
 from buildidd.capture.rescan import LossRecovery
 from buildidd.capture.rings import Rings
@@ -92,6 +93,7 @@ class Recorder:
         self._run_fast = _fastpath.run
         self.started_mono = time.monotonic()
         self.ready_s: float | None = None
+        self.kernel_path = None      # kernelpath.KernelPath once started
         self._rate_window: collections.deque = collections.deque(maxlen=12)
         self.enricher.configure(config)
         self.guard = LoopGuard()
@@ -100,13 +102,16 @@ class Recorder:
     def start(self) -> None:
         """Load BPF, open the session, synthesize running processes. Returns at READY."""
         t0 = time.monotonic()
+        self.kernel_path = check_kernel_path_now()
         self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes)
+        self.kernel_path.apply(self.tracer)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
         record = {"type": "session", "version": __version__, "session": self.session_dir.name,
                   "time_ns": clock.boot_ns(), "boot_to_wall_offset_ns": clock.boot_to_wall_offset_ns(),
                   "daemon_pid": os.getpid(), "bpf_compile_s": round(self.tracer.compile_s, 3),
-                  "mode": "host" if self.tracked is None else "command"}
+                  "mode": "host" if self.tracked is None else "command",
+                  "kernel_build_id_path": self.kernel_path.as_dict()}
         record.update(host.describe())
         self.tables.emit(dict_line(record))
         if self.config.store_root:
@@ -264,6 +269,7 @@ class Recorder:
                "snapshots": self.snapshotter.status() if self.snapshotter is not None else None,
                "resolve": self.enricher.status(), "loop_errors": dict(self.guard.loop_errors),
                "last_step_s_ago": round(now - self.guard.last_progress, 3),
+               "kernel_build_id_path": self.kernel_path.as_dict() if self.kernel_path else None,
                "caches": {**memo.shared_stats(), self.enricher.cache.name: self.enricher.cache.stats()}}
         out.update(self.summary())
         return out

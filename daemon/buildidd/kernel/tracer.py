@@ -321,6 +321,13 @@ class Tracer:
             except Exception as e:
                 raise ProbeError(f"cannot attach raw_tracepoint sys_exit: {e}") from e
 
+    def set_pagecache_bases(self, vmemmap_base: int, page_offset_base: int) -> None:
+        """Turn the page-cache build-id reads on: write struct pagecache_bases (bpf/pagecache.h),
+        found and checked by capture.kernelpath; zeros turn them off."""
+        v = self.bpf[b"pagecache_bases"].Leaf()
+        v.vmemmap_base, v.page_offset_base = vmemmap_base, page_offset_base
+        self.bpf[b"pagecache_bases"][ctypes.c_int(0)] = v
+
     def drops(self) -> DropReport:
         """Kernel-side drops since the previous call (counters summed over CPUs)."""
         report = DropReport()

@@ -1,0 +1,100 @@
+"""Start-up of the kernel build-id path: the page-cache reader checked, then turned on.
+
+The BPF program (bpf/buildidd.bpf.c) reads each mapped file's build-id from
+its page cache (bpf/pagecache.h) once it knows where this boot keeps page
+structs and the direct map (struct pagecache_bases, zeros: off, every event
+then carries kernel_status "fault").  Here, before recording: a separate probe
+program (kernel.pagecache.PageCacheProbe) finds the bases
+(kernel.pagecache.discover_bases) and reads known files, which user space
+reads too (resolve.buildid.read_build_id_fd, kernel.pagecache_selftest); only
+when every one agrees are the bases written into the main program's map.
+The outcome is the session record's ``kernel_build_id_path`` and ``status``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from buildidd.errors import BuildiddError, ElfError
+from buildidd.kernel.pagecache import Bases, PageCacheProbe, discover_bases
+from buildidd.kernel.pagecache_selftest import check_kernel_path
+from buildidd.kernel.tracer import Tracer
+from buildidd.resolve.buildid import read_build_id_fd
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KernelPath", "check_kernel_path_now"]
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """Whether the BPF side reads build-ids (the session record's ``kernel_build_id_path``).
+
+    Attributes:
+        enabled: True when the check passed (apply() then writes the bases into the main program).
+        reason: why it is off (None when enabled), e.g. the self-test case that disagreed.
+        bases: what discover_bases found (None when off).
+    """
+
+    enabled: bool
+    reason: str | None
+    bases: Bases | None = None
+
+    def apply(self, tracer: Tracer) -> None:
+        """Write the bases into tracer's program (nothing when off: its events carry ``fault``)."""
+        if self.enabled and self.bases is not None:
+            tracer.set_pagecache_bases(self.bases.vmemmap_base, self.bases.page_offset_base)
+
+    def as_dict(self) -> dict:
+        """JSON form: {"enabled": bool, "reason": text or null}."""
+        return {"enabled": self.enabled, "reason": self.reason}
+
+
+def _user_build_id(fd: int) -> bytes | None:
+    try:
+        bid = read_build_id_fd(fd)
+    except ElfError:
+        return None
+    return bid.raw if bid is not None else None
+
+
+def _known_files() -> list[tuple[str, str]]:
+    """Real ELF files of this host checked besides the synthetic ones: our interpreter and its libc."""
+    out = [("python", os.path.realpath(sys.executable))]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split(maxsplit=5)[5].strip() if len(line.split(maxsplit=5)) == 6 else ""
+            if "/libc.so" in path or "/libc-" in path:
+                out.append(("libc", path))
+                break
+    return out
+
+
+def check_kernel_path_now(work_dir: str | None = None) -> KernelPath:
+    """Check the page-cache reader against user space (before the main program is attached:
+    compiling the probe takes seconds, during which no event would be consumed).
+
+    Never raises for a failed check: the kernel path then stays off and the
+    KernelPath says why (the probe cannot load, the bases are not found, a
+    file disagreed).  The probe program is unloaded before returning.
+    """
+    try:
+        probe = PageCacheProbe()
+    except BuildiddError as e:
+        return KernelPath(False, f"probe program: {e}")
+    try:
+        bases = discover_bases(probe)
+        with tempfile.TemporaryDirectory(prefix="buildidd-pc-", dir=work_dir) as d:
+            verdict = check_kernel_path(probe, d, _user_build_id, _known_files())
+    except (BuildiddError, OSError) as e:
+        return KernelPath(False, f"self-test: {e}")
+    finally:
+        probe.close()
+    if not verdict.ok:
+        log.warning("kernel build-id path off: %s", verdict.reason)
+        return KernelPath(False, f"self-test: {verdict.reason}")
+    return KernelPath(True, None, bases)
