@@ -2,7 +2,9 @@
 
 Record templates and their JSON form (records), the writer with rotation and
 fsync policy (writer), the segment files and their layout (segments), the
-compression of closed segments (compress), the reader that tolerates torn
+compression of closed segments (compress), the write engine that resumes
+after ENOSPC/EIO (append, backlog), sealing of sessions a crash left open
+(seal), the reader that tolerates torn
 lines and old formats (reader), and retention of old sessions.
 
 May import: resolve, kernel, and the shared modules; never store.
@@ -13,8 +15,9 @@ from ``buildidd.sessionlog``, never from its modules).
 
 from buildidd.sessionlog.reader import list_segments, read_session
 from buildidd.sessionlog.retention import enforce_retention, session_build_ids
+from buildidd.sessionlog.seal import SealReport, seal_unclosed_sessions
 from buildidd.sessionlog.segments import SEGMENT_GLOB
 from buildidd.sessionlog.writer import SessionWriter
 
-__all__ = ["SEGMENT_GLOB", "SessionWriter", "enforce_retention", "list_segments", "read_session",
-           "session_build_ids"]
+__all__ = ["SEGMENT_GLOB", "SealReport", "SessionWriter", "enforce_retention", "list_segments", "read_session",
+           "seal_unclosed_sessions", "session_build_ids"]

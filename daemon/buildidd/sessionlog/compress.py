@@ -20,10 +20,11 @@ from pathlib import Path
 
 import zstandard
 
+from buildidd.errors import SessionLogError
 from buildidd.kernel.sched import make_current_thread_idle
 from buildidd.sessionlog.segments import FILE_MODE, READ_CHUNK_BYTES, fsync_dir
 
-__all__ = ["SegmentCompressor"]
+__all__ = ["SegmentCompressor", "compress_segment"]
 
 log = logging.getLogger(__name__)
 
@@ -85,33 +86,59 @@ class SegmentCompressor:
 
     def _compress_segment(self, path: Path) -> None:
         """Compress a closed segment; on failure keep the ``.jsonl`` and count it."""
-        zst = path.with_name(path.name + ".zst")
-        tmp = path.with_name(path.name + ".zst.tmp")
         try:
-            cctx = zstandard.ZstdCompressor(level=self._zstd_level, write_checksum=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-            with open(path, "rb") as src, open(fd, "wb") as dst:
-                with cctx.stream_writer(dst, closefd=False) as zw:
-                    last = b"\n"
-                    while chunk := src.read(READ_CHUNK_BYTES):
-                        zw.write(chunk)
-                        last = chunk[-1:]
-                    if last != b"\n":
-                        # A torn tail the writer could not terminate (disk full).
-                        zw.write(b"\n")
-                dst.flush()
-                os.fsync(dst.fileno())
-            os.rename(tmp, zst)
-            fsync_dir(self._dir)
-            os.unlink(path)
-        except (OSError, zstandard.ZstdError) as e:
+            compress_segment(path, self._zstd_level)
+        except SessionLogError as e:
             with self._counter_lock:
                 self._compress_errors += 1
-            log.warning("%s: compression failed, keeping it uncompressed: %s", path, e)
-            try:
-                tmp.unlink(missing_ok=True)  # absent: failed before creating it, or after the rename
-            except OSError as e2:
-                log.warning("%s: cannot remove: %s", tmp, e2.strerror)
+            log.warning("%s", e)
             return
         with self._counter_lock:
             self._segments_compressed += 1
+
+
+def compress_segment(path: Path, zstd_level: int) -> Path:
+    """Compress the closed ``.jsonl`` segment ``path`` into ``.jsonl.zst`` and unlink it.
+
+    The steps of the module docstring: ``.zst.tmp`` (one zstd frame with
+    checksum; a torn last line gets its ``b"\\n"``), ``fsync``, ``rename``,
+    ``fsync`` of the directory, unlink of the ``.jsonl``.  A ``.zst`` already
+    beside ``path`` (a crash before the unlink) is replaced.
+
+    Args:
+        path: the segment, ``segment-NNNNNN.jsonl``.
+        zstd_level: 1-22.
+
+    Returns:
+        the ``.jsonl.zst`` path.
+
+    Raises:
+        SessionLogError: reading, writing or renaming failed; the ``.jsonl``
+            stays, no ``.zst.tmp`` is left.
+    """
+    zst = path.with_name(path.name + ".zst")
+    tmp = path.with_name(path.name + ".zst.tmp")
+    try:
+        cctx = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
+        with open(path, "rb") as src, open(fd, "wb") as dst:
+            with cctx.stream_writer(dst, closefd=False) as zw:
+                last = b"\n"
+                while chunk := src.read(READ_CHUNK_BYTES):
+                    zw.write(chunk)
+                    last = chunk[-1:]
+                if last != b"\n":
+                    # A torn tail the writer could not terminate (disk full, crash).
+                    zw.write(b"\n")
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.rename(tmp, zst)
+        fsync_dir(path.parent)
+        os.unlink(path)
+    except (OSError, zstandard.ZstdError) as e:
+        try:
+            tmp.unlink(missing_ok=True)  # absent: failed before creating it, or after the rename
+        except OSError as e2:
+            log.warning("%s: cannot remove: %s", tmp, e2.strerror)
+        raise SessionLogError(f"{path}: compression failed, keeping it uncompressed: {e}") from e
+    return zst

@@ -21,7 +21,7 @@ import zstandard
 from buildidd.errors import SessionLogError
 from buildidd.sessionlog.segments import MAX_LINE_BYTES, READ_CHUNK_BYTES, SEGMENT_RE
 
-__all__ = ["list_segments", "read_session"]
+__all__ = ["list_segments", "read_segment", "read_session"]
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,21 @@ def read_session(
         SessionLogError: the directory or a segment cannot be read (I/O error).
     """
 
+    for listed in list_segments(directory):
+        yield from read_segment(listed, on_torn=on_torn)
+
+
+def read_segment(listed: Path, *, on_torn: Callable[[str, int], None] | None = None) -> Iterator[dict]:
+    """Yield every record of one segment (``.jsonl`` or ``.jsonl.zst``), in order.
+
+    As :func:`read_session` for one segment: a ``.jsonl`` compressed
+    meanwhile is read from its ``.zst``; torn or corrupt lines go to
+    ``on_torn`` (or the log).
+
+    Raises:
+        SessionLogError: the segment cannot be opened or read.
+    """
+
     def report(path: Path, lineno: int) -> None:
         if on_torn is not None:
             on_torn(str(path), lineno)
@@ -200,34 +215,33 @@ def read_session(
             return None
         return value if isinstance(value, dict) else None
 
-    for listed in list_segments(directory):
+    try:
+        path, f = _open_segment_for_read(listed)
+    except OSError as e:
+        raise SessionLogError(f"{listed}: cannot open segment: {e.strerror}") from e
+    with f:
+        splitter = _LineSplitter()
+        chunks = _zst_chunks(f) if path.suffix == ".zst" else _jsonl_chunks(f)
         try:
-            path, f = _open_segment_for_read(listed)
+            for chunk in chunks:
+                for lineno, line in splitter.feed(chunk):
+                    record = parse(line)
+                    if record is None:
+                        report(path, lineno)
+                    else:
+                        yield record
+        except _CorruptSegment as e:
+            log.warning("%s: corrupt compressed segment: %s", path, e)
+            report(path, splitter.next_lineno)
+            return
         except OSError as e:
-            raise SessionLogError(f"{listed}: cannot open segment: {e.strerror}") from e
-        with f:
-            splitter = _LineSplitter()
-            chunks = _zst_chunks(f) if path.suffix == ".zst" else _jsonl_chunks(f)
-            try:
-                for chunk in chunks:
-                    for lineno, line in splitter.feed(chunk):
-                        record = parse(line)
-                        if record is None:
-                            report(path, lineno)
-                        else:
-                            yield record
-            except _CorruptSegment as e:
-                log.warning("%s: corrupt compressed segment: %s", path, e)
-                report(path, splitter.next_lineno)
-                continue
-            except OSError as e:
-                raise SessionLogError(f"{path}: cannot read segment: {e.strerror}") from e
-            tail = splitter.finish()
-            if tail is not None:
-                # A complete JSON object lacking only its newline is a whole
-                # record (no prefix of an object is an object).
-                record = parse(tail[1])
-                if record is None:
-                    report(path, tail[0])
-                else:
-                    yield record
+            raise SessionLogError(f"{path}: cannot read segment: {e.strerror}") from e
+        tail = splitter.finish()
+        if tail is not None:
+            # A complete JSON object lacking only its newline is a whole
+            # record (no prefix of an object is an object).
+            record = parse(tail[1])
+            if record is None:
+                report(path, tail[0])
+            else:
+                yield record

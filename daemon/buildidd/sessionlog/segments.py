@@ -18,7 +18,9 @@ reader (:mod:`.reader`) reads both.
 from __future__ import annotations
 
 import errno
+import fcntl
 import fnmatch
+import json
 import logging
 import os
 import re
@@ -28,7 +30,8 @@ from pathlib import Path
 
 from buildidd.errors import SessionLogError
 
-__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentFile", "SegmentStats", "create_session_dir", "fsync_dir"]
+__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentFile", "SegmentStats", "create_session_dir", "fsync_dir",
+           "CLOSED_MARKER", "lock_session_dir", "write_closed_marker"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,11 @@ SEGMENT_GLOB = "segment-[0-9]*.jsonl*"
 #: longer records; the reader skips longer lines as corrupt, which bounds its
 #: memory.
 MAX_LINE_BYTES = 1 << 20
+
+#: Hidden file a session directory gets once it is closed: written by the
+#: writer's close, or by :func:`~.seal.seal_unclosed_sessions` for a session
+#: that a crash left open.  One JSON object: ``{"clean": bool, ...}``.
+CLOSED_MARKER = ".closed"
 
 #: A readable segment's name: group 1 its number, group 2 ``.zst`` when compressed.
 SEGMENT_RE = re.compile(r"segment-(\d{6,})\.jsonl(\.zst)?")
@@ -87,6 +95,45 @@ def create_session_dir(directory: Path) -> None:
         )
 
 
+def lock_session_dir(directory: Path) -> int:
+    """Open ``directory`` and take an exclusive ``flock`` on it, without waiting.
+
+    The writer holds this lock for its lifetime, and the kernel drops it when
+    the process dies (even by SIGKILL), so a session directory whose lock can
+    be taken is not being written (see :mod:`.seal`).
+
+    Returns:
+        the directory's file descriptor (close it to release the lock).
+
+    Raises:
+        BlockingIOError: another open file description holds the lock (a live writer).
+        OSError: the directory cannot be opened.
+    """
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_closed_marker(directory: Path, body: dict) -> None:
+    """Write :data:`CLOSED_MARKER` in ``directory`` holding ``body`` as JSON
+    (``{"clean": bool, ...}``).  A failure (a full disk) is only logged: the
+    marker spares the next start a look at the session's last record."""
+    data = json.dumps(body, separators=(",", ":")).encode() + b"\n"
+    try:
+        fd = os.open(directory / CLOSED_MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                     | os.O_NOFOLLOW, FILE_MODE)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        log.warning("%s: cannot write %s: %s", directory, CLOSED_MARKER, e.strerror)
+
+
 @dataclass
 class SegmentStats:
     """The open segment of a :class:`~.writer.SessionWriter`.
@@ -100,7 +147,7 @@ class SegmentStats:
         started_s: ``clock()`` value in seconds when the segment's first byte
             was written; ``None`` while the segment is empty.
         tail_complete: ``False`` when the file ends in a partial line left by a
-            failed write; the next write starts with ``b"\\n"``.
+            failed write; the writer resumes that line where it stopped.
     """
 
     number: int
@@ -139,20 +186,23 @@ class SegmentFile:
             raise SessionLogError(f"{path}: cannot create segment: {e.strerror}") from e
         return cls(fd, SegmentStats(number=number, path=path))
 
-    def write_all(self, data: bytes, clock: Callable[[], float]) -> None:
+    def write(self, data: bytes, clock: Callable[[], float]) -> tuple[int, OSError | None]:
         """Write ``data`` at the end of the segment, looping on short writes.
 
-        Bytes the kernel accepted are accounted even when a later part fails,
-        and ``stats.tail_complete`` tells whether they end a line;
-        ``stats.started_s`` is set from ``clock()`` at the first byte.
+        Bytes the kernel accepted are accounted in ``stats.size_bytes`` even
+        when a later part fails, and ``stats.tail_complete`` tells whether they
+        end a line; ``stats.started_s`` is set from ``clock()`` at the first byte.
 
-        Raises:
-            SessionLogError: a write failed (ENOSPC, EIO, ...) or accepted no
-                bytes; the accepted prefix is accounted.
+        Returns:
+            ``(bytes accepted, None)`` when all of ``data`` was written, else
+            ``(bytes accepted, the OSError)``: ENOSPC, EIO, ... (a write that
+            accepts no byte is reported as EIO).  Never raises for a write error:
+            the caller resumes from the returned offset.
         """
         stats = self.stats
         view = memoryview(data)
         written = 0
+        error: OSError | None = None
         try:
             while written < len(data):
                 n = os.write(self.fd, view[written:])
@@ -162,13 +212,11 @@ class SegmentFile:
                     stats.started_s = clock()
                 written += n
         except OSError as e:
-            raise SessionLogError(
-                f"{stats.path}: write failed after {written} of {len(data)} bytes: {e.strerror}"
-            ) from e
-        finally:
-            if written:
-                stats.size_bytes += written
-                stats.tail_complete = data[written - 1] == 0x0A
+            error = e
+        if written:
+            stats.size_bytes += written
+            stats.tail_complete = data[written - 1] == 0x0A
+        return written, error
 
     def discard(self) -> None:
         """Close and remove the segment, which holds nothing (left by a failed

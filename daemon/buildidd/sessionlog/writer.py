@@ -10,16 +10,24 @@ segment holds at least ``max_segment_bytes`` bytes or its first byte was
 written ``max_segment_age_s`` seconds ago or more; a batch is never split.
 A closed segment is compressed in the background (:mod:`.compress`).
 
-Torn lines.  ``write_lines`` issues one ``os.write`` per batch (more only when
-the kernel accepts part of it), so a crash tears at most the batch being
-written: the open segment may end in a partial line.  When the disk fills in
-the middle of a batch, the bytes already accepted stay (a prefix of the batch:
-complete records, then possibly one partial line); the writer remembers that
-the segment does not end with ``b"\\n"`` and starts its next successful write
-with ``b"\\n"``, so the partial line becomes one bad line of its own and never
-swallows the following record.  The reader skips a line that is not a JSON
-object and reports it through ``on_torn``; a closed segment is always
-line-aligned (its torn tail is terminated before compression).
+Faults (ENOSPC, EIO, ...).  ``write_lines`` issues one ``os.write`` per
+batch (more only when the kernel accepts part of it).  When a write fails,
+what the kernel did not accept goes to a bounded backlog (:mod:`.backlog`) and
+the writer resumes at the exact byte where the kernel stopped, at the next
+call or from a retry thread (every :data:`.append.RETRY_INTERVAL_S`): no record is
+written twice and a line half written is completed, not torn.  While the
+backlog is full, further records are dropped and counted, and a ``lost``
+record with cause ``disk_full`` (``io_error`` for other errors) and the gap's
+time range is written once space returns.  The condition is logged once per
+:data:`.append.LOG_INTERVAL_S` and shown by :attr:`SessionWriter.stats`.  Only a
+crash (or a close while the disk is still full) can tear the last line; the
+reader skips such a line and reports it through ``on_torn``; a closed
+segment is always line-aligned (its torn tail is terminated before
+compression).
+
+Locking.  The writer holds an exclusive ``flock`` on its session directory
+while open, so :func:`~.seal.seal_unclosed_sessions` never touches a session
+being written; its close leaves the :data:`~.segments.CLOSED_MARKER` file.
 
 Durability: records reach the page cache at each ``write_lines``; a segment is
 ``fsync``-ed when it is closed (rotation, :meth:`SessionWriter.close`).  A
@@ -35,60 +43,37 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import zstandard
 
 from buildidd.errors import SessionLogError
+from buildidd.sessionlog.append import Appender
+from buildidd.sessionlog.backlog import Backlog
+from buildidd.sessionlog.chain import RotationLimits, SegmentChain
 from buildidd.sessionlog.compress import SegmentCompressor
 from buildidd.sessionlog.segments import (
-    MAX_LINE_BYTES, SEGMENT_GLOB, SegmentFile, SegmentStats, create_session_dir,
+    MAX_LINE_BYTES, SEGMENT_GLOB, SegmentStats, create_session_dir,
+    lock_session_dir, write_closed_marker,
 )
 
 __all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentStats", "SessionWriter"]
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RotationLimits:
-    """When the writer closes the open segment, checked before each batch.
-
-    Attributes:
-        max_segment_bytes: the segment holds at least this many bytes (it can
-            exceed it by one batch).
-        max_segment_age_s: its first byte was written at least this many
-            seconds ago, by the writer's clock.
-
-    Raises:
-        ValueError: a limit is not positive.
-    """
-
-    max_segment_bytes: int
-    max_segment_age_s: float
-
-    def __post_init__(self) -> None:
-        if self.max_segment_bytes <= 0:
-            raise ValueError(f"max_segment_bytes must be > 0, got {self.max_segment_bytes}")
-        if self.max_segment_age_s <= 0:
-            raise ValueError(f"max_segment_age_s must be > 0, got {self.max_segment_age_s}")
-
-    def due(self, stats: SegmentStats, clock: Callable[[], float]) -> bool:
-        """Whether the non-empty segment ``stats`` is to be closed now (``clock()`` in seconds)."""
-        return stats.size_bytes > 0 and (
-            stats.size_bytes >= self.max_segment_bytes
-            or clock() - stats.started_s >= self.max_segment_age_s
-        )
+#: Default bound of the backlog of unwritten records, in bytes.
+DEFAULT_MAX_PENDING_BYTES = 16 << 20
 
 
 class SessionWriter:
     """Appends JSON-lines records to the segments of one session directory.
 
-    One writer per directory.  ``write_lines``, ``write``, ``rotate`` and
-    ``close`` may be called from several threads (they hold a lock); closed
-    segments are compressed on one background thread, so ``write_lines`` never
-    waits for compression.
+    One writer per directory (it holds the directory's ``flock``).
+    ``write_lines``, ``write``, ``rotate`` and ``close`` may be called from
+    several threads (they hold a lock); closed segments are compressed on one
+    background thread, so ``write_lines`` never waits for compression; a
+    backlog left by a failed write is retried from another thread.
     """
 
     def __init__(
@@ -101,7 +86,7 @@ class SessionWriter:
         zstd_level: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ):
-        """Create the session directory (or adopt an empty one).
+        """Create the session directory (or adopt an empty one) and lock it.
 
         Args:
             directory: the session directory; created with mode ``0o750``
@@ -116,27 +101,31 @@ class SessionWriter:
             zstd_level: zstd compression level (1-22).
             clock: monotonic time in seconds; tests pass a fake one.
 
+        The backlog kept while writes fail holds
+        :data:`DEFAULT_MAX_PENDING_BYTES` (see :meth:`set_max_pending_bytes`).
+
         Raises:
-            SessionLogError: the directory cannot be created or read, or
-                already holds segments (a session directory is never reused).
+            SessionLogError: the directory cannot be created, read or locked,
+                or already holds segments (a session directory is never reused).
             ValueError: a size, age or level out of range.
         """
-        self._limits = RotationLimits(max_segment_bytes, max_segment_age_s)
+        limits = RotationLimits(max_segment_bytes, max_segment_age_s)
         if compress and not 1 <= zstd_level <= zstandard.MAX_COMPRESSION_LEVEL:
             raise ValueError(f"zstd_level must be in 1..{zstandard.MAX_COMPRESSION_LEVEL}, got {zstd_level}")
+        self._backlog = Backlog(DEFAULT_MAX_PENDING_BYTES)
         self._dir = Path(directory)
         self._clock = clock
         create_session_dir(self._dir)
+        try:
+            self._dir_fd = lock_session_dir(self._dir)
+        except OSError as e:
+            raise SessionLogError(f"{self._dir}: cannot lock session directory (another writer?): "
+                                  f"{e.strerror}") from e
         self._lock = threading.Lock()
         self._closed = False
-        self._next_number = 0
-        self._segment: SegmentFile | None = None
-        # Counters; they change only under self._lock.
-        self._records_written = 0
-        self._bytes_written = 0
-        self._segments_closed = 0
-        self._write_errors = 0
-        self._compressor = SegmentCompressor(self._dir, zstd_level) if compress else None
+        self._chain = SegmentChain(self._dir, limits, SegmentCompressor(self._dir, zstd_level) if compress else None,
+                                   clock)
+        self._appender = Appender(self._chain, self._backlog, self._lock, lambda: self._closed)
 
     # -- writing ---------------------------------------------------------
 
@@ -148,7 +137,18 @@ class SessionWriter:
         """
         limits = RotationLimits(max_segment_bytes, max_segment_age_s)
         with self._lock:
-            self._limits = limits
+            self._chain.limits = limits
+
+    def set_max_pending_bytes(self, max_pending_bytes: int) -> None:
+        """Bytes of records kept while writes fail; more are dropped and counted (:mod:`.backlog`).
+
+        Raises:
+            ValueError: not positive.
+        """
+        if max_pending_bytes <= 0:
+            raise ValueError(f"max_pending_bytes must be > 0, got {max_pending_bytes}")
+        with self._lock:
+            self._backlog.max_bytes = max_pending_bytes
 
     def write_lines(self, lines: Sequence[bytes], *, trusted: bool = False) -> None:
         """Append already-encoded records as one batch.
@@ -163,40 +163,28 @@ class SessionWriter:
                 checks are skipped; they cost ~1 µs per record on the hot path.
 
         Rotates first when the open segment holds at least
-        ``max_segment_bytes`` bytes or is ``max_segment_age_s`` seconds old.
+        ``max_segment_bytes`` bytes or is ``max_segment_age_s`` seconds old
+        (never while a backlog is waiting).  A write that fails (ENOSPC, EIO,
+        ...) does not raise: what was not written waits in the backlog and is
+        written later from where the kernel stopped, records beyond the
+        backlog's bound are dropped and counted (``records_lost``), see the
+        module docstring.  Do not offer the same lines again.
 
         Raises:
-            SessionLogError: an ``OSError`` (ENOSPC, EIO, ...) while rotating,
-                opening the segment or writing; counted in ``write_errors``.
-                The writer stays usable and the next call tries again.  A
-                prefix of the failed batch may be in the segment (see the
-                module docstring: the next successful write terminates a
-                partial line with ``b"\\n"``), so retrying the same batch
-                can store its first records twice.  Also raised after
-                :meth:`close`.
+            SessionLogError: after :meth:`close`.
             ValueError: a line contains ``b"\\n"`` or is too long.
         """
         if not lines:
             return
-        data = b"\n".join(lines) + b"\n"
         if not trusted:
-            if data.count(b"\n") != len(lines):
+            if any(b"\n" in line for line in lines):
                 raise ValueError("a record contains a newline byte")
             if max(map(len, lines)) > MAX_LINE_BYTES:
                 raise ValueError(f"a record is longer than {MAX_LINE_BYTES} bytes")
         with self._lock:
             if self._closed:
                 raise SessionLogError(f"{self._dir}: session writer is closed")
-            if self._segment is not None and self._limits.due(self._segment.stats, self._clock):
-                self._close_segment()  # raises SessionLogError, counted
-            if self._segment is None:
-                self._open_segment()  # raises SessionLogError, counted
-            segment = self._segment
-            if not segment.stats.tail_complete:
-                data = b"\n" + data
-            self._write_all(segment, data)
-            segment.stats.records += len(lines)
-            self._records_written += len(lines)
+            self._appender.append(lines)
 
     def write(self, record: dict) -> None:
         """Encode ``record`` as compact JSON and append it (see :meth:`write_lines`).
@@ -207,30 +195,13 @@ class SessionWriter:
         """
         self.write_lines([json.dumps(record, separators=(",", ":")).encode()])
 
-    def _write_all(self, segment: SegmentFile, data: bytes) -> None:
-        """Write ``data`` to the open segment; account accepted bytes, count a failure."""
-        before = segment.stats.size_bytes
-        try:
-            segment.write_all(data, self._clock)
-        except SessionLogError:
-            self._write_errors += 1
-            raise
-        finally:
-            self._bytes_written += segment.stats.size_bytes - before
-
-    def _open_segment(self) -> None:
-        try:
-            self._segment = SegmentFile.create(self._dir, self._next_number)
-        except SessionLogError:
-            self._write_errors += 1
-            raise
-
     # -- closing ---------------------------------------------------------
 
     def rotate(self) -> None:
         """Close the open segment (it is compressed in the background) and
         start the next one at the next write.  Does nothing when the open
-        segment is empty or none is open.
+        segment is empty or none is open, or while a backlog waits (its first
+        line may be half written).
 
         Raises:
             SessionLogError: ``fsync`` or ``close`` of the segment failed
@@ -240,37 +211,18 @@ class SessionWriter:
         with self._lock:
             if self._closed:
                 raise SessionLogError(f"{self._dir}: session writer is closed")
-            if self._segment is not None and self._segment.stats.size_bytes > 0:
-                self._close_segment()
-
-    def _close_segment(self) -> None:
-        """Terminate, fsync and close the open segment; queue it for compression.
-
-        Always leaves no segment open and advances the segment number; raises
-        :class:`SessionLogError` afterwards if fsync/close failed.
-        """
-        segment = self._segment
-        self._segment = None
-        self._next_number = segment.stats.number + 1
-        before = segment.stats.size_bytes
-        error: OSError | None = None
-        try:
-            # An uncompressed segment is final: its directory entry is synced now.
-            segment.close(sync_dir=self._compressor is None)
-        except OSError as e:
-            error = e
-        self._bytes_written += segment.stats.size_bytes - before
-        self._segments_closed += 1
-        if self._compressor is not None:
-            self._compressor.submit(segment.stats.path)
-        if error is not None:
-            self._write_errors += 1
-            raise SessionLogError(f"{segment.stats.path}: cannot close segment: {error.strerror}") from error
+            if self._backlog:
+                self._appender.drain()
+            segment = self._chain.segment
+            if segment is not None and segment.stats.size_bytes > 0 and not self._backlog:
+                self._chain.close_current()
 
     def close(self) -> None:
-        """Close the last segment (fsync, compress) and wait until every closed
-        segment is compressed.  Idempotent.  An empty last segment (left by a
-        failed first write) is removed.
+        """Write what waits in the backlog (one last try; the rest is counted
+        lost), close the last segment (fsync, compress), wait until every
+        closed segment is compressed, write the :data:`~.segments.CLOSED_MARKER` and
+        release the directory's lock.  Idempotent.  An empty last segment
+        (left by a failed first write) is removed.
 
         Raises:
             SessionLogError: ``fsync``/``close`` of the last segment failed.
@@ -281,17 +233,21 @@ class SessionWriter:
             if self._closed:
                 return
             self._closed = True
-            segment = self._segment
-            if segment is not None and segment.stats.size_bytes == 0:
-                self._segment = None
-                segment.discard()
-            elif segment is not None:
-                try:
-                    self._close_segment()
-                except SessionLogError as e:
-                    error = e
-        if self._compressor is not None:
-            self._compressor.close()
+            self._appender.retry_stop.set()
+            if self._backlog:
+                self._appender.drain()
+            if self._backlog:
+                n = self._backlog.drop_all()
+                log.warning("%s: closing with %d records never written (%s)", self._dir, n,
+                            self._appender.outage.cause)
+            try:
+                self._chain.finish()
+            except SessionLogError as e:
+                error = e
+        stats = self.stats
+        write_closed_marker(self._dir, {"clean": True, "records_written": stats["records_written"],
+                                        "records_lost": stats["records_lost"]})
+        os.close(self._dir_fd)
         if error is not None:
             raise error
 
@@ -305,29 +261,40 @@ class SessionWriter:
 
     @property
     def stats(self) -> dict:
-        """A snapshot of the writer's counters.
+        """A snapshot of the writer's counters (JSON-ready, for ``status``).
 
-        Keys: ``records_written`` (records of fully written batches),
-        ``bytes_written`` (bytes accepted by the kernel, torn parts
-        included), ``segments_closed``, ``segments_compressed``,
-        ``write_errors`` (failed write/open/fsync calls),
-        ``compress_errors`` (segments left uncompressed), ``current_segment``
-        (path of the open segment as ``str``, or ``None``).
+        Keys: ``records_written`` (records wholly written), ``bytes_written``
+        (bytes accepted by the kernel), ``segments_closed``,
+        ``segments_compressed``, ``write_errors`` (failed write/open/fsync
+        calls), ``compress_errors`` (segments left uncompressed),
+        ``current_segment`` (path of the open segment as ``str``, or
+        ``None``), ``pending_records``/``pending_bytes`` (the backlog),
+        ``records_lost`` (records dropped, by cause: ``disk_full``,
+        ``io_error``), ``failing`` (the cause while writes fail, else
+        ``None``), ``failing_since_ns`` (ns since boot), ``last_write_error``.
         """
-        segment = self._segment
-        compressed, compress_errors = self._compressor.counts if self._compressor is not None else (0, 0)
+        chain = self._chain
+        segment = chain.segment
+        compressed, compress_errors = chain.compressor.counts if chain.compressor is not None else (0, 0)
+        backlog, outage = self._backlog, self._appender.outage
         return {
-            "records_written": self._records_written,
-            "bytes_written": self._bytes_written,
-            "segments_closed": self._segments_closed,
+            "records_written": self._appender.records_written,
+            "bytes_written": chain.bytes_written,
+            "segments_closed": chain.segments_closed,
             "segments_compressed": compressed,
-            "write_errors": self._write_errors,
+            "write_errors": self._appender.write_errors + chain.close_errors,
             "compress_errors": compress_errors,
             "current_segment": str(segment.stats.path) if segment is not None else None,
+            "pending_records": backlog.records,
+            "pending_bytes": backlog.nbytes,
+            "records_lost": dict(backlog.lost),
+            "failing": outage.cause,
+            "failing_since_ns": outage.since_ns,
+            "last_write_error": outage.last_error,
         }
 
     @property
     def current_segment_stats(self) -> SegmentStats | None:
         """A copy of the open segment's :class:`SegmentStats`, or ``None``."""
-        segment = self._segment
+        segment = self._chain.segment
         return replace(segment.stats) if segment is not None else None
