@@ -6,17 +6,25 @@ to delete and which build-ids the kept ones reference
 :func:`buildidd.sessionlog.session_build_ids`); the store removes the least
 recently referenced entries that none of them reference
 (:meth:`buildidd.store.Store.enforce_quota`).  The snapshot worker runs it
-(:class:`buildidd.store.Snapshotter`'s ``housekeeping`` callable).
+(:class:`buildidd.store.Snapshotter`'s ``housekeeping`` callable); without a
+store, :class:`RetentionTimer` runs the retention alone on its own thread.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from buildidd.errors import SessionLogError
 from buildidd.sessionlog import enforce_retention, session_build_ids
 from buildidd.store import Store
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -80,3 +88,63 @@ class Housekeeping:
                     ids = self._session_ids[sdir.name] = session_build_ids(sdir)
                 protected |= ids
         stats["quota_removed"] += len(self.store.enforce_quota(protected))
+
+
+class RetentionTimer:
+    """Session retention on a thread of its own, for a recorder without a store.
+
+    With a store, :class:`Housekeeping` runs on the snapshotter's thread; without
+    one nothing else would delete old sessions.  Runs retention at once, then
+    every ``interval_s`` seconds, until ``should_stop()`` is true (checked every
+    second).  A failure is logged and retried at the next interval.
+
+    Args:
+        policy: which sessions to keep (its ``session_root`` must be set).
+        interval_s: seconds between two runs.
+        should_stop: true once the session is closed (e.g. the recorder's log writer is gone).
+    """
+
+    def __init__(self, policy: RetentionPolicy, interval_s: float, should_stop: Callable[[], bool]):
+        self.policy = policy
+        self.interval_s = interval_s
+        self.should_stop = should_stop
+        self.removed = 0
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="buildidd-retention", daemon=True)
+
+    def start(self) -> RetentionTimer:
+        """Start the thread; returns self."""
+        self._thread.start()
+        return self
+
+    def run_once(self) -> None:
+        """Delete the sessions the policy says to; never raises (the error is kept in last_error)."""
+        p = self.policy
+        if p.session_root is None or not os.path.isdir(p.session_root):
+            return
+        keep = {p.current_session} if p.current_session else set()
+        try:
+            self.removed += len(enforce_retention(p.session_root, max_age_s=p.max_age_s,
+                                                  max_total_bytes=p.max_total_bytes, keep=keep))
+        except SessionLogError as e:
+            self.last_error = str(e)
+            log.warning("session retention failed: %s", e)
+
+    def _run(self) -> None:
+        next_run = 0.0
+        while not self.should_stop():
+            if time.monotonic() >= next_run:
+                self.run_once()
+                next_run = time.monotonic() + self.interval_s
+            time.sleep(1.0)
+
+
+def retention_without_store(cfg, session_dir: Path, should_stop: Callable[[], bool]) -> RetentionTimer:
+    """A started :class:`RetentionTimer` for the sessions beside ``session_dir`` (Config ``cfg``'s
+    limits, the snapshotter's housekeeping interval)."""
+    from buildidd.store import SnapshotPolicy
+
+    policy = RetentionPolicy(session_root=session_dir.parent, current_session=session_dir,
+                             max_age_s=cfg.session_max_age_s or None,
+                             max_total_bytes=cfg.session_max_total_bytes or None)
+    return RetentionTimer(policy, SnapshotPolicy.housekeeping_interval_s, should_stop).start()

@@ -27,6 +27,7 @@ from buildidd import __version__, clock, memo
 from buildidd.capture import _fastpath
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.follow import FollowFilter
+from buildidd.capture.housekeeping import retention_without_store
 from buildidd.capture.guard import LoopGuard, call_within
 from buildidd.capture.logsink import LogSink
 from buildidd.capture.kernelpath import check_kernel_path_now
@@ -42,6 +43,7 @@ from buildidd.kernel.tracer import Tracer
 from buildidd.resolve import host
 from buildidd.resolve.enrich import Enricher, Resolution
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
+from buildidd.sessionlog import seal_unclosed_sessions
 
 __all__ = ["Recorder", "Stats", "new_session_dir"]
 
@@ -102,6 +104,8 @@ class Recorder:
     def start(self) -> None:
         """Load BPF, open the session, synthesize running processes. Returns at READY."""
         t0 = time.monotonic()
+        # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
+        seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
         self.kernel_path = check_kernel_path_now()
         self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes)
         self.kernel_path.apply(self.tracer)
@@ -116,6 +120,8 @@ class Recorder:
         self.tables.emit(dict_line(record))
         if self.config.store_root:
             self._start_snapshots(record.get("kernel_build_id"))
+        else:  # retention runs on the snapshotter's thread when there is a store
+            retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         self.recovery.scan(SYNTHESIZED)
         self.log.flush()
         self.ready_s = time.monotonic() - t0
