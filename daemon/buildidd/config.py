@@ -183,9 +183,14 @@ class Config:
             raise ConfigError("segment_max_age_s must be positive")
         if not 0 < self.poll_interval_s <= 1:
             raise ConfigError("poll_interval_s must be in (0, 1]")
-        if self.store_root and os.path.abspath(self.store_root).startswith(
-                os.path.abspath(self.session_root).rstrip("/") + "/"):
-            raise ConfigError("store_root must not lie inside session_root (retention deletes its subdirectories)")
+        if self.store_root:
+            store, sessions = os.path.abspath(self.store_root), os.path.abspath(self.session_root)
+            if store == sessions or store.startswith(sessions.rstrip("/") + "/"):
+                raise ConfigError("store_root must not be session_root nor lie inside it "
+                                  "(retention deletes its subdirectories)")
+            if sessions.startswith(store.rstrip("/") + "/"):
+                raise ConfigError("session_root must not lie inside store_root (the quota and readers "
+                                  "of the store walk it)")
         if not -20 <= self.recording_nice <= 19:
             raise ConfigError("recording_nice must be in -20..19")
         if self.identity_cache_entries < 16:
