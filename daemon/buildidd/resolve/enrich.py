@@ -161,6 +161,9 @@ class Enricher:
         self._pending: dict[Identity, Job] = {}
         self._suspect: dict[int, float] = {}
         self._budget_s = float("inf")
+        #: build-ids the kernel read whose file was handed to on_build_id (bounded).
+        self._handed: LruCache[str, bool] = LruCache("kernel_handed", cache_entries)
+        self.handovers_dropped = 0
 
     def configure(self, config: Config) -> None:
         """Take the deadline and pool sizes from config (before the first resolve: the old pool must be unused).
@@ -217,7 +220,13 @@ class Enricher:
         """
         if ev.pc_status in KERNEL_FINAL:
             self.cache.count_hits(1)     # answered without a file read, as the fast path counts it
-            return kernel_resolution(ev)
+            res = kernel_resolution(ev)
+            if res.build_id and self.routes.on_build_id is not None and res.build_id not in self._handed:
+                # First sighting of a build-id the kernel read: the store still wants the file.
+                self._handed.put(res.build_id, True)
+                if self.pool.submit(self.routes.hand_over, (_request(ev, ev.path), res)) is None:
+                    self.handovers_dropped += 1
+            return res
         ident = ev.identity
         res = self.cache.peek(ident)
         if res is not None and not res.final:
@@ -285,7 +294,7 @@ class Enricher:
         now = time.monotonic()
         return {**self.pool.status(), "timeouts": self.timeouts, "pending": len(self._pending),
                 "suspect_devices": sum(1 for t in self._suspect.values() if t > now),
-                "deadline_s": self.offload.deadline_s}
+                "deadline_s": self.offload.deadline_s, "handovers_dropped": self.handovers_dropped}
 
     def close(self) -> int:
         """Stop the workers (blocked ones are left behind); the number of resolutions abandoned."""
@@ -379,6 +388,42 @@ class Routes:
             return self._read(req.identity, fd, source, req.path)
         finally:
             os.close(fd)
+
+    def hand_over(self, arg: tuple[Request, Resolution]) -> bool:
+        """Give on_build_id an fd of the file whose build-id the kernel read (a worker job).
+
+        The kernel's read needs no file, but the store copies one: the mapped
+        file is opened by the same routes as a resolution (map_files first), is
+        accepted only with the event's identity and the kernel's build-id, and
+        is closed after on_build_id returns.  False when no route reaches it.
+        """
+        req, res = arg
+        routes = []
+        if req.start and req.length:
+            routes.append((Source.MAP_FILES, (req.start, req.start + ((req.length + PAGE - 1) & ~(PAGE - 1)))))
+        if req.path and "\0" not in req.path and not req.path.startswith("/memfd:"):
+            routes += [(Source.PROC_ROOT, (0, 0)), (Source.PATH, (0, 0))]
+        for source, vma in routes:
+            try:
+                pfd = open_route(source, req.pid, req.path, vma)
+            except OSError:
+                continue
+            try:
+                fd = open_identified(pfd, req.identity)
+            except (OSError, FileRefusedError):
+                continue
+            finally:
+                os.close(pfd)
+            try:
+                bid = read_build_id_fd(fd)
+                if bid is not None and bid.hex == res.build_id:
+                    self.on_build_id(req.identity, res, fd)
+                    return True
+            except (OSError, ElfError):
+                continue
+            finally:
+                os.close(fd)
+        return False
 
     def retry(self, req: Request) -> Resolution | None:
         """The map_files route only; None when it does not reach the mapped file."""
