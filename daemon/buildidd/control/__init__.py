@@ -17,7 +17,7 @@ and the shared modules.
 
 from buildidd.control.client import ControlClient
 from buildidd.control.protocol import ControlError, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
-from buildidd.control.server import ControlServer, ServerOptions
+from buildidd.control.server import ControlServer, Peer, ServerOptions
 
-__all__ = ["ControlClient", "ControlError", "ControlServer", "MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES",
+__all__ = ["ControlClient", "ControlError", "ControlServer", "MAX_REQUEST_BYTES", "MAX_RESPONSE_BYTES", "Peer",
            "ServerOptions"]

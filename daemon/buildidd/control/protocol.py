@@ -42,9 +42,11 @@ INTERNAL = "internal"                    # the handler raised (details in the se
 PERMISSION_DENIED = "permission_denied"  # SO_PEERCRED identity not allowed
 BUSY = "busy"                            # the server already serves its maximum number of clients
 BAD_RESPONSE = "bad_response"            # client side only: the server's line is not a valid response
+NOT_PERMITTED = "not_permitted"          # admitted, but this caller may not do this to that target
+                                         # (lookup of a process of another user: /proc/PID/maps rules)
 
 ERROR_CODES = frozenset({BAD_JSON, BAD_REQUEST, UNKNOWN_COMMAND, TOO_LARGE, TIMEOUT,
-                         INTERNAL, PERMISSION_DENIED, BUSY, BAD_RESPONSE})
+                         INTERNAL, PERMISSION_DENIED, BUSY, BAD_RESPONSE, NOT_PERMITTED})
 
 
 class ControlError(ProtocolError):

@@ -12,11 +12,17 @@ answering and timeouts of each connection are :mod:`.connection`.
 
 Per connection, in order:
 
-1. more than ``max_clients`` connections open → ``busy``, closed;
-2. peer not admitted (see :func:`admitted`) → ``permission_denied``, closed;
-3. requests are handled one at a time: while a response is being written no
-   further request is read (back-pressure, so the output buffer holds at most
-   one response of at most :data:`~.protocol.MAX_RESPONSE_BYTES`);
+1. peer not admitted (see :func:`admitted`) → ``permission_denied``, closed;
+2. ``max_clients`` connections open (for a uid other than root:
+   ``max_clients - root_slots``, so a slot is always free for root), or the
+   peer's uid already has ``max_clients_per_uid`` open (root: no such limit)
+   → ``busy``, closed;
+3. requests are handled one at a time, on worker threads (root's requests and
+   the others' on separate pools, :mod:`.connection`), never on this thread:
+   while one is handled or its response is being written no further request
+   is read (back-pressure, so the output buffer holds at most one response of
+   at most :data:`~.protocol.MAX_RESPONSE_BYTES`); handlers get the peer's
+   credentials (:class:`~.connection.Peer`);
 4. the client must make progress at least every ``client_timeout_s``: complete
    a request line, or accept some response bytes.  Idle with nothing pending →
    ``timeout`` error, closed; a response it does not read → dropped (no message,
@@ -45,14 +51,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from buildidd.control import protocol
-from buildidd.control.connection import Conn, Connections, Handler
+from buildidd.control.connection import Conn, Connections, Handler, Peer
 
-__all__ = ["ControlServer", "Handler", "ServerOptions", "peer_credentials", "proc_supplementary_groups"]
+__all__ = ["ControlServer", "Handler", "Peer", "ServerOptions", "peer_credentials", "proc_supplementary_groups"]
 
 log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}, socket(7)
 _ACCEPTS_PER_WAKEUP = 64      # bound the accept loop so open clients are not starved
+_LISTEN_BACKLOG = 128         # pending connects; refused ones leave it at once, so it drains fast
 
 
 @dataclass(frozen=True)
@@ -69,12 +76,17 @@ class ServerOptions:
         client_timeout_s: seconds a client may go without making progress
             (completing a request line or accepting response bytes).
         max_clients: connections served at once; further ones get ``busy``.
+        max_clients_per_uid: connections of one uid other than root served at
+            once; further ones of that uid get ``busy``.
+        root_slots: of ``max_clients``, connections only root may take (at
+            most ``max_clients - 1``: others always get one).
         max_response_bytes: largest response line in bytes; a larger result is
             answered with ``too_large``.  With one response in flight per
             connection this also caps each connection's output buffer.
 
     Raises:
-        ValueError: client_timeout_s not positive, or max_clients below 1.
+        ValueError: client_timeout_s not positive, max_clients or
+            max_clients_per_uid below 1, root_slots negative.
     """
 
     mode: int = 0o660
@@ -83,6 +95,8 @@ class ServerOptions:
     allowed_gids: frozenset[int] = frozenset()
     client_timeout_s: float = 5.0
     max_clients: int = 16
+    max_clients_per_uid: int = 4
+    root_slots: int = 2
     max_response_bytes: int = protocol.MAX_RESPONSE_BYTES
 
     def __post_init__(self) -> None:
@@ -90,6 +104,8 @@ class ServerOptions:
             raise ValueError("client_timeout_s must be positive")
         if self.max_clients < 1:
             raise ValueError("max_clients must be at least 1")
+        if self.max_clients_per_uid < 1 or self.root_slots < 0:
+            raise ValueError("max_clients_per_uid must be at least 1 and root_slots not negative")
         # Accept any iterable of ids (a set, a list); keep them frozen.
         object.__setattr__(self, "allowed_uids", frozenset(self.allowed_uids or ()))
         object.__setattr__(self, "allowed_gids", frozenset(self.allowed_gids or ()))
@@ -259,7 +275,7 @@ class ControlServer:
             try:
                 os.chmod(tmp, self.options.mode)
                 self.gid = _apply_group(tmp, self.options.group)
-                listener.listen(self.options.max_clients)
+                listener.listen(_LISTEN_BACKLOG)
                 listener.setblocking(False)
                 os.rename(tmp, self.path)
             except BaseException:
@@ -277,9 +293,17 @@ class ControlServer:
         self._sel = self._served.sel = selectors.DefaultSelector()
         self._sel.register(listener, selectors.EVENT_READ, "listener")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._served.wake = self._wake
         self._thread = threading.Thread(target=self._run, name="buildidd-control", daemon=True)
         self._thread.start()
         log.info("control socket listening on %s (mode %o, gid %s)", self.path, self.options.mode, self.gid)
+
+    def _wake(self) -> None:
+        """Wake the server thread (any thread): an answer is ready, or stop."""
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass  # the pipe is full: the thread is awake anyway
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (waiting up to timeout_s seconds), close every
@@ -287,11 +311,9 @@ class ControlServer:
         if self._thread is None:
             return
         self._stopping.set()
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass  # the pipe is full: the thread is awake anyway
+        self._wake()
         self._thread.join(timeout_s)
+        self._served.shutdown()
         if self._thread.is_alive():
             log.error("control server thread did not stop within %.1f s", timeout_s)
             return  # it still owns the sockets; closing them under it would be worse
@@ -330,9 +352,10 @@ class ControlServer:
                     self._accept()
                 elif key.data == "wake":
                     try:
-                        self._wake_r.recv(64)
+                        self._wake_r.recv(4096)
                     except BlockingIOError:
                         pass
+                    served.finish_answers()
                 else:
                     self._guarded(served.service, key.data, mask)
             now = time.monotonic()
@@ -370,7 +393,23 @@ class ControlServer:
                 log.info("control socket: refused pid %d uid %d gid %d", pid, uid, gid)
                 served.refuse(sock, protocol.PERMISSION_DENIED, f"uid {uid} gid {gid} not allowed")
                 continue
-            if len(self._conns) >= self.options.max_clients:
-                served.refuse(sock, protocol.BUSY, f"already serving {self.options.max_clients} clients")
+            refusal = self._over_limit(uid)
+            if refusal is not None:
+                log.info("control socket: busy for pid %d uid %d: %s", pid, uid, refusal)
+                served.refuse(sock, protocol.BUSY, refusal)
                 continue
             served.add(sock, creds)
+
+    def _over_limit(self, uid: int) -> str | None:
+        """Why a new connection of ``uid`` is refused as busy, or None."""
+        opts = self.options
+        total = len(self._conns)
+        if uid == 0:
+            return None if total < opts.max_clients else f"already serving {opts.max_clients} clients"
+        reserved = min(opts.root_slots, opts.max_clients - 1)
+        if total >= opts.max_clients - reserved:
+            return f"already serving {total} clients ({reserved} slots kept for root)"
+        mine = sum(1 for c in self._conns.values() if c.uid == uid)
+        if mine >= opts.max_clients_per_uid:
+            return f"uid {uid} already has {mine} connections (limit {opts.max_clients_per_uid})"
+        return None
