@@ -88,15 +88,29 @@ class ControlClient:
         if self._sock is not None and (self._buf or self._pending()):
             self.close()  # unsolicited data or EOF: the server timed us out
         if self._sock is None:
+            self._sock = self._connect()
+        return self._sock
+
+    def _connect(self) -> socket.socket:
+        """Connect, retrying while the server's listen backlog is full (EAGAIN: unix(7)
+        connect() on a full backlog, e.g. while other clients flood it) until timeout_s."""
+        deadline = time.monotonic() + self.timeout_s
+        pause_s = 0.005
+        while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.settimeout(self.timeout_s)
                 sock.connect(self.path)
+                return sock
+            except BlockingIOError:
+                sock.close()
+                if time.monotonic() + pause_s >= deadline:
+                    raise TimeoutError(f"{self.path}: the server's backlog stayed full for {self.timeout_s:g} s")
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 0.1)
             except BaseException:
                 sock.close()
                 raise
-            self._sock = sock
-        return self._sock
 
     def _pending(self) -> bool:
         """Whether the socket has data or EOF to read right now."""
