@@ -123,13 +123,14 @@ def test_retention_and_quota_never_delete_what_a_retained_session_references(tmp
         lib = gcc(f"int f{i}(void) {{ return {i}; }}\n" + "static char pad[65536] = {1};\nchar *p(void){return pad;}\n",
                   tmp_path / f"lib{i}.so", "-shared", "-fPIC", "-Wl,--build-id=sha1")
         libs.append((lib, readelf_build_id(lib)))
-    store = Store(tmp_path / "store", quota_bytes=1)       # always over quota
+    store = Store(tmp_path / "store")
     for lib, bid in libs:
         fd = os.open(lib, os.O_RDONLY)
         try:
             store.add_from_fd(fd, str(lib), bid)
         finally:
             os.close(fd)
+    store.quota_bytes = 1                                 # always over quota (no copy would fit now)
     sessions = tmp_path / "sessions"
     sessions.mkdir()
     old = _session(sessions, "20200101T000000Z-1", [libs[0][1]], age_s=90 * 86400)   # expired

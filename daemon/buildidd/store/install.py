@@ -5,9 +5,13 @@ file system, and copies with mode 0o755 otherwise (util/copyfile.c
 ``copyfile()``).  A hard link is not a snapshot (an in-place rewrite of the
 original changes it), so the store always copies: a reflink (``FICLONE``)
 where the file system shares extents, else ``copy_file_range``/``sendfile``/
-``pread``.  The copy keeps the source's permission bits less set-user-ID,
-set-group-ID, sticky, and group/other write (``st_mode & 0o755``): a copy of
-a setuid binary in the store is not setuid.
+``pread``.  Holes stay holes: data is copied extent by extent
+(``SEEK_DATA``/``SEEK_HOLE``) and the copy is cut to the source's size with
+``ftruncate``, so a 300 MB sparse file with 76 KiB of data takes about 76 KiB.
+Every file is mode 0o640 (:data:`~buildidd.store.layout.FILE_MODE`) and every
+directory 0o750 (0o700 for a private copy), owned by root and the store's
+group, whatever the umask and the source's mode: a copy of a setuid binary is
+not setuid, and one of a user's 0o755 binary is not readable by other users.
 
 Durability and atomicity: every file is written under a temporary name in its
 final directory (``.NAME.buildidd-tmp-XXXX``, ``O_EXCL``), ``fsync``-ed,
@@ -36,7 +40,7 @@ from buildidd.kernel.events import Identity
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.procfs import identity_of, mismatch
 from buildidd.store.counters import Tally
-from buildidd.store.layout import DIR_MODE, TEMP_INFIX, Layout
+from buildidd.store.layout import DIR_MODE, FILE_MODE, TEMP_INFIX, Layout
 
 COPY_CHUNK_BYTES = 1 << 20
 """Bytes per copy step when not reflinking; ``Store.throttle`` is called after each."""
@@ -44,7 +48,7 @@ COPY_CHUNK_BYTES = 1 << 20
 FICLONE = 0x40049409
 """ioctl FICLONE = _IOW(0x94, 9, int): share the source's extents (include/uapi/linux/fs.h)."""
 
-_MODE_MASK = 0o755      # permission bits a copy keeps from its source
+_SEEK_DATA_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, errno.ESPIPE})
 
 #: errnos meaning "this way of copying does not work here, try the next".
 _REFLINK_FALLBACK = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.EBADF,
@@ -128,7 +132,72 @@ class CopyRequest:
     identity: Identity | None = None
 
 
-class Installer:
+class DataCopier:
+    """The data-copying half of :class:`Installer` (reflink, then extents with holes kept); sets nothing."""
+
+    tally: Tally
+    throttle: Callable[[int], None] | None
+
+    def _copy_data(self, src: int, dst: int, size: int, what: str) -> bool:
+        """Copy size bytes from offset 0 of src to dst; True when reflinked (FICLONE).
+
+        Order: FICLONE (whole file, shares extents: btrfs, XFS, bcachefs);
+        ``copy_file_range`` (in-kernel; may itself share extents or do
+        server-side copy on NFS); ``sendfile``; ``pread``/``pwrite``.  A way
+        that fails with an errno meaning "not here" (EXDEV, EOPNOTSUPP, EINVAL,
+        …) is dropped for the rest of this file; ENOSPC and EIO are raised.
+        """
+        if size > 0:
+            try:
+                fcntl.ioctl(dst, FICLONE, src)
+                return True
+            except OSError as e:
+                if e.errno not in _REFLINK_FALLBACK:
+                    raise
+        os.ftruncate(dst, size)  # the holes: a sparse source gives a sparse copy
+        probe = _own_description(src)
+        try:
+            return self._copy_extents(src, dst, probe, size, what)
+        finally:
+            if probe is not None:
+                os.close(probe)
+
+    def _copy_extents(self, src: int, dst: int, probe: int | None, size: int, what: str) -> bool:
+        """Copy the data extents of src (found with SEEK_DATA/SEEK_HOLE on probe, when given) to dst."""
+        ways = [_copy_file_range, _sendfile, _pread_pwrite]
+        offset = 0
+        while offset < size:
+            if probe is not None:
+                offset = _next_data(probe, offset, size)
+                if offset >= size:
+                    break
+            end = _next_hole(probe, offset, size) if probe is not None else size
+            want = min(COPY_CHUNK_BYTES, end - offset)
+            try:
+                n = ways[0](src, dst, offset, want)
+            except OSError as e:
+                if e.errno in _COPY_FALLBACK and len(ways) > 1:
+                    ways.pop(0)
+                    continue
+                raise
+            if n == 0:
+                if len(ways) > 1:  # copy_file_range answers 0 where it cannot copy (some file systems)
+                    ways.pop(0)
+                    continue
+                self.tally.count("identity_mismatch")
+                raise StoreError(f"{what}: ended at {offset} of {size} bytes while being copied")
+            offset += n
+            self._copied(n)
+        return False
+
+    def _copied(self, n: int) -> None:
+        self.tally.count("bytes_copied", n)
+        if self.throttle is not None:
+            self.throttle(n)
+
+
+
+class Installer(DataCopier):
     """Writes files into the store: verified copies, streams, small files, the link; undoes a failed add.
 
     Attributes:
@@ -136,10 +205,27 @@ class Installer:
             ``n`` bytes copied (see :attr:`buildidd.store.Store.throttle`).
     """
 
-    def __init__(self, layout: Layout, tally: Tally):
+    def __init__(self, layout: Layout, tally: Tally, gid: int | None = None):
+        """gid: the group every file and directory is given (``None``: left as created)."""
         self.layout = layout
         self.tally = tally
+        self.gid = gid
         self.throttle: Callable[[int], None] | None = None
+
+    def own(self, target: int | Path, mode: int) -> None:
+        """chmod target (an fd or a path, not followed) to mode and chown it to root:gid (when root).
+
+        Raises:
+            OSError: the call failed.
+        """
+        if isinstance(target, int):
+            os.fchmod(target, mode)
+            if self.gid is not None and os.geteuid() == 0:
+                os.fchown(target, 0, self.gid)
+            return
+        os.chmod(target, mode, follow_symlinks=False)
+        if self.gid is not None and os.geteuid() == 0:
+            os.chown(target, 0, self.gid, follow_symlinks=False)
 
     def check_identity(self, fd: int, want: Identity, path: str, when: str) -> None:
         """Raise StoreError (counted) unless fd is still the file the kernel mapped."""
@@ -153,8 +239,9 @@ class Installer:
             self.tally.count("identity_mismatch")
             raise StoreError(f"{path}: not the identified file {when}: {why}")
 
-    def makedirs(self, directory: Path, done: Installed) -> None:
-        """mkdir -p (mode 0o755), remembering the directories made."""
+    def makedirs(self, directory: Path, done: Installed, mode: int = DIR_MODE) -> None:
+        """mkdir -p, remembering the directories made; each made gets mode (0o750) and root:gid, the last one
+        mode even if it existed."""
         missing = []
         d = directory
         while not d.is_dir():
@@ -164,7 +251,8 @@ class Installer:
             d = d.parent
         for d in reversed(missing):
             try:
-                os.mkdir(d, DIR_MODE)
+                os.mkdir(d, 0o700)
+                self.own(d, mode if d == directory else DIR_MODE)
             except FileExistsError:
                 if not d.is_dir():
                     self.tally.count("copy_errors")
@@ -174,6 +262,12 @@ class Installer:
                 self.tally.count("copy_errors")
                 raise StoreError(f"{d}: cannot create: {e.strerror}") from e
             done.dirs.append(d)
+        if not missing:
+            try:
+                self.own(directory, mode)
+            except OSError as e:
+                self.tally.count("copy_errors")
+                raise StoreError(f"{directory}: cannot set its mode: {e.strerror}") from e
 
     def install_copy(self, req: CopyRequest, done: Installed) -> tuple[bool, int]:
         """Copy req.src_fd to req.final through a temporary file, verified; (reflinked, bytes).
@@ -185,13 +279,13 @@ class Installer:
         size = before.st_size
         temp = _temp_name(final)
         try:
-            dst = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, before.st_mode & _MODE_MASK)
+            dst = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as e:
             self.tally.count("copy_errors")
             raise StoreError(f"{final}: cannot create a temporary file: {e.strerror}") from e
         try:
             try:
-                os.fchmod(dst, before.st_mode & _MODE_MASK)  # not narrowed by the umask
+                self.own(dst, FILE_MODE)
                 reflinked = self._copy_data(req.src_fd, dst, size, what)
                 os.fsync(dst)
                 after = os.fstat(req.src_fd)
@@ -232,48 +326,6 @@ class Installer:
             self.tally.count("verify_failed")
             raise StoreError(f"{req.what}: copy has build-id {got.hex if got else None}, not {req.build_id_hex}")
 
-    def _copy_data(self, src: int, dst: int, size: int, what: str) -> bool:
-        """Copy size bytes from offset 0 of src to dst; True when reflinked (FICLONE).
-
-        Order: FICLONE (whole file, shares extents: btrfs, XFS, bcachefs);
-        ``copy_file_range`` (in-kernel; may itself share extents or do
-        server-side copy on NFS); ``sendfile``; ``pread``/``pwrite``.  A way
-        that fails with an errno meaning "not here" (EXDEV, EOPNOTSUPP, EINVAL,
-        …) is dropped for the rest of this file; ENOSPC and EIO are raised.
-        """
-        if size > 0:
-            try:
-                fcntl.ioctl(dst, FICLONE, src)
-                return True
-            except OSError as e:
-                if e.errno not in _REFLINK_FALLBACK:
-                    raise
-        ways = [_copy_file_range, _sendfile, _pread_pwrite]
-        offset = 0
-        while offset < size:
-            want = min(COPY_CHUNK_BYTES, size - offset)
-            try:
-                n = ways[0](src, dst, offset, want)
-            except OSError as e:
-                if e.errno in _COPY_FALLBACK and len(ways) > 1:
-                    ways.pop(0)
-                    continue
-                raise
-            if n == 0:
-                if len(ways) > 1:  # copy_file_range answers 0 where it cannot copy (some file systems)
-                    ways.pop(0)
-                    continue
-                self.tally.count("identity_mismatch")
-                raise StoreError(f"{what}: ended at {offset} of {size} bytes while being copied")
-            offset += n
-            self._copied(n)
-        return False
-
-    def _copied(self, n: int) -> None:
-        self.tally.count("bytes_copied", n)
-        if self.throttle is not None:
-            self.throttle(n)
-
     def install_stream(self, source: Path, final: Path, mode: int, done: Installed,
                        *, check: Callable[[bytes], None] | None = None) -> int:
         """Copy a file read sequentially (a /proc file: st_size 0) to final; bytes written.
@@ -287,9 +339,9 @@ class Installer:
         total = 0
         try:
             with open(source, "rb", buffering=0) as src:
-                dst = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+                dst = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 try:
-                    os.fchmod(dst, mode)
+                    self.own(dst, mode)
                     first = True
                     while True:
                         chunk = src.read(COPY_CHUNK_BYTES)
@@ -319,23 +371,27 @@ class Installer:
                 _unlink_quietly(temp)
         return total
 
-    def install_bytes(self, final: Path, data: bytes, mode: int, done: Installed) -> int:
+    def install_bytes(self, final: Path, data: bytes, mode: int, done: Installed, *, sync_dir: bool = True) -> int:
         """Write data to final through a temporary file; bytes written.
+
+        sync_dir=False: the directory is not fsync-ed (the caller does it once for several files).
 
         Raises:
             StoreError: an OS error (counted in ``copy_errors``).
         """
         temp = _temp_name(final)
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
+                self.own(fd, mode)
                 _write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.rename(temp, final)
             done.files.append(final)
-            fsync_dir(final.parent)
+            if sync_dir:
+                fsync_dir(final.parent)
         except OSError as e:
             self.tally.count("copy_errors")
             raise StoreError(f"{final}: cannot write: {e.strerror}") from e
@@ -378,6 +434,40 @@ class Installer:
 
 
 # --- the ways of copying, tried in order by Installer._copy_data -------------------
+
+
+def _own_description(fd: int) -> int | None:
+    """A second open file description of fd's file (through /proc/self/fd), so that SEEK_DATA/SEEK_HOLE
+    do not move the offset the caller's fd shares with its dups; None when /proc cannot reopen it."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+
+
+def _next_data(fd: int, offset: int, size: int) -> int:
+    """The first offset >= offset holding data (SEEK_DATA); size when only a hole follows.
+
+    A file system without SEEK_DATA (EINVAL...) has data everywhere, as lseek(2) allows.
+    """
+    try:
+        return min(os.lseek(fd, offset, os.SEEK_DATA), size)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return size
+        if e.errno in _SEEK_DATA_UNSUPPORTED:
+            return offset
+        raise
+
+
+def _next_hole(fd: int, offset: int, size: int) -> int:
+    """The end of the data that starts at offset (SEEK_HOLE), at most size."""
+    try:
+        return max(offset + 1, min(os.lseek(fd, offset, os.SEEK_HOLE), size))
+    except OSError as e:
+        if e.errno == errno.ENXIO or e.errno in _SEEK_DATA_UNSUPPORTED:
+            return size
+        raise
 
 
 def _copy_file_range(src: int, dst: int, offset: int, count: int) -> int:

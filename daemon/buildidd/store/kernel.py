@@ -1,8 +1,9 @@
 """The running kernel's entry: kallsyms, modules and vmlinux under ``[kernel.kallsyms]/<build-id>/``.
 
-``kallsyms`` is a copy of /proc/kallsyms, mode 0o755, as ``perf record``
-leaves it (util/build-id.c ``build_id_cache__add`` with ``is_kallsyms``:
-``copyfile("/proc/kallsyms", …)``); the link is
+``kallsyms`` is a copy of /proc/kallsyms (util/build-id.c
+``build_id_cache__add`` with ``is_kallsyms``: ``copyfile("/proc/kallsyms", …)``),
+mode 0o640 root:group where perf leaves 0o755 (its addresses are the kernel's
+layout, which kptr_restrict hides from other users); the link is
 ``.build-id/xx/rest -> ../../[kernel.kallsyms]/<build-id>``.  The store adds
 ``modules`` (/proc/modules) and ``vmlinux`` (the kernel image with the same
 build-id), which perf does not keep.  kallsyms is stored only for the running
@@ -22,10 +23,10 @@ from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.host import kernel_build_id
 from buildidd.store.counters import Tally
 from buildidd.store.install import AddResult, CopyRequest, Installed, Installer
-from buildidd.store.layout import BUILD_ID_DIR, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME, VMLINUX_NAME, Layout, is_hex
+from buildidd.store.layout import BUILD_ID_DIR, FILE_MODE, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME, VMLINUX_NAME, Layout, is_hex
 
-_KALLSYMS_MODE = 0o755  # perf's copyfile() mode (util/copyfile.c)
-_MODULES_MODE = 0o644
+_KALLSYMS_MODE = FILE_MODE
+_MODULES_MODE = FILE_MODE
 
 
 def check_running(bid: str, notes_path: str | os.PathLike) -> None:

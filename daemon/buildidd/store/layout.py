@@ -7,7 +7,7 @@ The same tree ``perf buildid-cache -a FILE`` writes (Linux
 ``perf buildid-cache -l`` and ``perf probe`` read it as their own.  Observed
 with perf 6.1 (Debian linux-perf) on this project's test host::
 
-    ROOT/                                     mode 0o755
+    ROOT/                                     (perf: mode 0o755; buildidd: 0o750)
       .build-id/c8/9156ebdabf859f4ee70cb0c303004dccf1ae51
             -> ../../usr/bin/true/c89156ebdabf859f4ee70cb0c303004dccf1ae51
       usr/bin/true/c89156ebdabf859f4ee70cb0c303004dccf1ae51/
@@ -24,7 +24,10 @@ with perf 6.1 (Debian linux-perf) on this project's test host::
             -> ../../[kernel.kallsyms]/4a5a9b0affb66c437abcd455d2738af879985fa9
 
 * The entry directory is ``ROOT`` + the file's absolute path + ``/`` + the
-  build-id in lower-case hex; directories are made with mode 0o755.
+  build-id in lower-case hex; perf makes directories with mode 0o755,
+  buildidd with 0o750 root:group and its files 0o640 (:data:`DIR_MODE`, :data:`FILE_MODE`).
+* buildidd adds ``origin.json`` and ``alt/<sha256>/`` to an entry (:mod:`buildidd.store.origin`);
+  perf ignores both.
 * The link is ``ROOT/.build-id/`` + the first two hex digits + ``/`` + the
   rest, a *relative* symlink ``"../.."`` + path + ``/`` + build-id
   (``build_id_cache__add``: ``memcpy(tmp, "../..", 5)``).  A file is found by
@@ -86,8 +89,15 @@ KALLSYMS_DSO = "[kernel.kallsyms]"
 MAIN_FILE_NAMES = (ELF_NAME, KALLSYMS_NAME, VDSO_NAME)
 """The file an entry is found by, in the order they are looked for."""
 
-DIR_MODE = 0o755
-"""Mode of every directory the store makes (perf's ``mkdir_p(..., 0755)``)."""
+DIR_MODE = 0o750
+"""Mode of every directory the store makes, whatever the umask (perf uses 0o755: every user could
+read every copy); owner root, group the control group (:class:`buildidd.store.Store`'s ``group``)."""
+
+PRIVATE_DIR_MODE = 0o700
+"""Mode of the directory of a private copy (see :mod:`buildidd.store.origin`): root only."""
+
+FILE_MODE = 0o640
+"""Mode of every file the store writes, whatever the umask and the source's mode (perf copies with 0o755)."""
 
 TEMP_INFIX = ".buildidd-tmp-"
 """Marks a file under a temporary name, ``.NAME.buildidd-tmp-XXXX`` (swept after a crash)."""
@@ -138,20 +148,58 @@ def origname(target: str) -> str:
     return inner
 
 
-def files_size(directory: Path) -> int:
-    """Sum of ``st_size`` of the regular files directly in directory (not followed); 0 if unreadable."""
-    total = 0
+ALT_NAME = "alt"
+"""``<entry>/alt/<sha256>/``: other contents claiming the entry's build-id (see :mod:`buildidd.store.origin`)."""
+
+MAX_ALT_DIRS = 16
+"""Alternative contents looked at per entry, at most (the store keeps no more: ``alt_limit``)."""
+
+
+def dir_usage(directory: Path) -> tuple[int, int]:
+    """(apparent bytes, disk bytes) of the regular files directly in directory (not followed).
+
+    Apparent: sum of ``st_size``; disk: sum of ``st_blocks * 512`` (what the
+    files take on the file system: a sparse file's holes take nothing).  (0, 0) if unreadable.
+    """
+    size = disk = 0
     try:
         with os.scandir(directory) as it:
             for e in it:
                 try:
                     if e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
+                        st = e.stat(follow_symlinks=False)
+                        size += st.st_size
+                        disk += st.st_blocks * 512
                 except OSError:
                     continue
     except OSError:
-        return 0
-    return total
+        return 0, 0
+    return size, disk
+
+
+def alt_dirs(directory: Path) -> list[Path]:
+    """The ``alt/<sha256>`` directories of an entry, in name order, at most :data:`MAX_ALT_DIRS`."""
+    try:
+        with os.scandir(directory / ALT_NAME) as it:
+            names = sorted(e.name for e in it if len(e.name) == 64 and is_hex(e.name)
+                           and e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+    return [directory / ALT_NAME / n for n in names[:MAX_ALT_DIRS]]
+
+
+def entry_usage(directory: Path) -> tuple[int, int]:
+    """(apparent, disk) bytes of an entry: its own files and those of its ``alt/*`` copies."""
+    size, disk = dir_usage(directory)
+    for alt in alt_dirs(directory):
+        a, d = dir_usage(alt)
+        size, disk = size + a, disk + d
+    return size, disk
+
+
+def files_size(directory: Path) -> int:
+    """Apparent size (sum of ``st_size``) of an entry's files, its alternative copies included; 0 if unreadable."""
+    return entry_usage(directory)[0]
 
 
 def main_file(directory: Path) -> Path | None:
@@ -176,10 +224,12 @@ class Entry:
             (perf's ``build_id_cache__origname``).
         directory: the entry's directory, ``ROOT/<path>/<build-id>``.
         size_bytes: sum of ``st_size`` of the regular files in ``directory``
-            (elf, debug, probes; kallsyms, modules, vmlinux).  Apparent size:
-            a reflinked copy is counted in full.
+            (elf, debug, probes, origin.json; kallsyms, modules, vmlinux) and
+            in its ``alt/*`` directories.  Apparent size: a reflinked copy is
+            counted in full, a sparse one with its holes.
         last_ref_ns: ns since the epoch: the directory's mtime, set when the
             entry was added and by :meth:`buildidd.store.Store.touch`.
+        disk_bytes: the same files' ``st_blocks * 512``: what the quota counts.
     """
 
     build_id_hex: str
@@ -187,6 +237,7 @@ class Entry:
     directory: Path
     size_bytes: int
     last_ref_ns: int
+    disk_bytes: int = 0
 
 
 class Layout:
@@ -262,5 +313,6 @@ class Layout:
                     mtime_ns = os.stat(directory).st_mtime_ns
                 except OSError:
                     continue
-                out.append(Entry(bid, origname(target), directory, files_size(directory), mtime_ns))
+                size, disk = entry_usage(directory)
+                out.append(Entry(bid, origname(target), directory, size, mtime_ns, disk))
         return out

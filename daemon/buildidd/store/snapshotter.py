@@ -9,6 +9,12 @@ they can still be saved.  The same thread runs housekeeping every
 ``housekeeping_interval_s``: a callable the caller gives (the capture stage's
 session retention and store quota, which must not delete what a retained
 session references; the store cannot read sessions itself).
+
+The recording thread only queues (:meth:`Snapshotter.submit` makes no file
+system call on the user's path: whether the file is already gone is read from
+the descriptor, ``st_nlink``).  The worker takes the source's facts
+(:func:`buildidd.store.origin.origin_of`: owner from ``fstat``, privacy from
+the ``lstat`` of each directory on the path) and hands them to the store.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from buildidd.resolve import procfs
-from buildidd.errors import StoreError
+from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_idle
+from buildidd.store.origin import origin_of_fd
 from buildidd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -59,6 +66,9 @@ class SnapshotPolicy:
         max_queue: jobs kept; more are dropped and counted (``dropped``).
         max_fds: duplicated descriptors held by queued jobs at most; beyond
             it, jobs keep only path + identity.
+        max_seen: build-ids remembered as submitted this session; beyond it a
+            build-id is still queued but not remembered (``seen_full``), so it
+            may be queued again and is not protected by housekeeping.
         housekeeping_interval_s: seconds between two runs of the housekeeping callable.
     """
 
@@ -66,6 +76,7 @@ class SnapshotPolicy:
     max_queue: int = 8192
     max_fds: int = 256
     housekeeping_interval_s: float = 600.0
+    max_seen: int = 1 << 20
 
 
 Housekeeping = Callable[[set[str], dict[str, int]], None]
@@ -93,6 +104,7 @@ class Snapshotter:
         self.store.throttle = TokenBucket(policy.rate_bytes_per_s)
         self.max_queue = policy.max_queue
         self.max_fds = policy.max_fds
+        self.max_seen = policy.max_seen
         self.housekeeping_interval_s = policy.housekeeping_interval_s
         self._housekeeping = housekeeping
         self._heap: list = []
@@ -102,24 +114,27 @@ class Snapshotter:
         self._stop = False
         self._seen: set[str] = set()          # build-ids submitted this session
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
-                      "gone": 0, "retention_removed": 0, "quota_removed": 0}
+                      "gone": 0, "retention_removed": 0, "quota_removed": 0, "seen_full": 0}
+        self.skipped: dict[str, int] = {}     # StoreRefusedError.reason → count
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._run, name="buildidd-snapshot", daemon=True)
 
     # -- producer side (the recorder's thread) -----------------------------
     def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
-        """Queue a copy of the file with build_id (first sighting only); fd is dup'ed if given."""
+        """Queue a copy of the file with build_id (first sighting only); fd is dup'ed if given.
+
+        No call on path: a job is urgent when the file has no name left
+        (``fstat(fd).st_nlink == 0``: deleted or replaced by a rename, or a
+        memfd) or its path is not absolute.
+        """
         if build_id in self._seen:
             return
-        urgent = False
-        if path.startswith("/"):
+        urgent = not path.startswith("/") or path.endswith(" (deleted)")
+        if fd is not None and not urgent:
             try:
-                st = os.stat(path)
-                urgent = ident is not None and (st.st_dev, st.st_ino) != (ident.dev, ident.ino)
-            except (OSError, ValueError):
-                urgent = True     # the path names nothing now: deleted (or memfd)
-        else:
-            urgent = True
+                urgent = os.fstat(fd).st_nlink == 0
+            except OSError:
+                urgent = True
         dup = None
         with self._cv:
             if len(self._heap) >= self.max_queue:
@@ -131,7 +146,10 @@ class Snapshotter:
                     self._fds += 1
                 except OSError:
                     dup = None
-            self._seen.add(build_id)
+            if len(self._seen) < self.max_seen:
+                self._seen.add(build_id)
+            else:
+                self.stats["seen_full"] += 1
             if urgent:
                 self.stats["urgent"] += 1
             heapq.heappush(self._heap, (0 if urgent else 1, next(self._seq), build_id, path, ident, dup))
@@ -164,8 +182,13 @@ class Snapshotter:
 
     def status(self) -> dict:
         """Counters for `buildidd status`."""
+        c = self.store.counters
         return {**self.stats, "queued": len(self._heap), "store_bytes": self.store.size_bytes(),
+                "store_disk_bytes": self.store.disk_bytes(),
                 "quota_bytes": self.store.quota_bytes, "store": str(self.store.root),
+                "skipped": dict(self.skipped),
+                "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
+                "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
                 "last_error": self.last_error}
 
     # -- the worker --------------------------------------------------------
@@ -193,8 +216,9 @@ class Snapshotter:
 
     def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
         try:
-            if self.store.contains(build_id):
-                self.store.touch(build_id)
+            present = self.store.origin(build_id) if self.store.contains(build_id) else None
+            if present is not None and present.trusted and not present.private:
+                self.store.touch(build_id)   # nothing another file could improve
                 self.stats["already_present"] += 1
                 return
             if fd is None:
@@ -202,8 +226,14 @@ class Snapshotter:
                 if fd is None:
                     self.stats["gone"] += 1
                     return
-            self.store.add_from_fd(fd, path, build_id, identity=ident)
-            self.stats["stored"] += 1
+            res = self.store.add_from_fd(fd, path, build_id, identity=ident, origin=origin_of_fd(fd, path))
+            self.stats["stored" if res.added else "already_present"] += 1
+            if not res.added:
+                self.store.touch(build_id)
+        except StoreRefusedError as e:
+            self.skipped[e.reason] = self.skipped.get(e.reason, 0) + 1
+            self.last_error = str(e)
+            log.info("snapshot of %s (%s) skipped: %s", path, build_id, e)
         except StoreError as e:
             self.stats["failed"] += 1
             self.last_error = str(e)

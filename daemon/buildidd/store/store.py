@@ -27,82 +27,35 @@ directory.
 
 from __future__ import annotations
 
+import grp
 import os
-import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from buildidd.config import Config
 from buildidd.errors import StoreError
 from buildidd.kernel.events import Identity
 from buildidd.store.counters import Tally
 from buildidd.store.debuginfo import Debuginfo
-from buildidd.store.install import AddResult, CopyRequest, Installed, Installer
+from buildidd.store.entries import AddRequest, FileEntries, Limits
+from buildidd.store.install import AddResult, Installer
 from buildidd.store.kernel import KernelFiles, check_running
-from buildidd.store.layout import (DIR_MODE, ELF_NAME, KALLSYMS_DSO, PROBES_NAME, Entry, Layout, hex_build_id,
-                                   main_file, relative)
+from buildidd.store.layout import DIR_MODE, Layout, hex_build_id, relative
+from buildidd.store.lookups import KINDS, StoreLookups
+from buildidd.store.origin import Origin
 from buildidd.store.quota import Quota
-from buildidd.store.sdt import probes_text
 
-_PROBES_MODE = 0o644
+def group_id(name: str | None) -> int:
+    """The gid of group name; 0 (root's) when name is empty or no such group exists."""
+    if not name:
+        return 0
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return 0
 
-
-class FileEntries:
-    """Adds a mapped file's entry: ``elf``, ``debug`` when the host has it, ``probes``, then the link.
-
-    The caller (:meth:`Store.add_from_fd`) validates the arguments and holds the store's lock.
-    """
-
-    def __init__(self, layout: Layout, installer: Installer, debuginfo: Debuginfo, tally: Tally):
-        self.layout = layout
-        self.installer = installer
-        self.debuginfo = debuginfo
-        self.tally = tally
-
-    def add(self, fd: int, path: str, rel: str, bid: str, identity: Identity | None) -> AddResult:
-        """Add fd as ``ROOT/rel/bid`` (see :meth:`Store.add_from_fd`); a present entry only gains debuginfo."""
-        present = self.layout.entry_dir(bid)
-        if present is not None and main_file(present) is not None:
-            self.tally.count("already_present")
-            debug_bytes = 0
-            if present.parent != self.layout.root / KALLSYMS_DSO:
-                debug_bytes = self.debuginfo.add(present, bid, path, Installed())
-            return AddResult(False, main_file(present), False, debug_bytes, debug_bytes > 0)
-
-        entry_dir = self.layout.root / rel / bid
-        done = Installed()
-        try:
-            before = self._source_stat(fd, path)
-            if identity is not None:
-                self.installer.check_identity(fd, identity, path, "before copying")
-            self.installer.makedirs(entry_dir, done)
-            reflinked, elf_bytes = self.installer.install_copy(
-                CopyRequest(fd, before, entry_dir / ELF_NAME, bid, what=path, identity=identity), done)
-            debug_bytes = self.debuginfo.add(entry_dir, bid, path, done)
-            probes_bytes = self.installer.install_bytes(
-                entry_dir / PROBES_NAME, probes_text(entry_dir / ELF_NAME, path), _PROBES_MODE, done)
-            self.installer.publish(bid, f"../../{rel}/{bid}")
-        except BaseException:
-            self.installer.undo(done)
-            raise
-        self.tally.count("added")
-        return AddResult(True, entry_dir / ELF_NAME, reflinked,
-                         elf_bytes + debug_bytes + probes_bytes, debug_bytes > 0)
-
-    def _source_stat(self, fd: int, path: str) -> os.stat_result:
-        """fstat of the source, which must be a regular file (else StoreError, counted in ``copy_errors``)."""
-        try:
-            before = os.fstat(fd)
-        except OSError as e:
-            self.tally.count("copy_errors")
-            raise StoreError(f"{path}: cannot stat the source: {e.strerror}") from e
-        if not stat.S_ISREG(before.st_mode):
-            self.tally.count("copy_errors")
-            raise StoreError(f"{path}: not a regular file")
-        return before
-
-
-class Store:
+class Store(StoreLookups):
     """A build-id keyed store of file snapshots in perf's build-id cache layout.
 
     Attributes:
@@ -127,41 +80,74 @@ class Store:
             ``debuginfo_mismatch`` host debuginfo files with another build-id;
             ``debuginfo_errors`` debuginfo that could not be copied; ``kallsyms_added``;
             ``removed`` entries removed; ``removed_bytes``; ``log_suppressed``
-            warnings not logged because of the rate limit.
+            warnings not logged because of the rate limit;
+            ``conflicts`` files whose content differed from the stored copy of
+            their build-id (both kept); ``promoted`` trusted copies that took
+            the place of an untrusted main copy; ``alts_added`` other contents
+            kept under ``alt/``; ``untrusted`` and ``private`` copies made
+            from such sources (see :mod:`buildidd.store.origin`);
+            ``skipped_too_large``, ``skipped_quota``, ``skipped_uid_share``,
+            ``skipped_alt_limit`` files refused (:class:`~buildidd.errors.StoreRefusedError`);
+            ``evicted`` entries removed to make room before a copy, of which
+            ``evicted_in_use`` were referenced by a session (no process mapped them).
     """
 
     def __init__(self, root: str | os.PathLike, *, quota_bytes: int | None = None,
-                 debug_root: str | os.PathLike = "/usr/lib/debug"):
-        """Open (and create, mode 0o755 less the umask, parents too) a store.
+                 debug_root: str | os.PathLike = "/usr/lib/debug", group: str | None = Config.control_group,
+                 file_max_bytes: int | None = Config.store_file_max_bytes, uid_share: float = 1.0):
+        """Open (and create, mode 0o750 root:group, parents 0o755) a store.
 
         Args:
             root: the store's directory (perf's ``buildid_dir``).
-            quota_bytes: limit for :meth:`enforce_quota`, bytes; ``None``: none.
+            quota_bytes: limit for :meth:`enforce_quota` and for each copy, disk bytes; ``None``: none.
             debug_root: the host's debuginfo tree (``/usr/lib/debug``).
+            group: the group of every file and directory the store makes (``Config.control_group``);
+                root's when empty or no such group exists.
+            file_max_bytes: sources larger than this are refused (``too_large``); ``None``: no limit.
+            uid_share: fraction of quota_bytes the copies of one owner other than root may take, in (0, 1].
 
         Raises:
             StoreError: root cannot be created or is not a directory.
-            ValueError: a negative quota.
+            ValueError: a negative quota or file limit, a share outside (0, 1].
         """
         if quota_bytes is not None and quota_bytes < 0:
             raise ValueError(f"quota_bytes must be >= 0, got {quota_bytes}")
+        if file_max_bytes is not None and file_max_bytes < 0:
+            raise ValueError(f"file_max_bytes must be >= 0, got {file_max_bytes}")
+        if not 0 < uid_share <= 1:
+            raise ValueError(f"uid_share must be in (0, 1], got {uid_share}")
         self.root = Path(os.path.abspath(root))
         self.debug_root = Path(debug_root)
+        self.gid = group_id(group)
         self._lock = threading.RLock()
         self._tally = Tally()
         self.counters = self._tally.counters
         self._layout = Layout(self.root)
-        self._installer = Installer(self._layout, self._tally)
+        self._installer = Installer(self._layout, self._tally, self.gid)
+        self._quota = Quota(self._layout, self._tally, self._lock, quota_bytes, uid_share)
         self._files = FileEntries(self._layout, self._installer,
-                                  Debuginfo(self.debug_root, self._installer, self._tally), self._tally)
+                                  Debuginfo(self.debug_root, self._installer, self._tally), self._tally,
+                                  self._quota)
+        self._files.limits = Limits(file_max_bytes)
         self._kernel = KernelFiles(self._layout, self._installer, self._tally, self.debug_root)
-        self._quota = Quota(self._layout, self._tally, self._lock, quota_bytes)
+        made = not os.path.isdir(self.root)
         try:
-            os.makedirs(self.root, mode=DIR_MODE, exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
+            if made:
+                self._installer.own(self.root, DIR_MODE)
         except OSError as e:
             raise StoreError(f"{self.root}: cannot create the store: {e.strerror}") from e
         if not self.root.is_dir():
             raise StoreError(f"{self.root}: not a directory")
+
+    @classmethod
+    def from_config(cls, cfg: Config, **overrides) -> Store:
+        """The store cfg describes (store_root, store_quota_bytes, control_group, store_file_max_bytes,
+        store_uid_share); keyword arguments override. Raises StoreError, ValueError."""
+        kw = dict(quota_bytes=cfg.store_quota_bytes or None, group=cfg.control_group,
+                  file_max_bytes=cfg.store_file_max_bytes or None, uid_share=cfg.store_uid_share)
+        kw.update(overrides)
+        return cls(cfg.store_root, **kw)
 
     # -- settings shared with the parts ----------------------------------------------
 
@@ -185,45 +171,10 @@ class Store:
     def over_quota(self) -> bool:
         return self._quota.over_quota
 
-    # -- lookups ------------------------------------------------------------------
-
-    def linkname(self, build_id_hex: str) -> Path:
-        """``ROOT/.build-id/xx/rest`` for a build-id, present or not (perf's ``build_id_cache__linkname``).
-
-        Raises:
-            ValueError: not a build-id of at least 2 bytes in hex.
-        """
-        return self._layout.linkname(hex_build_id(build_id_hex))
-
-    def path_of(self, build_id_hex: str) -> Path | None:
-        """The entry's main file, without symlinks: ``ROOT/<path>/<build-id>/elf``
-        (``kallsyms`` for a kernel, ``vdso`` for a vDSO perf stored), or ``None``.
-
-        Raises:
-            ValueError: not a build-id in hex.
-        """
-        return self._layout.path_of(hex_build_id(build_id_hex))
-
-    def contains(self, build_id_hex: str) -> bool:
-        """Whether the build-id's link resolves to an entry with its main file (see :meth:`path_of`)."""
-        return self.path_of(build_id_hex) is not None
-
-    def entries(self) -> list[Entry]:
-        """Every entry reachable through a ``.build-id`` link, in build-id order.
-
-        Links that dangle, point outside the store, or are old-style regular
-        files (perf before 3.x kept the file itself in ``.build-id/xx/rest``) are
-        left out.
-
-        Raises:
-            StoreError: the ``.build-id`` directory cannot be listed.
-        """
-        return self._layout.entries()
-
     # -- adding -------------------------------------------------------------------
 
     def add_from_fd(self, fd: int, path: str | os.PathLike, build_id_hex: str, *,
-                    identity: Identity | None = None) -> AddResult:
+                    identity: Identity | None = None, origin: Origin | None = None) -> AddResult:
         """Copy the open file fd into the store as ``path`` with build-id ``build_id_hex``.
 
         The file is read with positioned reads (or cloned), so fd's offset is
@@ -254,14 +205,15 @@ class Store:
                 is not the identified one or changed while being copied
                 (``identity_mismatch``), it is not a regular file, or an OS error
                 such as ENOSPC (``copy_errors``).  Nothing of this add is left
-                in the store, which stays usable.
+                in the store, which stays usable.  :class:`~buildidd.errors.StoreRefusedError`
+                (a subclass) for a limit, with its ``reason``.
             ValueError: path is not absolute (or has ``..``), build_id_hex is not hex.
         """
         bid = hex_build_id(build_id_hex)
         path = os.fspath(path)
         rel = relative(path)
         with self._lock:
-            return self._files.add(fd, path, rel, bid, identity)
+            return self._files.add(AddRequest(fd, path, rel, bid, identity, origin))
 
     def add_kallsyms(self, kernel_build_id_hex: str, *,
                      kallsyms_path: str | os.PathLike = "/proc/kallsyms",
@@ -270,8 +222,8 @@ class Store:
                      vmlinux_paths: Sequence[str | os.PathLike] | None = None) -> AddResult:
         """Snapshot the running kernel's symbols as ``ROOT/[kernel.kallsyms]/<build-id>/``.
 
-        ``kallsyms`` is a copy of ``kallsyms_path``, mode 0o755, as ``perf
-        record`` leaves it; ``modules`` a copy of ``modules_path``, when it
+        ``kallsyms`` is a copy of ``kallsyms_path``, mode 0o640 (0o755 as ``perf
+        record`` leaves it); ``modules`` a copy of ``modules_path``, when it
         exists (kernels without CONFIG_MODULES have none); ``vmlinux`` the
         first of ``vmlinux_paths`` whose build-id is the kernel's, copied and
         verified like an elf (default: perf's candidates, see
@@ -305,8 +257,16 @@ class Store:
         self._quota.touch(hex_build_id(build_id_hex))
 
     def size_bytes(self) -> int:
-        """Sum of the entries' ``size_bytes``."""
+        """Sum of the entries' ``size_bytes`` (apparent); a running total, no walk after the first call."""
         return self._quota.size_bytes()
+
+    def disk_bytes(self) -> int:
+        """What the entries take on disk (``st_blocks * 512``), which the quota limits; a running total."""
+        return self._quota.disk_bytes()
+
+    def uid_bytes(self, uid: int) -> int:
+        """Disk bytes of the copies whose source uid owned (root's are not counted: 0)."""
+        return self._quota.uid_bytes(uid)
 
     def remove(self, build_id_hex: str) -> int:
         """Remove an entry: its link first (it disappears at once), then its directory.

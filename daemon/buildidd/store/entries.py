@@ -1,0 +1,293 @@
+"""A mapped file's entry: its copy, its origin, and what happens when two contents claim one build-id.
+
+An entry is ``ROOT/<path>/<bid>/`` with ``elf``, ``origin.json`` (see
+:mod:`buildidd.store.origin`), ``debug`` when the host has it, ``probes``;
+then the ``.build-id`` link.  When a file claims a build-id the store holds
+already (the link resolves):
+
+* the same source (device, inode, size, mtime in ``origin.json``) or the same
+  content (sha256): nothing is copied; a trusted or public source upgrades
+  the recorded origin (``trusted`` is or-ed, ``private`` and-ed);
+* other content (``conflicts``, logged): both are kept.  A trusted source
+  whose entry's main copy is not trusted takes its place (``promoted``): the
+  new entry is built aside under a temporary name, swapped in atomically
+  (``renameat2(RENAME_EXCHANGE)`` or rename, then the link), and the old main
+  copy moves to ``<new entry>/alt/<its sha256>/``.  Otherwise the new content
+  goes to ``<entry>/alt/<sha256>/`` (``alts_added``), at most
+  :data:`~buildidd.store.layout.MAX_ALT_DIRS` per entry.
+
+So a copy from a user never replaces, nor is served instead of, one from a
+root-owned system path, and a stripped copy never blocks an unstripped one
+(:meth:`buildidd.store.Store.best` picks by kind).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from buildidd.errors import StoreError, StoreRefusedError
+from buildidd.kernel.events import Identity
+from buildidd.store.counters import Tally
+from buildidd.store.debuginfo import Debuginfo, has_debug_sections
+from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir
+from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALLSYMS_DSO, MAX_ALT_DIRS,
+                                   PRIVATE_DIR_MODE, PROBES_NAME, TEMP_INFIX, Layout, alt_dirs, main_file)
+from buildidd.store.origin import ORIGIN_NAME, Origin, origin_of_fd, read_origin, sha256_fd
+from buildidd.store.quota import Quota
+from buildidd.store.sdt import probes_text
+
+_RENAME_EXCHANGE = 2  # include/uapi/linux/fs.h
+_AT_FDCWD = -100
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """One file to add (validated by :meth:`buildidd.store.Store.add_from_fd`).
+
+    Attributes:
+        fd: the open source; path: its absolute path; rel: the path without its
+        leading ``/``; bid: lower-case hex; identity: the mapped file, or None;
+        origin: the source's facts (None: taken from fd and path here).
+    """
+
+    fd: int
+    path: str
+    rel: str
+    bid: str
+    identity: Identity | None = None
+    origin: Origin | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """file_max_bytes: sources larger than this are refused (``too_large``); None: no limit."""
+
+    file_max_bytes: int | None = None
+
+
+def dir_mode(origin: Origin) -> int:
+    return PRIVATE_DIR_MODE if origin.private else DIR_MODE
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE). Raises OSError."""
+    if _libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a))
+
+
+class FileEntries:
+    """Adds a mapped file's entry (or another content of a present build-id); the caller holds the store's lock."""
+
+    def __init__(self, layout: Layout, installer: Installer, debuginfo: Debuginfo, tally: Tally, quota: Quota):
+        self.layout = layout
+        self.installer = installer
+        self.debuginfo = debuginfo
+        self.tally = tally
+        self.quota = quota
+        self.limits = Limits()
+
+    def add(self, req: AddRequest) -> AddResult:
+        """Add req's file (see :meth:`buildidd.store.Store.add_from_fd`)."""
+        before = self._source_stat(req.fd, req.path)
+        origin = req.origin if req.origin is not None else origin_of_fd(req.fd, req.path)
+        limit = self.limits.file_max_bytes
+        if limit is not None and before.st_size > limit:
+            self.tally.count("skipped_too_large")
+            raise StoreRefusedError("too_large", f"{req.path}: {before.st_size} bytes, over the store's "
+                                    f"limit of {limit} bytes per file")
+        present = self.layout.entry_dir(req.bid)
+        if present is not None and main_file(present) is not None:
+            return self._add_present(present, req, before, origin)
+        entry_dir = self.layout.root / req.rel / req.bid
+        self.quota.reserve(before.st_blocks * 512, origin.uid, req.bid)
+        done = Installed()
+        try:
+            size = self._install_unit(entry_dir, req, before, origin, done)
+            self.installer.publish(req.bid, f"../../{req.rel}/{req.bid}")
+        except BaseException:
+            self.installer.undo(done)
+            raise
+        self.tally.count("added")
+        self._count_origin(origin)
+        return AddResult(True, entry_dir / ELF_NAME, size[1], size[0], size[2] > 0)
+
+    def _count_origin(self, origin: Origin) -> None:
+        if origin.private:
+            self.tally.count("private")
+        if not origin.trusted:
+            self.tally.count("untrusted")
+
+    def _install_unit(self, unit: Path, req: AddRequest, before: os.stat_result, origin: Origin,
+                      done: Installed, *, main: bool = True) -> tuple[int, bool, int]:
+        """elf, origin.json (and for a main copy debug, probes) into unit; (bytes, reflinked, debug bytes)."""
+        if req.identity is not None:
+            self.installer.check_identity(req.fd, req.identity, req.path, "before copying")
+        self.installer.makedirs(unit, done, dir_mode(origin))
+        elf = unit / ELF_NAME
+        reflinked, elf_bytes = self.installer.install_copy(
+            CopyRequest(req.fd, before, elf, req.bid, what=req.path, identity=req.identity), done)
+        origin = self._described(origin, elf, origin.sha256)
+        total = elf_bytes + self.installer.install_bytes(unit / ORIGIN_NAME, origin.to_json(), FILE_MODE, done,
+                                                         sync_dir=False)
+        debug_bytes = 0
+        if main:
+            debug_bytes = self.debuginfo.add(unit, req.bid, req.path, done)
+            total += debug_bytes + self.installer.install_bytes(
+                unit / PROBES_NAME, probes_text(elf, req.path), FILE_MODE, done, sync_dir=False)
+        try:
+            fsync_dir(unit)
+        except OSError as e:
+            self.tally.count("copy_errors")
+            raise StoreError(f"{unit}: cannot sync: {e.strerror}") from e
+        self.quota.account_dir(unit, origin.uid)
+        return total, reflinked, debug_bytes
+
+    def _described(self, origin: Origin, elf: Path, sha: str = "", *, hashed: bool = False) -> Origin:
+        """origin with the stored copy's has_debug, and its sha256: sha when known, computed when hashed.
+
+        A main copy's sha256 is computed only when another content claims its
+        build-id (:meth:`_add_present`): most build-ids never meet a second file.
+        """
+        try:
+            fd = os.open(elf, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise StoreError(f"{elf}: cannot reopen the copy: {e.strerror}") from e
+        try:
+            if hashed:
+                sha = sha256_fd(fd, os.fstat(fd).st_size)
+            return origin.replace(sha256=sha, has_debug=has_debug_sections(fd))
+        except OSError as e:
+            raise StoreError(f"{elf}: cannot read the copy: {e.strerror}") from e
+        finally:
+            os.close(fd)
+
+    # -- a build-id the store has ---------------------------------------------------
+
+    def _add_present(self, present: Path, req: AddRequest, before: os.stat_result, origin: Origin) -> AddResult:
+        main = read_origin(present)
+        units = [(present, main)] + [(a, read_origin(a)) for a in alt_dirs(present)]
+        for unit, o in units:
+            if o is not None and o.same_file(before):
+                return self._present(present, req, unit, o, origin)
+        try:
+            sha = sha256_fd(req.fd, before.st_size)
+        except OSError as e:
+            self.tally.count("copy_errors")
+            raise StoreError(f"{req.path}: cannot read the source: {e.strerror}") from e
+        if main is None or not main.sha256:
+            recorded = main is not None
+            main = self._described(main or Origin(uid=-1, gid=-1, mode=0, path="", private=False),
+                                   present / ELF_NAME, hashed=True)
+            units[0] = (present, main)
+            if recorded:  # keep it: the next claim needs no hashing
+                self.installer.install_bytes(present / ORIGIN_NAME, main.to_json(), FILE_MODE, Installed())
+        for unit, o in units:
+            if o is not None and o.sha256 == sha:
+                return self._present(present, req, unit, o, origin)
+        self.tally.count("conflicts")
+        self.tally.warn("build-id %s: %s (uid %d, %s) has other content than the stored %s (uid %d, %s); both kept",
+                        req.bid, req.path, origin.uid, "trusted" if origin.trusted else "untrusted",
+                        main.path, main.uid, "trusted" if main.trusted else "untrusted")
+        if origin.trusted and not main.trusted:
+            return self._promote(present, main, req, before, origin.replace(sha256=sha))
+        if len(units) - 1 >= MAX_ALT_DIRS:
+            self.tally.count("skipped_alt_limit")
+            raise StoreRefusedError("alt_limit", f"build-id {req.bid}: {MAX_ALT_DIRS} other contents kept already")
+        unit = present / ALT_NAME / sha
+        self.quota.reserve(before.st_blocks * 512, origin.uid, req.bid)
+        done = Installed()
+        try:
+            self.installer.makedirs(present / ALT_NAME, done)
+            size = self._install_unit(unit, req, before, origin.replace(sha256=sha), done, main=False)
+        except BaseException:
+            self.installer.undo(done)
+            raise
+        self.tally.count("alts_added")
+        self._count_origin(origin)
+        return AddResult(True, unit / ELF_NAME, size[1], size[0], False)
+
+    def _present(self, present: Path, req: AddRequest, unit: Path, stored: Origin, origin: Origin) -> AddResult:
+        """The same content is stored in unit: maybe upgrade its origin; add host debuginfo that appeared."""
+        self.tally.count("already_present")
+        better = stored.replace(trusted=stored.trusted or origin.trusted, private=stored.private and origin.private)
+        if better != stored:
+            if origin.trusted and not stored.trusted:
+                better = better.replace(uid=origin.uid, gid=origin.gid, mode=origin.mode, path=origin.path,
+                                        dev=origin.dev, ino=origin.ino, mtime_ns=origin.mtime_ns)
+            self.installer.install_bytes(unit / ORIGIN_NAME, better.to_json(), FILE_MODE, Installed())
+            try:
+                self.installer.own(unit, dir_mode(better))
+            except OSError as e:
+                raise StoreError(f"{unit}: cannot set its mode: {e.strerror}") from e
+        debug_bytes = 0
+        if present.parent != self.layout.root / KALLSYMS_DSO:
+            debug_bytes = self.debuginfo.add(present, req.bid, req.path, Installed())
+        return AddResult(False, main_file(present), False, debug_bytes, debug_bytes > 0)
+
+    def _promote(self, present: Path, old: Origin, req: AddRequest, before: os.stat_result,
+                 origin: Origin) -> AddResult:
+        """Make req's trusted copy the entry's main one; the old main copy (and its alts) go to its alt/."""
+        final = self.layout.root / req.rel / req.bid
+        self.quota.reserve(before.st_blocks * 512, origin.uid, req.bid)
+        done = Installed()
+        self.installer.makedirs(final.parent, done)
+        aside = final.parent / f".{req.bid}{TEMP_INFIX}{secrets.token_hex(6)}"
+        try:
+            size = self._install_unit(aside, req, before, origin, done)
+        except BaseException:
+            self.installer.undo(done)
+            shutil.rmtree(aside, ignore_errors=True)
+            raise
+        try:
+            if final.exists():
+                _exchange(aside, final)           # aside now holds what was at final
+                displaced = aside
+            else:
+                os.rename(aside, final)
+                displaced = None
+            self.installer.publish(req.bid, f"../../{req.rel}/{req.bid}")
+            old_dir = displaced if present == final else present
+            self.installer.makedirs(final / ALT_NAME, Installed())
+            os.rename(old_dir, final / ALT_NAME / old.sha256)
+            self._flatten_alts(final, final / ALT_NAME / old.sha256)
+            if displaced is not None and present != final:
+                shutil.rmtree(displaced, ignore_errors=True)   # a stale directory without a link
+            fsync_dir(final.parent)
+        except OSError as e:
+            self.tally.count("copy_errors")
+            raise StoreError(f"{final}: cannot promote the trusted copy: {e.strerror}") from e
+        self.tally.count("promoted")
+        self.tally.count("added")
+        return AddResult(True, final / ELF_NAME, size[1], size[0], size[2] > 0)
+
+    def _flatten_alts(self, final: Path, demoted: Path) -> None:
+        """Move the demoted copy's own alt/* up beside it, and keep only its elf and origin.json."""
+        for alt in alt_dirs(demoted):
+            target = final / ALT_NAME / alt.name
+            if target.exists():
+                shutil.rmtree(alt)
+            else:
+                os.rename(alt, target)
+        shutil.rmtree(demoted / ALT_NAME, ignore_errors=True)
+        self.installer.own(demoted, DIR_MODE if not (read_origin(demoted) or Origin(0, 0, 0, "")).private
+                           else PRIVATE_DIR_MODE)
+
+    def _source_stat(self, fd: int, path: str) -> os.stat_result:
+        """fstat of the source, which must be a regular file (else StoreError, counted in ``copy_errors``)."""
+        try:
+            before = os.fstat(fd)
+        except OSError as e:
+            self.tally.count("copy_errors")
+            raise StoreError(f"{path}: cannot stat the source: {e.strerror}") from e
+        if not stat.S_ISREG(before.st_mode):
+            self.tally.count("copy_errors")
+            raise StoreError(f"{path}: not a regular file")
+        return before

@@ -1,0 +1,118 @@
+"""The store's read side: where an entry is, which copy to serve, whether it is private.
+
+:class:`StoreLookups` is the half of :class:`buildidd.store.Store` that only
+reads (the offline readers use nothing else): perf's names, the entry list,
+and the choice among the copies one build-id may have (see
+:mod:`buildidd.store.entries` and :mod:`buildidd.store.origin`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from buildidd.store.layout import DEBUG_NAME, ELF_NAME, Entry, Layout, alt_dirs, hex_build_id
+from buildidd.store.origin import Origin, read_origin
+
+KINDS = ("elf", "debug")
+"""What :meth:`StoreLookups.best` is asked for: the file that ran, or the file with the most symbols."""
+
+
+class StoreLookups:
+    """Read-only lookups of a store; the subclass sets ``_layout`` (a :class:`~buildidd.store.layout.Layout`)."""
+
+    _layout: Layout
+
+    def linkname(self, build_id_hex: str) -> Path:
+        """``ROOT/.build-id/xx/rest`` for a build-id, present or not (perf's ``build_id_cache__linkname``).
+
+        Raises:
+            ValueError: not a build-id of at least 2 bytes in hex.
+        """
+        return self._layout.linkname(hex_build_id(build_id_hex))
+
+    def path_of(self, build_id_hex: str) -> Path | None:
+        """The entry's main file, without symlinks: ``ROOT/<path>/<build-id>/elf``
+        (``kallsyms`` for a kernel, ``vdso`` for a vDSO perf stored), or ``None``.
+
+        Raises:
+            ValueError: not a build-id in hex.
+        """
+        return self._layout.path_of(hex_build_id(build_id_hex))
+
+    def contains(self, build_id_hex: str) -> bool:
+        """Whether the build-id's link resolves to an entry with its main file (see :meth:`path_of`)."""
+        return self.path_of(build_id_hex) is not None
+
+    def origin(self, build_id_hex: str) -> Origin | None:
+        """The recorded origin of the entry's main copy (``origin.json``); ``None``: no entry, or
+        one made without it (perf, an older buildidd, the kernel's).
+
+        Raises:
+            ValueError: not a build-id in hex.
+        """
+        directory = self._layout.entry_dir(hex_build_id(build_id_hex))
+        return read_origin(directory) if directory is not None else None
+
+    def _candidates(self, directory: Path) -> list[tuple[Path, Origin | None]]:
+        """The entry's main copy, then its alternatives, best first (trusted, then public; main before alt)."""
+        units = [(directory, read_origin(directory))] + [(a, read_origin(a)) for a in alt_dirs(directory)]
+        order = {u: i for i, (u, _) in enumerate(units)}
+        return sorted(units, key=lambda u: (u[1].rank() if u[1] is not None else 1, order[u[0]]))
+
+    def best(self, build_id_hex: str, kind: str = "elf") -> Path | None:
+        """The file to serve for a build-id: trusted copies before untrusted ones.
+
+        ``kind="elf"``: the entry's main file (:meth:`path_of`), which is the
+        trusted copy whenever one was ever stored (see :mod:`buildidd.store.entries`).
+        ``kind="debug"``: the ``debug`` file copied from the host's debuginfo
+        tree; else the best copy (main or ``alt/*``) that has ``.debug_info``
+        or ``.symtab``; else ``None`` (a stripped copy never hides an unstripped one).
+
+        Raises:
+            ValueError: not a build-id in hex, or an unknown kind.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+        bid = hex_build_id(build_id_hex)
+        if kind == "elf":
+            return self._layout.path_of(bid)
+        directory = self._layout.entry_dir(bid)
+        if directory is None:
+            return None
+        if (directory / DEBUG_NAME).is_file():
+            return directory / DEBUG_NAME
+        for unit, origin in self._candidates(directory):
+            if origin is not None and origin.has_debug and (unit / ELF_NAME).is_file():
+                return unit / ELF_NAME
+        return None
+
+    def is_private(self, build_id_hex: str, kind: str = "elf") -> bool:
+        """Whether the file :meth:`best` returns for (build_id_hex, kind) came from a private source.
+
+        Private: its source was not readable by every user (its mode, or a
+        directory on its path), or was a memfd (see :mod:`buildidd.store.origin`).
+        Such files are not archived or served unless the operator allows it
+        (``Config.store_share_private``).  A host debuginfo file, a kernel
+        entry and an entry without ``origin.json`` are not private; no entry: ``False``.
+
+        Raises:
+            ValueError: not a build-id in hex, or an unknown kind.
+        """
+        path = self.best(build_id_hex, kind)
+        if path is None or path.name != ELF_NAME:
+            return False
+        origin = read_origin(path.parent)
+        return origin is not None and origin.private
+
+    def entries(self) -> list[Entry]:
+        """Every entry reachable through a ``.build-id`` link, in build-id order.
+
+        Links that dangle, point outside the store, or are old-style regular
+        files (perf before 3.x kept the file itself in ``.build-id/xx/rest``) are
+        left out.
+
+        Raises:
+            StoreError: the ``.build-id`` directory cannot be listed.
+        """
+        return self._layout.entries()
+

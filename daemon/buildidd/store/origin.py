@@ -1,0 +1,197 @@
+"""Where a stored file came from: its owner, path and privacy, kept in ``origin.json`` next to it.
+
+A build-id is a claim a file makes, not a proof: anyone can link a binary
+with ``-Wl,--build-id=0x<the build-id of /usr/bin/tac>``.  So each copy in
+the store records the facts of its source at the moment it was copied (the
+source's ``fstat`` and its path), in a small JSON file beside it::
+
+    ROOT/<path>/<bid>/origin.json            the entry's main copy
+    ROOT/<path>/<bid>/alt/<sha256>/elf       another content claiming <bid>
+    ROOT/<path>/<bid>/alt/<sha256>/origin.json
+
+*Trusted*: the source was owned by root (``st_uid`` 0), not writable by
+other users (no ``o+w``; no ``g+w`` unless its group is root's), and its path
+lies under one of :data:`SYSTEM_DIRS`, where package managers install.  Only
+root can make a file owned by root, so an unprivileged user cannot forge
+this, whatever mount namespace their path comes from.
+
+*Private*: the source was not readable by every user: its mode lacks
+``o+r``, or a directory on its path lacks ``o+x`` (each component is checked
+with ``lstat``; one that cannot be checked counts as private), or it is a
+memfd (``/memfd:NAME``, which has no path at all).  A private entry is kept,
+but its directory is mode 0o700 and readers do not archive or serve it unless
+the operator says so (``store_share_private``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ORIGIN_NAME = "origin.json"
+"""The sidecar of every copy the store made from a mapped file."""
+
+ALT_DIR = "alt"
+"""``<entry>/alt/<sha256>/``: other contents claiming the entry's build-id."""
+
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/opt", "/boot")
+"""Where the system's packages install files; a root-owned file elsewhere is not trusted."""
+
+MEMFD_PREFIX = "/memfd:"
+"""How the kernel names a memfd (``memfd_create``) in /proc/PID/maps and /proc/PID/fd."""
+
+ORIGIN_MAX_BYTES = 64 << 10
+"""An ``origin.json`` longer than this is not read (the store writes < 1 KiB)."""
+
+HASH_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The facts of a copy's source when it was copied.
+
+    Attributes:
+        uid, gid: the source's owner (``st_uid``, ``st_gid``).
+        mode: its permission bits (``S_IMODE(st_mode)``).
+        path: its path as the mapping named it (the kernel's d_path).
+        dev, ino: its ``st_dev``, ``st_ino`` (to tell whether a process still maps it).
+        size_bytes: its ``st_size``.
+        mtime_ns: its ``st_mtime_ns``.
+        trusted: root-owned, not writable by others, under :data:`SYSTEM_DIRS`.
+        private: not readable by every user at its source, or a memfd.
+        sha256: the copy's content hash, lower-case hex ("" until computed).
+        has_debug: the copy has a ``.debug_info`` or ``.symtab`` section.
+        time_ns: ns since the epoch when it was stored.
+    """
+
+    uid: int
+    gid: int
+    mode: int
+    path: str
+    dev: int = 0
+    ino: int = 0
+    size_bytes: int = 0
+    mtime_ns: int = 0
+    trusted: bool = False
+    private: bool = True
+    sha256: str = ""
+    has_debug: bool = False
+    time_ns: int = 0
+
+    def same_file(self, st: os.stat_result) -> bool:
+        """Whether st names the same unchanged source (dev, inode, size, mtime)."""
+        return (self.dev, self.ino, self.size_bytes, self.mtime_ns) == (
+            st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def rank(self) -> int:
+        """Order of preference among copies of one build-id: trusted first, then public."""
+        return (0 if self.trusted else 2) + (1 if self.private else 0)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode() + b"\n"
+
+    def replace(self, **changes) -> Origin:
+        return Origin(**{**asdict(self), **changes})
+
+
+def under_system_dir(path: str) -> bool:
+    """Whether path lies under one of :data:`SYSTEM_DIRS` (component-wise, no ``..``)."""
+    if not path.startswith("/") or "/../" in path + "/" or "/./" in path + "/":
+        return False
+    return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
+
+
+def is_memfd(path: str) -> bool:
+    return path.startswith(MEMFD_PREFIX)
+
+
+def path_private(path: str) -> bool:
+    """Whether a directory on path's way keeps other users out (no ``o+x``), or cannot be checked.
+
+    Each proper prefix of path (``/``, ``/a``, ``/a/b`` for ``/a/b/c``) is
+    ``lstat``-ed; a symlink, a non-directory, or an error counts as private.
+    The kernel's d_path holds no symlinks, so a true path passes.
+    """
+    if not path.startswith("/") or is_memfd(path):
+        return True
+    if path.endswith(" (deleted)"):
+        path = path[: -len(" (deleted)")]
+    parts = [p for p in path.split("/") if p]
+    prefix = "/"
+    for part in [""] + parts[:-1]:
+        prefix = os.path.join(prefix, part) if part else prefix
+        try:
+            st = os.lstat(prefix)
+        except OSError:
+            return True
+        if not stat.S_ISDIR(st.st_mode) or not st.st_mode & stat.S_IXOTH:
+            return True
+    return False
+
+
+def origin_of(st: os.stat_result, path: str, *, fd_name: str = "") -> Origin:
+    """The facts of a source from its fstat and path (the caller's thread does the path's lstat calls).
+
+    Args:
+        st: ``os.fstat`` of the open source.
+        path: the path the mapping names (the store entry's name).
+        fd_name: ``readlink /proc/self/fd/N`` of the source, when known (shows a memfd
+            whatever path the caller was given).
+    """
+    memfd = is_memfd(path) or is_memfd(fd_name)
+    mode = stat.S_IMODE(st.st_mode)
+    writable_by_others = bool(mode & stat.S_IWOTH) or (bool(mode & stat.S_IWGRP) and st.st_gid != 0)
+    trusted = st.st_uid == 0 and not writable_by_others and not memfd and under_system_dir(path)
+    private = memfd or not mode & stat.S_IROTH or path_private(path)
+    return Origin(uid=st.st_uid, gid=st.st_gid, mode=mode, path=path, dev=st.st_dev, ino=st.st_ino,
+                  size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, trusted=trusted, private=private,
+                  time_ns=time.time_ns())
+
+
+def origin_of_fd(fd: int, path: str) -> Origin:
+    """:func:`origin_of` for an open fd (fstat, and its /proc/self/fd name). Raises OSError."""
+    try:
+        fd_name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        fd_name = ""
+    return origin_of(os.fstat(fd), path, fd_name=fd_name)
+
+
+def read_origin(directory: Path) -> Origin | None:
+    """The ``origin.json`` in directory; ``None`` when absent or unreadable (an entry perf or an older buildidd made)."""
+    try:
+        fd = os.open(directory / ORIGIN_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, ORIGIN_MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > ORIGIN_MAX_BYTES:
+        return None
+    try:
+        raw = json.loads(data)
+        known = {k: raw[k] for k in Origin.__dataclass_fields__ if k in raw}
+        return Origin(**known)
+    except (ValueError, TypeError):
+        return None
+
+
+def sha256_fd(fd: int, size: int) -> str:
+    """sha256 of the first size bytes of fd (positioned reads; holes read as zeros). Raises OSError."""
+    h = hashlib.sha256()
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(HASH_CHUNK_BYTES, size - offset), offset)
+        if not chunk:
+            break
+        h.update(chunk)
+        offset += len(chunk)
+    return h.hexdigest()
