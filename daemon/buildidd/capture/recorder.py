@@ -30,7 +30,7 @@ from buildidd.capture.follow import FollowFilter
 from buildidd.capture.housekeeping import retention_without_store
 from buildidd.capture.guard import LoopGuard, call_within
 from buildidd.capture.logsink import LogSink
-from buildidd.capture.kernelpath import check_kernel_path_now
+from buildidd.capture.kernelpath import KernelPath, check_kernel_path_now
 from buildidd.capture.pacing import Pacer
 from buildidd.capture.rescan import LossRecovery
 from buildidd.capture.rings import Rings
@@ -111,15 +111,11 @@ class Recorder:
         self.kernel_path.apply(self.tracer)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
-        record = {"type": "session", "version": __version__, "session": self.session_dir.name,
-                  "time_ns": clock.boot_ns(), "boot_to_wall_offset_ns": clock.boot_to_wall_offset_ns(),
-                  "daemon_pid": os.getpid(), "bpf_compile_s": round(self.tracer.compile_s, 3),
-                  "mode": "host" if self.tracked is None else "command",
-                  "kernel_build_id_path": self.kernel_path.as_dict()}
-        record.update(host.describe())
+        record = session_record(self.session_dir, self.tracer, self.tracked is not None, self.kernel_path)
         self.tables.emit(dict_line(record))
         if self.config.store_root:
-            self._start_snapshots(record.get("kernel_build_id"))
+            self.snapshotter = start_snapshots(self.config, self.session_dir, record.get("kernel_build_id"),
+                                               self.last_errors)
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         self.recovery.scan(SYNTHESIZED)
@@ -304,15 +300,31 @@ class Recorder:
                 "event_errors": dict(self.stats.event_errors), "resolve_timeouts": e.timeouts,
                 "live_pids_dropped": self.stats.live_pids_dropped}
 
-    def _start_snapshots(self, kernel_build_id: str | None) -> None:
-        self.snapshotter = start_snapshots(self.config, self.session_dir, kernel_build_id, self.last_errors)
-
     def _on_build_id(self, ident: Identity, res: Resolution, fd: int) -> None:
         if self.snapshotter is not None:
             self.snapshotter.submit(res.build_id, res.path, ident, fd)
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
+
+
+def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path: KernelPath) -> dict:
+    """The session's first record: daemon, host (resolve.host.describe) and BPF facts.
+
+    Args:
+        session_dir: the session's directory (its name is the session id).
+        tracer: the loaded Tracer (its BCC compile time, s).
+        follow: True in command mode (``buildidd record``), False for the whole host.
+        kernel_path: the kernelpath.KernelPath start-up verdict.
+    Returns: {"type": "session", ...} with time_ns in ns since boot.
+    """
+    record = {"type": "session", "version": __version__, "session": session_dir.name,
+              "time_ns": clock.boot_ns(), "boot_to_wall_offset_ns": clock.boot_to_wall_offset_ns(),
+              "daemon_pid": os.getpid(), "bpf_compile_s": round(tracer.compile_s, 3),
+              "mode": "command" if follow else "host",
+              "kernel_build_id_path": kernel_path.as_dict()}
+    record.update(host.describe())
+    return record
 
 
 def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,

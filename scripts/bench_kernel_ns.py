@@ -1,0 +1,179 @@
+"""Kernel ns per event of buildidd's BPF programs (bpf_stats), per storm, for one source tree.
+
+Run as root:  .venv/bin/python scripts/bench_kernel_ns.py [--tree DIR] [--reps N] [--perf]
+
+For each storm of scripts/workloads (exec, dlopen, mmap; the sizes scripts/bench.py
+uses by default) it starts ``buildidd run`` from DIR/daemon (default: this
+checkout; DIR may be a ``git worktree`` of an older commit, with its fast path
+built in place), turns kernel.bpf_stats_enabled on, and reads run_time_ns and
+run_cnt of every BPF program the daemon holds (``bpftool prog show --json``;
+the programs are those of fds in the daemon's /proc/PID/fdinfo) before and
+after the workload.  It prints, per program, runs and ns per run (the figure
+to compare: the exec storm's event is on_sched_process_exec's run, the dlopen
+and mmap storms' the sys_exit_mmap program's), and the sum over programs
+divided by the workload's recorded exec+mmap records.  That sum is host-wide:
+the programs run for every process (on a shared machine, others' too), and it
+includes programs run on syscalls that record nothing (e.g. the compat filter
+on raw_syscalls:sys_exit), so it is an upper bound of the kernel ns per event.
+
+With --perf, perf's cost beside it: perf --buildid-mmap works inside the
+kernel (no BPF program), so it is estimated from the workload's own CPU time
+(user + sys, rusage of the child) with perf attached minus without, divided by
+the same number of events; the daemon's is given the same way.  These are
+noisy on a shared machine: compare medians over --reps.
+The figures of a run are also written as JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+import build  # noqa: E402
+
+from bench import Buildidd  # noqa: E402
+from perfcompare import PerfRecorder  # noqa: E402
+
+STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+def daemon_prog_ids(pid: int) -> set[int]:
+    """The ids of the BPF programs whose fds process pid holds (``prog_id:`` in /proc/PID/fdinfo)."""
+    ids = set()
+    fdinfo = Path(f"/proc/{pid}/fdinfo")
+    for f in fdinfo.iterdir():
+        try:
+            text = f.read_text()
+        except OSError:      # the fd was closed meanwhile
+            continue
+        for line in text.splitlines():
+            if line.startswith("prog_id:"):
+                ids.add(int(line.split()[1]))
+    return ids
+
+
+def prog_stats(ids: set[int]) -> dict[str, tuple[int, int]]:
+    """name -> (run_time_ns, run_cnt) summed over the programs with these ids (bpftool prog show --json)."""
+    progs = json.loads(subprocess.run(["bpftool", "prog", "show", "--json"], check=True,
+                                      capture_output=True, text=True).stdout)
+    out: dict[str, tuple[int, int]] = {}
+    for p in progs:
+        if p["id"] in ids:
+            ns, cnt = out.get(p.get("name", str(p["id"])), (0, 0))
+            out[p.get("name", str(p["id"]))] = (ns + p.get("run_time_ns", 0), cnt + p.get("run_cnt", 0))
+    return out
+
+
+def run_workload(argv: list[str]) -> float:
+    """Run argv to completion; its CPU time (user + sys, s) from the children's rusage."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def storms(w: dict, args) -> dict[str, tuple[list[str], set[str]]]:
+    """scenario -> (argv, the workload's comms)."""
+    libs = [str(w[f"lib{i}"]) for i in range(args.dlopen_libs)]
+    return {"exec": ([str(w["storm"]), str(args.exec_n), str(w["child"])], {"bidd_child", "bidd_storm"}),
+            "dlopen": ([str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"}),
+            "mmap": ([str(w["mmap_storm"]), libs[0], str(args.mmap_n)], {"bidd_mmap"})}
+
+
+def measure(tree: Path, argv: list[str], comms: set[str], workdir: Path) -> dict:
+    """One daemon run from tree around one workload run: per-program and total ns per event."""
+    env = {"PYTHONPATH": str(tree / "daemon")}
+    d = Buildidd(workdir, env=env)
+    try:
+        time.sleep(0.3)
+        ids = daemon_prog_ids(d.proc.pid)
+        s0 = prog_stats(ids)
+        cpu = run_workload(argv)
+        time.sleep(0.2)
+        s1 = prog_stats(ids)
+        records = d.stop()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        d.cleanup()
+    events = sum(1 for r in records if r.get("type") in ("mmap", "exec") and r.get("origin") != "synthesized"
+                 and r.get("comm") in comms)
+    progs = {}
+    for name, (ns1, cnt1) in s1.items():
+        ns0, cnt0 = s0.get(name, (0, 0))
+        if cnt1 > cnt0:
+            progs[name] = {"runs": cnt1 - cnt0, "ns_per_run": round((ns1 - ns0) / (cnt1 - cnt0), 1),
+                           "ns": ns1 - ns0}
+    total = sum(p["ns"] for p in progs.values())
+    return {"events": events, "programs": progs, "kernel_ns_total": total,
+            "kernel_ns_per_event": round(total / events, 1) if events else None, "workload_cpu_s": cpu}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", type=Path, default=HERE.parent, help="source tree whose daemon/ to run")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--scenarios", default="exec,dlopen,mmap")
+    ap.add_argument("--exec-n", type=int, default=2000)
+    ap.add_argument("--dlopen-libs", type=int, default=50)
+    ap.add_argument("--dlopen-rounds", type=int, default=200)
+    ap.add_argument("--mmap-n", type=int, default=200_000)
+    ap.add_argument("--perf", action="store_true", help="also the workload's CPU time with perf / nothing attached")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_kernel_ns: must run as root", file=sys.stderr)
+        return 2
+    old = STATS_SYSCTL.read_text().strip()
+    STATS_SYSCTL.write_text("1")
+    workdir = Path(tempfile.mkdtemp(prefix="buildidd-kns-"))
+    out = {"tree": str(args.tree), "load_avg": os.getloadavg(), "scenarios": {}}
+    try:
+        w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
+        for name, (cmd, comms) in storms(w, args).items():
+            if name not in args.scenarios.split(","):
+                continue
+            runs = [measure(args.tree, cmd, comms, workdir) for _ in range(args.reps)]
+            row = {"runs": runs, "kernel_ns_per_event": statistics.median(r["kernel_ns_per_event"] or 0 for r in runs)}
+            events = statistics.median(r["events"] for r in runs)
+            if args.perf and events:
+                none, perf = [], []
+                for _ in range(args.reps):
+                    none.append(run_workload(cmd))
+                    p = PerfRecorder(workdir / "perf.data")
+                    perf.append(run_workload(cmd))
+                    p.finish()
+                base = statistics.median(none)
+                row["workload_cpu_ns_per_event"] = {
+                    "perf": round((statistics.median(perf) - base) * 1e9 / events, 1),
+                    "buildidd": round((statistics.median(r["workload_cpu_s"] for r in runs) - base) * 1e9 / events, 1)}
+            out["scenarios"][name] = row
+            print(f"{name}: {events:.0f} events, host-wide kernel ns/event (median of {args.reps}) "
+                  f"{row['kernel_ns_per_event']:.0f}", flush=True)
+            for prog, p in runs[-1]["programs"].items():
+                print(f"    {prog:<24} runs {p['runs']:>9}  ns/run {p['ns_per_run']:>8.0f}")
+            if "workload_cpu_ns_per_event" in row:
+                c = row["workload_cpu_ns_per_event"]
+                print(f"    workload CPU ns/event over nothing: perf {c['perf']:.0f}, buildidd {c['buildidd']:.0f}")
+        print(f"load average {os.getloadavg()}")
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2))
+    finally:
+        STATS_SYSCTL.write_text(old)
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
