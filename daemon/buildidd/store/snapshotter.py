@@ -113,6 +113,7 @@ class Snapshotter:
         self._cv = threading.Condition()
         self._stop = False
         self._seen: set[str] = set()          # build-ids submitted this session
+        self._seen_paths: set[tuple[str, str]] = set()   # (build-id, path) pairs submitted this session
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "gone": 0, "retention_removed": 0, "quota_removed": 0, "seen_full": 0}
         self.skipped: dict[str, int] = {}     # StoreRefusedError.reason → count
@@ -121,13 +122,17 @@ class Snapshotter:
 
     # -- producer side (the recorder's thread) -----------------------------
     def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
-        """Queue a copy of the file with build_id (first sighting only); fd is dup'ed if given.
+        """Queue a copy of the file with build_id (first sighting of this build-id at this path); fd is dup'ed.
+
+        The same build-id at another path is queued again: it may be the
+        trusted copy of a build-id a user's file claimed first (the worker
+        skips it when the stored copy is trusted and public already).
 
         No call on path: a job is urgent when the file has no name left
         (``fstat(fd).st_nlink == 0``: deleted or replaced by a rename, or a
         memfd) or its path is not absolute.
         """
-        if build_id in self._seen:
+        if (build_id, path) in self._seen_paths:
             return
         urgent = not path.startswith("/") or path.endswith(" (deleted)")
         if fd is not None and not urgent:
@@ -146,8 +151,9 @@ class Snapshotter:
                     self._fds += 1
                 except OSError:
                     dup = None
-            if len(self._seen) < self.max_seen:
+            if len(self._seen_paths) < self.max_seen:
                 self._seen.add(build_id)
+                self._seen_paths.add((build_id, path))
             else:
                 self.stats["seen_full"] += 1
             if urgent:
