@@ -39,10 +39,11 @@ from dataclasses import dataclass
 
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.btf import Btf
-from buildidd.kernel.events import BPF_DIR, PcStatus
+from buildidd.kernel.events import BPF_DIR, PagecacheBuildId, PcStatus
+from buildidd.kernel.loader import LoadSpec, load
 
 __all__ = [
-    "Bases", "FolioInfo", "KernelBuildId", "PageCacheProbe", "PcStatus",
+    "Bases", "FolioInfo", "KernelBuildId", "PageCacheProbe", "PagecacheBases", "PcStatus",
     "discover_bases", "pagecache_layout", "probe_layout",
 ]
 
@@ -59,6 +60,28 @@ PROBE_SOURCE = "pagecache_probe.bpf.c"
 MAX_BASE_PROBES = 4096
 # enum pc_op of bpf/pagecache_probe.bpf.c
 _OP_FOLIO, _OP_READ, _OP_BUILD_ID, _OP_FILE = 1, 2, 3, 4
+#: PC_READ_MAX of bpf/pagecache_probe.bpf.c, bytes.
+PC_READ_MAX = 4096
+
+
+class PagecacheBases(ctypes.Structure):
+    """struct pagecache_bases of bpf/pagecache.h (kernel addresses; zeros: reads off)."""
+    _fields_ = [("vmemmap_base", ctypes.c_uint64), ("page_offset_base", ctypes.c_uint64)]
+
+
+class _PcRequest(ctypes.Structure):
+    """struct pc_request of bpf/pagecache_probe.bpf.c."""
+    _fields_ = [("tgid", ctypes.c_uint32), ("op", ctypes.c_uint32), ("index", ctypes.c_uint64),
+                ("addr", ctypes.c_uint64), ("len", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
+
+
+class _PcReply(ctypes.Structure):
+    """struct pc_reply of bpf/pagecache_probe.bpf.c (err: 0 or a negative errno)."""
+    _fields_ = [("err", ctypes.c_int64), ("seq", ctypes.c_uint64), ("file", ctypes.c_uint64),
+                ("mapping", ctypes.c_uint64), ("size", ctypes.c_uint64), ("folio", ctypes.c_uint64),
+                ("folio_mapping", ctypes.c_uint64), ("folio_index", ctypes.c_uint64),
+                ("folio_flags", ctypes.c_uint64), ("folio_flags_1", ctypes.c_uint64),
+                ("bid", PagecacheBuildId), ("data", ctypes.c_uint8 * PC_READ_MAX)]
 
 
 def pagecache_layout(btf: Btf) -> dict[str, int]:
@@ -177,50 +200,53 @@ class PageCacheProbe:
         cflags: extra compiler flags (e.g. ``-DPC_NO_BUILD_ID`` for a baseline).
 
     Raises:
-        ProbeError: BCC is missing, BTF lacks a field, or the program does not
-            compile, load or attach.
+        ProbeError: BTF lacks a field, or the program does not compile, load
+            or attach (in the loader's child: BCC missing there too).
     """
 
     def __init__(self, btf: Btf | None = None, cflags: tuple[str, ...] = ()):
-        try:
-            from bcc import BPF
-        except ImportError as e:
-            raise ProbeError("BCC (python3-bpfcc) is not importable; run scripts/setup") from e
-        from buildidd.kernel.tracer import ensure_tracefs
-        ensure_tracefs()
         btf = btf or Btf.load()
         self.layout = pagecache_layout(btf) | probe_layout(btf)
         self.struct_page_size = self.layout["STRUCT_PAGE_SIZE"]
         flags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
         flags += [f"-I{BPF_DIR}", "-Wno-unused-function", *cflags]
+        # BCC runs in the loader's child: this process never maps the compiler.
+        self.prog = load(LoadSpec(os.path.join(BPF_DIR, PROBE_SOURCE), tuple(flags),
+                                  required_tracepoints=("syscalls:sys_enter_fadvise64",)))
         try:
-            self.bpf = BPF(src_file=os.path.join(BPF_DIR, PROBE_SOURCE).encode(), cflags=flags)
-        except Exception as e:  # BCC raises bare Exception on compile/load failure
-            raise ProbeError(f"{PROBE_SOURCE} failed to compile or load: {e}") from e
-        self._req = self.bpf[b"pc_request"]
-        self._rep = self.bpf[b"pc_reply"]
-        self._bases = self.bpf[b"pagecache_bases"]
+            self._req = self.prog.maps["pc_request"]
+            self._rep = self.prog.maps["pc_reply"]
+            self._bases = self.prog.maps["pagecache_bases"]
+            sizes = {"pc_request": (self._req, _PcRequest), "pc_reply": (self._rep, _PcReply),
+                     "pagecache_bases": (self._bases, PagecacheBases)}
+            for name, (ref, ctype) in sizes.items():
+                if ref.info.value_size != ctypes.sizeof(ctype):
+                    raise ProbeError(f"{PROBE_SOURCE}: map {name} holds {ref.info.value_size}-byte values, "
+                                     f"its mirror here is {ctypes.sizeof(ctype)}")
+        except (KeyError, ProbeError) as e:
+            self.prog.close()
+            raise ProbeError(f"{PROBE_SOURCE} lacks what the probe needs: {e}") from e
         self._key = ctypes.c_int(0)
         self._pid = os.getpid()
 
     @property
     def prog_fd(self) -> int:
         """File descriptor of the loaded tracepoint program."""
-        return self.bpf.funcs[b"tracepoint__syscalls__sys_enter_fadvise64"].fd
+        return self.prog.progs["tracepoint__syscalls__sys_enter_fadvise64"]
 
-    def _call(self, fd: int, op: int, **fields: int):
-        req = self._req.Leaf()
-        req.tgid, req.op = self._pid, op
-        for name, value in fields.items():
-            setattr(req, name, value)
-        self._req[self._key] = req
-        before = self._rep[self._key].seq
+    def _reply(self) -> _PcReply:
+        return _PcReply.from_buffer_copy(self._rep.lookup(self._key))
+
+    def _call(self, fd: int, op: int, **fields: int) -> _PcReply:
+        req = _PcRequest(tgid=self._pid, op=op, **fields)
+        self._req.update(self._key, req)
+        before = self._reply().seq
         try:
             os.posix_fadvise(fd, TRIGGER_OFFSET, 0, TRIGGER_ADVICE)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise ProbeError(f"probe trigger failed: {e}") from e
-        rep = self._rep[self._key]
+        rep = self._reply()
         if rep.seq != before + 1:
             raise ProbeError("the page-cache probe program did not run for its trigger")
         if rep.err:
@@ -267,13 +293,11 @@ class PageCacheProbe:
 
     def set_bases(self, bases: Bases) -> None:
         """Hand the discovered bases to the BPF side (zeros turn the reads off)."""
-        v = self._bases.Leaf()
-        v.vmemmap_base, v.page_offset_base = bases.vmemmap_base, bases.page_offset_base
-        self._bases[self._key] = v
+        self._bases.update(self._key, PagecacheBases(bases.vmemmap_base, bases.page_offset_base))
 
     def close(self) -> None:
-        """Detach and unload."""
-        self.bpf.cleanup()
+        """Detach and unload (closes every fd the loader handed over).  Idempotent."""
+        self.prog.close()
 
 
 def _pfn_of(addr: int) -> int:

@@ -1,4 +1,4 @@
-"""The kernel side: compile bpf/buildidd.bpf.c with BCC, attach, drain the ring buffer.
+"""The kernel side: bpf/buildidd.bpf.c compiled by BCC in a child (kernel.loader), its fds held here.
 
 Kernel struct offsets come from BTF (:mod:`buildidd.btf`) and reach the C code as
 ``-DOFF_<STRUCT>_<FIELD>=<bytes>``; the installed kernel headers are used only by
@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from buildidd.kernel.btf import Btf
 from buildidd.errors import BtfError, ProbeError
-from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause
-from buildidd.kernel.pagecache import pagecache_layout
+from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, DropTime
+from buildidd.kernel.loader import LoadSpec, TailCall, load
+from buildidd.kernel.pagecache import PagecacheBases, pagecache_layout
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,10 @@ class DropReport:
 
 
 class Tracer:
-    """The loaded and attached BPF programs and their ring buffer.
+    """The loaded and attached BPF programs and their ring buffers.
+
+    BCC compiles, loads and attaches in a short-lived child (:mod:`buildidd.kernel.loader`):
+    this process holds only file descriptors and never maps the compiler.
 
     Args:
         ringbuf_bytes: total ring buffer memory, split into one ring per CPU
@@ -264,11 +268,6 @@ class Tracer:
 
     def __init__(self, *, ringbuf_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux"):
         t0 = time.monotonic()
-        try:
-            from bcc import BPF
-        except ImportError as e:
-            raise ProbeError("BCC (python3-bpfcc) is not importable; run scripts/setup") from e
-        self._BPF = BPF
         ensure_tracefs()
         btf = Btf.load(btf_path)
         self.layout = kernel_layout(btf)
@@ -282,72 +281,52 @@ class Tracer:
         cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}",
                    f"-I{BPF_DIR}",
                    "-Wno-unused-function"]
-        try:
-            self.bpf = BPF(src_file=os.path.join(BPF_DIR, "buildidd.bpf.c").encode(), cflags=cflags)
-        except Exception as e:  # BCC raises bare Exception on compile/load failure
-            raise ProbeError(f"BPF program failed to compile or load: {e}") from e
-        self.compile_s = time.monotonic() - t0
-        self._drop_totals = [0] * N_DROP_CAUSES
-        #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
-        self.ring_maps = [(self.bpf[f"events{i}".encode()].map_fd, pages * page) for i in range(self.nrings)]
-        self._attach()
-        self.attach_s = time.monotonic() - t0 - self.compile_s
-
-    def _attach(self) -> None:
-        BPF = self._BPF
-        try:
-            tail = self.bpf.load_func(b"exec_vmas", BPF.RAW_TRACEPOINT)
-            self.bpf[b"exec_tail"][ctypes.c_int(0)] = ctypes.c_int(tail.fd)
-        except Exception as e:
-            raise ProbeError(f"cannot load exec_vmas: {e}") from e
-        for kind, name in self.PROGRAMS:
-            try:
-                if kind == "tracepoint":
-                    category, event = name.split(":")
-                    if not BPF.tracepoint_exists(category, event):
-                        raise ProbeError(f"tracepoint {name} does not exist on this kernel")
-                    # TRACEPOINT_PROBE(category, event) is attached by BCC on load.
-                else:
-                    self.bpf.attach_raw_tracepoint(tp=name.encode(), fn_name=f"on_{name}".encode())
-            except ProbeError:
-                raise
-            except Exception as e:
-                raise ProbeError(f"cannot attach {kind} {name}: {e}") from e
         #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
         self.compat = "TS_COMPAT" in self.layout
+        raw = tuple((name, f"on_{name}") for kind, name in self.PROGRAMS if kind == "raw_tracepoint")
         if self.compat:
-            try:
-                self.bpf.attach_raw_tracepoint(tp=b"sys_exit", fn_name=b"on_sys_exit")
-            except Exception as e:
-                raise ProbeError(f"cannot attach raw_tracepoint sys_exit: {e}") from e
+            raw += (("sys_exit", "on_sys_exit"),)
+        # TRACEPOINT_PROBE(category, event) functions are attached by BCC on load;
+        # exec_vmas is reached by tail call from exec_tail[0], which this process
+        # keeps alive by holding the program array's fd (self.prog).
+        spec = LoadSpec(os.path.join(BPF_DIR, "buildidd.bpf.c"), tuple(cflags), raw_tracepoints=raw,
+                        tail_calls=(TailCall("exec_tail", 0, "exec_vmas"),),
+                        required_tracepoints=tuple(n for k, n in self.PROGRAMS if k == "tracepoint"))
+        self.prog = load(spec)
+        #: seconds the child spent compiling and loading (BPF()).
+        self.compile_s = self.prog.compile_s
+        #: seconds the child spent attaching and filling the program array.
+        self.attach_s = self.prog.attach_s
+        #: seconds from start to holding every fd (BTF, layout, child start, compile, attach).
+        self.load_s = time.monotonic() - t0
+        self._drop_totals = [0] * N_DROP_CAUSES
+        #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
+        self.ring_maps = [(self.prog.maps[f"events{i}"].fd, pages * page) for i in range(self.nrings)]
 
     def set_pagecache_bases(self, vmemmap_base: int, page_offset_base: int) -> None:
         """Turn the page-cache build-id reads on: write struct pagecache_bases (bpf/pagecache.h),
         found and checked by capture.kernelpath; zeros turn them off."""
-        v = self.bpf[b"pagecache_bases"].Leaf()
-        v.vmemmap_base, v.page_offset_base = vmemmap_base, page_offset_base
-        self.bpf[b"pagecache_bases"][ctypes.c_int(0)] = v
+        self.prog.maps["pagecache_bases"].update(ctypes.c_int(0), PagecacheBases(vmemmap_base, page_offset_base))
 
     def drops(self) -> DropReport:
         """Kernel-side drops since the previous call (counters summed over CPUs)."""
         report = DropReport()
-        table = self.bpf[b"drops"]
+        table = self.prog.maps["drops"]
         for cause in DropCause:
-            total = sum(table[ctypes.c_int(cause)])
+            total = sum(int.from_bytes(v, "little") for v in table.lookup(ctypes.c_int(cause)))
             delta = total - self._drop_totals[cause]
             if delta:
                 report.counts[cause.name.lower()] = delta
                 self._drop_totals[cause] = total
         if report.counts:
-            times = self.bpf[b"drop_times"]
-            key = ctypes.c_int(0)
-            per_cpu = times[key]
+            times = self.prog.maps["drop_times"]
+            per_cpu = [DropTime.from_buffer_copy(v) for v in times.lookup(ctypes.c_int(0))]
             firsts = [t.first_ns for t in per_cpu if t.first_ns]
             report.first_ns = min(firsts) if firsts else 0
             report.last_ns = max((t.last_ns for t in per_cpu), default=0)
-            times[key] = times.Leaf()  # Leaf is already the per-CPU array type
+            times.update(ctypes.c_int(0), DropTime())  # one value for every CPU
         return report
 
     def close(self) -> None:
-        """Detach and unload every program."""
-        self.bpf.cleanup()
+        """Detach and unload every program (closes every fd the loader handed over)."""
+        self.prog.close()
