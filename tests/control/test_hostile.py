@@ -190,3 +190,13 @@ print(round(time.monotonic() - t, 1), data.decode().strip())
     _seconds, line = r.stdout.split(" ", 1)
     assert json.loads(line)["error"]["code"] == "timeout"
     assert hostile_server.stats["errors"]["timeout"] >= 1
+
+
+def test_cli_lookup_across_users_exits_4_with_one_line(hostile_server, attacker):
+    """``buildidd lookup`` as the attacker, of root's process: exit 4 (permission denied), no traceback."""
+    addr = int(open("/proc/self/maps").readline().split("-")[0], 16)
+    r = as_user(attacker, [PY, "-m", "buildidd.cli", "lookup", "--socket", hostile_server.path,
+                           str(os.getpid()), f"{addr:x}"], timeout=60)
+    assert r.returncode == 4, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "permission denied" in lines[0] and "Traceback" not in r.stderr

@@ -18,10 +18,6 @@ from conftest import as_user, gcc, readelf_build_id
 FORGED_BID = "bad5eed0" * 5
 
 
-@pytest.mark.xfail(strict=True, reason="resolve/enrich.py hands a kernel-read build-id to the store once "
-                   "(Enricher._handed is keyed by build-id alone), so the root-owned copy run second never "
-                   "reaches the snapshotter; keying it by (build-id, path) fixes this (the store side is "
-                   "tests/store/test_hostile_store.py)")
 def test_forged_build_id_run_first_by_a_user_never_becomes_the_store_copy(recorder, attacker):
     public = Path(tempfile.mkdtemp(prefix="buildidd-hostile-"))
     system = Path(tempfile.mkdtemp(prefix="buildidd-test-", dir="/usr/lib"))
@@ -46,6 +42,7 @@ def test_forged_build_id_run_first_by_a_user_never_becomes_the_store_copy(record
 
         assert as_user(attacker, [str(forged)]).returncode == 66      # mapped before the real one ever ran
         settle(lambda: store.contains(FORGED_BID))
+        assert store.origin(FORGED_BID) is not None, sorted(str(p) for p in store_root.rglob("*"))
         assert store.origin(FORGED_BID).uid == attacker[0] and not store.origin(FORGED_BID).trusted
         assert subprocess.run([str(real)]).returncode == 0
         settle(lambda: store.origin(FORGED_BID).trusted)

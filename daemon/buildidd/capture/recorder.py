@@ -337,7 +337,7 @@ def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
     from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
     from buildidd.store import SnapshotPolicy, Snapshotter, Store
 
-    store = Store(cfg.store_root, quota_bytes=cfg.store_quota_bytes or None)
+    store = Store.from_config(cfg)
     if kernel_build_id:
         try:
             store.add_kallsyms(kernel_build_id)

@@ -7,7 +7,7 @@ import json
 import re
 
 from buildidd.cli.common import add_client_options, daemon_request, paragraph
-from buildidd.errors import BuildiddError, UsageError
+from buildidd.errors import BuildiddError, PrivilegeError, UsageError
 
 _HEX_RE = re.compile(r"(0[xX])?([0-9a-fA-F]{1,16})")
 _DEC_RE = re.compile(r"[0-9]{1,20}")
@@ -83,6 +83,9 @@ def cmd_lookup(args) -> int:
     except ControlError as e:
         if e.code == "not_found" and "no mapping" in e.message:
             raise BuildiddError(f"process {args.pid} has no mapping at {addr:#x} (see /proc/{args.pid}/maps)") from e
+        if e.code == "not_permitted":
+            raise PrivilegeError(f"lookup {args.pid}: permission denied (only root and the process's own user "
+                                 f"may read its mappings, as with /proc/{args.pid}/maps)") from e
         if e.code == "not_found":
             raise BuildiddError(f"no process {args.pid} (it exited, or it lives in another PID namespace "
                                 "than the daemon's)") from e

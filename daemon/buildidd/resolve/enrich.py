@@ -161,8 +161,8 @@ class Enricher:
         self._pending: dict[Identity, Job] = {}
         self._suspect: dict[int, float] = {}
         self._budget_s = float("inf")
-        #: build-ids the kernel read whose file was handed to on_build_id (bounded).
-        self._handed: LruCache[str, bool] = LruCache("kernel_handed", cache_entries)
+        #: (build-id, path) pairs the kernel read whose file was handed to on_build_id (bounded).
+        self._handed: LruCache[tuple[str, str], bool] = LruCache("kernel_handed", cache_entries)
         self.handovers_dropped = 0
 
     def configure(self, config: Config) -> None:
@@ -221,9 +221,11 @@ class Enricher:
         if ev.pc_status in KERNEL_FINAL:
             self.cache.count_hits(1)     # answered without a file read, as the fast path counts it
             res = kernel_resolution(ev)
-            if res.build_id and self.routes.on_build_id is not None and res.build_id not in self._handed:
-                # First sighting of a build-id the kernel read: the store still wants the file.
-                self._handed.put(res.build_id, True)
+            seen = (res.build_id, ev.path)
+            if res.build_id and self.routes.on_build_id is not None and seen not in self._handed:
+                # First sighting of a build-id at this path (the kernel read it): the store still
+                # wants the file, and a root-owned copy met after a user's must reach it too.
+                self._handed.put(seen, True)
                 if self.pool.submit(self.routes.hand_over, (_request(ev, ev.path), res)) is None:
                     self.handovers_dropped += 1
             return res
