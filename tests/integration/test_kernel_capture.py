@@ -12,9 +12,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 from perfcompare import PerfRecorder, compare
 
+from buildidd.kernel.pagecache import PAGE_SIZE
 from conftest import Background, gcc, need, readelf_build_id, session_records
+from kernel.test_pagecache import move_notes_past
 
 LIB = "int f(void) { return 1; }\n"
 
@@ -202,3 +205,192 @@ def test_32bit_programs_match_perf(recorder, tmp_path):
         assert any("/i386-linux-gnu/" in p or "/lib32/" in p for p in paths), paths   # the 32-bit libc
         ex = [r for r in records if r["type"] == "exec" and r["pid"] == pid]
         assert ex and ex[0]["path"] == str(exe) and ex[0]["build_id"] == readelf_build_id(exe)
+
+
+#: Execs argv[1] from a fresh memfd argv[2] times (fork + fexecve; the memfd closed in the parent at
+#: once, the child exits at once): no path, no /proc/PID/map_files left to read it from afterwards.
+MEMFD_EXEC = r"""
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+extern char **environ;
+int main(int argc, char **argv) {
+    int src = open(argv[1], O_RDONLY);
+    struct stat st;
+    if (src < 0 || fstat(src, &st)) return 1;
+    char *buf = malloc(st.st_size);
+    if (read(src, buf, st.st_size) != st.st_size) return 1;
+    for (int i = 0; i < atoi(argv[2]); i++) {
+        int fd = memfd_create("bidd_memfd", 0);
+        if (fd < 0 || write(fd, buf, st.st_size) != st.st_size) return 1;
+        pid_t pid = fork();
+        if (pid == 0) {
+            char *a[] = {"bidd_memfd", NULL};
+            fexecve(fd, a, environ);
+            _exit(127);
+        }
+        close(fd);
+        int status;
+        if (waitpid(pid, &status, 0) != pid || status != 0) return 2;
+        printf("%d\n", pid);
+    }
+    return 0;
+}
+"""
+
+
+def test_memfd_exec_storm_has_the_build_id_read_by_the_kernel(recorder, tmp_path):
+    need(shutil.which("perf") is not None, "perf (linux-perf) not installed")
+    short = gcc("int main(void) { return 0; }\n", tmp_path / "short", "-Wl,--build-id=sha1")
+    want = readelf_build_id(short)
+    launcher = gcc(MEMFD_EXEC, tmp_path / "memfd_exec")
+    n = 100
+    perf = PerfRecorder(tmp_path / "perf.data")
+    rec = recorder()
+    bg = Background(rec)
+    try:
+        out = subprocess.run([str(launcher), str(short), str(n)], check=True, capture_output=True, text=True)
+        time.sleep(0.3)
+    finally:
+        perf_maps = perf.stop()
+        bg.stop()
+    rec.close()
+    pids = {int(x) for x in out.stdout.split()}
+    assert len(pids) == n
+    records = session_records(rec.session_dir)
+    c = compare(perf_maps, records, pids=pids)
+    print("perf comparison (memfd exec storm):", c.as_dict())
+    assert c.perf_with_build_id >= 3 * n        # the memfd, ld.so, libc of each child
+    assert c.matched == c.perf_with_build_id, c.examples
+    assert (c.wrong, c.path_differs, c.extent_differs, c.missing, c.no_build_id) == (0, 0, 0, 0, 0)
+    for pid in pids:
+        ex = [r for r in records if r["type"] == "exec" and r["pid"] == pid]
+        assert len(ex) == 1 and ex[0]["build_id"] == want, ex
+        mine = [r for r in records if r["type"] == "mmap" and r["pid"] == pid and "memfd:bidd_memfd" in r["path"]]
+        assert mine and all(r["build_id"] == want and r["build_id_source"] == "kernel" for r in mine), mine
+
+
+#: dlopens argv[1], then rewrites its bytes in place (same inode) with argv[2]'s, and exits at once
+#: (_exit: a truncation also drops the private copies of the library's relocated pages, and its
+#: destructors would run on unrelocated ones).
+OVERWRITE = """
+import ctypes, os, sys
+ctypes.CDLL(sys.argv[1])
+data = open(sys.argv[2], "rb").read()
+fd = os.open(sys.argv[1], os.O_WRONLY | (os.O_TRUNC if sys.argv[3] == "truncate" else 0))
+os.write(fd, data)
+os.close(fd)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ["in_place", "truncate"])
+def test_library_overwritten_right_after_dlopen_has_the_mapped_build_id(recorder, tmp_path, how):
+    need(shutil.which("perf") is not None, "perf (linux-perf) not installed")
+    first = gcc(LIB, tmp_path / "first.so", "-shared", "-fPIC", "-Wl,--build-id=0x" + "11" * 20)
+    second = gcc(LIB, tmp_path / "second.so", "-shared", "-fPIC", "-Wl,--build-id=0x" + "22" * 20)
+    assert first.stat().st_size == second.stat().st_size
+    bid1, bid2 = readelf_build_id(first), readelf_build_id(second)
+    target = tmp_path / "lib.so"
+    perf = PerfRecorder(tmp_path / "perf.data")
+    rec = recorder()
+    bg = Background(rec)
+    pids = set()
+    try:
+        for _ in range(3):
+            shutil.copyfile(first, target)
+            ino = os.stat(target).st_ino
+            p = subprocess.Popen([sys.executable, "-c", OVERWRITE, str(target), str(second), how])
+            assert p.wait() == 0
+            pids.add(p.pid)
+            assert os.stat(target).st_ino == ino and readelf_build_id(target) == bid2
+        time.sleep(0.3)
+    finally:
+        perf_maps = perf.stop()
+        bg.stop()
+    rec.close()
+    records = session_records(rec.session_dir)
+    c = compare(perf_maps, records, pids=pids)
+    print(f"perf comparison (overwritten {how}):", c.as_dict())
+    assert c.matched == c.perf_with_build_id > 0, c.examples
+    assert (c.wrong, c.path_differs, c.extent_differs, c.missing, c.no_build_id) == (0, 0, 0, 0, 0)
+    assert not any(p.build_id == bid2 for p in perf_maps if p.pid in pids)
+    for pid in pids:
+        mine = [r for r in records if r["type"] == "mmap" and r["pid"] == pid and r["path"] == str(target)]
+        assert mine, pid
+        assert {(r["build_id"], r["build_id_source"]) for r in mine} == {(bid1, "kernel")}, mine
+
+
+#: For each path: drop its page cache (POSIX_FADV_DONTNEED), then map it executable without reading a byte.
+MAP_EVICTED = """
+import mmap, os, sys
+keep = []
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    keep.append(mmap.mmap(fd, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC, flags=mmap.MAP_PRIVATE))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_page_cache_dropped_before_the_mmap_we_still_have_the_build_id(recorder, tmp_path):
+    need(shutil.which("perf") is not None, "perf (linux-perf) not installed")
+    libs = [gcc(LIB, tmp_path / f"ev{i}.so", "-shared", "-fPIC", f"-Wl,--build-id=0x{i + 1:040x}") for i in range(10)]
+    want = {str(lib): readelf_build_id(lib) for lib in libs}
+    os.sync()           # dirty pages are not dropped
+    time.sleep(0.1)     # ctime older than a coarse clock tick: user space may read these files
+    perf = PerfRecorder(tmp_path / "perf.data")
+    rec = recorder()
+    bg = Background(rec)
+    try:
+        p = subprocess.Popen([sys.executable, "-c", MAP_EVICTED, *want], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            time.sleep(0.5)
+        finally:
+            p.stdin.close()
+            p.wait()
+    finally:
+        perf_maps = perf.stop()
+        bg.stop()
+    rec.close()
+    records = session_records(rec.session_dir)
+    c = compare([m for m in perf_maps if m.path in want], records, pids={p.pid})
+    print("perf comparison (evicted):", c.as_dict())
+    print(f"we have, perf has not: {c.resolved_where_perf_had_none}; "
+          f"perf has, we have not: {c.no_build_id + c.missing}")
+    assert c.perf_with_build_id + c.perf_without_build_id == len(libs)
+    assert c.no_build_id + c.missing == 0, c.examples
+    assert (c.wrong, c.path_differs, c.extent_differs) == (0, 0, 0), c.examples
+    assert c.matched == c.perf_with_build_id
+    assert c.resolved_where_perf_had_none == c.perf_without_build_id > 0
+    mine = [r for r in records if r["type"] == "mmap" and r["pid"] == p.pid and r["path"] in want]
+    assert len(mine) == len(libs)
+    for r in mine:
+        assert r["build_id"] == want[r["path"]], r
+    evicted = [r for r in mine if r.get("kernel_status") == "not_cached"]
+    assert evicted and all(r["build_id_source"] != "kernel" for r in evicted)
+
+
+def test_a_note_past_the_first_page_is_read_by_the_kernel(recorder, tmp_path):
+    lib = _lib(tmp_path)
+    late = tmp_path / "late.so"
+    move_notes_past(lib, late, 64 * PAGE_SIZE + 100)
+    want = readelf_build_id(late)
+    assert want == readelf_build_id(lib)
+    fd = os.open(late, os.O_RDONLY)
+    try:
+        while os.read(fd, 1 << 20):     # every page cached: the note's page too
+            pass
+    finally:
+        os.close(fd)
+    rec = recorder()
+    recs = _map_files(rec, [str(late)], os.stat(late).st_ino)
+    assert len(recs) == 1
+    assert (recs[0]["build_id"], recs[0]["build_id_source"]) == (want, "kernel"), recs[0]
