@@ -225,7 +225,8 @@ class Recorder:
         if self.log.writer is not None:
             self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(),
                                         "reason": self.guard.end_reason or "stopped",
-                                        "resolutions_abandoned": abandoned, **self.summary()}))
+                                        "resolutions_abandoned": abandoned, **self.summary(),
+                                        **({"store": self.snapshotter.status()} if self.snapshotter else {})}))
             self.log.close()
         if self.rings is not None:
             self.rings.close()
