@@ -81,18 +81,28 @@ class PerfRecorder:
     def __init__(self, output: str | os.PathLike, *, extra: Iterable[str] = ()):
         self.output = Path(output)
         self.output.unlink(missing_ok=True)
+        t0 = time.monotonic()
         self.proc = subprocess.Popen(["perf", "record", "-e", "dummy", "-a", "--buildid-mmap", "-q",
                                       "-o", str(self.output), *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        # perf writes the file header once its events are open and enabled.
-        deadline = time.monotonic() + 20
+        # READY when perf waits for data: builtin-record.c __cmd_record opens the events,
+        # synthesizes running processes, enables the events, then loops on poll(2);
+        # its main thread blocked in poll/ppoll (/proc/PID/syscall: 7, 271 on x86_64)
+        # is recording (a marker exec right after was in its output 8 times of 8).
+        deadline = t0 + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"perf record exited: {self.proc.stderr.read().decode()[-500:]}")
-            if self.output.exists() and self.output.stat().st_size > 0:
-                time.sleep(0.3)
+            try:
+                with open(f"/proc/{self.proc.pid}/syscall") as f:
+                    nr = f.read(64).split(" ", 1)[0]
+            except OSError:
+                nr = ""
+            if nr in ("7", "271"):
+                #: seconds from starting perf to its waiting state.
+                self.ready_s = time.monotonic() - t0
                 return
-            time.sleep(0.02)
+            time.sleep(0.002)
         raise RuntimeError("perf record did not start within 20 s")
 
     def pid(self) -> int:
