@@ -90,6 +90,20 @@ def storms(w: dict, args) -> dict[str, tuple[list[str], set[str]]]:
             "mmap": ([str(w["mmap_storm"]), libs[0], str(args.mmap_n)], {"bidd_mmap"})}
 
 
+def link_bpf_sources(tree: Path) -> None:
+    """Make tree's daemon load tree's own BPF sources.
+
+    The package data ``buildidd.bpf`` is bpf/ at the top of a tree (pyproject's
+    package-dir); an editable install of another checkout would hand out that
+    checkout's bpf/.  A link daemon/buildidd/bpf -> ../../bpf in tree is found
+    first through PYTHONPATH (made here when missing, and said so).
+    """
+    link = tree / "daemon" / "buildidd" / "bpf"
+    if not link.exists():
+        link.symlink_to(Path("..") / ".." / "bpf")
+        print(f"made {link} -> ../../bpf (the tree's own BPF sources)", flush=True)
+
+
 def measure(tree: Path, argv: list[str], comms: set[str], workdir: Path) -> dict:
     """One daemon run from tree around one workload run: per-program and total ns per event."""
     env = {"PYTHONPATH": str(tree / "daemon")}
@@ -135,6 +149,8 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_kernel_ns: must run as root", file=sys.stderr)
         return 2
+    if args.tree.resolve() != HERE.parent:
+        link_bpf_sources(args.tree)
     old = STATS_SYSCTL.read_text().strip()
     STATS_SYSCTL.write_text("1")
     workdir = Path(tempfile.mkdtemp(prefix="buildidd-kns-"))
