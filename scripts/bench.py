@@ -46,6 +46,13 @@ from perfcompare import PerfRecorder, compare  # noqa: E402
 from buildidd.sessionlog import read_session  # noqa: E402
 
 PY = sys.executable
+#: Seconds both daemons get between READY and the workload (the same for both).
+SETTLE_S = 0.3
+
+
+def uss_of(pid: int) -> int:
+    """Unique set size (bytes) of pid: memory only it holds (RSS less shared pages)."""
+    return psutil.Process(pid).memory_full_info().uss
 
 
 class RssSampler:
@@ -109,7 +116,7 @@ class Buildidd:
 
     def uss(self) -> int:
         """Unique set size (bytes): memory only this process holds (RSS less shared library pages)."""
-        return self.ps.memory_full_info().uss
+        return uss_of(self.proc.pid)
 
     def cpu_s(self) -> float:
         t = self.ps.cpu_times()
@@ -163,6 +170,9 @@ class Result:
     rss_steady: list[int] = field(default_factory=list)
     rss_peak: list[int] = field(default_factory=list)
     uss: list[int] = field(default_factory=list)
+    perf_rss_steady: list[int] = field(default_factory=list)
+    perf_rss_peak: list[int] = field(default_factory=list)
+    perf_uss: list[int] = field(default_factory=list)
     losses: int = 0
     bidd_ready_s: list[float] = field(default_factory=list)
     perf_ready_s: list[float] = field(default_factory=list)
@@ -194,7 +204,10 @@ class Result:
             "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
             "buildidd_events": med(self.bidd_events),
             "rss_mib": {"steady": (med(self.rss_steady) or 0) / 2**20, "peak": max(self.rss_peak or [0]) / 2**20,
-                        "uss_steady": (med(self.uss) or 0) / 2**20},
+                        "uss_steady": (med(self.uss) or 0) / 2**20,
+                        "perf": {"steady": (med(self.perf_rss_steady) or 0) / 2**20,
+                                 "peak": max(self.perf_rss_peak or [0]) / 2**20,
+                                 "uss_steady": (med(self.perf_uss) or 0) / 2**20}},
             "losses": self.losses,
             "ready_s": {"buildidd": med(self.bidd_ready_s), "perf": med(self.perf_ready_s)},
             "completeness": self.completeness,
@@ -236,16 +249,21 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
                 rep.none_s = time.monotonic() - t
             elif mode == "perf":
-                t_start = time.monotonic()
                 perf = PerfRecorder(workdir / "perf.data")
-                res.perf_ready_s.append(time.monotonic() - t_start)
+                res.perf_ready_s.append(perf.ready_s)
+                prss = RssSampler(perf.proc.pid)
                 pps = psutil.Process(perf.proc.pid)
+                time.sleep(SETTLE_S)
                 c0 = sum(pps.cpu_times()[:2])
                 t = time.monotonic()
                 subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
                 rep.perf_s = time.monotonic() - t
                 time.sleep(0.2)
                 c1 = sum(pps.cpu_times()[:2])
+                res.perf_rss_steady.append(prss.last)
+                res.perf_uss.append(uss_of(perf.proc.pid))
+                prss.stop()
+                res.perf_rss_peak.append(prss.peak)
                 maps = perf.stop()
                 n = sum(1 for m in maps if not m.synthesized)
                 if n:
@@ -253,7 +271,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
             else:
                 d = Buildidd(workdir, store=store)
                 res.bidd_ready_s.append(d.ready_s)
-                time.sleep(0.3)
+                time.sleep(SETTLE_S)
                 c0 = d.cpu_s()
                 t = time.monotonic()
                 subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
@@ -297,13 +315,18 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int, store: Path | None
         time.sleep(1.0)
         pids = {p.pid for p in procs}
         for _ in range(reps):
-            t = time.monotonic()
             perf = PerfRecorder(workdir / "perf.data")
-            res.perf_ready_s.append(time.monotonic() - t)
+            res.perf_ready_s.append(perf.ready_s)
+            prss = RssSampler(perf.proc.pid)
+            time.sleep(SETTLE_S)
+            res.perf_rss_steady.append(prss.last)
+            res.perf_uss.append(uss_of(perf.proc.pid))
+            prss.stop()
+            res.perf_rss_peak.append(prss.peak)
             perf_maps = perf.stop()
             d = Buildidd(workdir, store=store)
             res.bidd_ready_s.append(d.ready_s)
-            time.sleep(0.3)
+            time.sleep(SETTLE_S)
             res.rss_steady.append(d.rss.last)
             res.rss_peak.append(d.rss.peak)
             res.uss.append(d.uss())
@@ -362,24 +385,31 @@ def ramp(w: dict, workdir: Path, rates: list[tuple[int, int]], seconds: float, s
     out = []
     for rate, procs in rates:
         d = Buildidd(workdir, store=store)
-        time.sleep(0.3)
+        time.sleep(SETTLE_S)
         c0, t0 = d.cpu_s(), time.monotonic()
         count, achieved = _storms(w, rate, procs, seconds)
         dt = time.monotonic() - t0
-        cpu_share = (d.cpu_s() - c0) / dt
+        cpu_s = d.cpu_s() - c0
+        cpu_share = cpu_s / dt
         time.sleep(0.5)
+        peak = d.rss.peak
         records = d.stop()
         got = sum(1 for x in records if x.get("type") == "mmap" and x.get("path") == str(w["lib0"])
                   and x.get("origin") == "mmap")
         row = {"target_per_s": rate * procs or "max", "procs": procs, "achieved_per_s": achieved,
                "events": count, "recorded": got, "losses": _lost(records),
-               "daemon_cpu_share": round(cpu_share, 3), "kept_up": got == count and _lost(records) == 0}
+               "daemon_cpu_share": round(cpu_share, 3), "kept_up": got == count and _lost(records) == 0,
+               "cpu_us_per_event": round(cpu_s * 1e6 / count, 3), "rss_peak_mib": round(peak / 2**20, 1)}
         d.cleanup()
-        if not rate:
-            perf = PerfRecorder(workdir / "perf.data")
-            _, row["perf_achieved_per_s"] = _storms(w, rate, procs, seconds)
-            perf.finish()
-            row["perf_mmap2"], row["perf_lost"] = perf_stats(workdir / "perf.data")
+        perf = PerfRecorder(workdir / "perf.data")
+        pps = psutil.Process(perf.proc.pid)
+        time.sleep(SETTLE_S)
+        c0 = sum(pps.cpu_times()[:2])
+        _, row["perf_achieved_per_s"] = _storms(w, rate, procs, seconds)
+        c1 = sum(pps.cpu_times()[:2])
+        row["perf_cpu_us_per_event"] = round((c1 - c0) * 1e6 / count, 3)
+        perf.finish()
+        row["perf_mmap2"], row["perf_lost"] = perf_stats(workdir / "perf.data")
         print(f"  ramp {row}", flush=True)
         out.append(row)
     return out
@@ -397,7 +427,7 @@ def profile(w: dict, workdir: Path, count: int, store: Path | None) -> list[str]
     """cProfile of the daemon's event loop during an mmap storm: top functions by own time."""
     prof = workdir / "bidd.prof"
     d = Buildidd(workdir, extra=["--profile", str(prof)], store=store)
-    time.sleep(0.3)
+    time.sleep(SETTLE_S)
     subprocess.run([str(w["mmap_storm"]), str(w["lib0"]), str(count)], check=True, stdout=subprocess.DEVNULL)
     time.sleep(0.3)
     d.stop()
@@ -411,9 +441,15 @@ def profile(w: dict, workdir: Path, count: int, store: Path | None) -> list[str]
     return lines
 
 
+def _mem(m: dict) -> str:
+    """RSS/USS/peak in MiB, one decimal."""
+    return f"{m['steady']:.1f}/{m['uss_steady']:.1f}/{m['peak']:.1f}"
+
+
 def fmt_table(results: list[Result]) -> str:
     hdr = (f"{'scenario':<24} {'none s':>8} {'perf':>14} {'buildidd':>14} {'bidd µs/ev':>10} "
-           f"{'perf µs/ev':>10} {'RSS/USS/peak MiB':>17} {'lost':>5} {'READY s bidd/perf':>18} "
+           f"{'perf µs/ev':>10} {'bidd RSS/USS/peak':>17} {'perf RSS/USS/peak':>17} {'lost':>5} "
+           f"{'READY s bidd/perf':>18} "
            f"{'complete (wrong)':>18} {'perf-no-bid resolved':>20}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
@@ -431,7 +467,7 @@ def fmt_table(results: list[Result]) -> str:
         lines.append(
             f"{r.name:<24} {w['none'] or 0:>8.3f} {cell(w['perf'], o['perf']):>14} {cell(w['buildidd'], o['buildidd']):>14} "
             f"{cpu['buildidd'] or 0:>10.2f} {cpu['perf'] or 0:>10.2f} "
-            f"{d['rss_mib']['steady']:>5.0f}/{d['rss_mib']['uss_steady']:>4.0f}/{d['rss_mib']['peak']:<6.0f} {d['losses']:>5} "
+            f"{_mem(d['rss_mib']):>17} {_mem(d['rss_mib']['perf']):>17} {d['losses']:>5} "
             f"{ready['buildidd'] or 0:>8.2f}/{ready['perf'] or 0:<8.2f} {comp:>18} {nob:>20}")
     lines += ["", "buildidd against perf in the same repetition (wall time, buildidd / perf; below 1: buildidd cost less):"]
     for r in results:
@@ -455,6 +491,12 @@ def main(argv=None) -> int:
                     help="RATE[xPROCS],...: maps/s per storm process (0 = unpaced) and processes at once")
     ap.add_argument("--ramp-seconds", type=float, default=3.0)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--footprint", action="store_true",
+                    help="only how cost grows (scripts/bench_footprint.py): READY vs processes, RSS vs DSOs, "
+                         "CPU vs event rate")
+    ap.add_argument("--fp-procs", default="500,2000,5000", help="--footprint: running processes")
+    ap.add_argument("--fp-dsos", default="100,1000,10000", help="--footprint: distinct DSOs dlopen'd")
+    ap.add_argument("--fp-rates", default="50000,100000,200000,0", help="--footprint: RATE[xPROCS],... (0 = max)")
     ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,profile",
                     help="comma-separated subset of exec,dlopen,mmap,dlopen-cold,procs,ramp,profile")
     args = ap.parse_args(argv)
@@ -472,6 +514,13 @@ def main(argv=None) -> int:
         print(f"buildidd bench, {started}, {os.cpu_count()} CPUs, kernel {os.uname().release}", flush=True)
         want = set(args.scenarios.split(","))
         store = warm_store(workdir)
+        if args.footprint:
+            import bench_footprint
+            out = bench_footprint.run(w, workdir, store, procs=args.fp_procs, dsos=args.fp_dsos,
+                                      rates=args.fp_rates, seconds=args.ramp_seconds)
+            if args.json:
+                Path(args.json).write_text(json.dumps({"date": started, "footprint": out}, indent=2))
+            return 0
         results = []
         if "exec" in want:
             results.append(run_scenario(f"exec storm N={args.exec_n}",
@@ -499,10 +548,10 @@ def main(argv=None) -> int:
         for row in ramp_rows:
             line = (f"  target {row['target_per_s']!s:>7}/s x{row['procs']} achieved {row['achieved_per_s']:>7}/s "
                     f"recorded {row['recorded']}/{row['events']} lost {row['losses']} "
-                    f"daemon CPU {row['daemon_cpu_share'] * 100:.0f}% {'OK' if row['kept_up'] else 'FELL BEHIND'}")
-            if "perf_achieved_per_s" in row:
-                line += (f" | perf: achieved {row['perf_achieved_per_s']}/s, MMAP2 {row['perf_mmap2']}, "
-                         f"lost {row['perf_lost']}")
+                    f"daemon CPU {row['daemon_cpu_share'] * 100:.0f}% {row['cpu_us_per_event']:.2f} µs/ev "
+                    f"peak RSS {row['rss_peak_mib']} MiB {'OK' if row['kept_up'] else 'FELL BEHIND'}")
+            line += (f" | perf: achieved {row['perf_achieved_per_s']}/s, {row['perf_cpu_us_per_event']:.2f} µs/ev, "
+                     f"MMAP2 {row['perf_mmap2']}, lost {row['perf_lost']}")
             print(line)
         print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
         print("\n".join("  " + line for line in prof))

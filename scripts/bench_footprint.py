@@ -1,0 +1,143 @@
+"""How buildidd's cost grows, beside perf record --buildid-mmap (scripts/bench.py --footprint).
+
+Three lines, each bounded in time (the development machines have 2 CPUs):
+- READY against the number of running processes (sleeping ones spawned first);
+- RSS against the number of distinct DSOs seen (one tiny library copied N
+  times, each copy with its own GNU build-id, dlopen'd once each);
+- daemon CPU per mapping event against the event rate (paced mmap storms and
+  an unpaced one), from bench.ramp.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from bench import SETTLE_S, Buildidd, RssSampler, parse_ramp, ramp, uss_of
+from perfcompare import PerfRecorder
+from buildidd.resolve.buildid import read_build_id_fd
+
+
+def _procs(exe: Path, n: int) -> list[subprocess.Popen]:
+    out = []
+    try:
+        for _ in range(n):
+            out.append(subprocess.Popen([str(exe)]))
+    except OSError:
+        _kill(out)
+        raise
+    return out
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def ready_vs_procs(w: dict, workdir: Path, counts: list[int], store: Path) -> list[dict]:
+    """READY (s) and RSS/USS (MiB) of both with n sleeping processes running, per n.
+
+    buildidd starts on the warm store (a restart); one start each.
+    """
+    rows = []
+    for n in counts:
+        procs = _procs(w["idle"], n)
+        try:
+            time.sleep(1.0)
+            perf = PerfRecorder(workdir / "perf.data")
+            row = {"procs": n, "perf_ready_s": round(perf.ready_s, 3)}
+            row["perf_rss_mib"] = round(psutil.Process(perf.proc.pid).memory_info().rss / 2**20, 1)
+            perf.finish()
+            d = Buildidd(workdir, store=store)
+            row["buildidd_ready_s"] = round(d.ready_s, 3)
+            time.sleep(SETTLE_S)
+            row["buildidd_rss_mib"] = round(d.rss.last / 2**20, 1)
+            row["buildidd_uss_mib"] = round(d.uss() / 2**20, 1)
+            d.stop(read=False)
+            d.cleanup()
+        finally:
+            _kill(procs)
+        print(f"  footprint: {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def make_libraries(lib: Path, dest: Path, n: int) -> list[Path]:
+    """n copies of lib in dest, each with its own build-id (sha1 of its index, same length):
+    the descriptor bytes are patched in place (ELF gABI note: only the descriptor changes)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    data = lib.read_bytes()
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        bid = read_build_id_fd(fd)
+    finally:
+        os.close(fd)
+    if bid is None or data.count(bid.raw) != 1:
+        raise RuntimeError(f"{lib}: build-id not found exactly once")
+    at = data.index(bid.raw)
+    out = []
+    for i in range(n):
+        new = hashlib.sha1(f"buildidd-footprint-{i}".encode()).digest()[:len(bid.raw)]
+        path = dest / f"libfp{i}.so"
+        path.write_bytes(data[:at] + new + data[at + len(new):])
+        out.append(path)
+    return out
+
+
+def rss_vs_dsos(w: dict, workdir: Path, counts: list[int], store: Path) -> list[dict]:
+    """RSS/USS/peak (MiB) of both after a process dlopen'd n distinct libraries once each."""
+    libs = make_libraries(w["lib0"], workdir / "fp-libs", max(counts))
+    rows = []
+    for n in counts:
+        argv = [str(w["dlopen_storm"]), "1", *map(str, libs[:n])]
+        perf = PerfRecorder(workdir / "perf.data")
+        prss = RssSampler(perf.proc.pid)
+        time.sleep(SETTLE_S)
+        subprocess.run(argv, check=True)
+        time.sleep(0.5)
+        row = {"dsos": n, "perf_rss_mib": round(prss.last / 2**20, 1),
+               "perf_uss_mib": round(uss_of(perf.proc.pid) / 2**20, 1)}
+        prss.stop()
+        row["perf_peak_mib"] = round(prss.peak / 2**20, 1)
+        perf.finish()
+        d = Buildidd(workdir, store=store)
+        time.sleep(SETTLE_S)
+        subprocess.run(argv, check=True)
+        time.sleep(1.0)     # drained and handed to the store
+        row.update(buildidd_rss_mib=round(d.rss.last / 2**20, 1), buildidd_uss_mib=round(d.uss() / 2**20, 1))
+        d.stop(read=False)
+        row["buildidd_peak_mib"] = round(d.rss.peak / 2**20, 1)
+        d.cleanup()
+        print(f"  footprint: {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def run(w: dict, workdir: Path, store: Path, *, procs: str, dsos: str, rates: str, seconds: float) -> dict:
+    """The three lines; returns {"ready_vs_procs": [...], "rss_vs_dsos": [...], "cpu_vs_rate": [...]}."""
+    ints = lambda spec: [int(x) for x in spec.split(",") if x.strip()]  # noqa: E731
+    out = {"ready_vs_procs": ready_vs_procs(w, workdir, ints(procs), store),
+           "rss_vs_dsos": rss_vs_dsos(w, workdir, ints(dsos), store),
+           "cpu_vs_rate": ramp(w, workdir, parse_ramp(rates), seconds, store)}
+    print("\nREADY against running processes (s; RSS MiB after READY):")
+    for r in out["ready_vs_procs"]:
+        print(f"  {r['procs']:>6} processes: buildidd {r['buildidd_ready_s']:.2f} s "
+              f"(RSS {r['buildidd_rss_mib']}, USS {r['buildidd_uss_mib']}) | perf {r['perf_ready_s']:.2f} s "
+              f"(RSS {r['perf_rss_mib']})")
+    print("RSS against distinct DSOs seen (MiB, RSS/USS/peak):")
+    for r in out["rss_vs_dsos"]:
+        print(f"  {r['dsos']:>6} DSOs: buildidd {r['buildidd_rss_mib']}/{r['buildidd_uss_mib']}/"
+              f"{r['buildidd_peak_mib']} | perf {r['perf_rss_mib']}/{r['perf_uss_mib']}/{r['perf_peak_mib']}")
+    print("daemon CPU against event rate (µs per mapping event):")
+    for r in out["cpu_vs_rate"]:
+        print(f"  target {r['target_per_s']!s:>7}/s achieved {r['achieved_per_s']:>7}/s: buildidd "
+              f"{r['cpu_us_per_event']:.2f} µs/ev, lost {r['losses']}, peak RSS {r['rss_peak_mib']} MiB | perf "
+              f"achieved {r['perf_achieved_per_s']}/s, {r['perf_cpu_us_per_event']:.2f} µs/ev, lost {r['perf_lost']}")
+    return out
