@@ -199,6 +199,24 @@ def store_add(store, path: Path, name: str | None = None) -> str:
     return bid
 
 
+@pytest.fixture(scope="session")
+def public_tmp_factory():
+    """Factory ``make(prefix) -> Path``: a new 0755 directory under /tmp that every user can traverse, so that
+    files built there are not private to the store (tmp_path lies under pytest's 0700 directory); removed at the end."""
+    import tempfile
+    made = []
+
+    def make(prefix: str = "buildidd-public-") -> Path:
+        d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        os.chmod(d, 0o755)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 class ServeProcess:
     """``buildidd serve`` as a subprocess on a free loopback port (``--listen HOST:0``).
 
@@ -207,13 +225,13 @@ class ServeProcess:
     """
 
     def __init__(self, store_root, log_path: Path, *extra: str, session_root=None, host: str = "127.0.0.1",
-                 user: int | None = None):
+                 user: int | None = None, group: int | None = None):
         cmd = [sys.executable, "-m", "buildidd.cli", "serve", "--listen", f"{host}:0",
                "--store-root", str(store_root), "--session-root", str(session_root or log_path.with_suffix(".sessions")),
                "--socket", "", *extra]
         self.log_path = log_path
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, user=user)
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, user=user, group=group)
         line = self.proc.stdout.readline()
         m = re.match(r"listening on (https?)://(\S+):(\d+)", line)
         if not m:
