@@ -38,11 +38,12 @@ def split_debuginfo(binary: Path, debug_root: Path) -> Path:
     return debug
 
 
-def make_world(tmp: Path, records: int = 2000) -> dict:
+def make_world(tmp: Path, bins: Path, records: int = 2000) -> dict:
     """A store with ``full`` (symbols), ``split`` (stripped + debuginfo) and the kernel (when root can
     snapshot it); ``gone`` is referenced but never stored.  The session has several compressed
-    segments, a lost record and an unresolved mapping."""
-    bins = tmp / "bin"
+    segments, a lost record and an unresolved mapping.  The binaries are built in ``bins``, a directory
+    every user can traverse (``public_tmp_factory``): from a private one the store's copies would be
+    private, and neither archived nor served."""
     full = build_binary(bins, "full")
     split = build_binary(bins, "split")
     debug = split_debuginfo(split, tmp / "usr-lib-debug")

@@ -27,8 +27,8 @@ BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("archive"))
+def world(tmp_path_factory, public_tmp_factory):
+    return make_world(tmp_path_factory.mktemp("archive"), public_tmp_factory("buildidd-archive-bins-"))
 
 
 def members(data: bytes) -> list[tarfile.TarInfo]:

@@ -20,8 +20,8 @@ from offline.archive_world import SESSION_NAME, build_binary, make_world
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    w = make_world(tmp_path_factory.mktemp("import"), records=300)
+def world(tmp_path_factory, public_tmp_factory):
+    w = make_world(tmp_path_factory.mktemp("import"), public_tmp_factory("buildidd-import-bins-"), records=300)
     out = io.BytesIO()
     w["manifest"] = write_archive(w["session"], w["store"], out)
     w["archive"] = out.getvalue()

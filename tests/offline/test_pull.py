@@ -19,9 +19,9 @@ from offline.archive_world import SESSION_NAME, make_world
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, public_tmp_factory):
     tmp = tmp_path_factory.mktemp("pull")
-    world = make_world(tmp, records=3000)
+    world = make_world(tmp, public_tmp_factory("buildidd-pull-bins-"), records=3000)
     token = tmp / "token"
     token.write_text("pull-token\n")
     serve = ServeProcess(tmp / "store", tmp / "serve.log", "--token-file", str(token),

@@ -27,12 +27,14 @@ int main(void) { counter++; puts(tag); return 0; }
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A store holding: a binary with .symtab, a stripped one, and a stripped one with separate debuginfo."""
+def world(tmp_path_factory, public_tmp_factory):
+    """A store holding: a binary with .symtab, a stripped one, and a stripped one with separate debuginfo
+    (built in a directory every user can traverse: not private, so served)."""
     tmp = tmp_path_factory.mktemp("serve")
-    full = gcc(SRC % "full", tmp / "full", "-g")
-    stripped = gcc(SRC % "stripped", tmp / "stripped", "-s")
-    split = gcc(SRC % "split", tmp / "split", "-g")
+    bins = public_tmp_factory("buildidd-serve-bins-")
+    full = gcc(SRC % "full", bins / "full", "-g")
+    stripped = gcc(SRC % "stripped", bins / "stripped", "-s")
+    split = gcc(SRC % "split", bins / "split", "-g")
     bid_split = readelf_build_id(split)
     debug_root = tmp / "usr-lib-debug"
     debug_file = debug_root / ".build-id" / bid_split[:2] / (bid_split[2:] + ".debug")
@@ -214,17 +216,22 @@ def test_slow_client_does_not_block_others_and_is_cut_off(world, tmp_path):
 
 @pytest.fixture
 def nobody_world(world):
-    """A second serve running as nobody over a copy of the store in which one file is unreadable to it."""
+    """A second serve running as nobody in the store's group (as a serve that is not root would run) over
+    a copy of the store (0750/0640 root:group) in which one file is unreadable to it."""
     base = Path(tempfile.mkdtemp(prefix="buildidd-serve-nobody-"))
     try:
         os.chmod(base, 0o755)
         shutil.copytree(world["tmp"] / "store", base / "store", symlinks=True)
+        gid = world["store"].gid
+        for d, dirs, files in os.walk(base / "store"):     # copytree keeps modes (0750/0640), not the group
+            for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+                os.chown(name, 0, gid, follow_symlinks=False)
         store = Store(base / "store")
         os.chmod(store.path_of(world["bids"]["full"]), 0o000)
         loop = store.linkname(world["bids"]["stripped"])
         loop.unlink()
         loop.symlink_to(loop.name)                   # ELOOP: the link is there, its target cannot be reached
-        serve = ServeProcess(base / "store", base / "serve.log", user=65534)
+        serve = ServeProcess(base / "store", base / "serve.log", user=65534, group=gid)   # a member of the group
         yield serve
         log = serve.stop()
         assert "503" in log

@@ -79,12 +79,13 @@ class _Output:
         self._dso_text: dict[object, str] = {}
 
     def store_path(self, bid: str | None) -> str | None:
-        """Where the binary with that build-id is in the store now (``Store.path_of``), or ``None``."""
+        """Where the binary with that build-id is in the store now (``Store.best``: the trusted copy first),
+        or ``None``."""
         if not bid or self.store is None:
             return None
         if bid not in self._store_paths:
             try:
-                p = self.store.path_of(bid)
+                p = self.store.best(bid, "elf")
             except ValueError:   # not a build-id in hex: nothing stored under it
                 p = None
             self._store_paths[bid] = str(p) if p is not None else None

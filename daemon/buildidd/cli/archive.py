@@ -61,7 +61,7 @@ def cmd_archive(args) -> int:
     try:
         with open(tmp, "xb") as f:
             manifest = write_archive(session, _store(cfg), f, exclude_upstream=args.exclude_upstream,
-                                     progress=progress)
+                                     progress=progress, share_private=cfg.store_share_private)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)

@@ -35,7 +35,7 @@ def cmd_serve(args) -> int:
     opts = ServeOptions(host=host, port=port, store_root=cfg.store_root, session_root=cfg.session_root,
                         token=read_token(args.token_file) if args.token_file else None,
                         tls_cert=args.tls_cert, tls_key=args.tls_key, idle_timeout_s=args.idle_timeout,
-                        spool_dir=args.spool_dir,
+                        spool_dir=args.spool_dir, share_private=cfg.store_share_private,
                         status_fn=_status_fn(args.socket if args.socket is not None else cfg.control_socket))
 
     def listening(bound_host: str, bound_port: int) -> None:

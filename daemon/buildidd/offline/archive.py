@@ -171,26 +171,40 @@ def check_upstream(url: str, wanted: list[tuple[str, str]], *, timeout_s: float 
 # --- what the archive holds ----------------------------------------------------------
 
 
-def _entry_files(directory: Path) -> list[FileRef]:
-    files = []
+Sources = dict[str, dict[str, Path]]
+"""Where each archived file is read from: ``{build-id: {name in the entry: path in the store}}``."""
+
+
+def _entry_sources(store: Store, bid: str, main: Path, share_private: bool) -> dict[str, Path]:
+    """The files to archive for an entry: its main directory's files (the ``elf`` being ``Store.best``'s
+    trusted-first copy), and as ``debug`` the store's best debug copy when it is another file (the host's
+    debuginfo, or an unstripped copy kept under ``alt/``) and may be shared."""
+    directory = main.parent
+    out = {}
     for name in mf.ENTRY_FILES:
-        try:
-            st = os.lstat(directory / name)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            files.append(FileRef(name, st.st_size))
-    return files
+        if name != DEBUG_NAME and stat.S_ISREG(_lstat_mode(directory / name)):
+            out[name] = directory / name
+    debug = store.best(bid, "debug")
+    if debug is not None and debug != main and (share_private or not store.is_private(bid, "debug")):
+        out[DEBUG_NAME] = debug
+    return {name: out[name] for name in mf.ENTRY_FILES if name in out}
 
 
-def _ref(use, store: Store | None) -> BuildIdRef:
-    """The manifest line of one referenced build-id, with the store's files when held."""
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+def _ref(use, store: Store | None, share_private: bool, sources: Sources) -> BuildIdRef:
+    """The manifest line of one referenced build-id, with the store's files when held (their paths into sources)."""
     ref = BuildIdRef(build_id=use.build_id_hex, kind=use.kind, paths=list(use.paths), records=use.records)
     if store is None:
         ref.reason = "no_store"
         return ref
     try:
-        main = store.path_of(use.build_id_hex)
+        main = store.best(use.build_id_hex, "elf")
     except ValueError:
         ref.reason = "invalid_build_id"
         return ref
@@ -198,11 +212,16 @@ def _ref(use, store: Store | None) -> BuildIdRef:
         ref.reason = "not_in_store"
         return ref
     try:
-        ref.files = _entry_files(main.parent)
+        if not share_private and store.is_private(use.build_id_hex, "elf"):
+            ref.reason = "private"
+            return ref
+        files = _entry_sources(store, use.build_id_hex, main, share_private)
+        ref.files = [FileRef(name, os.lstat(path).st_size) for name, path in files.items()]
         ref.entry = mf.check_entry(os.path.relpath(main.parent, store.root), use.build_id_hex)
     except (OSError, ValueError) as e:
         ref.files, ref.reason = [], f"unreadable: {e}"
         return ref
+    sources[use.build_id_hex] = files
     ref.status = ARCHIVED
     return ref
 
@@ -254,7 +273,8 @@ def _open_segments(session_dir: Path) -> list[_Segment]:
 
 
 def build_manifest(facts: SessionFacts, segments: list[SegmentRef], store: Store | None,
-                   check: UpstreamCheck | None = None) -> Manifest:
+                   check: UpstreamCheck | None = None, *, share_private: bool = False,
+                   sources: Sources | None = None) -> Manifest:
     """The manifest of a session (facts from :func:`session_facts`) against a store.
 
     Args:
@@ -262,10 +282,14 @@ def build_manifest(facts: SessionFacts, segments: list[SegmentRef], store: Store
         segments: the segments that will be archived.
         store: the build-id store, or ``None`` (everything ``missing``: ``no_store``).
         check: an upstream check whose served files are excluded, or ``None``.
+        share_private: include copies the store marked private; otherwise they are ``missing``
+            with the reason ``private`` (``Config.store_share_private``).
+        sources: filled with where each archived file is read from (see :data:`Sources`).
     """
     info = facts.info.to_json()
     info.pop("path", None)
-    refs = [_ref(use, store) for use in facts.uses.values()]
+    sources = {} if sources is None else sources
+    refs = [_ref(use, store, share_private, sources) for use in facts.uses.values()]
     m = Manifest(session=info, segments=segments, build_ids=refs, created_wall_ns=time.time_ns(),
                  buildidd_version=__version__, store_root=str(store.root) if store is not None else None,
                  unresolved=[{"path": p, "error": e, "records": n} for (p, e), n in facts.unresolved.items()])
@@ -338,12 +362,11 @@ class _Writer:
         self.zw.close()
 
 
-def _add_entry(w: _Writer, store: Store, ref: BuildIdRef) -> None:
-    directory = store.root / ref.entry
+def _add_entry(w: _Writer, ref: BuildIdRef, files: dict[str, Path]) -> None:
     for f in ref.files:
         if f.upstream:
             continue
-        path = directory / f.name
+        path = files[f.name]
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError as e:
@@ -359,7 +382,8 @@ def _add_entry(w: _Writer, store: Store, ref: BuildIdRef) -> None:
 
 
 def write_archive(session_dir: str | os.PathLike, store: Store | None, out, *,
-                  exclude_upstream: str | None = None, progress: Progress | None = None) -> Manifest:
+                  exclude_upstream: str | None = None, progress: Progress | None = None,
+                  share_private: bool = False) -> Manifest:
     """Write a session and the store entries of its build-ids to ``out`` as tar + zstd.
 
     Args:
@@ -373,6 +397,10 @@ def write_archive(session_dir: str | os.PathLike, store: Store | None, out, *,
             (see the module docstring).
         progress: called as ``progress(bytes_done, bytes_total)`` (uncompressed
             bytes of the files archived).
+        share_private: archive copies the store marked private (``Config.store_share_private``);
+            otherwise they are listed ``missing`` with the reason ``private``.  Of the
+            copies one build-id may have, the store's best is archived
+            (:meth:`~buildidd.store.Store.best`: trusted first).
 
     Returns:
         The :class:`Manifest` written as the first member.
@@ -388,7 +416,8 @@ def write_archive(session_dir: str | os.PathLike, store: Store | None, out, *,
     try:
         facts = session_facts(session_dir)
         seg_refs = [SegmentRef(mf.segment_member(session_dir.name, s.name), s.size_bytes) for s in segments]
-        manifest = build_manifest(facts, seg_refs, store)
+        sources: Sources = {}
+        manifest = build_manifest(facts, seg_refs, store, share_private=share_private, sources=sources)
         if exclude_upstream is not None:
             check = check_upstream(exclude_upstream, _upstream_wanted(manifest.build_ids))
             if not check.reachable:
@@ -402,7 +431,7 @@ def write_archive(session_dir: str | os.PathLike, store: Store | None, out, *,
         for s, ref in zip(segments, seg_refs):
             w.add_fd(ref.member, s.fd, s.size_bytes, 0o640, os.fstat(s.fd).st_mtime)
         for ref in held:
-            _add_entry(w, store, ref)
+            _add_entry(w, ref, sources[ref.build_id])
         for ref in held:
             w.add_link(mf.link_member(ref.build_id), mf.link_target(ref.entry))
         w.close()

@@ -102,6 +102,8 @@ class BuildIdRef:
         reason: why it is missing: ``no_store`` (archived without a store),
             ``not_in_store`` (never snapshotted, or removed by the quota),
             ``invalid_build_id`` (too short for the ``xx/rest`` layout),
+            ``private`` (the store's copy came from a file other users could not
+            read, or a memfd, and ``store_share_private`` is off),
             ``unreadable: <error>``; ``None`` otherwise.
         entry: the entry's directory relative to the cache, ``<path>/<build-id>``.
         files: the entry's files (:class:`FileRef`), archived or upstream.

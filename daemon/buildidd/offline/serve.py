@@ -53,6 +53,7 @@ TOKEN_MAX_BYTES = 4096
 
 STORE_KEY: web.AppKey[Store] = web.AppKey("buildidd_serve_store", Store)
 OPTIONS_KEY: web.AppKey["ServeOptions"] = web.AppKey("buildidd_serve_options")
+PRIVACY_KEY: web.AppKey[dbg.Privacy] = web.AppKey("buildidd_serve_privacy", dbg.Privacy)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class ServeOptions:
         idle_timeout_s: seconds a connection may take to send a request, and stay idle between requests.
         spool_dir: where archives are built before and while they are sent; None: a private temporary directory.
         status_fn: returns the recording daemon's status for ``/metrics``; None: not asked.
+        share_private: serve store copies marked private (``Config.store_share_private``); else 404.
     """
 
     host: str
@@ -81,6 +83,7 @@ class ServeOptions:
     idle_timeout_s: float = 15.0
     spool_dir: str | None = None
     status_fn: StatusFn | None = None
+    share_private: bool = False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -178,11 +181,11 @@ async def handle_artifact(request: web.Request) -> web.StreamResponse:
     """``/buildid/HEX/executable`` and ``/buildid/HEX/debuginfo``."""
     bid = dbg.check_build_id(request.match_info["build_id"])
     artifact = request.match_info["artifact"]
-    store = request.app[STORE_KEY]
+    store, privacy = request.app[STORE_KEY], request.app[PRIVACY_KEY]
     if artifact == "executable":
-        held = await _lookup(request, artifact, lambda: dbg.find_executable(store, bid))
+        held = await _lookup(request, artifact, lambda: dbg.find_executable(store, bid, privacy))
     elif artifact == "debuginfo":
-        held = await _lookup(request, artifact, lambda: dbg.find_debuginfo(store, bid))
+        held = await _lookup(request, artifact, lambda: dbg.find_debuginfo(store, bid, privacy))
     else:
         raise web.HTTPBadRequest(text=f"unknown artifact type {artifact!r}\n")
     return await _send_held(request, artifact, held)
@@ -192,10 +195,11 @@ async def handle_section(request: web.Request) -> web.StreamResponse:
     """``/buildid/HEX/section/NAME``: from the debuginfo, else the executable."""
     bid = dbg.check_build_id(request.match_info["build_id"])
     name = dbg.check_section_name(request.match_info["name"])
-    store = request.app[STORE_KEY]
+    store, privacy = request.app[STORE_KEY], request.app[PRIVACY_KEY]
 
     def find():
-        files = [h for h in (dbg.find_debuginfo(store, bid), dbg.find_executable(store, bid)) if h is not None]
+        files = [h for h in (dbg.find_debuginfo(store, bid, privacy), dbg.find_executable(store, bid, privacy))
+                 if h is not None]
         data = dbg.read_section(files, name) if files else None
         return (files[0], data) if data is not None else None
 
@@ -240,6 +244,7 @@ def make_app(opts: ServeOptions, store: Store | None = None) -> web.Application:
     app = web.Application(middlewares=[_auth], client_max_size=1024)
     app[OPTIONS_KEY] = opts
     app[STORE_KEY] = store if store is not None else Store(opts.store_root)
+    app[PRIVACY_KEY] = dbg.Privacy(opts.share_private)
     app[METRICS_KEY] = ServeMetrics()
     app.router.add_get("/buildid/{build_id}/section/{name}", handle_section)
     app.router.add_get("/buildid/{build_id}/source/{path:.+}", handle_source)
@@ -248,7 +253,7 @@ def make_app(opts: ServeOptions, store: Store | None = None) -> web.Application:
     app.router.add_get("/metrics", handle_metrics, allow_head=False)
     if opts.session_root:
         from buildidd.offline import serve_sessions
-        serve_sessions.add_routes(app, opts.session_root, opts.store_root, opts.spool_dir)
+        serve_sessions.add_routes(app, opts.session_root, opts.store_root, opts.spool_dir, opts.share_private)
     return app
 
 

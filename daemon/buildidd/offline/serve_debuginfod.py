@@ -30,7 +30,12 @@ the 503; newer clients and the federating server tell it apart.)
 
 The store is read only through :class:`buildidd.store.Store`'s public lookups
 and perf's cache layout (``elf``, ``debug``, ``vmlinux`` in the entry directory
-the ``.build-id/xx/rest`` link points to); nothing here writes to it.
+the ``.build-id/xx/rest`` link points to); nothing here writes to it.  Which
+copy is served is the store's choice (:meth:`~buildidd.store.Store.best`: a
+copy from a root-owned system file before one a user's file claimed, an
+unstripped copy for ``debuginfo``).  A copy the store marked private (its
+source was not readable by every user, or a memfd) is answered 404 unless
+the operator allows it (``Config.store_share_private``); see :class:`Privacy`.
 """
 
 from __future__ import annotations
@@ -40,15 +45,16 @@ import logging
 import os
 import re
 import stat
+import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.elffile import ELFFile
 
-from buildidd.store import DEBUG_NAME, KALLSYMS_NAME, Store
+from buildidd.store import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, VDSO_NAME, Store
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,10 @@ ARTIFACTS = ("executable", "debuginfo", "section", "source")
 """The artifact types of the protocol, the ``artifact`` label of the lookup counters."""
 
 
+WITHHELD_LOG_MAX = 4096
+"""Build-ids whose private copy was withheld that :class:`Privacy` remembers as logged (then it logs no more)."""
+
+
 class Unavailable(Exception):
     """A file is held but cannot be read right now: the answer is 503 (never 404/500), and it is logged."""
 
@@ -89,6 +99,47 @@ class Held:
 
     path: Path
     name: str
+
+
+@dataclass
+class Privacy:
+    """Whether private store copies are served, and which withheld ones were logged.
+
+    Attributes:
+        share_private: serve copies the store marked private (``Config.store_share_private``).
+        withheld: ``(build-id, kind)`` pairs withheld so far, each logged once
+            (at most :data:`WITHHELD_LOG_MAX`; beyond that they are withheld silently).
+    """
+
+    share_private: bool = False
+    withheld: set = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def allows(self, store: Store, build_id_hex: str, kind: str) -> bool:
+        """Whether :meth:`Store.best` (build_id_hex, kind) may be served; logs a withheld one once.
+
+        Raises:
+            Unavailable: the store cannot be examined right now.
+        """
+        if self.share_private:
+            return True
+        try:
+            private = store.is_private(build_id_hex, kind)
+        except OSError as e:
+            raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
+        if not private:
+            return True
+        with self._lock:
+            first = (build_id_hex, kind) not in self.withheld and len(self.withheld) < WITHHELD_LOG_MAX
+            if first:
+                self.withheld.add((build_id_hex, kind))
+        if first:
+            log.info("404 for %s (%s): its copy is private (store_share_private is off)", build_id_hex, kind)
+        return False
+
+
+SHARE_NOTHING_PRIVATE = Privacy()
+"""The default policy: private copies are never served."""
 
 
 def check_build_id(text: str) -> str:
@@ -115,17 +166,22 @@ def _lstat_held(path: Path) -> os.stat_result | None:
 
 
 def main_file(store: Store, build_id_hex: str) -> Path | None:
-    """The entry's main file (``elf``, ``vdso`` or ``kallsyms``) or None when the store does not hold build_id_hex.
+    """The entry's main file (``elf``, ``vdso`` or ``kallsyms``: ``Store.best(kind="elf")``, the trusted
+    copy first) or None when the store does not hold build_id_hex.
 
     A ``.build-id`` link that exists but cannot be followed for another reason
-    than its absence (EACCES, EIO, ELOOP) is "held but unreadable".
+    than its absence (EACCES, EIO, ELOOP), or whose directory cannot be listed,
+    is "held but unreadable".
 
     Raises:
         Unavailable: the link or its target cannot be examined right now.
     """
     if len(build_id_hex) < STORE_MIN_BUILD_ID_HEX:
         return None
-    path = store.path_of(build_id_hex)
+    try:
+        path = store.best(build_id_hex, "elf")
+    except OSError as e:
+        raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if path is not None:
         return path
     link = store.linkname(build_id_hex)
@@ -133,10 +189,13 @@ def main_file(store: Store, build_id_hex: str) -> Path | None:
         return None
     try:
         os.stat(link)
+        names = os.listdir(link)   # an entry directory this server may not read is held, not absent
     except (FileNotFoundError, NotADirectoryError):
         return None  # a dangling link: the entry was removed
     except OSError as e:
         raise Unavailable(f"{link}: {e.strerror}") from e
+    if any(n in names for n in (ELF_NAME, VDSO_NAME, KALLSYMS_NAME)):
+        raise Unavailable(f"{link}: its main file cannot be examined")
     return None  # the link leads out of the store or to no main file: not an entry
 
 
@@ -145,14 +204,16 @@ def _original_name(main: Path) -> str:
     return main.parent.parent.name
 
 
-def find_executable(store: Store, build_id_hex: str) -> Held | None:
+def find_executable(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOTHING_PRIVATE) -> Held | None:
     """What ``/buildid/HEX/executable`` serves: the binary (``elf``/``vdso``), or a kernel's ``vmlinux``.
+
+    None when not held, or when its copy is private and privacy does not share it.
 
     Raises:
         Unavailable: held but cannot be examined right now.
     """
     main = main_file(store, build_id_hex)
-    if main is None:
+    if main is None or not privacy.allows(store, build_id_hex, "elf"):
         return None
     if main.name == KALLSYMS_NAME:
         vmlinux = main.parent / VMLINUX_NAME
@@ -161,18 +222,26 @@ def find_executable(store: Store, build_id_hex: str) -> Held | None:
     return Held(main, _original_name(main))
 
 
-def find_debuginfo(store: Store, build_id_hex: str) -> Held | None:
-    """What ``/buildid/HEX/debuginfo`` serves: ``debug`` when held, else the binary if it has ``.symtab``.
+def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOTHING_PRIVATE) -> Held | None:
+    """What ``/buildid/HEX/debuginfo`` serves: ``Store.best(kind="debug")`` (the host's ``debug`` file, else
+    a copy with ``.debug_info``/``.symtab``), else the binary if it has ``.symtab``.
 
     gdb asks only for debuginfo; a binary that was not stripped is its own
-    debuginfo (it has a symbol table, perhaps DWARF).
+    debuginfo (it has a symbol table, perhaps DWARF).  Nothing is served for
+    a build-id whose executable is withheld (private).
 
     Raises:
         Unavailable: held but cannot be examined right now.
     """
-    held = find_executable(store, build_id_hex)
+    held = find_executable(store, build_id_hex, privacy)
     if held is None:
         return None
+    try:
+        best = store.best(build_id_hex, "debug")
+    except OSError as e:
+        raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
+    if best is not None and privacy.allows(store, build_id_hex, "debug"):
+        return Held(best, held.name + ".debug" if best.name == DEBUG_NAME else held.name)
     debug = held.path.parent / DEBUG_NAME
     st = _lstat_held(debug)
     if st is not None and stat.S_ISREG(st.st_mode):
@@ -372,6 +441,6 @@ def unavailable(e: Unavailable) -> web.HTTPServiceUnavailable:
                                       headers={"Retry-After": "60"})
 
 
-__all__ = ["ARTIFACTS", "BUILD_ID_RE", "Held", "Unavailable", "check_build_id", "check_section_name",
+__all__ = ["ARTIFACTS", "BUILD_ID_RE", "Held", "Privacy", "Unavailable", "check_build_id", "check_section_name",
            "check_source_path", "find_debuginfo", "find_executable", "has_symtab", "main_file",
            "open_held", "read_section", "send_bytes", "unavailable"]

@@ -74,9 +74,10 @@ def session_dir(session_root: str, name: str) -> Path:
     return directory
 
 
-def archive_etag(directory: Path, store_root: str) -> str:
-    """The archive's identity: a digest of the segments' names, sizes, mtimes, and the store root (32 hex)."""
-    h = hashlib.sha256(os.fsencode(store_root) + b"\0")
+def archive_etag(directory: Path, store_root: str, share_private: bool = False) -> str:
+    """The archive's identity: a digest of the segments' names, sizes, mtimes, the store root and
+    whether private copies are shared (32 hex)."""
+    h = hashlib.sha256(os.fsencode(store_root) + (b"\0private\0" if share_private else b"\0"))
     for seg in list_segments(directory):
         st = os.stat(seg)
         h.update(f"{seg.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
@@ -149,13 +150,13 @@ class _Tee:
         self.f.flush()
 
 
-def _build(final: Path, directory: Path, store_root: str, tee_args) -> None:
+def _build(final: Path, directory: Path, cfg: SessionsConfig, tee_args) -> None:
     """write_archive into a temporary file next to final, then rename it into place (in a thread)."""
     tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:
-            store = Store(store_root) if store_root and os.path.isdir(store_root) else None
-            write_archive(directory, store, _Tee(f, *tee_args))
+            store = Store(cfg.store_root) if cfg.store_root and os.path.isdir(cfg.store_root) else None
+            write_archive(directory, store, _Tee(f, *tee_args), share_private=cfg.share_private)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -188,7 +189,7 @@ async def handle_archive(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     try:
         directory = await loop.run_in_executor(None, session_dir, cfg.session_root, name)
-        etag = await loop.run_in_executor(None, archive_etag, directory, cfg.store_root)
+        etag = await loop.run_in_executor(None, archive_etag, directory, cfg.store_root, cfg.share_private)
     except SessionNotFound as e:
         raise web.HTTPNotFound(text=f"{e}\n") from e
     except (OSError, BuildiddError) as e:
@@ -205,7 +206,7 @@ async def handle_archive(request: web.Request) -> web.StreamResponse:
             resp.enable_chunked_encoding()
             await resp.prepare(request)
         pending = spool.building[final] = loop.run_in_executor(
-            None, _build, final, directory, cfg.store_root, (loop, resp))
+            None, _build, final, directory, cfg, (loop, resp))
         try:
             await pending
         except (OSError, BuildiddError) as e:
@@ -263,11 +264,13 @@ def _without_stale_range(request: web.Request, etag: str) -> web.Request:
 
 @dataclass(frozen=True)
 class SessionsConfig:
-    """What the session routes need: session_root and store_root (directories), the spool."""
+    """What the session routes need: session_root and store_root (directories), the spool, and whether
+    archives carry private store copies (``Config.store_share_private``)."""
 
     session_root: str
     store_root: str
     spool: Spool
+    share_private: bool = False
 
 
 SESSIONS_KEY: web.AppKey[SessionsConfig] = web.AppKey("buildidd_serve_sessions", SessionsConfig)
@@ -279,14 +282,15 @@ async def _archive_etag_header(_request: web.Request, response: web.StreamRespon
         response.etag = response.archive_etag
 
 
-def add_routes(app: web.Application, session_root: str, store_root: str, spool_dir: str | None) -> None:
+def add_routes(app: web.Application, session_root: str, store_root: str, spool_dir: str | None,
+               share_private: bool = False) -> None:
     """Add ``/sessions`` and ``/sessions/NAME/archive`` to app, with a spool (removed at cleanup when private).
 
     Raises:
         OSError: the spool directory cannot be made.
     """
     spool = Spool(spool_dir)
-    app[SESSIONS_KEY] = SessionsConfig(session_root, store_root, spool)
+    app[SESSIONS_KEY] = SessionsConfig(session_root, store_root, spool, share_private)
 
     async def close_spool(_app) -> None:
         spool.close()

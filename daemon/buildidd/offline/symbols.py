@@ -1,8 +1,10 @@
 """Symbolize a file offset of a stored binary: function name and offset into it.
 
-The binary is looked up in the build-id store by build-id (``Store.path_of``);
-its symbols come from its own ``.symtab``, else from the separate debuginfo
-the store holds next to it (``debug``), else from ``.dynsym`` (ELF gABI,
+The binary is looked up in the build-id store by build-id (``Store.best``: of
+the copies one build-id may have, the one from a root-owned system file
+first); its symbols come from its own ``.symtab``, else from the store's best
+debug copy (``Store.best(kind="debug")``: the host's separate debuginfo, or an
+unstripped copy), else from ``.dynsym`` (ELF gABI,
 "Symbol Table"; read with pyelftools).  Only function symbols (``STT_FUNC``,
 ``STT_GNU_IFUNC``) with a non-zero address are kept.
 
@@ -17,7 +19,6 @@ a binary that cannot be read is cached as such too.
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.elffile import ELFFile
 
 from buildidd.errors import AnalysisError
-from buildidd.store import DEBUG_NAME, Store
+from buildidd.store import Store
 
 #: Binaries whose tables are kept in memory at once.
 CACHE_BINARIES = 64
@@ -174,11 +175,12 @@ class Symbolizer:
             return self._tables[build_id_hex]
         table = None
         try:
-            path = self.store.path_of(build_id_hex) if self.store is not None else None
+            path = self.store.best(build_id_hex, "elf") if self.store is not None else None
             if path is None:
                 self.errors[build_id_hex] = "not_in_store"
             else:
-                table = SymbolTable(path, Path(os.path.dirname(path)) / DEBUG_NAME)
+                debug = self.store.best(build_id_hex, "debug")
+                table = SymbolTable(path, debug if debug != path else None)
         except (AnalysisError, ValueError) as e:
             self.errors[build_id_hex] = str(e)
         self._tables[build_id_hex] = table

@@ -1,0 +1,151 @@
+"""The offline readers and the store's hardening: the trusted copy of a build-id is the one served, archived and
+symbolized; a private copy is neither served nor archived unless ``store_share_private`` says so.
+
+Real parts: gcc binaries, a forgery owned by a real unprivileged user (the ``attacker`` fixture) claiming the
+build-id of a root-owned binary under /usr/lib, ``buildidd serve`` and ``buildidd archive`` as subprocesses.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from buildidd.offline.archive import write_archive
+from buildidd.offline.symbols import Symbolizer
+from buildidd.sessionlog import SessionWriter
+from buildidd.store import Store
+from conftest import ServeProcess, gcc, readelf_build_id, store_add
+from offline.test_serve import request
+
+FORGED_BID = "f0e1" * 10
+SRC = "int bidd_%s_fn(int x) { return x * %d; }\nint main(void) { return bidd_%s_fn(1) == 0; }\n"
+SESSION_NAME = "20261123T000000Z-77"
+
+
+def _exe(path: Path, name: str, *flags: str) -> Path:
+    out = gcc(SRC % (name, len(name), name), path, *flags)
+    os.chmod(out, 0o755)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trust_world(tmp_path_factory, public_tmp_factory, attacker):
+    """A store where FORGED_BID has an attacker's copy (stored first) and a root-owned one under /usr/lib,
+    plus ``public`` (a world-readable binary) and ``private`` (one in a 0700 directory); a session naming all."""
+    tmp = tmp_path_factory.mktemp("trust")
+    system = Path(tempfile.mkdtemp(prefix="buildidd-test-", dir="/usr/lib"))
+    os.chmod(system, 0o755)
+    public = public_tmp_factory("buildidd-trust-")
+    try:
+        forged = _exe(public / "tool", "forged", f"-Wl,--build-id=0x{FORGED_BID}")
+        os.chown(forged, attacker[0], attacker[1])
+        real = _exe(system / "tool", "real", f"-Wl,--build-id=0x{FORGED_BID}")
+        plain = _exe(public / "plain", "plain")
+        private_dir = tmp / "home"
+        private_dir.mkdir(mode=0o700)
+        secret = _exe(private_dir / "secret", "secret")
+        store = Store(tmp / "store", debug_root=tmp / "no-debug")
+        store_add(store, forged)                       # the forgery is met first
+        store_add(store, real)
+        bids = {"forged": FORGED_BID, "public": store_add(store, plain), "private": store_add(store, secret)}
+        assert store.is_private(bids["private"]) and not store.is_private(bids["public"])
+        assert store.origin(FORGED_BID).trusted
+        session = tmp / "sessions" / SESSION_NAME
+        w = SessionWriter(session, compress=True)
+        w.write({"type": "session", "time_ns": 1, "host": "h", "boot_id": "b", "kernel_release": "6",
+                 "kernel_build_id": None, "module_build_ids": {}, "boot_to_wall_offset_ns": 0})
+        for i, (path, bid) in enumerate(((real, FORGED_BID), (plain, bids["public"]), (secret, bids["private"]))):
+            w.write({"type": "mmap", "time_ns": 10 + i, "pid": 5, "tid": 5, "comm": "x", "start": 0x400000 + i * 0x10000,
+                     "len": 4096, "pgoff": 0, "path": str(path), "build_id": bid, "error": None})
+        w.write({"type": "end", "time_ns": 100})
+        w.close()
+        config = tmp / "share.toml"
+        config.write_text("store_share_private = true\n")
+        yield {"tmp": tmp, "store": store, "bids": bids, "session": session, "share_config": config,
+               "files": {"forged": forged, "real": real, "public": plain, "private": secret}}
+    finally:
+        shutil.rmtree(system)
+
+
+def _serve(world, name: str, *extra: str) -> ServeProcess:
+    return ServeProcess(world["tmp"] / "store", world["tmp"] / f"{name}.log", *extra)
+
+
+def test_serve_sends_the_trusted_copy_never_the_forgery(trust_world):
+    serve = _serve(trust_world, "serve-trust")
+    try:
+        real, forged = trust_world["files"]["real"].read_bytes(), trust_world["files"]["forged"].read_bytes()
+        for artifact in ("executable", "debuginfo"):
+            status, _, body = request(serve.url, "GET", f"/buildid/{FORGED_BID}/{artifact}")
+            assert status == 200 and body == real and body != forged, artifact
+        status, _, text = request(serve.url, "GET", f"/buildid/{FORGED_BID}/section/.text")
+        assert status == 200 and text in real and text not in forged
+    finally:
+        serve.stop()
+
+
+def test_symbolizer_reads_the_trusted_copy(trust_world):
+    table = Symbolizer(trust_world["store"]).table(FORGED_BID)
+    assert table is not None
+    assert "bidd_real_fn" in [n for n, _ in table.syms] and "bidd_forged_fn" not in [n for n, _ in table.syms]
+
+
+def test_private_entry_is_404_logged_once_unless_shared(trust_world):
+    private, public = trust_world["bids"]["private"], trust_world["bids"]["public"]
+    serve = _serve(trust_world, "serve-private")
+    try:
+        for _ in range(3):
+            for artifact in ("executable", "debuginfo", "section/.text"):
+                assert request(serve.url, "GET", f"/buildid/{private}/{artifact}")[0] == 404, artifact
+        assert request(serve.url, "GET", f"/buildid/{public}/executable")[0] == 200
+    finally:
+        log = serve.stop()
+    assert log.count(f"404 for {private} (elf): its copy is private") == 1, log
+    shared = _serve(trust_world, "serve-shared", "--config", str(trust_world["share_config"]))
+    try:
+        status, _, body = request(shared.url, "GET", f"/buildid/{private}/executable")
+        assert status == 200 and body == trust_world["files"]["private"].read_bytes()
+    finally:
+        shared.stop()
+
+
+def _archive_members(data: bytes) -> dict[str, bytes]:
+    raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read()
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+        return {m.name: (tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()}
+
+
+def test_archive_holds_the_trusted_copy_and_no_private_one(trust_world):
+    out = io.BytesIO()
+    m = write_archive(trust_world["session"], trust_world["store"], out)
+    refs = {r.build_id: r for r in m.build_ids}
+    private = trust_world["bids"]["private"]
+    assert refs[private].status == "missing" and refs[private].reason == "private" and refs[private].files == []
+    assert refs[FORGED_BID].status == "archived" and refs[trust_world["bids"]["public"]].status == "archived"
+    members = _archive_members(out.getvalue())
+    elfs = {name: data for name, data in members.items() if name.endswith("/elf")}
+    assert trust_world["files"]["real"].read_bytes() in elfs.values()
+    assert trust_world["files"]["forged"].read_bytes() not in members.values()
+    assert trust_world["files"]["private"].read_bytes() not in members.values()
+    assert not any(private in name for name in members)
+
+
+def test_archive_cli_shares_private_copies_when_the_config_says_so(trust_world, tmp_path):
+    out = tmp_path / "a.tar.zst"
+    r = subprocess.run([sys.executable, "-m", "buildidd.cli", "archive", str(trust_world["session"]), "-o", str(out),
+                        "--store-root", str(trust_world["tmp"] / "store"), "--config",
+                        str(trust_world["share_config"])], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    members = _archive_members(out.read_bytes())
+    assert trust_world["files"]["private"].read_bytes() in members.values()
+    assert trust_world["files"]["forged"].read_bytes() not in members.values()
+    assert "0 missing" in r.stdout
