@@ -15,6 +15,7 @@ import zstandard
 from buildidd.errors import ArchiveError
 from buildidd.offline.archive import write_archive
 from buildidd.offline.importer import import_archive
+from buildidd.offline.sessions import session_info
 from buildidd.offline.untar import ImportLimits
 from offline.archive_world import SESSION_NAME, build_binary, make_world
 
@@ -106,6 +107,28 @@ def test_import_installs_perf_cache_gdb_links_and_session(world, tmp_path):
         assert "is a function at address" in gdb("-ex", f"set debug-file-directory {debug}")
         assert "is a function at address" not in gdb("-ex", f"set debug-file-directory {tmp_path / 'none'}")
     assert not [p for p in snapshot(tmp_path / "t") if ".buildidd-import-" in p]       # staging removed
+    assert json.loads((tmp_path / "t" / "sessions" / SESSION_NAME / ".closed").read_bytes())["clean"] is True
+    assert session_info(tmp_path / "t" / "sessions" / SESSION_NAME).closed
+
+
+def test_an_archive_without_closed_marker_gets_one_recreated(world, tmp_path):
+    """An archive made before sessions had ``.closed`` (no marker member, none in the manifest): the imported
+    session that ended still gets a marker, saying so."""
+    members = []
+    for ti, body in good_members(world):
+        if ti.name.endswith("/.closed"):
+            continue
+        if ti.name == "manifest.json":
+            m = json.loads(body)
+            assert m.pop("closed_marker")["member"] == f"session/{SESSION_NAME}/.closed"
+            m["session"].pop("clean", None)
+            ti, body = member("manifest.json", json.dumps(m).encode())
+        members.append((ti, body))
+    archive = tmp_path / "old.tar.zst"
+    write_tar(archive, members)
+    do_import(tmp_path, archive)
+    marker = json.loads((tmp_path / "t" / "sessions" / SESSION_NAME / ".closed").read_bytes())
+    assert marker == {"clean": True, "recreated_by": "buildidd import"}
 
 
 def test_import_twice_is_idempotent_and_a_different_session_of_that_name_is_refused(world, tmp_path):
@@ -168,6 +191,8 @@ HOSTILE = {
     "bad_link": lambda w: [(ti, b) if not ti.issym() else
                            member(ti.name, kind=tarfile.SYMTYPE, linkname="../../usr") for ti, b in good_members(w)],
     "zstd_bomb": _bomb,
+    "bad_marker": lambda w: [(ti, b) if not ti.name.endswith("/.closed") else member(ti.name, b'{"clean":"yes"}'.ljust(len(b)))
+                             for ti, b in good_members(w)],
 }
 LIMITS = {"zstd_bomb": ImportLimits(ratio_floor_bytes=4 << 20)}
 

@@ -44,7 +44,7 @@ from buildidd import __version__
 from buildidd.errors import ArchiveError, SessionLogError
 from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import ARCHIVED, UPSTREAM, BuildIdRef, FileRef, Manifest, SegmentRef
-from buildidd.offline.sessions import SessionFacts, session_facts
+from buildidd.offline.sessions import SessionFacts, read_marker_bytes, session_facts
 from buildidd.sessionlog import list_segments
 from buildidd.store import DEBUG_NAME, ELF_NAME, PROBES_NAME, Store
 
@@ -412,12 +412,15 @@ def write_archive(session_dir: str | os.PathLike, store: Store | None, out, *,
         OSError: writing to ``out`` failed.
     """
     session_dir = Path(session_dir)
+    marker = read_marker_bytes(session_dir)     # before the segments: a marker read first says they are final
     segments = _open_segments(session_dir)
     try:
         facts = session_facts(session_dir)
         seg_refs = [SegmentRef(mf.segment_member(session_dir.name, s.name), s.size_bytes) for s in segments]
         sources: Sources = {}
         manifest = build_manifest(facts, seg_refs, store, share_private=share_private, sources=sources)
+        if marker is not None:
+            manifest.closed_marker = SegmentRef(mf.closed_marker_member(session_dir.name), len(marker))
         if exclude_upstream is not None:
             check = check_upstream(exclude_upstream, _upstream_wanted(manifest.build_ids))
             if not check.reachable:
@@ -430,6 +433,8 @@ def write_archive(session_dir: str | os.PathLike, store: Store | None, out, *,
         w.add_bytes(mf.MANIFEST_NAME, manifest.to_json())
         for s, ref in zip(segments, seg_refs):
             w.add_fd(ref.member, s.fd, s.size_bytes, 0o640, os.fstat(s.fd).st_mtime)
+        if marker is not None:
+            w.add_bytes(manifest.closed_marker.member, marker)
         for ref in held:
             _add_entry(w, ref, sources[ref.build_id])
         for ref in held:

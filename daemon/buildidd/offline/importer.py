@@ -32,6 +32,7 @@ Refusals, each an :class:`~buildidd.errors.ArchiveError` with its ``reason``:
 ``corrupt``            the zstd stream or the tar is damaged or truncated
 ``target_symlink``     a directory on the way to a target file is a symlink
 ``session_exists``     a different session of that name is already there
+``bad_marker``         the session's closed marker is not a JSON object with a boolean ``clean``
 
 The tar checks are this module's own.  The standard library's PEP 706
 ``tarfile.data_filter`` is applied as well when the running Python has it
@@ -44,10 +45,16 @@ Layout installed (perf, tools/perf/util/build-id.c): ``DIR/<path>/<build-id>/elf
 ``.build-id/xx/rest.debug`` under ``debug-file-directory``)
 ``DIR/.build-id/xx/rest.debug -> ../../<path>/<build-id>/debug``, or ``…/elf``
 when no separate debuginfo is held.
+
+The session keeps its closed marker (``.closed``): the archive's copy, or, for
+an archive without one (made before markers existed) of a session that ended,
+one recreated from the manifest (``{"clean": …, "recreated_by": "buildidd import"}``),
+so that an imported session is recognizable as closed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -113,6 +120,8 @@ def _expected(m: Manifest) -> tuple[dict[str, _Expect], dict[str, str]]:
     name = m.session["name"]
     for s in m.segments:
         files[s.member] = _Expect(s.size_bytes, (name, s.member.rsplit("/", 1)[1]), True)
+    if m.closed_marker is not None:
+        files[m.closed_marker.member] = _Expect(m.closed_marker.size_bytes, (name, mf.CLOSED_MARKER), True)
     links = {}
     for ref in m.build_ids:
         held = [f for f in ref.files if not f.upstream]
@@ -249,9 +258,37 @@ def _plan_session(m: Manifest, session_root: Path) -> Path | None:
     return None
 
 
+def _closed_marker(m: Manifest, staged_session: Path) -> None:
+    """Check the staged session's closed marker, or recreate one for a session that ended (see the module docstring).
+
+    Raises:
+        ArchiveError: ``bad_marker``.
+    """
+    path = staged_session / mf.CLOSED_MARKER
+    if m.closed_marker is not None:
+        with open(path, "rb") as f:
+            data = f.read(mf.CLOSED_MARKER_MAX_BYTES + 1)
+        try:
+            body = json.loads(data)
+        except (ValueError, RecursionError) as e:
+            raise ArchiveError("bad_marker", f"{mf.closed_marker_member(m.session['name'])}: not JSON: {e}") from e
+        if not isinstance(body, dict) or not isinstance(body.get("clean"), bool):
+            raise ArchiveError("bad_marker", f"{mf.closed_marker_member(m.session['name'])}: "
+                               "not an object with a boolean 'clean'")
+    elif m.session.get("closed") is True:
+        body = {"clean": m.session.get("clean") is not False, "recreated_by": "buildidd import"}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+        try:
+            _write_all(fd, json.dumps(body, separators=(",", ":")).encode() + b"\n")
+        finally:
+            os.close(fd)
+
+
 def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path, report: ImportReport) -> None:
     name = m.session["name"]
     final_session = _plan_session(m, session_root)
+    if final_session is not None:
+        _closed_marker(m, staging.roots[True] / name)
     held = [r for r in m.build_ids if any(not f.upstream for f in r.files)]
     for ref in held:                       # refuse before the first rename
         _safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=False)

@@ -5,6 +5,7 @@ tar (pax format).  Members, in this order::
 
     manifest.json                          this module's Manifest, as JSON (first member)
     session/NAME/segment-000000.jsonl.zst  the session's segments, as stored
+    session/NAME/.closed                   the session's closed marker, when it has one
     cache/<path>/<build-id>/elf            store entries, perf's build-id cache layout
     cache/<path>/<build-id>/debug             (debug, probes; kallsyms, modules and
     cache/[kernel.kallsyms]/<build-id>/kallsyms  vmlinux for the kernel)
@@ -17,7 +18,10 @@ importer does not trust these links: it checks and remakes them.
 Manifest fields (``format_version`` 1): ``format``, ``format_version``,
 ``buildidd_version``, ``created_wall_ns`` (ns since the epoch), ``session``
 (:meth:`buildidd.offline.sessions.SessionInfo.to_json` less ``path``),
-``segments`` (member, size_bytes), ``build_ids`` (one :class:`BuildIdRef`
+``segments`` (member, size_bytes), ``closed_marker`` (member, size_bytes of the
+session's hidden ``.closed`` file, which the session writer or the sealing at
+the next start leaves in a closed session; ``null`` for a live one and in
+archives made before it existed), ``build_ids`` (one :class:`BuildIdRef`
 each), ``unresolved`` (mappings without a build-id: path, error, records),
 ``upstream`` (the ``--exclude-upstream`` check: url, reachable, error,
 excluded), ``store_root``.
@@ -54,6 +58,12 @@ ELF_FILES = frozenset({ELF_NAME, VDSO_NAME, DEBUG_NAME, VMLINUX_NAME})
 ARCHIVED, UPSTREAM, MISSING = "archived", "upstream", "missing"
 
 SEGMENT_RE = re.compile(r"segment-\d{6,12}\.jsonl(\.zst)?")
+
+#: The hidden file a closed session directory holds (buildidd.sessionlog's CLOSED_MARKER, not among its
+#: package's public names): one JSON object ``{"clean": bool, ...}``.
+CLOSED_MARKER = ".closed"
+#: A closed marker longer than this is neither archived nor accepted (the writer's is under 100 bytes).
+CLOSED_MARKER_MAX_BYTES = 4096
 _HEX_RE = re.compile(r"[0-9a-f]{4,128}")
 _SESSION_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
 
@@ -133,6 +143,7 @@ class Manifest:
 
     session: dict
     segments: list[SegmentRef] = field(default_factory=list)
+    closed_marker: SegmentRef | None = None
     build_ids: list[BuildIdRef] = field(default_factory=list)
     unresolved: list[dict] = field(default_factory=list)
     upstream: dict | None = None
@@ -179,6 +190,8 @@ class Manifest:
                     created_wall_ns=_int(raw.get("created_wall_ns", 0)),
                     buildidd_version=str(raw.get("buildidd_version", "")))
             m.segments = [_segment(s, session["name"]) for s in _list(raw.get("segments"))]
+            if raw.get("closed_marker") is not None:
+                m.closed_marker = _closed_marker(raw["closed_marker"], session["name"])
             m.build_ids = [_ref(r) for r in _list(raw.get("build_ids"))]
             m.unresolved = [u for u in _list(raw.get("unresolved")) if isinstance(u, dict)]
         except (ValueError, TypeError, KeyError, RecursionError) as e:
@@ -214,6 +227,19 @@ def _segment(s, session_name: str) -> SegmentRef:
     _check(prefix == SESSION_PREFIX and name == session_name and SEGMENT_RE.fullmatch(seg),
            f"segment member {member!r}")
     return SegmentRef(member, _int(s.get("size_bytes")))
+
+
+def closed_marker_member(session_name: str) -> str:
+    """Archive name of a session's closed marker: ``session/NAME/.closed``."""
+    return f"{SESSION_PREFIX}/{session_name}/{CLOSED_MARKER}"
+
+
+def _closed_marker(s, session_name: str) -> SegmentRef:
+    _check(isinstance(s, dict) and s.get("member") == closed_marker_member(session_name),
+           f"closed_marker {s!r}")
+    size = _int(s.get("size_bytes"))
+    _check(size <= CLOSED_MARKER_MAX_BYTES, f"closed_marker of {size} bytes (limit {CLOSED_MARKER_MAX_BYTES})")
+    return SegmentRef(s["member"], size)
 
 
 def check_entry(entry, build_id: str) -> str:

@@ -13,16 +13,19 @@ paths), never with the number of records.
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildidd import clock
+from buildidd.offline.manifest import CLOSED_MARKER, CLOSED_MARKER_MAX_BYTES
 from buildidd.sessionlog import list_segments, read_session
 
 __all__ = ["MAX_PATHS_PER_BUILD_ID", "MAX_UNRESOLVED", "BuildIdUse", "SessionFacts", "SessionInfo",
-           "list_sessions", "session_facts", "session_info"]
+           "list_sessions", "read_marker", "read_marker_bytes", "session_facts", "session_info"]
 
 #: Paths kept per build-id (a build-id mapped from more paths keeps the first ones).
 MAX_PATHS_PER_BUILD_ID = 16
@@ -50,7 +53,15 @@ class SessionInfo:
         build_ids: distinct build-ids referenced (mappings, execs, kernel, modules).
         lost: events the kernel side dropped (sum of the ``lost`` records' counts).
         torn_lines: lines skipped as torn or corrupt while reading.
-        closed: the session ends with an ``end`` record (the daemon closed it).
+        closed: the session has an ``end`` record, or its directory the closed
+            marker (``.closed``) that the session writer's close, or the sealing
+            of a crashed session at the next start, leaves.
+        clean: whether it was closed cleanly: the ``end`` record's ``clean``
+            (absent in the recorder's own end record: ``True``; ``false`` in the
+            one the sealing appends), else the marker's ``clean``; ``None`` while
+            not closed (live, or killed and not sealed yet).
+        sealed: closed by the sealing at the next start, not by the daemon
+            (the ``end`` record, or the marker, has ``sealed_at_ns`` and is not clean).
     """
 
     name: str
@@ -69,6 +80,8 @@ class SessionInfo:
     lost: int = 0
     torn_lines: int = 0
     closed: bool = False
+    clean: bool | None = None
+    sealed: bool = False
 
     def wall_ns(self, time_ns: int | None) -> int | None:
         """A boot-time ns of this session as ns since the epoch (None when either is unknown)."""
@@ -84,7 +97,8 @@ class SessionInfo:
                 "first_time_ns": self.first_time_ns, "last_time_ns": self.last_time_ns,
                 "first_wall_ns": self.wall_ns(self.first_time_ns), "last_wall_ns": self.wall_ns(self.last_time_ns),
                 "size_bytes": self.size_bytes, "records": dict(self.records), "build_ids": self.build_ids,
-                "lost": self.lost, "torn_lines": self.torn_lines, "closed": self.closed}
+                "lost": self.lost, "torn_lines": self.torn_lines, "closed": self.closed, "clean": self.clean,
+                "sealed": self.sealed}
 
 
 @dataclass
@@ -169,6 +183,8 @@ class _Scan:
                 info.lost += sum(v for v in counts.values() if isinstance(v, int) and v > 0)
         elif kind == "end":
             info.closed = True
+            info.clean = r.get("clean") is not False
+            info.sealed = not info.clean and "sealed_at_ns" in r
 
     def _mapping(self, r: dict) -> None:
         bid = r.get("build_id")
@@ -219,6 +235,45 @@ def _segments_size(session_dir: Path) -> int:
     return total
 
 
+def read_marker_bytes(session_dir: Path) -> bytes | None:
+    """The bytes of the session directory's closed marker (``.closed``), or ``None`` when it has none, it is
+    not a regular file (never followed: ``O_NOFOLLOW``), cannot be read, or is over CLOSED_MARKER_MAX_BYTES."""
+    try:
+        fd = os.open(session_dir / CLOSED_MARKER, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.pread(fd, CLOSED_MARKER_MAX_BYTES + 1, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= CLOSED_MARKER_MAX_BYTES else None
+
+
+def read_marker(session_dir: Path) -> dict | None:
+    """The session directory's closed marker as a JSON object (``{"clean": bool, ...}``), or ``None``
+    (see :func:`read_marker_bytes`; also for one that is not a JSON object)."""
+    data = read_marker_bytes(session_dir)
+    try:
+        body = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _apply_marker(info: SessionInfo, marker: dict | None) -> None:
+    """Fill closed/clean/sealed from the marker where the records left them unknown."""
+    if marker is None:
+        return
+    info.closed = True
+    if info.clean is None and isinstance(marker.get("clean"), bool):
+        info.clean = marker["clean"]
+        info.sealed = not info.clean and "sealed_at_ns" in marker
+
+
 def _scan(session_dir: str | os.PathLike, with_uses: bool) -> SessionFacts:
     directory = Path(session_dir)
     scan = _Scan(SessionInfo(name=directory.name, path=directory), with_uses)
@@ -232,6 +287,7 @@ def _scan(session_dir: str | os.PathLike, with_uses: bool) -> SessionFacts:
     info.records = dict(scan.counts)
     info.build_ids = len(scan.ids)
     info.size_bytes = _segments_size(directory)
+    _apply_marker(info, read_marker(directory))
     return scan.facts
 
 
