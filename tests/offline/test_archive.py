@@ -18,7 +18,7 @@ import zstandard
 from buildidd.offline.archive import write_archive
 from buildidd.offline.manifest import Manifest
 from buildidd.offline.sessions import list_sessions, session_facts
-from buildidd.sessionlog import list_segments
+from buildidd.sessionlog import list_segments, seal_unclosed_sessions
 from buildidd.store import Store
 from conftest import ServeProcess, store_add
 from offline.archive_world import SESSION_NAME, make_world
@@ -187,3 +187,32 @@ def test_cli_sessions_archive_import(world, tmp_path):
     r = subprocess.run([*BUILDIDD, "archive", "nonexistent", "-o", str(out), "--session-root", root],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "nonexistent" in r.stderr
+
+
+def test_sessions_show_how_each_was_closed(world, tmp_path):
+    """A session the daemon closed (end record, marker) is ``clean``; one a crash left open is ``open`` until the
+    next start seals it (the real sealing), then ``sealed``; the text listing and --json both say so."""
+    root = tmp_path / "sessions"
+    shutil.copytree(world["session"], root / SESSION_NAME)
+    crashed = root / "20261124T000000Z-99"
+    crashed.mkdir()
+    lines = [{"type": "session", "time_ns": 5, "host": "h"},
+             {"type": "exec", "time_ns": 6, "pid": 1, "tid": 1, "comm": "x", "filename": "/bin/true"}]
+    (crashed / "segment-000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"type": "mm')
+
+    def listed() -> dict[str, tuple]:
+        r = subprocess.run([*BUILDIDD, "sessions", "--session-root", str(root), "--json"], capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        text = subprocess.run([*BUILDIDD, "sessions", "--session-root", str(root)], capture_output=True,
+                              text=True).stdout.splitlines()
+        columns = {line.split()[0]: line.split()[-1] for line in text[1:]}
+        return {j["name"]: (j["closed"], j["clean"], j["sealed"], columns[j["name"]])
+                for j in map(json.loads, r.stdout.splitlines())}
+
+    assert listed() == {SESSION_NAME: (True, True, False, "clean"), crashed.name: (False, None, False, "open")}
+    (report,) = seal_unclosed_sessions(root)
+    assert report.sealed
+    assert listed()[crashed.name] == (True, False, True, "sealed")
+    (info,) = [i for i in list_sessions(root) if i.name == crashed.name]
+    assert info.closed and info.clean is False and info.sealed and info.records["end"] == 1

@@ -107,9 +107,20 @@ def _time(info, time_ns) -> str:
     return datetime.fromtimestamp(wall / 1e9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _closed(info) -> str:
+    """The CLOSED column: ``clean`` (the daemon closed it), ``sealed`` (killed or crashed, sealed at the
+    next start), ``unclean`` (an end record or marker saying not clean, without the sealing's mark), ``open``
+    (live, or killed and not sealed yet)."""
+    if not info.closed:
+        return "open"
+    if info.clean is False:
+        return "sealed" if info.sealed else "unclean"
+    return "clean"
+
+
 def cmd_sessions(args) -> int:
     """`buildidd sessions`: every session under the session root (name, host, time range, size, records,
-    build-ids, lost); ``--json``: one JSON object per line."""
+    build-ids, lost, how it was closed); ``--json``: one JSON object per line (``closed``, ``clean``, ``sealed``)."""
     from buildidd.offline.sessions import list_sessions
 
     cfg = roots_from_args(args)
@@ -119,10 +130,10 @@ def cmd_sessions(args) -> int:
             print(json.dumps(info.to_json()))
         return 0
     print(f"{'NAME':<34} {'HOST':<16} {'FIRST':<20} {'LAST':<20} {'BYTES':>10} {'RECORDS':>8} "
-          f"{'BUILDIDS':>8} {'LOST':>6}")
+          f"{'BUILDIDS':>8} {'LOST':>6} CLOSED")
     for i in infos:
         print(f"{i.name:<34} {(i.host or '-'):<16} {_time(i, i.first_time_ns):<20} {_time(i, i.last_time_ns):<20} "
-              f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {i.lost:>6}")
+              f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {i.lost:>6} {_closed(i)}")
     return 0
 
 
@@ -152,7 +163,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("sessions", help="list the recorded sessions",
                        description="List sessions: name, host, time range (UTC), size, records, build-ids, "
-                                   "lost events.")
+                                   "lost events, and how each was closed (clean; sealed: the daemon was killed "
+                                   "or crashed and the next start sealed it; open: live or not sealed yet).")
     p.add_argument("--json", action="store_true", help="one JSON object per session and line")
     add_roots_options(p)
     p.set_defaults(func=cmd_sessions)
