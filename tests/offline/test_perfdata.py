@@ -108,3 +108,17 @@ def test_an_empty_session_is_a_valid_file(tmp_path):
     stats = export_perf(write_session(tmp_path / "s", []), out)
     assert stats.size_bytes == out.stat().st_size < 1024
     assert _perf("buildid-list", "-i", str(out)).split() == [KERNEL_BID, "[kernel.kallsyms]"]
+
+
+def test_export_carries_build_ids_of_resolution_records(tmp_path):
+    from offline.test_replay import _resolution, _timeout
+    late_bid = "5a" * 20
+    d = write_session(tmp_path / "s", [_timeout(mmap(10, 100, 0x7000, 0x1000, "/lib/late.so", None), 7, 9),
+                                       _timeout(mmap(11, 100, 0x9000, 0x1000, "/lib/never.so", None), 7, 10),
+                                       _resolution(900, 7, 9, late_bid)])
+    out = tmp_path / "perf.data"
+    stats = export_perf(d, out)
+    got = {tuple(line.split(None, 1)) for line in _perf("buildid-list", "-i", str(out)).splitlines()}
+    assert got == {(KERNEL_BID, "[kernel.kallsyms]"), (late_bid, "/lib/late.so")} and stats.resolved_late == 1
+    mmaps = [m for m in map(MMAP2_RE.search, _perf("script", "-i", str(out), "--show-mmap-events").splitlines()) if m]
+    assert {(m.group(8), m.group(6)) for m in mmaps} == {("/lib/late.so", late_bid), ("/lib/never.so", None)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -14,6 +15,7 @@ import pytest
 from conftest import gcc, readelf_build_id
 
 from buildidd.errors import AnalysisError
+from buildidd.offline.resolutions import LateResolutions
 from buildidd.offline.replay import MAX_FORK_HOPS, Query, Replay, parse_address, parse_time
 from buildidd.offline.symbols import Symbolizer
 from buildidd.sessionlog import SessionWriter
@@ -267,3 +269,62 @@ def test_buildid_list_command_filters_like_perf(tmp_path):
     assert [(x["path"], x["build_id"], x["error"]) for x in rows[1:]] == [("/bin/b", BID_B, None)]
     r = _cli("buildid-list", str(d), "--pid", "200", "--json", "--store-root", "")
     assert [x["error"] for x in map(json.loads, r.stdout.splitlines())][1:] == [None, "no_build_id"]
+
+
+def _timeout(m, dev, ino):
+    """A mapping record whose resolution missed its deadline (recorded with error timeout, no build-id)."""
+    return dict(m, build_id=None, build_id_source="none", error="timeout", dev=dev, ino=ino, size=4096,
+                mtime_ns=123)
+
+
+def _resolution(t, dev, ino, bid, **kw):
+    return {"type": "resolution", "time_ns": t, "dev": dev, "ino": ino, "ino_generation": 0, "size": 4096,
+            "mtime_ns": 123, "build_id": bid, "build_id_source": "map_files", "error": None, **kw}
+
+
+@pytest.fixture
+def late_session(tmp_path):
+    """pid 100 runs a script (exec filename /opt/tool.sh, path the interpreter /usr/bin/interp); two libraries
+    time out: /lib/late.so (dev 7, ino 9) is resolved by a later resolution record, /lib/never.so never is;
+    a resolution of another identity (other mtime) must not apply."""
+    return write_session(tmp_path / "s", [
+        dict(task("exec", 10, 100, old_tid=100, filename="/opt/tool.sh", path="/usr/bin/interp"),
+             build_id=BID_A, build_id_source="kernel", error=None),
+        mmap(11, 100, 0x1000, 0x1000, "/usr/bin/interp", BID_A, origin="exec"),
+        _timeout(mmap(12, 100, 0x7000, 0x1000, "/lib/late.so", None), 7, 9),
+        _timeout(mmap(13, 100, 0x9000, 0x1000, "/lib/never.so", None), 7, 10),
+        _resolution(500, 7, 10, BID_LIBC, mtime_ns=999),          # another content at that inode: not it
+        _resolution(900, 7, 9, BID_NEW),
+    ])
+
+
+def test_replay_applies_resolution_records_and_keeps_the_exec_path(late_session):
+    replay = Replay.load(late_session)
+    late, never, main = (replay.resolve(100, a) for a in (0x7800, 0x9800, 0x1800))
+    assert (late.mapping.dso.build_id, late.mapping.dso.error) == (BID_NEW, None)
+    assert (never.mapping.dso.build_id, never.mapping.dso.error) == (None, "timeout")
+    assert main.mapping.dso.build_id == BID_A and main.exec_path == late.exec_path == "/usr/bin/interp"
+    assert replay.late.completed == 1
+    # A timed-out mapping after its identity's last resolution is not completed by an earlier answer.
+    assert LateResolutions.scan(late_session).answer(dict(_timeout(mmap(901, 1, 0, 1, "/x", None), 7, 9))) is None
+
+
+def test_buildid_list_and_resolve_show_late_build_ids_and_the_exec_path(late_session):
+    r = _cli("buildid-list", str(late_session), "--store-root", "")
+    assert r.returncode == 0, r.stderr
+    assert f"{BID_NEW} /lib/late.so" in r.stdout.splitlines()
+    assert f"{BID_A} /usr/bin/interp" in r.stdout.splitlines() and "tool.sh" not in r.stdout
+    rows = {x["path"]: x for x in map(json.loads, _cli("buildid-list", str(late_session), "--json",
+                                                        "--store-root", "").stdout.splitlines())}
+    assert rows["/usr/bin/interp"]["filenames"] == ["/opt/tool.sh"] and rows["/lib/never.so"]["error"] == "timeout"
+    out = _cli("resolve", str(late_session), "100", "0x7800", "--store-root", "").stdout
+    assert out.startswith(f"100 0x7800 /lib/late.so {BID_NEW} +0x800") and "(running /usr/bin/interp)" in out
+    one = json.loads(_cli("resolve", str(late_session), "100", "0x7800", "--json", "--store-root", "").stdout)
+    assert one["build_id"] == BID_NEW and one["exec_path"] == "/usr/bin/interp"
+
+
+def test_session_facts_reference_late_build_ids_with_their_paths(late_session):
+    from buildidd.offline.sessions import session_facts
+    uses = session_facts(late_session).uses
+    assert uses[BID_NEW].paths == ["/lib/late.so"] and uses[BID_A].paths == ["/usr/bin/interp"]
+    assert BID_LIBC not in uses or uses[BID_LIBC].paths == []     # the other identity's answer names no mapping

@@ -30,15 +30,22 @@ def _store(cfg):
 def cmd_buildid_list(args) -> int:
     """`buildidd buildid-list SESSION`: build-id and path of every DSO, kernel first (as ``perf buildid-list``).
 
-    Text lists DSOs with a build-id (``BUILDID PATH``); ``--json`` also lists
-    those without one, with the reason (``error``).
+    DSOs come from mmap records (their ``path``) and exec records (their ``path``:
+    the ELF the kernel ran, which for a ``#!`` script is the interpreter, not
+    the ``filename`` passed to execve).  A record with the error ``timeout``
+    takes the build-id of the session's later ``resolution`` record for the
+    same file (offline.resolutions).  Text lists DSOs with a build-id
+    (``BUILDID PATH``); ``--json`` also lists those without one, with the
+    reason (``error``), and for exec records the ``filename``.
     """
+    from buildidd.offline.resolutions import LateResolutions
     from buildidd.sessionlog import read_session
 
     cfg = roots_from_args(args)
     session = resolve_session(args.session, cfg.session_root)
     pids = set(args.pid) if args.pid else None
     comms = set(args.comm) if args.comm else None
+    late = LateResolutions.scan(session)
     seen: dict[tuple, dict] = {}
     kernel = None
     for r in read_session(session):
@@ -46,12 +53,18 @@ def cmd_buildid_list(args) -> int:
         if kind == "session":
             kernel = r.get("kernel_build_id")
             continue
-        if kind != "mmap" or (pids and r.get("pid") not in pids) or (comms and r.get("comm") not in comms):
+        if kind not in ("mmap", "exec") or (pids and r.get("pid") not in pids) or \
+                (comms and r.get("comm") not in comms):
             continue
-        key = (r.get("build_id"), r.get("path"))
+        r = late.complete(r)
+        if kind == "exec" and r.get("build_id") is None and r.get("error") is None:
+            continue                  # an exec record of an older format: no facts about the ELF that ran
+        path = r.get("path") if kind == "mmap" else r.get("path") or r.get("filename")
+        key = (r.get("build_id"), path)
         if key not in seen:
-            seen[key] = {"build_id": r.get("build_id"), "path": r.get("path"), "error": r.get("error"),
-                         "pids": set()}
+            seen[key] = {"build_id": r.get("build_id"), "path": path, "error": r.get("error"), "pids": set()}
+        if kind == "exec" and r.get("filename") not in (None, path):
+            seen[key].setdefault("filenames", set()).add(r.get("filename"))
         seen[key]["pids"].add(r.get("pid"))
     rows = [{"build_id": kernel, "path": KALLSYMS_DSO, "error": None, "pids": set()}] if kernel else []
     rows += seen.values()
@@ -59,6 +72,8 @@ def cmd_buildid_list(args) -> int:
     for row in rows:
         if args.json:
             row = dict(row, pids=sorted(p for p in row["pids"] if isinstance(p, int)))
+            if "filenames" in row:
+                row["filenames"] = sorted(str(f) for f in row["filenames"])
             out.write(json.dumps(row, separators=(",", ":")) + "\n")
         elif row["build_id"]:
             out.write(f"{row['build_id']} {row['path']}\n")
@@ -115,6 +130,8 @@ class _Output:
         parts.append(text[1])
         if a.via:
             parts.append(f"(inherited from pid {m.pid})")
+        if a.exec_path is not None and a.exec_path != dso.path:
+            parts.append(f"(running {a.exec_path})")
         if a.exited_ns is not None:
             parts.append(f"(process exited at {a.exited_ns})")
         return " ".join(parts)
@@ -122,7 +139,7 @@ class _Output:
     def as_dict(self, a) -> dict:
         """An Answer as the JSON object ``resolve --json`` prints."""
         q, m = a.query, a.mapping
-        d = {"pid": q.pid, "addr": f"{q.addr:#x}", "time_ns": q.time_ns}
+        d = {"pid": q.pid, "addr": f"{q.addr:#x}", "time_ns": q.time_ns, "exec_path": a.exec_path}
         if m is None:
             d.update(reason=a.reason, exited_ns=a.exited_ns)
             return d

@@ -74,6 +74,7 @@ import struct
 from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
+from buildidd.offline.resolutions import LateResolutions
 from buildidd.sessionlog import read_session
 from buildidd.store import KALLSYMS_DSO
 
@@ -124,6 +125,8 @@ class ExportStats:
         out_of_order: records written before one with an earlier time (beyond :data:`SORT_WINDOW`).
         skipped: session records ignored as malformed.
         size_bytes: size of the file.
+        resolved_late: records (mmap, exec) recorded with the error ``timeout`` given the build-id of
+            the session's later ``resolution`` record (:mod:`buildidd.offline.resolutions`).
     """
 
     records: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("mmap2", "comm", "fork", "exit"), 0))
@@ -132,6 +135,7 @@ class ExportStats:
     out_of_order: int = 0
     skipped: int = 0
     size_bytes: int = 0
+    resolved_late: int = 0
 
 
 def _pad(data: bytes, align: int) -> bytes:
@@ -285,7 +289,9 @@ class _Converter:
 def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> ExportStats:
     """Write a session's mapping history as a perf.data file at out_path.
 
-    The session is read once, streaming; records are sorted by time through a
+    The session is read twice, streaming: its ``resolution`` records first (a
+    mapping recorded with the error ``timeout`` is written with the build-id of
+    its later resolution), then the records, sorted by time through a
     window of :data:`SORT_WINDOW` records (memory stays bounded; perf sorts
     again on reading).  The file is written to ``out_path + ".tmp"`` and
     renamed into place.
@@ -296,6 +302,7 @@ def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> 
     """
     stats = ExportStats()
     conv = _Converter(stats)
+    late = LateResolutions.scan(session_dir)
     tmp = f"{os.fspath(out_path)}.tmp"
     data_offset = FILE_HEADER.size + 8 + ATTR_SIZE + SECTION.size
     try:
@@ -306,7 +313,7 @@ def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> 
             seq = 0
             for r in read_session(session_dir):
                 try:
-                    recs = conv.convert(r)
+                    recs = conv.convert(late.complete(r))
                 except (KeyError, TypeError, ValueError, OverflowError, struct.error):
                     stats.skipped += 1
                     continue
@@ -323,6 +330,7 @@ def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> 
                         (HEADER_OSRELEASE, header_string(str(conv.session.get("kernel_release") or "")))]
             _write_features(f, features)
             stats.size_bytes = f.tell()
+            stats.resolved_late = late.completed
             f.seek(0)
             f.write(_file_header(data_offset, data_size, [n for n, _ in features]))
             f.write(struct.pack("<Q", _ID))

@@ -28,6 +28,12 @@ queries over an epoch of M mappings costs O((M + Q) log M).  Records are
 sorted per pid by time after reading, because the records of one process
 can reach the log out of order (several CPUs' rings).
 
+A mapping recorded with the error ``timeout`` takes the build-id of the
+session's later ``resolution`` record for the same file identity
+(:mod:`buildidd.offline.resolutions`); an exec epoch keeps the exec record's
+``path`` (the ELF the kernel ran; for a ``#!`` script its interpreter, while
+``filename`` is the script).
+
 Times are ns since boot (CLOCK_BOOTTIME); :func:`parse_time` also takes a
 wall-clock ISO 8601 time and converts it with the session's
 ``boot_to_wall_offset_ns``.
@@ -45,6 +51,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from buildidd.errors import AnalysisError
+from buildidd.offline.resolutions import LateResolutions
 from buildidd.sessionlog import read_session
 
 #: A lookup that misses in a forked child continues in its parent, at most this
@@ -102,6 +109,8 @@ class Epoch:
         exit_ns: when the process exited, or ``None``.
         comms: every comm the process had in this epoch, in order.
         mappings: its own mappings, in time order.
+        exec_path: for an exec epoch, the ELF that ran (the exec record's ``path``,
+            else its ``filename``), else ``None``.
     """
 
     pid: int
@@ -111,6 +120,7 @@ class Epoch:
     exit_ns: int | None = None
     comms: list[str] = field(default_factory=list)
     mappings: list[Mapping] = field(default_factory=list)
+    exec_path: str | None = None
 
 
 class Query(NamedTuple):
@@ -134,6 +144,8 @@ class Answer(NamedTuple):
             ``query.time_ns``; ``None`` if it had not.
         reason: why there is no mapping: ``"unknown_pid"`` (the session has no
             record of the pid at that time) or ``"not_mapped"``; ``None`` on a hit.
+        exec_path: what the process ran at that time (:attr:`Epoch.exec_path`), or ``None``
+            (it was already running when the session started, or was forked and has not exec'd).
     """
 
     query: Query
@@ -142,6 +154,7 @@ class Answer(NamedTuple):
     via: tuple[int, ...] = ()
     exited_ns: int | None = None
     reason: str | None = None
+    exec_path: str | None = None
 
 
 class _Flat:
@@ -183,6 +196,7 @@ class Replay:
         session: the session record (``{}`` if the session has none).
         first_ns, last_ns: time of the first and last record (ns since boot).
         records: records read; skipped: records ignored as malformed.
+        late: the session's resolution records (``late.completed``: mappings they completed).
     """
 
     def __init__(self) -> None:
@@ -191,6 +205,7 @@ class Replay:
         self.last_ns: int | None = None
         self.records = 0
         self.skipped = 0
+        self.late = LateResolutions()
         self._epochs: dict[int, list[Epoch]] = {}
         self._starts: dict[int, list[int]] = {}
 
@@ -199,12 +214,14 @@ class Replay:
         """Read a session (streaming, via ``read_session``) and index its processes.
 
         Memory is proportional to the mapping, exec, fork and exit records
-        (one small tuple each; files are interned).
+        (one small tuple each; files are interned).  The session is read twice:
+        its ``resolution`` records first (they follow the mappings they complete).
 
         Raises:
             SessionLogError: the session cannot be read.
         """
         self = cls()
+        self.late = LateResolutions.scan(session_dir)
         events: dict[int, list[tuple]] = defaultdict(list)
         dsos: dict[tuple, Dso] = {}
         for seq, r in enumerate(read_session(session_dir)):
@@ -230,6 +247,7 @@ class Replay:
         self.first_ns = t if self.first_ns is None else min(self.first_ns, t)
         self.last_ns = t if self.last_ns is None else max(self.last_ns, t)
         if kind == "mmap":
+            r = self.late.complete(r)
             key = (str(r["path"]), r.get("build_id"), r.get("error"), bool(r.get("deleted")))
             dso = dsos.get(key)
             if dso is None:
@@ -238,7 +256,8 @@ class Replay:
             m = Mapping(t, start, start + length, _uint(r["pgoff"]), dso, str(r.get("origin")), pid)
             events[pid].append((t, seq, _EV_MMAP, m, r.get("comm")))
         elif kind == "exec":
-            events[_uint(r["pid"])].append((t, seq, _EV_EXEC, None, r.get("comm")))
+            ran = r.get("path") or r.get("filename")
+            events[_uint(r["pid"])].append((t, seq, _EV_EXEC, ran if isinstance(ran, str) else None, r.get("comm")))
         elif kind == "fork":
             pid, ppid = _uint(r["pid"]), _uint(r["ppid"])
             if pid != ppid:                  # a new thread shares its process's address space
@@ -253,7 +272,7 @@ class Replay:
         epochs = [cur]
         for t, _seq, kind, arg, comm in evs:
             if kind == _EV_EXEC:
-                cur = Epoch(pid, "exec", t)
+                cur = Epoch(pid, "exec", t, exec_path=arg)
                 epochs.append(cur)
             elif kind == _EV_FORK:
                 cur = Epoch(pid, "fork", t, parent=(arg, t))
@@ -307,6 +326,7 @@ class Replay:
         queries = list(queries)
         answers: list[Answer | None] = [None] * len(queries)
         exited: list[int | None] = [None] * len(queries)
+        ran: list[str | None] = [None] * len(queries)
         # pending: epoch -> [(time_ns, addr, query index, via pids)]
         pending: dict[Epoch, list[tuple[int, int, int, tuple[int, ...]]]] = defaultdict(list)
         for i, q in enumerate(queries):
@@ -316,6 +336,7 @@ class Replay:
                 continue
             if e.exit_ns is not None and e.exit_ns < q.time_ns:
                 exited[i] = e.exit_ns
+            ran[i] = e.exec_path
             pending[e].append((q.time_ns, q.addr, i, ()))
         for _hop in range(MAX_FORK_HOPS + 1):
             if not pending:
@@ -325,9 +346,9 @@ class Replay:
                 parent = self.epoch_at(*epoch.parent) if epoch.parent else None
                 for (_t, addr, i, via), m in zip(items, _sweep(epoch, items)):
                     if m is not None:
-                        answers[i] = Answer(queries[i], m, addr - m.start + m.pgoff, via, exited[i], None)
+                        answers[i] = Answer(queries[i], m, addr - m.start + m.pgoff, via, exited[i], None, ran[i])
                     elif parent is None or len(via) >= MAX_FORK_HOPS:
-                        answers[i] = Answer(queries[i], None, None, (), exited[i], "not_mapped")
+                        answers[i] = Answer(queries[i], None, None, (), exited[i], "not_mapped", ran[i])
                     else:
                         inherited[parent].append((epoch.parent[1], addr, i, via + (epoch.pid,)))
             pending = inherited

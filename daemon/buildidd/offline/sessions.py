@@ -22,6 +22,7 @@ from pathlib import Path
 
 from buildidd import clock
 from buildidd.offline.manifest import CLOSED_MARKER, CLOSED_MARKER_MAX_BYTES
+from buildidd.offline.resolutions import TIMEOUT, identity_of
 from buildidd.sessionlog import list_segments, read_session
 
 __all__ = ["MAX_PATHS_PER_BUILD_ID", "MAX_UNRESOLVED", "BuildIdUse", "SessionFacts", "SessionInfo",
@@ -154,6 +155,7 @@ class _Scan:
         self.with_uses = with_uses
         self.ids: set[str] = set()
         self.counts: Counter[str] = Counter()
+        self.timeouts: dict[tuple, set[str]] = {}     # identity -> paths of mappings recorded with "timeout"
 
     def use(self, bid: str, kind: str) -> BuildIdUse | None:
         bid = bid.lower()
@@ -181,6 +183,8 @@ class _Scan:
             counts = r.get("counts")
             if isinstance(counts, dict):
                 info.lost += sum(v for v in counts.values() if isinstance(v, int) and v > 0)
+        elif kind == "resolution":
+            self._resolution(r)
         elif kind == "end":
             info.closed = True
             info.clean = r.get("clean") is not False
@@ -188,7 +192,11 @@ class _Scan:
 
     def _mapping(self, r: dict) -> None:
         bid = r.get("build_id")
-        path = r.get("path") if r.get("type") == "mmap" else r.get("filename", r.get("path"))
+        path = r.get("path") if r.get("type") == "mmap" else r.get("path") or r.get("filename")
+        if r.get("error") == TIMEOUT and self.with_uses:
+            key = identity_of(r)
+            if key is not None and (key in self.timeouts or len(self.timeouts) < MAX_UNRESOLVED):
+                self.timeouts.setdefault(key, set()).add(path if isinstance(path, str) else "?")
         if _is_hex(bid):
             use = self.use(bid, KIND_FILE)
             if use is not None:
@@ -201,6 +209,17 @@ class _Scan:
                 facts.unresolved[key] = facts.unresolved.get(key, 0) + 1
             else:
                 facts.unresolved_dropped += 1
+
+    def _resolution(self, r: dict) -> None:
+        """A late build-id: referenced by the paths its identity's timed-out mappings had."""
+        bid = r.get("build_id")
+        if not _is_hex(bid):
+            return
+        use = self.use(bid, KIND_FILE)
+        if use is not None:
+            for path in sorted(self.timeouts.get(identity_of(r), ())):
+                use.add_path(path)
+            use.records += 1
 
     def _session(self, r: dict) -> None:
         info = self.facts.info
@@ -294,8 +313,10 @@ def _scan(session_dir: str | os.PathLike, with_uses: bool) -> SessionFacts:
 def session_facts(session_dir: str | os.PathLike) -> SessionFacts:
     """The listing facts and every build-id reference of one session (one streaming pass).
 
-    Build-ids come from ``mmap``/``exec`` records (``build_id``, with ``path``,
-    or an exec's ``filename``) and the ``session`` record (``kernel_build_id``,
+    Build-ids come from ``mmap``/``exec`` records (``build_id``, with ``path``:
+    for an exec the ELF that ran, else its ``filename``), ``resolution`` records
+    (a late build-id, with the paths of the mappings of that file identity
+    recorded with ``timeout``), and the ``session`` record (``kernel_build_id``,
     the values of ``module_build_ids``): the same set as the store's
     retention protects.
 
