@@ -46,11 +46,13 @@ def wait_listening(port: int, proc: subprocess.Popen, log: Path) -> None:
 
 
 @pytest.fixture
-def fleet(tmp_path):
+def fleet(tmp_path, public_tmp_factory):
     hosts = {}
+    bins = public_tmp_factory("buildidd-fleet-")      # not private: served (tmp_path is 0700)
     for host in ("host1", "host2"):
         (tmp_path / host).mkdir()
-        exe = gcc(SRC % host, tmp_path / host / "prog", "-g")
+        (bins / host).mkdir()
+        exe = gcc(SRC % host, bins / host / "prog", "-g")
         store = Store(tmp_path / host / "store")
         hosts[host] = {"exe": exe, "bid": store_add(store, exe),
                        "serve": ServeProcess(tmp_path / host / "store", tmp_path / host / "serve.log")}

@@ -51,7 +51,8 @@ def _wait_exec(p, path):
     raise AssertionError("no exec")
 
 
-def test_record_replace_delete_archive_import_then_perf_gdb_and_debuginfod_find(recorder, tmp_path):
+def test_record_replace_delete_archive_import_then_perf_gdb_and_debuginfod_find(recorder, tmp_path,
+                                                                               public_tmp_factory):
     need(shutil.which("perf") is not None, "perf missing")
     need(shutil.which("gdb") is not None, "gdb missing")
     v1 = gcc(SPINNER, tmp_path / "v1", "-DVERSION=1", "-g")
@@ -60,8 +61,8 @@ def test_record_replace_delete_archive_import_then_perf_gdb_and_debuginfod_find(
     assert old != new
     store_root = tmp_path / "store"
     rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
-    app_a, app_b = tmp_path / "host" / "app_a", tmp_path / "host" / "app_b"
-    app_a.parent.mkdir()
+    host = public_tmp_factory("buildidd-roundtrip-host-")     # world-readable: archived and served (not private)
+    app_a, app_b = host / "app_a", host / "app_b"
     _install(v1, app_a)
     _install(gcc(SPINNER, tmp_path / "v3", "-DVERSION=3", "-g"), app_b)     # app_b: a third build-id
     deleted = readelf_build_id(app_b)
