@@ -102,8 +102,10 @@ def test_perf_script_parsing_and_comparison():
     assert maps[0].build_id == "c89156ebdabf859f4ee70cb0c303004dccf1ae51" and maps[0].pgoff == 0x2000
     assert maps[1].build_id is None             # perf sent dev/ino: page not cached
     assert maps[2].synthesized
-    ours = [{"type": "mmap", "pid": 10759, "start": 0x5589ce7bc000, "build_id": "c89156ebdabf859f4ee70cb0c303004dccf1ae51"},
-            {"type": "mmap", "pid": 10759, "start": 0x7ff6d159c000, "build_id": "93ac61ec5a8eb1396f9fbd350e3169a558528a40"}]
+    ours = [{"type": "mmap", "time_ns": 1, "pid": 10759, "start": 0x5589ce7bc000, "len": 0x4000, "pgoff": 0x2000,
+             "path": "/usr/bin/true", "build_id": "c89156ebdabf859f4ee70cb0c303004dccf1ae51"},
+            {"type": "mmap", "time_ns": 2, "pid": 10759, "start": 0x7ff6d159c000, "len": 0x156000, "pgoff": 0x26000,
+             "path": "/usr/lib/libc.so.6", "build_id": "93ac61ec5a8eb1396f9fbd350e3169a558528a40"}]
     c = compare(maps, ours)
     assert (c.perf_with_build_id, c.matched, c.wrong, c.missing) == (1, 1, 0, 0)
     assert (c.perf_without_build_id, c.resolved_where_perf_had_none) == (1, 1)

@@ -130,6 +130,10 @@ class Config:
     identity_cache_entries: int = _key(65536, "entries",
                                        "file identities whose build-id answer is kept (LRU); also the size of "
                                        "the kernel's known_ids map; at least 16.")
+    kernel_build_id: bool = _key(True, "boolean",
+                                 "read build-ids in the BPF program from the page cache at map time (after a "
+                                 "start-up self-test); false: user space reads every one (the fallback: "
+                                 "map_files, proc_root, path) and start-up skips the self-test.")
     resolve_deadline_s: float = _key(0.2, "seconds",
                                      "the recording thread waits at most this long for a worker that opens and "
                                      "reads a mapped file (and at most this long in all per step); a mapping "

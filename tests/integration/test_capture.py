@@ -86,7 +86,7 @@ def test_gcc_binaries_and_dlopen_have_readelf_build_ids(recorder, binaries):
             if bid is None:
                 assert r["error"] == "no_build_id"
             else:
-                assert r["error"] is None and r["build_id_source"] in ("map_files", "proc_root", "path")
+                assert r["error"] is None and r["build_id_source"] in ("kernel", "map_files", "proc_root", "path")
     # The main executables come from execve (origin exec), the libraries from dlopen's mmap.
     assert {r["origin"] for r in _mmaps(rec, path=str(binaries["exe_sha1"]))} == {"exec"}
     assert {r["origin"] for r in _mmaps(rec, path=str(binaries["lib_sha1"]))} == {"mmap"}

@@ -29,16 +29,16 @@ def test_binary_visible_only_in_a_private_mount_namespace(recorder, tmp_path):
     want = readelf_build_id(exe)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    rec = recorder()
+    rec = recorder(kernel_build_id=False)     # the user-space fallback under test
     # A new mount namespace with a tmpfs at mnt: the daemon's namespace sees an empty dir.
-    script = f"mount -t tmpfs none {mnt} && cp {exe} {mnt}/nsapp && exec {mnt}/nsapp"
+    script = f"mount -t tmpfs none {mnt} && cp {exe} {mnt}/nsapp && sleep 0.05 && exec {mnt}/nsapp"
     p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
     try:
         recs = _wait_records(rec, lambda r: r["type"] == "mmap" and r["path"] == f"{mnt}/nsapp")
         assert recs, "no mapping recorded for the namespaced binary"
         assert not (mnt / "nsapp").exists()          # not visible from here
         for r in recs:
-            assert r["build_id"] == want and r["build_id_source"] in ("map_files", "proc_root"), r
+            assert r["build_id"] == want and r["build_id_source"] in ("map_files", "proc_root"), (r["error"], r)
     finally:
         p.kill()
         p.wait()
@@ -47,13 +47,14 @@ def test_binary_visible_only_in_a_private_mount_namespace(recorder, tmp_path):
 def test_memfd_elf_and_jit_memfd(recorder, tmp_path):
     exe = gcc("int f(void){return 1;}\n", tmp_path / "libm.so", "-shared", "-fPIC", "-Wl,--build-id=md5")
     want = readelf_build_id(exe)
-    rec = recorder()
+    rec = recorder(kernel_build_id=False)     # the user-space fallback under test
     code = f"""
-import mmap, os, sys
+import mmap, os, sys, time
 elf = os.memfd_create("bidd-elf")
 os.write(elf, open({str(exe)!r}, "rb").read())
 jit = os.memfd_create("bidd-jit")
 os.write(jit, b"\\xc3" * mmap.PAGESIZE)
+time.sleep(0.05)       # written a clock tick before they are mapped: else changed_at_map
 a = mmap.mmap(elf, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC, flags=mmap.MAP_PRIVATE)
 b = mmap.mmap(jit, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC, flags=mmap.MAP_SHARED)
 print("ready", flush=True)

@@ -155,4 +155,8 @@ def test_fifo_swapped_in_while_mapped_stalls_nothing(bpf, attacker, tmp_path, cl
     mine = _attack_and_check(tmp_path, attacker, "mapped", cleanup)
     # The mapping was alive: map_files reached the very inode, whatever the path names now.
     assert len(mine) >= 40
-    assert all(r["build_id"] or r["error"] in ("no_build_id", "not_regular", "file_replaced") for r in mine)
+    # changed_at_map: written within a clock tick of its mmap (the attacker writes, then maps at once),
+    # so no later read can prove the bytes mapped; said, not guessed.
+    odd = [r for r in mine if not (r["build_id"] or r["error"] in ("no_build_id", "not_regular", "file_replaced",
+                                                                    "changed_at_map"))]
+    assert not odd, [(r["error"], r.get("build_id_source"), r.get("kernel_status")) for r in odd[:5]]

@@ -137,3 +137,43 @@ def test_a_job_past_its_deadline_is_recorded_as_timeout_then_completed(tmp_path)
     assert late and late[0][0] == ident and late[0][1].build_id == readelf_build_id(f)
     assert e.resolve(_event(f, ident)).build_id == readelf_build_id(f)
     assert e.status()["pending"] == 0 and e.close() == 0
+
+
+def test_ctime_is_compared_while_the_file_has_a_name_and_not_once_it_has_none(tmp_path):
+    """A package upgrade renames the new file over the old one: the mapped inode's ctime moves
+    (nlink 1 -> 0) but its bytes do not; a chmod (or a write whose mtime was set back) on a
+    file that keeps its name is still refused."""
+    import time
+    from buildidd.resolve.procfs import Source, open_identified, open_route
+    from buildidd.errors import FileRefusedError
+
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"\x7fELF" + b"\0" * 60)
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        mapped = identity_of(fd)                   # as at map time (ctime known)
+        assert mapped.ctime_ns
+        time.sleep(0.02)
+        os.chmod(lib, 0o700)                       # ctime moves, the name stays
+        pfd = open_route(Source.PATH, os.getpid(), str(lib))
+        try:
+            try:
+                os.close(open_identified(pfd, mapped))
+                raise AssertionError("a named file whose ctime moved was accepted")
+            except FileRefusedError as e:
+                assert e.reason == "modified"
+        finally:
+            os.close(pfd)
+        chmodded = identity_of(fd)
+        (tmp_path / "new.so").write_bytes(b"other")
+        time.sleep(0.02)
+        os.rename(tmp_path / "new.so", lib)        # the upgrade: no name left for the mapped inode
+        assert os.fstat(fd).st_nlink == 0 and os.fstat(fd).st_ctime_ns != chmodded.ctime_ns
+        assert identity_of(fd).ctime_ns == 0
+        pfd = os.open(f"/proc/self/fd/{fd}", os.O_PATH)
+        try:
+            os.close(open_identified(pfd, chmodded))
+        finally:
+            os.close(pfd)
+    finally:
+        os.close(fd)

@@ -106,7 +106,8 @@ class Recorder:
         t0 = time.monotonic()
         # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
         seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
-        self.kernel_path = check_kernel_path_now()
+        self.kernel_path = (check_kernel_path_now() if self.config.kernel_build_id
+                            else KernelPath(False, "kernel_build_id = false in the config"))
         self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes)
         self.kernel_path.apply(self.tracer)
         self.rings = Rings(self.tracer.ring_maps)

@@ -29,6 +29,7 @@ import errno
 import json
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -221,6 +222,8 @@ class Enricher:
         if ev.pc_status in KERNEL_FINAL:
             self.cache.count_hits(1)     # answered without a file read, as the fast path counts it
             res = kernel_resolution(ev)
+            while self.routes.unreached:     # hand-overs that found no route: the next sighting tries again
+                self._handed.pop(self.routes.unreached.popleft())
             seen = (res.build_id, ev.path)
             if res.build_id and self.routes.on_build_id is not None and seen not in self._handed:
                 # First sighting of a build-id at this path (the kernel read it): the store still
@@ -346,6 +349,9 @@ class Routes:
     def __init__(self, cache: LruCache, on_build_id: Callable[[Identity, Resolution, int], None] | None):
         self.cache = cache
         self.on_build_id = on_build_id
+        #: (build-id, path) of hand-overs that reached no file (appended on workers, drained by the
+        #: recording thread, which then hands the next sighting over again; deque appends are atomic).
+        self.unreached: deque[tuple[str, str]] = deque(maxlen=4096)
         self.tick_ns = coarse_tick_ns()
         self.wall_offset_ns = clock.boot_to_wall_offset_ns()
 
@@ -383,7 +389,7 @@ class Routes:
             raise
         finally:
             os.close(pfd)
-        if req.time_ns and changed_near(req.identity, req.time_ns + self.wall_offset_ns, self.tick_ns):
+        if req.time_ns and changed_near(req.identity, req.time_ns + self.wall_offset_ns, self.tick_ns, req.nlink):
             os.close(fd)
             return make_resolution(req.identity, None, Source.NONE, MissReason.CHANGED_AT_MAP, req.path)
         try:
@@ -395,21 +401,16 @@ class Routes:
         """Give on_build_id an fd of the file whose build-id the kernel read (a worker job).
 
         The kernel's read needs no file, but the store copies one: the mapped
-        file is opened by the same routes as a resolution (map_files first), is
-        accepted only with the event's identity and the kernel's build-id, and
-        is closed after on_build_id returns.  False when no route reaches it.
+        file is opened by the same routes as a resolution (map_files first;
+        for an exec event, which has no vma, /proc/PID/exe: the executable's
+        own inode however its path was replaced since), is accepted only with
+        the event's identity and the kernel's build-id, and is closed after
+        on_build_id returns.  False when no route reaches it; its (build-id,
+        path) then goes to :attr:`unreached`, so a later mapping of it (with a
+        vma) is handed over again.
         """
         req, res = arg
-        routes = []
-        if req.start and req.length:
-            routes.append((Source.MAP_FILES, (req.start, req.start + ((req.length + PAGE - 1) & ~(PAGE - 1)))))
-        if req.path and "\0" not in req.path and not req.path.startswith("/memfd:"):
-            routes += [(Source.PROC_ROOT, (0, 0)), (Source.PATH, (0, 0))]
-        for source, vma in routes:
-            try:
-                pfd = open_route(source, req.pid, req.path, vma)
-            except OSError:
-                continue
+        for pfd in self._routes_of(req):
             try:
                 fd = open_identified(pfd, req.identity)
             except (OSError, FileRefusedError):
@@ -425,7 +426,25 @@ class Routes:
                 continue
             finally:
                 os.close(fd)
+        self.unreached.append((res.build_id, req.path))
         return False
+
+    @staticmethod
+    def _routes_of(req: Request):
+        """O_PATH descriptors of the routes to req's file, best first, opened lazily (the caller closes each)."""
+        if req.start and req.length:
+            vma = (req.start, req.start + ((req.length + PAGE - 1) & ~(PAGE - 1)))
+            attempts = [lambda: open_route(Source.MAP_FILES, req.pid, req.path, vma)]
+        else:
+            attempts = [lambda: os.open(f"/proc/{req.pid}/exe", os.O_PATH | os.O_CLOEXEC)]
+        if req.path and "\0" not in req.path and not req.path.startswith("/memfd:"):
+            attempts += [lambda: open_route(Source.PROC_ROOT, req.pid, req.path),
+                         lambda: open_route(Source.PATH, req.pid, req.path)]
+        for attempt in attempts:
+            try:
+                yield attempt()
+            except OSError:
+                continue
 
     def retry(self, req: Request) -> Resolution | None:
         """The map_files route only; None when it does not reach the mapped file."""

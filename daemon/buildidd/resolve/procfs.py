@@ -75,7 +75,20 @@ def identity_of(fd: int, want_generation: bool = True) -> Identity:
             gen = struct.unpack("<q", buf)[0] & 0xFFFFFFFF
         except OSError:
             gen = 0
-    return Identity(st.st_dev, st.st_ino, gen, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return stat_identity(st, gen)
+
+
+def stat_identity(st: os.stat_result, generation: int = 0) -> Identity:
+    """The Identity of an fstat(2) result, with the given inode generation (0: unknown).
+
+    ctime is left out (0: not compared by :func:`mismatch`) when the file has
+    no name left (st_nlink 0): unlinking it, or renaming another file over its
+    path (a package upgrade), moved its ctime while its bytes stayed those that
+    were mapped.  Size, mtime, inode and generation are still compared; a file
+    that keeps a name is compared on ctime too (a write whose mtime was set back).
+    """
+    return Identity(st.st_dev, st.st_ino, generation, st.st_size, st.st_mtime_ns,
+                    st.st_ctime_ns if st.st_nlink else 0)
 
 
 def mismatch(want: Identity, got: Identity) -> str | None:
@@ -109,7 +122,7 @@ def coarse_tick_ns() -> int:
     return round(time.clock_getres(CLOCK_REALTIME_COARSE) * 1e9) or 1
 
 
-def changed_near(want: Identity, wall_ns: int, tick_ns: int) -> bool:
+def changed_near(want: Identity, wall_ns: int, tick_ns: int, nlink: int = 1) -> bool:
     """True when want's ctime is not older than one coarse tick before wall_ns (ns since the epoch).
 
     Inode times come from the coarse clock: a rewrite in place within the
@@ -120,8 +133,15 @@ def changed_near(want: Identity, wall_ns: int, tick_ns: int) -> bool:
     the ones mapped.  An unknown ctime (0) is not judged, nor one more than a
     tick after wall_ns: the kernel reads ctime at the event, so that is a
     clock step or an event time that is not the kernel's.
+
+    A file that had no name left at the event (nlink 0, the kernel's
+    inode.i_nlink read with the identity) is judged on mtime instead: the
+    unlink, or the rename of a new file over its path, that took its name
+    moved ctime without touching its bytes (an exec's mapping is reported at
+    the execve's return, which a package upgrade may precede).
     """
-    return bool(want.ctime_ns) and wall_ns - tick_ns <= want.ctime_ns <= wall_ns + tick_ns
+    changed = want.ctime_ns if nlink else want.mtime_ns
+    return bool(changed) and wall_ns - tick_ns <= changed <= wall_ns + tick_ns
 
 
 #: statfs f_type of FUSE (include/uapi/linux/magic.h FUSE_SUPER_MAGIC): a
@@ -217,7 +237,7 @@ def open_identified(pfd: int, want: Identity) -> int:
     st = os.fstat(pfd)
     if not stat.S_ISREG(st.st_mode):
         raise FileRefusedError(MissReason.NOT_REGULAR, f"mode {stat.filemode(st.st_mode)}")
-    why = mismatch(want, Identity(st.st_dev, st.st_ino, 0, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    why = mismatch(want, stat_identity(st))
     if why is not None:
         raise FileRefusedError(why, "another file than the one mapped")
     if fs_type(pfd) == FUSE_SUPER_MAGIC:
