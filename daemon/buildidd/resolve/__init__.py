@@ -1,8 +1,9 @@
 """resolve: from a mapping to the build-id of the exact file that was mapped.
 
 File identity checks and /proc access (procfs: map_files, proc root), the
-bounded ELF note reader and the BuildId value type (buildid), the enricher and
-its one bounded identity cache (enrich), and host facts such as the running
+bounded ELF note reader and the BuildId value type (buildid), the routes to a
+mapped file that the workers run and the answers they give (routes), the
+enricher and its one bounded identity cache (enrich), and host facts such as the running
 kernel's build-id (host).
 
 May import: kernel, and the shared modules.

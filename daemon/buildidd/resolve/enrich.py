@@ -25,98 +25,24 @@ content key and, for Go binaries, their ``go_build_id`` (resolve.fileid).
 
 from __future__ import annotations
 
-import errno
-import json
-import os
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 from buildidd.config import Config
-from buildidd.errors import ElfError, FileRefusedError
-from buildidd import clock
-from buildidd.kernel.events import KERNEL_FINAL, Identity, PcStatus, RawEvent
+from buildidd.kernel.events import KERNEL_FINAL, Identity, RawEvent
 from buildidd.memo import LruCache
-from buildidd.resolve.buildid import read_build_id_fd
-from buildidd.resolve.fileid import file_id, read_go_build_id
-from buildidd.resolve.procfs import (Source, changed_near, coarse_tick_ns, open_identified, open_route,
-                                     open_scanned)
+from buildidd.resolve.procfs import Source
 from buildidd.resolve.reasons import MissReason
+from buildidd.resolve.routes import Request, Resolution, Routes, kernel_resolution, make_resolution
 from buildidd.resolve.workers import Job, PoolPolicy, WorkerPool
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
+__all__ = ["Enricher", "Offload", "Resolution", "kernel_resolution"]
 
 #: Seconds a device stays suspect after a job on it missed its deadline.
 SUSPECT_S = 10.0
 #: Suspect devices remembered at most (the oldest forgotten first).
 SUSPECT_MAX = 1024
-
-#: The reasons for which the exact inode was reached: final, like a build-id.
-_FINAL_REFUSALS = (MissReason.SLOW_FS, MissReason.NOT_REGULAR)
-
-
-@dataclass(frozen=True, slots=True)
-class Resolution:
-    """What is known of one identity.
-
-    Attributes:
-        build_id: lower-case hex, or None.
-        source: Source value the build-id (or the verdict) came from.
-        error: None, or the MissReason there is no build-id (the log's ``error``).
-        path: the last path seen for this identity.
-        json_tail: the record's identity and build-id fields, JSON-encoded once.
-        go_build_id: the Go build ID text (``.note.go.buildid``), for an ELF file without a GNU build-id.
-        file_id: 32 hex digits (resolve.fileid.file_id) of a file without a GNU build-id that could be read.
-    """
-
-    build_id: str | None
-    source: str
-    error: MissReason | None
-    path: str
-    json_tail: str
-    go_build_id: str | None = None
-    file_id: str | None = None
-
-    @property
-    def final(self) -> bool:
-        """True when the answer depends only on the file's contents."""
-        return self.source != Source.NONE.value
-
-
-def make_resolution(ident: Identity, build_id: str | None, source: Source, error: MissReason | None,
-                    path: str, keys: tuple[str | None, str | None] = (None, None)) -> Resolution:
-    """A Resolution with its JSON tail; keys: (go_build_id, file_id)."""
-    bid = f'"{build_id}"' if build_id else "null"
-    err = f'"{error}"' if error else "null"
-    tail = (f'"dev":{ident.dev},"ino":{ident.ino},"ino_generation":{ident.generation},'
-            f'"size":{ident.size},"mtime_ns":{ident.mtime_ns},"build_id":{bid},'
-            f'"build_id_source":"{source.value}","error":{err}')
-    go, fid = keys
-    if go:
-        tail += f',"go_build_id":{json.dumps(go)}'
-    if fid:
-        tail += f',"file_id":"{fid}"'
-    return Resolution(build_id, source.value, error, path, tail, go, fid)
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One mapping to resolve, as a worker gets it (from a RawEvent).
-
-    Attributes:
-        pid: tgid; start, length: the VMA (bytes; 0 for an exec record);
-        path: the event's path; nlink: 0 when the file was deleted; identity: the kernel's;
-        time_ns: the event's time, ns since boot (0: unknown).
-    """
-
-    pid: int
-    start: int
-    length: int
-    path: str
-    nlink: int
-    identity: Identity
-    time_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -334,186 +260,5 @@ class Enricher:
         return _TIMED_OUT
 
 
-class Routes:
-    """The jobs the workers run: open a route, check it is the mapped file, read it.
-
-    No state is shared with the recording thread but on_build_id (called on
-    the worker) and the identity cache, only peeked (one OrderedDict.get:
-    atomic under CPython's GIL).
-
-    Args:
-        cache: the Enricher's identity cache.
-        on_build_id: as Enricher's.
-    """
-
-    def __init__(self, cache: LruCache, on_build_id: Callable[[Identity, Resolution, int], None] | None):
-        self.cache = cache
-        self.on_build_id = on_build_id
-        #: (build-id, path) of hand-overs that reached no file (appended on workers, drained by the
-        #: recording thread, which then hands the next sighting over again; deque appends are atomic).
-        self.unreached: deque[tuple[str, str]] = deque(maxlen=4096)
-        self.tick_ns = coarse_tick_ns()
-        self.wall_offset_ns = clock.boot_to_wall_offset_ns()
-
-    def _read(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
-        reason = None
-        try:
-            bid = read_build_id_fd(fd)
-        except ElfError as e:
-            bid, reason = None, MissReason(e.reason)
-        except OSError:
-            return make_resolution(ident, None, Source.NONE, MissReason.IO_ERROR, path)
-        if bid is not None:
-            res = make_resolution(ident, bid.hex, source, None, path)
-            if self.on_build_id is not None:
-                self.on_build_id(ident, res, fd)
-            return res
-        try:
-            keys = (read_go_build_id(fd) if reason is None else None, file_id(fd))
-        except OSError:
-            keys = (None, None)          # the verdict stands, without a content key
-        return make_resolution(ident, None, source, reason or MissReason.NO_BUILD_ID, path, keys)
-
-    def _open_read(self, req: Request, source: Source, vma: tuple[int, int]) -> Resolution:
-        """Open one route, check it is the mapped file, read it.
-
-        Raises:
-            OSError: the route cannot be opened; FileRefusedError: another file, or refused.
-        """
-        pfd = open_route(source, req.pid, req.path, vma)
-        try:
-            fd = open_identified(pfd, req.identity)
-        except FileRefusedError as e:
-            if e.reason in _FINAL_REFUSALS and (source is Source.MAP_FILES or e.reason == MissReason.SLOW_FS):
-                return make_resolution(req.identity, None, source, MissReason(e.reason), req.path)
-            raise
-        finally:
-            os.close(pfd)
-        if req.time_ns and changed_near(req.identity, req.time_ns + self.wall_offset_ns, self.tick_ns, req.nlink):
-            os.close(fd)
-            return make_resolution(req.identity, None, Source.NONE, MissReason.CHANGED_AT_MAP, req.path)
-        try:
-            return self._read(req.identity, fd, source, req.path)
-        finally:
-            os.close(fd)
-
-    def hand_over(self, arg: tuple[Request, Resolution]) -> bool:
-        """Give on_build_id an fd of the file whose build-id the kernel read (a worker job).
-
-        The kernel's read needs no file, but the store copies one: the mapped
-        file is opened by the same routes as a resolution (map_files first;
-        for an exec event, which has no vma, /proc/PID/exe: the executable's
-        own inode however its path was replaced since), is accepted only with
-        the event's identity and the kernel's build-id, and is closed after
-        on_build_id returns.  False when no route reaches it; its (build-id,
-        path) then goes to :attr:`unreached`, so a later mapping of it (with a
-        vma) is handed over again.
-        """
-        req, res = arg
-        for pfd in self._routes_of(req):
-            try:
-                fd = open_identified(pfd, req.identity)
-            except (OSError, FileRefusedError):
-                continue
-            finally:
-                os.close(pfd)
-            try:
-                bid = read_build_id_fd(fd)
-                if bid is not None and bid.hex == res.build_id:
-                    self.on_build_id(req.identity, res, fd)
-                    return True
-            except (OSError, ElfError):
-                continue
-            finally:
-                os.close(fd)
-        self.unreached.append((res.build_id, req.path))
-        return False
-
-    @staticmethod
-    def _routes_of(req: Request):
-        """O_PATH descriptors of the routes to req's file, best first, opened lazily (the caller closes each)."""
-        if req.start and req.length:
-            vma = (req.start, req.start + ((req.length + PAGE - 1) & ~(PAGE - 1)))
-            attempts = [lambda: open_route(Source.MAP_FILES, req.pid, req.path, vma)]
-        else:
-            attempts = [lambda: os.open(f"/proc/{req.pid}/exe", os.O_PATH | os.O_CLOEXEC)]
-        if req.path and "\0" not in req.path and not req.path.startswith("/memfd:"):
-            attempts += [lambda: open_route(Source.PROC_ROOT, req.pid, req.path),
-                         lambda: open_route(Source.PATH, req.pid, req.path)]
-        for attempt in attempts:
-            try:
-                yield attempt()
-            except OSError:
-                continue
-
-    def retry(self, req: Request) -> Resolution | None:
-        """The map_files route only; None when it does not reach the mapped file."""
-        end = req.start + ((req.length + PAGE - 1) & ~(PAGE - 1))
-        try:
-            return self._open_read(req, Source.MAP_FILES, (req.start, end))
-        except (OSError, FileRefusedError):
-            return None
-
-    def fresh(self, req: Request) -> Resolution:
-        """Every route, best first (procfs docstring); the reason when none reaches the mapped file."""
-        if req.start and req.length:
-            got = self.retry(req)
-            if got is not None:
-                return got
-        path = req.path
-        seen_other = denied = not_regular = False
-        if path and "\0" not in path and not path.startswith("/memfd:"):
-            for source in (Source.PROC_ROOT, Source.PATH):
-                try:
-                    return self._open_read(req, source, (0, 0))
-                except FileRefusedError as e:
-                    not_regular |= e.reason == MissReason.NOT_REGULAR
-                    seen_other |= e.reason != MissReason.NOT_REGULAR
-                except OSError as e:
-                    denied |= e.errno in (errno.EACCES, errno.EPERM)
-        if req.nlink == 0 or path.startswith("/memfd:"):
-            error = MissReason.FILE_DELETED
-        elif not_regular:
-            error = MissReason.NOT_REGULAR
-        elif seen_other:
-            error = MissReason.FILE_REPLACED
-        elif denied:
-            error = MissReason.PERMISSION
-        else:
-            error = MissReason.FILE_VANISHED
-        return make_resolution(req.identity, None, Source.NONE, error, path)
-
-    def scan(self, arg: tuple[int, tuple[int, int], str]) -> tuple[Identity, Resolution, bool] | None:
-        """(identity, Resolution, answered from the cache) of a scanned mapping, or None (gone, refused).
-
-        The cache is only peeked here (one OrderedDict.get: atomic under CPython's GIL).
-        """
-        pid, vma, path = arg
-        try:
-            fd, ident = open_scanned(pid, *vma)
-        except (OSError, FileRefusedError):
-            return None
-        try:
-            res = self.cache.peek(ident)
-            if res is not None and res.final:
-                return ident, res, True
-            return ident, self._read(ident, fd, Source.MAP_FILES, path), False
-        finally:
-            os.close(fd)
-
-
 def _request(ev: RawEvent, path: str) -> Request:
     return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity, ev.time_ns)
-
-
-#: The reason of a kernel verdict without a build-id (PcStatus in KERNEL_FINAL).
-_KERNEL_VERDICTS = {PcStatus.NOT_ELF: MissReason.NOT_ELF, PcStatus.NOTE_TOO_LARGE: MissReason.MALFORMED_ELF,
-                    PcStatus.MALFORMED: MissReason.MALFORMED_ELF}
-
-
-def kernel_resolution(ev: RawEvent) -> Resolution:
-    """The Resolution of a mapping whose page-cache read in the BPF program answered (ev.pc_status
-    in KERNEL_FINAL): its build-id (OK) or the verdict on its bytes, source ``kernel``; nothing is read here."""
-    if ev.pc_status == PcStatus.OK:
-        return make_resolution(ev.identity, ev.pc_build_id.hex(), Source.KERNEL, None, ev.path)
-    return make_resolution(ev.identity, None, Source.KERNEL, _KERNEL_VERDICTS[PcStatus(ev.pc_status)], ev.path)
