@@ -6,7 +6,9 @@ control socket), wait for READY=1 on a NOTIFY_SOCKET of ours, let it record an
 exec storm for a random time, SIGKILL it, then check:
 
 - the BPF programs it loaded (their ids from /proc/PID/fdinfo, noted while it
-  ran) are gone from ``bpftool prog show``;
+  ran) no longer run: each is gone from ``bpftool prog show``, or kept pinned
+  for the next start (Config.bpf_pin_root, kernel.pinned) with no attachment
+  left (no ``bpftool link`` nor ``bpftool perf`` entry uses it);
 - at the next start (READY again), the killed session was sealed: its last
   record is an ``end`` with ``"clean": false`` and it has the ``.closed``
   marker; every segment of it is ``.zst`` and decodes strictly (zstd frame
@@ -40,10 +42,14 @@ READY_TIMEOUT_S = 120.0
 BPF_RELEASE_LIMIT_S = 10.0
 
 
-def bpf_programs() -> list[dict]:
-    """``bpftool prog show -j`` (each with ``id``, ``name``, ``pids``)."""
-    r = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True)
+def _bpftool(*args: str) -> list[dict]:
+    r = subprocess.run(["bpftool", *args, "-j"], capture_output=True, text=True, check=True)
     return json.loads(r.stdout or "[]")
+
+
+def bpf_programs() -> list[dict]:
+    """``bpftool prog show -f -j`` (each with ``id``, ``name``, ``pinned`` paths)."""
+    return _bpftool("prog", "show", "-f")
 
 
 def programs_of(pid: int) -> dict[int, str]:
@@ -61,14 +67,22 @@ def programs_of(pid: int) -> dict[int, str]:
     return {p["id"]: p.get("name", "") for p in bpf_programs() if p["id"] in ids}
 
 
-def gone_within(ids: set[int], limit_s: float) -> set[int]:
-    """The programs of ``ids`` still loaded after up to limit_s seconds (the kernel frees a
-    program once its last reference goes, partly from deferred work: not at the exact kill)."""
+def running(ids: set[int]) -> tuple[set[int], set[int]]:
+    """(ids of programs that may still run: loaded and unpinned, or attached; ids kept pinned, detached)."""
+    loaded = {p["id"]: p.get("pinned") or [] for p in bpf_programs() if p["id"] in ids}
+    attached = {x.get("prog_id") for x in _bpftool("link", "show") + _bpftool("perf", "show")}
+    left = {i for i, pins in loaded.items() if not pins or i in attached}
+    return left, set(loaded) - left
+
+
+def gone_within(ids: set[int], limit_s: float) -> tuple[set[int], set[int]]:
+    """:func:`running` after up to limit_s seconds (the kernel frees a program once its last
+    reference goes, partly from deferred work: not at the exact kill)."""
     end = time.monotonic() + limit_s
     while True:
-        left = ids & {p["id"] for p in bpf_programs()}
+        left, kept = running(ids)
         if not left or time.monotonic() >= end:
-            return left
+            return left, kept
         time.sleep(0.05)
 
 
@@ -125,7 +139,7 @@ def run(iterations: int, max_run_s: float, seed: int) -> dict:
     env = {**os.environ, "NOTIFY_SOCKET": notify_path}
     storm = subprocess.Popen(["sh", "-c", "while :; do /bin/true; done"])
     figures = {"iterations": iterations, "seed": seed, "failures": [], "ready_s": [], "run_s": [],
-               "bpf_left": 0, "sessions": []}
+               "bpf_left": 0, "bpf_kept_pinned": 0, "sessions": []}
     killed: Path | None = None
     try:
         for i in range(iterations + 1):
@@ -155,12 +169,13 @@ def run(iterations: int, max_run_s: float, seed: int) -> dict:
             time.sleep(run_s)
             proc.kill()
             proc.wait()
-            left = gone_within(set(ours), BPF_RELEASE_LIMIT_S)
+            left, kept = gone_within(set(ours), BPF_RELEASE_LIMIT_S)
+            figures["bpf_kept_pinned"] += len(kept)
             if not ours:
                 figures["failures"].append(f"iteration {i}: no BPF program seen for pid {proc.pid}")
             if left:
                 figures["bpf_left"] += len(left)
-                figures["failures"].append(f"iteration {i}: BPF programs left {BPF_RELEASE_LIMIT_S:g} s after "
+                figures["failures"].append(f"iteration {i}: BPF programs running {BPF_RELEASE_LIMIT_S:g} s after "
                                            f"kill -9: {sorted((k, ours[k]) for k in left)}")
             sessions = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime_ns)
             killed = next(p for p in sessions if p.name.endswith(f"-{proc.pid}"))

@@ -130,6 +130,11 @@ class Config:
     identity_cache_entries: int = _key(65536, "entries",
                                        "file identities whose build-id answer is kept (LRU); also the size of "
                                        "the kernel's known_ids map; at least 16.")
+    bpf_pin_root: str = _key("/sys/fs/bpf/buildidd", "path",
+                             "a bpffs directory where the loaded BPF programs are kept (pinned) for the next "
+                             "start on this boot, which then skips compiling and verifying them (seconds); "
+                             "programs kept there do not run while no daemon attaches them, their maps keep "
+                             "their memory; \"\": compile and load at every start, keep nothing.")
     kernel_build_id: bool = _key(True, "boolean",
                                  "read build-ids in the BPF program from the page cache at map time (after a "
                                  "start-up self-test); false: user space reads every one (the fallback: "

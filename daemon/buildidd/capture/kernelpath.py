@@ -19,6 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from buildidd.config import Config
 from buildidd.errors import BuildiddError, ElfError
 from buildidd.kernel.pagecache import Bases, PageCacheProbe, discover_bases
 from buildidd.kernel.pagecache_selftest import check_kernel_path
@@ -27,7 +28,7 @@ from buildidd.resolve.buildid import read_build_id_fd
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KernelPath", "check_kernel_path_now"]
+__all__ = ["KernelPath", "check_kernel_path_now", "configured_kernel_path"]
 
 
 @dataclass(frozen=True)
@@ -74,16 +75,17 @@ def _known_files() -> list[tuple[str, str]]:
     return out
 
 
-def check_kernel_path_now(work_dir: str | None = None) -> KernelPath:
+def check_kernel_path_now(work_dir: str | None = None, pin_root: str | None = None) -> KernelPath:
     """Check the page-cache reader against user space (before the main program is attached:
     compiling the probe takes seconds, during which no event would be consumed).
 
     Never raises for a failed check: the kernel path then stays off and the
     KernelPath says why (the probe cannot load, the bases are not found, a
-    file disagreed).  The probe program is unloaded before returning.
+    file disagreed).  The probe program is closed before returning (kept
+    pinned under pin_root for the next start when given, see kernel.pinned).
     """
     try:
-        probe = PageCacheProbe()
+        probe = PageCacheProbe(pin_root=pin_root)
     except BuildiddError as e:
         return KernelPath(False, f"probe program: {e}")
     try:
@@ -98,3 +100,11 @@ def check_kernel_path_now(work_dir: str | None = None) -> KernelPath:
         log.warning("kernel build-id path off: %s", verdict.reason)
         return KernelPath(False, f"self-test: {verdict.reason}")
     return KernelPath(True, None, bases)
+
+
+def configured_kernel_path(config: Config) -> KernelPath:
+    """:func:`check_kernel_path_now` (its probe kept under Config.bpf_pin_root), or off without a
+    check when Config.kernel_build_id is false."""
+    if not config.kernel_build_id:
+        return KernelPath(False, "kernel_build_id = false in the config")
+    return check_kernel_path_now(pin_root=config.bpf_pin_root or None)

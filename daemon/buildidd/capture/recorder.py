@@ -30,7 +30,7 @@ from buildidd.capture.follow import FollowFilter
 from buildidd.capture.housekeeping import retention_without_store
 from buildidd.capture.guard import LoopGuard, call_within
 from buildidd.capture.logsink import LogSink
-from buildidd.capture.kernelpath import KernelPath, check_kernel_path_now
+from buildidd.capture.kernelpath import KernelPath, configured_kernel_path
 from buildidd.capture.pacing import Pacer
 from buildidd.capture.rescan import LossRecovery
 from buildidd.capture.rings import Rings
@@ -106,9 +106,8 @@ class Recorder:
         t0 = time.monotonic()
         # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
         seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
-        self.kernel_path = (check_kernel_path_now() if self.config.kernel_build_id
-                            else KernelPath(False, "kernel_build_id = false in the config"))
-        self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes)
+        self.kernel_path = configured_kernel_path(self.config)
+        self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes, pin_root=self.config.bpf_pin_root or None)
         self.kernel_path.apply(self.tracer)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
@@ -323,6 +322,7 @@ def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path:
     record = {"type": "session", "version": __version__, "session": session_dir.name,
               "time_ns": clock.boot_ns(), "boot_to_wall_offset_ns": clock.boot_to_wall_offset_ns(),
               "daemon_pid": os.getpid(), "bpf_compile_s": round(tracer.compile_s, 3),
+              "bpf_reused": tracer.prog.reused,
               "mode": "command" if follow else "host",
               "kernel_build_id_path": kernel_path.as_dict()}
     record.update(host.describe())

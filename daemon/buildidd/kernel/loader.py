@@ -28,8 +28,9 @@ Closing the attachment fds (:meth:`LoadedProgram.close`) detaches.  The
 alternative the footprint issue lists (cache BCC's output keyed by the kernel's
 build-id and the source hash, and load it with raw bpf(2) calls) is not done:
 it means re-implementing BCC's loader (map creation, relocation of map fds
-into instructions, BTF, the TRACEPOINT_PROBE naming), and a child costs only
-one Python start-up on top of the compile that a cache would save.
+into instructions, BTF, the TRACEPOINT_PROBE naming).  Instead, the daemon
+keeps what the child loaded pinned in bpffs for its next start on this boot
+(kernel.pinned), which saves the compile and the verifier both.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ class LoadedProgram:
         compile_s: seconds the child spent in BPF() (compile, load, auto-attach).
         attach_s: seconds the child spent attaching and filling program arrays.
         load_s: seconds from spawning the child to holding every fd (all of it).
+        reused: True when taken from bpffs pins (kernel.pinned): nothing compiled or verified.
+        lock_fd: the kernel.pinned lock this program holds (-1: none), released by close().
     """
 
     maps: dict[str, MapRef] = field(default_factory=dict)
@@ -134,6 +137,8 @@ class LoadedProgram:
     compile_s: float = 0.0
     attach_s: float = 0.0
     load_s: float = 0.0
+    reused: bool = False
+    lock_fd: int = -1
 
     def detach(self) -> None:
         """Close the attachment fds: the programs stop running; maps stay readable.  Idempotent."""
@@ -150,6 +155,9 @@ class LoadedProgram:
         for ref in self.maps.values():
             os.close(ref.fd)
         self.maps.clear()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
     def __enter__(self) -> "LoadedProgram":
         return self

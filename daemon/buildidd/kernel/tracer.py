@@ -18,6 +18,7 @@ from buildidd.kernel.btf import Btf
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, DropTime
 from buildidd.kernel.loader import LoadSpec, TailCall, load
+from buildidd.kernel.pinned import load_pinned
 from buildidd.kernel.pagecache import PagecacheBases, pagecache_layout
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,9 @@ class Tracer:
         ringbuf_bytes: total ring buffer memory, split into one ring per CPU
             (at most MAX_RINGS), each a power-of-two number of pages; no
             default here: Config.ringbuf_bytes is the one default.
+        pin_root: a bpffs directory where the loaded program is kept for the
+            next start on this boot (kernel.pinned, Config.bpf_pin_root);
+            None: compiled and loaded afresh, nothing kept.
 
     Raises:
         ProbeError: BTF lacks a needed field, compilation, load or attach failed.
@@ -266,7 +270,8 @@ class Tracer:
         ("raw_tracepoint", "task_rename"),
     )
 
-    def __init__(self, *, ringbuf_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux"):
+    def __init__(self, *, ringbuf_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux",
+                 pin_root: str | None = None):
         t0 = time.monotonic()
         ensure_tracefs()
         btf = Btf.load(btf_path)
@@ -292,7 +297,7 @@ class Tracer:
         spec = LoadSpec(os.path.join(BPF_DIR, "buildidd.bpf.c"), tuple(cflags), raw_tracepoints=raw,
                         tail_calls=(TailCall("exec_tail", 0, "exec_vmas"),),
                         required_tracepoints=tuple(n for k, n in self.PROGRAMS if k == "tracepoint"))
-        self.prog = load(spec)
+        self.prog = load_pinned(spec, pin_root) if pin_root else load(spec)
         #: seconds the child spent compiling and loading (BPF()).
         self.compile_s = self.prog.compile_s
         #: seconds the child spent attaching and filling the program array.

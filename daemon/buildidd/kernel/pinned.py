@@ -1,0 +1,268 @@
+"""Loaded BPF programs kept across daemon restarts: pinned in bpffs, keyed by what was compiled.
+
+On this kind of machine the loader's child spends ~2.3 s compiling (BCC,
+clang) and ~2.2 s in the kernel's verifier (the page-cache reader), which a
+restart under systemd would pay again for the very same program.
+:func:`load_pinned` pins every program and map the loader handed over under
+``ROOT/<source>-<key>`` (bpffs, root only), and on the next start with the
+same key takes them back (BPF_OBJ_GET) and attaches them afresh: no compile,
+no verifier.
+
+The key is a SHA-256 over the BPF source and every header beside it, the
+cflags (they carry this kernel's BTF offsets), the attach lists, the kernel
+release and the boot id: any change loads afresh (and unpins the old copy).
+
+Only the process holding :data:`LOCK_PATH` (flock) uses the pins: a second
+daemon loads its own copy, since two consumers must never share rings.
+Before attaching, what a previous run left is reset: ring buffers skipped to
+their producer position (its records never reach this session), hash maps
+emptied, array maps zeroed, program arrays refilled.  Pinned programs of a
+stopped or killed daemon stay loaded but do not run (nothing attaches them);
+their maps keep their memory (the rings: Config.ringbuf_bytes) until the
+next start or ``rm -r ROOT``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import shutil
+import struct
+import time
+
+from buildidd.errors import ProbeError
+from buildidd.kernel.bpfsys import MapRef, MapType, bpf, map_info
+from buildidd.kernel.loader import LoadedProgram, LoadSpec, load
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LOCK_PATH", "load_pinned"]
+
+#: Taken (flock LOCK_EX) by the one process that may use and replace the pins.
+LOCK_PATH = "/run/buildidd/bpf-pins.lock"
+#: statfs f_type of bpffs (include/uapi/linux/magic.h BPF_FS_MAGIC).
+BPF_FS_MAGIC = 0xCAFE4A11
+
+BPF_OBJ_PIN = 6
+BPF_OBJ_GET = 7
+BPF_RAW_TRACEPOINT_OPEN = 17
+PERF_TYPE_TRACEPOINT = 2
+PERF_SAMPLE_RAW = 1 << 10
+PERF_FLAG_FD_CLOEXEC = 8
+PERF_EVENT_IOC_ENABLE = 0x2400
+PERF_EVENT_IOC_SET_BPF = 0x40042408
+PERF_EVENT_OPEN_NR = {"x86_64": 298, "aarch64": 241, "riscv64": 241}
+#: Array maps with more slots than this are not reused (zeroing them would cost more than a load).
+MAX_ARRAY_RESET = 1 << 16
+
+
+class _ObjAttr(ctypes.Structure):
+    """union bpf_attr for BPF_OBJ_PIN / BPF_OBJ_GET (include/uapi/linux/bpf.h)."""
+    _fields_ = [("pathname", ctypes.c_uint64), ("bpf_fd", ctypes.c_uint32), ("file_flags", ctypes.c_uint32)]
+
+
+class _RawTpAttr(ctypes.Structure):
+    """union bpf_attr for BPF_RAW_TRACEPOINT_OPEN (raw_tracepoint.name, prog_fd)."""
+    _fields_ = [("name", ctypes.c_uint64), ("prog_fd", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def spec_key(spec: LoadSpec) -> str:
+    """Hex SHA-256 naming one compiled program on this boot: the source and the headers in its
+    directory, cflags, attach lists, kernel release and /proc/sys/kernel/random/boot_id."""
+    h = hashlib.sha256()
+    src_dir = os.path.dirname(spec.src_file)
+    for name in [os.path.basename(spec.src_file)] + sorted(n for n in os.listdir(src_dir) if n.endswith(".h")):
+        with open(os.path.join(src_dir, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read() + b"\0")
+    h.update(spec.to_json())
+    h.update(os.uname().release.encode())
+    with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+        h.update(f.read())
+    return h.hexdigest()[:32]
+
+
+def load_pinned(spec: LoadSpec, root: str) -> LoadedProgram:
+    """spec loaded: from the pins under root when this boot already compiled it, else by
+    :func:`buildidd.kernel.loader.load` and then pinned.  Falls back to a plain load (said in
+    the log) when root cannot be used or another process holds :data:`LOCK_PATH`.
+
+    Returns:
+        The LoadedProgram; ``reused`` True when it came from the pins (compile_s 0, attach_s
+        the time to take and attach them); its ``lock_fd`` holds the lock until close().
+    Raises:
+        ProbeError: as loader.load.
+    """
+    lock = _lock()
+    if lock is None:
+        return load(spec)
+    try:
+        _ensure_bpffs(root)
+        key = spec_key(spec)
+    except (OSError, ProbeError) as e:
+        log.info("BPF pins not used (%s): loading afresh", e)
+        os.close(lock)
+        return load(spec)
+    name = os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
+    pin_dir = os.path.join(root, f"{name}-{key}")
+    if os.path.isdir(pin_dir):
+        t0 = time.monotonic()
+        try:
+            loaded = _reuse(pin_dir, spec)
+            loaded.attach_s = loaded.load_s = time.monotonic() - t0
+            loaded.reused, loaded.lock_fd = True, lock
+            return loaded
+        except (OSError, ProbeError, ValueError) as e:
+            log.warning("pinned BPF program %s not reusable (%s): loading afresh", pin_dir, e)
+            shutil.rmtree(pin_dir, ignore_errors=True)
+    loaded = load(spec)
+    loaded.lock_fd = lock
+    try:
+        _pin(loaded, root, name, pin_dir)
+    except OSError as e:
+        log.warning("cannot pin the BPF program under %s: %s", root, e)
+    return loaded
+
+
+def _lock() -> int | None:
+    try:
+        os.makedirs(os.path.dirname(LOCK_PATH), mode=0o700, exist_ok=True)
+        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        log.info("BPF pins not used: %s: %s", LOCK_PATH, e)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)           # another daemon uses the pins: this one loads its own copy
+        return None
+    return fd
+
+
+def _ensure_bpffs(root: str) -> None:
+    """Mount bpffs at root's parent when nothing is mounted there (systemd mounts /sys/fs/bpf at boot)."""
+    parent = os.path.dirname(root.rstrip("/"))
+    if _fs_type(parent) != BPF_FS_MAGIC:
+        r = _libc.mount(b"bpf", parent.encode(), b"bpf", ctypes.c_ulong(0), None)
+        if r != 0 or _fs_type(parent) != BPF_FS_MAGIC:
+            raise OSError(ctypes.get_errno(), f"{parent} is not a bpffs and cannot be mounted as one")
+    os.makedirs(root, mode=0o700, exist_ok=True)
+
+
+def _fs_type(path: str) -> int:
+    class StatFs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
+    st = StatFs()
+    if _libc.statfs(path.encode(), ctypes.byref(st)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return st.f_type & 0xFFFFFFFF
+
+
+def _obj(cmd: int, path: str, fd: int = 0) -> int:
+    p = ctypes.create_string_buffer(path.encode())
+    return bpf(cmd, _ObjAttr(pathname=ctypes.addressof(p), bpf_fd=fd))
+
+
+def _pin(loaded: LoadedProgram, root: str, name: str, pin_dir: str) -> None:
+    """Pin loaded's programs and maps in a new directory, renamed to pin_dir when complete; older
+    keys of the same source are unpinned."""
+    tmp = f"{pin_dir}_tmp{os.getpid()}"          # bpffs refuses names with a dot
+    os.mkdir(tmp, 0o700)
+    try:
+        for kind, table in (("prog", loaded.progs), ("map", {n: m.fd for n, m in loaded.maps.items()})):
+            for obj, fd in table.items():
+                _obj(BPF_OBJ_PIN, os.path.join(tmp, f"{kind}_{obj}"), fd)
+        os.rename(tmp, pin_dir)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for other in os.listdir(root):
+        if other.startswith(f"{name}-") and os.path.join(root, other) != pin_dir:
+            shutil.rmtree(os.path.join(root, other), ignore_errors=True)
+
+
+def _reuse(pin_dir: str, spec: LoadSpec) -> LoadedProgram:
+    loaded = LoadedProgram()
+    try:
+        for entry in sorted(os.listdir(pin_dir)):
+            kind, _, obj = entry.partition("_")
+            fd = _obj(BPF_OBJ_GET, os.path.join(pin_dir, entry))
+            if kind == "map":
+                loaded.maps[obj] = MapRef(fd, map_info(fd))
+            else:
+                loaded.progs[obj] = fd
+        for ref in loaded.maps.values():
+            _reset(ref)
+        for t in spec.tail_calls:
+            loaded.maps[t.table].update(ctypes.c_int(t.index), ctypes.c_uint32(loaded.progs[t.function]))
+        for prog, fd in loaded.progs.items():
+            if prog.startswith("tracepoint__"):
+                category, _, event = prog.removeprefix("tracepoint__").partition("__")
+                loaded.links[f"tracepoint:{category}:{event}"] = _attach_tracepoint(category, event, fd)
+        for tp, fn in spec.raw_tracepoints:
+            name = ctypes.create_string_buffer(tp.encode())
+            loaded.links[f"raw_tracepoint:{tp}"] = bpf(BPF_RAW_TRACEPOINT_OPEN, _RawTpAttr(
+                name=ctypes.addressof(name), prog_fd=loaded.progs[fn]))
+    except BaseException:
+        loaded.close()
+        raise
+    return loaded
+
+
+def _reset(ref: MapRef) -> None:
+    """Return one map to its state after a fresh load (see the module docstring).
+
+    Raises:
+        ProbeError: a map type this does not know how to reset (the pins are then not used).
+    """
+    kind = ref.info.type
+    if kind == MapType.RINGBUF:
+        page = mmap.PAGESIZE
+        with mmap.mmap(ref.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0) as cons, \
+                mmap.mmap(ref.fd, page, mmap.MAP_SHARED, mmap.PROT_READ, offset=page) as prod:
+            cons[0:8] = prod[0:8]
+    elif kind in (MapType.HASH, MapType.PERCPU_HASH, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH):
+        for key in list(ref.keys()):
+            try:
+                ref.delete(key)
+            except KeyError:
+                pass
+    elif kind in (MapType.ARRAY, MapType.PERCPU_ARRAY) and ref.info.max_entries <= MAX_ARRAY_RESET:
+        zero = bytes(ref.info.value_size)
+        for i in range(ref.info.max_entries):
+            ref.update(struct.pack("<I", i), zero)
+    elif kind != MapType.PROG_ARRAY:
+        raise ProbeError(f"map {ref.info.name!r} of type {kind} cannot be reset")
+
+
+def _attach_tracepoint(category: str, event: str, prog_fd: int) -> int:
+    """perf_event_open of the tracepoint (pid -1, cpu 0: a tracepoint program runs on every CPU)
+    with PERF_EVENT_IOC_SET_BPF, as libbcc's bpf_attach_tracepoint does; the perf event's fd."""
+    with open(f"/sys/kernel/tracing/events/{category}/{event}/id") as f:
+        tp_id = int(f.read())
+    attr = ctypes.create_string_buffer(64)                 # PERF_ATTR_SIZE_VER0
+    struct.pack_into("<IIQQQ", attr, 0, PERF_TYPE_TRACEPOINT, 64, tp_id, 1, PERF_SAMPLE_RAW)
+    struct.pack_into("<I", attr, 48, 1)                    # wakeup_events
+    nr = PERF_EVENT_OPEN_NR.get(os.uname().machine)
+    if nr is None:
+        raise ProbeError(f"perf_event_open syscall number unknown on {os.uname().machine}")
+    fd = _libc.syscall(ctypes.c_long(nr), attr, ctypes.c_int(-1), ctypes.c_int(0), ctypes.c_int(-1),
+                       ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"perf_event_open {category}:{event}: {os.strerror(err)}")
+    try:
+        fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
+        fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

@@ -1,0 +1,111 @@
+"""kernel.pinned: the loaded program kept in bpffs and taken back at the next start, reset, attached afresh."""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import mmap
+import os
+import shutil
+import struct
+import subprocess
+import time
+
+import pytest
+
+from conftest import session_records
+
+RING_BYTES = 2 << 20
+
+
+@pytest.fixture
+def pin_root(bpf):
+    from buildidd.kernel.pinned import _ensure_bpffs
+    root = f"/sys/fs/bpf/buildidd-test-{os.getpid()}"
+    _ensure_bpffs(root)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _positions(fd: int) -> tuple[int, int]:
+    """(consumer_pos, producer_pos) of a BPF ring buffer (pages 0 and 1 of its mmap)."""
+    page = mmap.PAGESIZE
+    with mmap.mmap(fd, 2 * page, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        return struct.unpack_from("<Q", m, 0)[0], struct.unpack_from("<Q", m, page)[0]
+
+
+def test_second_load_is_taken_from_the_pins_and_reset(pin_root):
+    from buildidd.kernel.tracer import Tracer
+    first = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)
+    try:
+        assert not first.prog.reused and first.compile_s > 0
+        assert len(os.listdir(pin_root)) == 1
+        # Leave state behind: unread events in the rings, a hash entry, an array value.
+        for _ in range(20):
+            subprocess.run(["/bin/true"], check=True)
+        assert any(_positions(fd)[1] > _positions(fd)[0] for fd, _ in first.ring_maps)
+        first.prog.maps["pending_mprotect"].update(ctypes.c_uint32(12345), bytes(
+            first.prog.maps["pending_mprotect"].info.value_size))
+        first.prog.maps["pending_count"].update(ctypes.c_int(0), ctypes.c_uint64(7))
+    finally:
+        first.close()
+    second = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)
+    try:
+        assert second.prog.reused and second.compile_s == 0
+        assert {k for k in second.prog.links if k.startswith("tracepoint:")} == {
+            "tracepoint:syscalls:sys_exit_mmap", "tracepoint:syscalls:sys_enter_mprotect",
+            "tracepoint:syscalls:sys_exit_mprotect"}
+        assert {k for k in second.prog.links if k.startswith("raw_tracepoint:")} >= {
+            "raw_tracepoint:sched_process_exec", "raw_tracepoint:sched_process_fork",
+            "raw_tracepoint:sched_process_exit", "raw_tracepoint:task_rename"}
+        assert list(second.prog.maps["pending_mprotect"].keys()) == []
+        assert second.prog.maps["pending_count"].lookup(ctypes.c_int(0)) == bytes(8)
+        before = [_positions(fd) for fd, _ in second.ring_maps]
+        assert all(c == p for c, p in before), before      # the previous run's records are skipped
+        for _ in range(5):
+            subprocess.run(["/bin/true"], check=True)
+        after = [_positions(fd) for fd, _ in second.ring_maps]
+        assert sum(p for _, p in after) > sum(p for _, p in before)   # attached afresh: events flow
+    finally:
+        second.close()
+
+
+def test_a_second_daemon_loads_its_own_copy_while_the_pins_are_in_use(pin_root):
+    from buildidd.kernel.pinned import LOCK_PATH
+    from buildidd.kernel.tracer import Tracer
+    first = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)     # holds the lock until closed
+    try:
+        pins = sorted(os.listdir(pin_root))
+        other = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)
+        try:
+            assert not other.prog.reused and other.prog.lock_fd == -1
+            assert sorted(os.listdir(pin_root)) == pins
+            ids = lambda t: {t.prog.maps["events0"].info.id}     # noqa: E731
+            assert ids(first) != ids(other)                       # no shared ring
+        finally:
+            other.close()
+    finally:
+        first.close()
+    fd = os.open(LOCK_PATH, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)         # released by close()
+    finally:
+        os.close(fd)
+
+
+def test_daemon_restart_reuses_the_program_and_records(recorder, pin_root):
+    rec = recorder(bpf_pin_root=pin_root)
+    assert session_records(rec.session_dir)[0]["bpf_reused"] is False     # a new pin root: compiled
+    rec.close()
+    rec = recorder(bpf_pin_root=pin_root)
+    session = session_records(rec.session_dir)[0]
+    assert session["bpf_reused"] is True and session["bpf_compile_s"] == 0
+    subprocess.run(["/bin/true"], check=True)
+    deadline = time.monotonic() + 10
+    seen = []
+    while time.monotonic() < deadline and not seen:
+        rec.step()
+        seen = [r for r in session_records(rec.session_dir)
+                if r["type"] == "exec" and r.get("filename") == "/bin/true"]
+        time.sleep(0.05)
+    assert seen and seen[0]["build_id"] and seen[0]["build_id_source"] == "kernel", seen
