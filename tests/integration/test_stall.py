@@ -123,6 +123,8 @@ def _attack_and_check(tmp_path, attacker, mode, request_cleanup):
         stop_s = time.monotonic() - t0
         assert rc == 0, p.stderr.read()
         assert stop_s < 2.0, f"SIGTERM took {stop_s:.2f} s"
+        print(f"FIFO attack ({mode}): {len(mine)} attacker mappings recorded, root's exec recorded after "
+              f"{seen:.2f} s, SIGTERM to exit {stop_s:.2f} s")
     finally:
         for proc in (atk, p):
             if proc is not None and proc.poll() is None:
