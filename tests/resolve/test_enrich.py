@@ -177,3 +177,32 @@ def test_ctime_is_compared_while_the_file_has_a_name_and_not_once_it_has_none(tm
             os.close(pfd)
     finally:
         os.close(fd)
+
+
+def test_a_file_without_a_name_already_at_the_event_is_still_compared_on_ctime(tmp_path):
+    """A memfd or a file unlinked before its mmap: the event's ctime is after the unlink, so a later
+    ctime change is a real change (a write whose mtime was set back)."""
+    import time
+    from buildidd.resolve.procfs import open_identified
+    from buildidd.errors import FileRefusedError
+
+    fd = os.memfd_create("bidd-test")
+    try:
+        os.write(fd, b"\x7fELF" + b"\0" * 60)
+        mapped = identity_of(fd, named_at_event=False)
+        assert mapped.ctime_ns                          # nlink 0 at the event: ctime kept
+        st = os.fstat(fd)
+        time.sleep(0.02)
+        os.pwrite(fd, b"X", 10)                            # other bytes, same size
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime as at the event
+        pfd = os.open(f"/proc/self/fd/{fd}", os.O_PATH)
+        try:
+            try:
+                os.close(open_identified(pfd, mapped, named_at_event=False))
+                raise AssertionError("a memfd rewritten with its mtime set back was accepted")
+            except FileRefusedError as e:
+                assert e.reason == "modified"
+        finally:
+            os.close(pfd)
+    finally:
+        os.close(fd)

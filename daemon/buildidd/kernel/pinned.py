@@ -12,8 +12,8 @@ The key is a SHA-256 over the BPF source and every header beside it, the
 cflags (they carry this kernel's BTF offsets), the attach lists, the kernel
 release and the boot id: any change loads afresh (and unpins the old copy).
 
-Only the process holding :data:`LOCK_PATH` (flock) uses the pins: a second
-daemon loads its own copy, since two consumers must never share rings.
+Only the process holding a flock on the pin root directory uses the pins: a
+second daemon loads its own copy, since two consumers must never share rings.
 Before attaching, what a previous run left is reset: ring buffers skipped to
 their producer position (its records never reach this session), hash maps
 emptied, array maps zeroed, program arrays refilled.  Pinned programs of a
@@ -25,12 +25,14 @@ next start or ``rm -r ROOT``.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import hashlib
 import logging
 import mmap
 import os
 import shutil
+import stat
 import struct
 import time
 
@@ -40,10 +42,10 @@ from buildidd.kernel.loader import LoadedProgram, LoadSpec, load
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LOCK_PATH", "load_pinned"]
+__all__ = ["load_pinned"]
 
-#: Taken (flock LOCK_EX) by the one process that may use and replace the pins.
-LOCK_PATH = "/run/buildidd/bpf-pins.lock"
+#: Where bpffs is mounted when it is not (the only place this module mounts it).
+BPF_MOUNT = "/sys/fs/bpf"
 #: statfs f_type of bpffs (include/uapi/linux/magic.h BPF_FS_MAGIC).
 BPF_FS_MAGIC = 0xCAFE4A11
 
@@ -92,24 +94,34 @@ def spec_key(spec: LoadSpec) -> str:
 def load_pinned(spec: LoadSpec, root: str) -> LoadedProgram:
     """spec loaded: from the pins under root when this boot already compiled it, else by
     :func:`buildidd.kernel.loader.load` and then pinned.  Falls back to a plain load (said in
-    the log) when root cannot be used or another process holds :data:`LOCK_PATH`.
+    the log) when root cannot be used or another process holds its lock.
 
+    Args:
+        spec: what to load.
+        root: the pin root, a directory directly under a bpffs mount (Config.bpf_pin_root).
     Returns:
         The LoadedProgram; ``reused`` True when it came from the pins (compile_s 0, attach_s
         the time to take and attach them); its ``lock_fd`` holds the lock until close().
     Raises:
         ProbeError: as loader.load.
     """
-    lock = _lock()
-    if lock is None:
-        return load(spec)
     try:
         _ensure_bpffs(root)
         key = spec_key(spec)
+        lock = _lock(root)
     except (OSError, ProbeError) as e:
         log.info("BPF pins not used (%s): loading afresh", e)
-        os.close(lock)
         return load(spec)
+    if lock is None:
+        return load(spec)
+    try:
+        return _load_locked(spec, root, key, lock)
+    except BaseException:
+        os.close(lock)
+        raise
+
+
+def _load_locked(spec: LoadSpec, root: str, key: str, lock: int) -> LoadedProgram:
     name = os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
     pin_dir = os.path.join(root, f"{name}-{key}")
     if os.path.isdir(pin_dir):
@@ -119,25 +131,23 @@ def load_pinned(spec: LoadSpec, root: str) -> LoadedProgram:
             loaded.attach_s = loaded.load_s = time.monotonic() - t0
             loaded.reused, loaded.lock_fd = True, lock
             return loaded
-        except (OSError, ProbeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - any fault in the pins: load afresh instead
             log.warning("pinned BPF program %s not reusable (%s): loading afresh", pin_dir, e)
             shutil.rmtree(pin_dir, ignore_errors=True)
     loaded = load(spec)
     loaded.lock_fd = lock
     try:
-        _pin(loaded, root, name, pin_dir)
+        if spec_key(spec) == key:        # not the source of an upgrade made during the compile
+            _pin(loaded, root, name, pin_dir)
     except OSError as e:
         log.warning("cannot pin the BPF program under %s: %s", root, e)
     return loaded
 
 
-def _lock() -> int | None:
-    try:
-        os.makedirs(os.path.dirname(LOCK_PATH), mode=0o700, exist_ok=True)
-        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as e:
-        log.info("BPF pins not used: %s: %s", LOCK_PATH, e)
-        return None
+def _lock(root: str) -> int | None:
+    """flock (LOCK_EX) of the pin root directory itself: it lives exactly as long as the pins,
+    whatever happens to /run.  None when another process holds it."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -147,13 +157,33 @@ def _lock() -> int | None:
 
 
 def _ensure_bpffs(root: str) -> None:
-    """Mount bpffs at root's parent when nothing is mounted there (systemd mounts /sys/fs/bpf at boot)."""
-    parent = os.path.dirname(root.rstrip("/"))
+    """Check root is a 0700 directory of this user's directly under a bpffs mount, making it if
+    absent; bpffs is mounted (mode 0700, as systemd does) only at :data:`BPF_MOUNT` when nothing
+    is there.
+
+    Raises:
+        OSError: no bpffs at root's parent, root's parent is not the mount's root, or root is not
+            this user's 0700 directory (/sys/fs/bpf may be world-writable: a directory a user
+            made there first could hold a link to another pinned object standing in for ours).
+    """
+    root = root.rstrip("/")
+    parent = os.path.dirname(root)
     if _fs_type(parent) != BPF_FS_MAGIC:
-        r = _libc.mount(b"bpf", parent.encode(), b"bpf", ctypes.c_ulong(0), None)
-        if r != 0 or _fs_type(parent) != BPF_FS_MAGIC:
-            raise OSError(ctypes.get_errno(), f"{parent} is not a bpffs and cannot be mounted as one")
-    os.makedirs(root, mode=0o700, exist_ok=True)
+        if parent != BPF_MOUNT:
+            raise OSError(errno.ENOTDIR, f"{parent} is not a bpffs mount")
+        if _libc.mount(b"bpf", parent.encode(), b"bpf", ctypes.c_ulong(0), b"mode=0700") != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot mount bpffs at {parent}: {os.strerror(err)}")
+    if _fs_type(os.path.dirname(parent)) == BPF_FS_MAGIC:
+        raise OSError(errno.EINVAL, f"{root}: its parent is not the root of a bpffs mount")
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise OSError(errno.EPERM, f"{root} is not a directory of this user's, mode 0700 "
+                                   f"(uid {st.st_uid}, mode {stat.filemode(st.st_mode)})")
 
 
 def _fs_type(path: str) -> int:
@@ -175,6 +205,7 @@ def _pin(loaded: LoadedProgram, root: str, name: str, pin_dir: str) -> None:
     """Pin loaded's programs and maps in a new directory, renamed to pin_dir when complete; older
     keys of the same source are unpinned."""
     tmp = f"{pin_dir}_tmp{os.getpid()}"          # bpffs refuses names with a dot
+    shutil.rmtree(tmp, ignore_errors=True)          # a crashed start's, with the same pid
     os.mkdir(tmp, 0o700)
     try:
         for kind, table in (("prog", loaded.progs), ("map", {n: m.fd for n, m in loaded.maps.items()})):
@@ -195,10 +226,14 @@ def _reuse(pin_dir: str, spec: LoadSpec) -> LoadedProgram:
         for entry in sorted(os.listdir(pin_dir)):
             kind, _, obj = entry.partition("_")
             fd = _obj(BPF_OBJ_GET, os.path.join(pin_dir, entry))
-            if kind == "map":
-                loaded.maps[obj] = MapRef(fd, map_info(fd))
-            else:
+            if kind != "map":
                 loaded.progs[obj] = fd
+                continue
+            try:
+                loaded.maps[obj] = MapRef(fd, map_info(fd))
+            except BaseException:
+                os.close(fd)
+                raise
         for ref in loaded.maps.values():
             _reset(ref)
         for t in spec.tail_calls:

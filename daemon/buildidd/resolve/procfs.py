@@ -58,12 +58,13 @@ class Source(enum.Enum):
     KERNEL = "kernel"         #: the BPF side read it from the page cache at the event (bpf/pagecache.h)
 
 
-def identity_of(fd: int, want_generation: bool = True) -> Identity:
+def identity_of(fd: int, want_generation: bool = True, named_at_event: bool = True) -> Identity:
     """Identity of the open file fd, in the form the kernel side reports it.
 
     Args:
         fd: an open file descriptor.
         want_generation: also ask FS_IOC_GETVERSION (0 where unsupported).
+        named_at_event: as :func:`stat_identity`'s.
     Raises:
         OSError: fstat failed.
     """
@@ -75,20 +76,24 @@ def identity_of(fd: int, want_generation: bool = True) -> Identity:
             gen = struct.unpack("<q", buf)[0] & 0xFFFFFFFF
         except OSError:
             gen = 0
-    return stat_identity(st, gen)
+    return stat_identity(st, gen, named_at_event)
 
 
-def stat_identity(st: os.stat_result, generation: int = 0) -> Identity:
+def stat_identity(st: os.stat_result, generation: int = 0, named_at_event: bool = True) -> Identity:
     """The Identity of an fstat(2) result, with the given inode generation (0: unknown).
 
-    ctime is left out (0: not compared by :func:`mismatch`) when the file has
-    no name left (st_nlink 0): unlinking it, or renaming another file over its
+    ctime is left out (0: not compared by :func:`mismatch`) when the file had
+    a name at the event (named_at_event: the event's nlink was not 0) and has
+    none now (st_nlink 0): unlinking it, or renaming another file over its
     path (a package upgrade), moved its ctime while its bytes stayed those that
-    were mapped.  Size, mtime, inode and generation are still compared; a file
-    that keeps a name is compared on ctime too (a write whose mtime was set back).
+    were mapped.  Size, mtime, inode and generation are still compared.  A
+    file that keeps a name, or had none already at the event (a memfd, an
+    O_TMPFILE, a file unlinked before its mmap: the event's ctime is after
+    its unlink), is compared on ctime too (a write whose mtime was set back).
     """
+    dropped = named_at_event and st.st_nlink == 0
     return Identity(st.st_dev, st.st_ino, generation, st.st_size, st.st_mtime_ns,
-                    st.st_ctime_ns if st.st_nlink else 0)
+                    0 if dropped else st.st_ctime_ns)
 
 
 def mismatch(want: Identity, got: Identity) -> str | None:
@@ -216,11 +221,13 @@ def open_route(source: "Source", pid: int, path: str, vma: tuple[int, int] = (0,
         os.close(root)
 
 
-def open_identified(pfd: int, want: Identity) -> int:
+def open_identified(pfd: int, want: Identity, named_at_event: bool = True) -> int:
     """Reopen the O_PATH descriptor pfd for reading when it is the regular file want describes.
 
     The checks run on pfd, before any open for reading: fstat (a regular
-    file; ino, dev, size and mtime equal want's by :func:`mismatch`), then
+    file; ino, dev, size, mtime and ctime equal want's by :func:`mismatch`,
+    ctime as :func:`stat_identity` says with named_at_event: False when the
+    event's nlink was 0), then
     fstatfs (on FUSE: not read; the answer is final for that identity).  The reopen goes through the magic link
     /proc/self/fd/PFD, so it reaches that same inode whatever the path names
     now, with :data:`O_READ_FLAGS`; the generation is compared on the result
@@ -237,14 +244,14 @@ def open_identified(pfd: int, want: Identity) -> int:
     st = os.fstat(pfd)
     if not stat.S_ISREG(st.st_mode):
         raise FileRefusedError(MissReason.NOT_REGULAR, f"mode {stat.filemode(st.st_mode)}")
-    why = mismatch(want, stat_identity(st))
+    why = mismatch(want, stat_identity(st, 0, named_at_event))
     if why is not None:
         raise FileRefusedError(why, "another file than the one mapped")
     if fs_type(pfd) == FUSE_SUPER_MAGIC:
         raise FileRefusedError(MissReason.SLOW_FS, "on a FUSE file system")
     fd = os.open(f"/proc/self/fd/{pfd}", O_READ_FLAGS)
     try:
-        why = mismatch(want, identity_of(fd, want.generation != 0))
+        why = mismatch(want, identity_of(fd, want.generation != 0, named_at_event))
         if why is not None:
             raise FileRefusedError(why, "another file than the one mapped")
     except BaseException:

@@ -147,7 +147,7 @@ class Routes:
         """
         pfd = open_route(source, req.pid, req.path, vma)
         try:
-            fd = open_identified(pfd, req.identity)
+            fd = open_identified(pfd, req.identity, req.nlink != 0)
         except FileRefusedError as e:
             if e.reason in _FINAL_REFUSALS and (source is Source.MAP_FILES or e.reason == MissReason.SLOW_FS):
                 return make_resolution(req.identity, None, source, MissReason(e.reason), req.path)
@@ -177,7 +177,7 @@ class Routes:
         req, res = arg
         for pfd in self._routes_of(req):
             try:
-                fd = open_identified(pfd, req.identity)
+                fd = open_identified(pfd, req.identity, req.nlink != 0)
             except (OSError, FileRefusedError):
                 continue
             finally:
