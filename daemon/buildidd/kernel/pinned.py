@@ -38,6 +38,7 @@ import time
 
 from buildidd.errors import ProbeError
 from buildidd.kernel.bpfsys import MapRef, MapType, bpf, map_info
+from buildidd.kernel.fsinfo import path_fs_type
 from buildidd.kernel.loader import LoadedProgram, LoadSpec, load
 
 log = logging.getLogger(__name__)
@@ -168,13 +169,13 @@ def _ensure_bpffs(root: str) -> None:
     """
     root = root.rstrip("/")
     parent = os.path.dirname(root)
-    if _fs_type(parent) != BPF_FS_MAGIC:
+    if path_fs_type(parent) != BPF_FS_MAGIC:
         if parent != BPF_MOUNT:
             raise OSError(errno.ENOTDIR, f"{parent} is not a bpffs mount")
         if _libc.mount(b"bpf", parent.encode(), b"bpf", ctypes.c_ulong(0), b"mode=0700") != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot mount bpffs at {parent}: {os.strerror(err)}")
-    if _fs_type(os.path.dirname(parent)) == BPF_FS_MAGIC:
+    if path_fs_type(os.path.dirname(parent)) == BPF_FS_MAGIC:
         raise OSError(errno.EINVAL, f"{root}: its parent is not the root of a bpffs mount")
     try:
         os.mkdir(root, 0o700)
@@ -184,16 +185,6 @@ def _ensure_bpffs(root: str) -> None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         raise OSError(errno.EPERM, f"{root} is not a directory of this user's, mode 0700 "
                                    f"(uid {st.st_uid}, mode {stat.filemode(st.st_mode)})")
-
-
-def _fs_type(path: str) -> int:
-    class StatFs(ctypes.Structure):
-        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
-    st = StatFs()
-    if _libc.statfs(path.encode(), ctypes.byref(st)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return st.f_type & 0xFFFFFFFF
 
 
 def _obj(cmd: int, path: str, fd: int = 0) -> int:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from buildidd.errors import FileRefusedError
+from buildidd.kernel.fsinfo import fs_type
 from buildidd.kernel.events import Identity
 from buildidd.resolve.reasons import MissReason
 
@@ -171,16 +172,6 @@ _SYS_OPENAT2 = 437                   # x86_64 and the generic table (include/uap
 _RESOLVE_NO_MAGICLINKS = 0x02        # include/uapi/linux/openat2.h
 _RESOLVE_IN_ROOT = 0x10
 _AT_FDCWD = -100
-_STATFS_BYTES = 120                  # sizeof(struct statfs) on 64-bit; f_type (long) first
-
-
-def fs_type(fd: int) -> int:
-    """statfs f_type of the file system holding fd (fstatfs(2); works on O_PATH fds). Raises OSError."""
-    buf = ctypes.create_string_buffer(_STATFS_BYTES)
-    if _libc.fstatfs(fd, buf) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 
 
 def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
