@@ -13,6 +13,7 @@
  */
 #include "events.h"
 #include "pagecache.h"
+#include "buildid_memo.h"
 
 #define PROT_EXEC	0x4
 #define MAP_SHARED	0x01
@@ -121,6 +122,10 @@ BPF_HASH(pending_mprotect, __u32, struct pending_mprotect, 16384);
 /* bpf/pagecache.h: the bases user space found at start-up (zeros: the kernel path is off), its scratch. */
 BPF_ARRAY(pagecache_bases, struct pagecache_bases, 1);
 BPF_PERCPU_ARRAY(pagecache_scratch, struct pc_scratch, 1);
+/* bpf/buildid_memo.h: build-ids read before, by struct inode *; the entry being made; counters. */
+BPF_TABLE("lru_hash", __u64, struct bid_memo, bid_memo, BID_MEMO_ENTRIES);
+BPF_PERCPU_ARRAY(memo_scratch, struct bid_memo, 1);
+BPF_PERCPU_ARRAY(bid_memo_stats, __u64, BID_MEMO_NSTATS);
 
 #define AT(base, off) ((const void *)((const char *)(base) + (off)))
 
@@ -213,6 +218,14 @@ static __always_inline void count_drop(__u32 cause)
 	}
 }
 
+static __always_inline void memo_count(__u32 stat)
+{
+	__u64 *n = bid_memo_stats.lookup(&stat);
+
+	if (n)
+		*n += 1;
+}
+
 static __always_inline void fill_header(struct event_header *h, __u32 type)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -259,28 +272,36 @@ struct user_view {
 	const void *dentry;	/* struct dentry * */
 	const void *vfsmnt;	/* struct vfsmount * */
 	const void *inode;	/* struct inode * */
+	const void *mapping;	/* file->f_mapping: the page cache of the mapped (real) file */
+	const void *real_inode;	/* file->f_inode: the mapped file's inode (on overlayfs the real one) */
 };
+
+/* struct file's f_mode, f_mapping, f_inode and f_path lie within FILE_SPAN_LEN bytes (tracer.py). */
+#define FILE_FIELD(buf, off, type) (*(type *)((buf) + (off) - FILE_SPAN_BASE))
 
 static __always_inline int user_view(const void *file, struct user_view *u, __u32 *flags)
 {
-	const void *path = AT(file, OFF_FILE_F_PATH);
-	const void *pp[2] = {};
+	__u8 f[FILE_SPAN_LEN];
 
+	if (bpf_probe_read_kernel(f, sizeof(f), AT(file, FILE_SPAN_BASE)))
+		return -1;
+	u->mapping = FILE_FIELD(f, OFF_FILE_F_MAPPING, const void *);
+	u->vfsmnt = FILE_FIELD(f, OFF_FILE_F_PATH + OFF_PATH_MNT, const void *);
+	u->dentry = FILE_FIELD(f, OFF_FILE_F_PATH + OFF_PATH_DENTRY, const void *);
+	u->inode = u->real_inode = FILE_FIELD(f, OFF_FILE_F_INODE, const void *);
 #ifdef OFF_BACKING_FILE_USER_PATH
-	if (rd32(AT(file, OFF_FILE_F_MODE)) & FMODE_BACKING) {
-		path = AT(file, OFF_BACKING_FILE_USER_PATH);
+	if (FILE_FIELD(f, OFF_FILE_F_MODE, __u32) & FMODE_BACKING) {
+		/* struct path: vfsmount *mnt, dentry *dentry (one read when adjacent) */
+		const void *pp[2] = {};
+
 		*flags |= BUILDIDD_FILE_BACKING;
+		if (bpf_probe_read_kernel(pp, sizeof(pp), AT(file, OFF_BACKING_FILE_USER_PATH + PATH_SPAN_BASE)))
+			return -1;
+		u->vfsmnt = pp[(OFF_PATH_MNT - PATH_SPAN_BASE) / 8 & 1];
+		u->dentry = pp[(OFF_PATH_DENTRY - PATH_SPAN_BASE) / 8 & 1];
+		u->inode = u->dentry ? rdptr(AT(u->dentry, OFF_DENTRY_D_INODE)) : NULL;
 	}
 #endif
-	/* struct path: vfsmount *mnt, dentry *dentry (one read when adjacent) */
-	if (bpf_probe_read_kernel(pp, sizeof(pp), AT(path, PATH_SPAN_BASE)))
-		return -1;
-	u->vfsmnt = pp[(OFF_PATH_MNT - PATH_SPAN_BASE) / 8 & 1];
-	u->dentry = pp[(OFF_PATH_DENTRY - PATH_SPAN_BASE) / 8 & 1];
-	if (*flags & BUILDIDD_FILE_BACKING)
-		u->inode = u->dentry ? rdptr(AT(u->dentry, OFF_DENTRY_D_INODE)) : NULL;
-	else
-		u->inode = rdptr(AT(file, OFF_FILE_F_INODE));
 	return u->inode && u->dentry && u->vfsmnt ? 0 : -1;
 }
 
@@ -291,9 +312,13 @@ static __always_inline int user_view(const void *file, struct user_view *u, __u3
  */
 #define INODE_FIELD(buf, off, type) (*(type *)((buf) + (off) - INODE_SPAN_BASE))
 
-static __always_inline int read_file_id(const void *inode, struct file_id *id)
+#define SB_FIELD(buf, off, type) (*(type *)((buf) + (off) - SB_SPAN_BASE))
+
+/* *magic: the file system's super_block.s_magic (include/uapi/linux/magic.h), 0 if unknown. */
+static __always_inline int read_file_id(const void *inode, struct file_id *id, __u64 *magic)
 {
 	__u8 buf[INODE_SPAN_LEN];
+	__u8 sbuf[SB_SPAN_LEN];
 	const void *sb;
 
 	if (!inode || bpf_probe_read_kernel(buf, sizeof(buf), AT(inode, INODE_SPAN_BASE)))
@@ -309,7 +334,13 @@ static __always_inline int read_file_id(const void *inode, struct file_id *id)
 	id->_pad = 0;
 	id->nlink = INODE_FIELD(buf, OFF_INODE_I_NLINK, __u32);
 	sb = INODE_FIELD(buf, OFF_INODE_I_SB, const void *);
-	id->dev = sb ? rd32(AT(sb, OFF_SUPER_BLOCK_S_DEV)) : 0;
+	id->dev = 0;
+	*magic = 0;
+	/* s_dev and s_magic: one read */
+	if (sb && !bpf_probe_read_kernel(sbuf, sizeof(sbuf), AT(sb, SB_SPAN_BASE))) {
+		id->dev = SB_FIELD(sbuf, OFF_SUPER_BLOCK_S_DEV, __u32);
+		*magic = SB_FIELD(sbuf, OFF_SUPER_BLOCK_S_MAGIC, __u64);
+	}
 	return 0;
 }
 
@@ -513,23 +544,104 @@ static __always_inline const void *find_vma(const void *mm, __u64 addr, struct w
 }
 
 /*
- * The GNU build-id of file (vma->vm_file: on overlayfs the real, backing
- * file, whose page cache holds the bytes) into ev->bid, read now from its
- * page cache (bpf/pagecache.h).  The size is the real inode's, which is the
- * one ev->file describes unless the file is a backing file.
+ * The build-id of ev's file from the memo when a confirmed entry for inode
+ * matches ev->file and the file has no writer: returns 1 with ev->bid filled.
+ * Otherwise returns 0 and leaves in ms->confirmed whether memo_learn may
+ * remember what the page-cache walk finds (1: a local file system, no writer).
  */
-static __always_inline void read_build_id(const void *file, struct map_event *ev)
+static __always_inline int memo_answer(const void *inode, __u64 magic, struct map_event *ev,
+				       struct bid_memo *ms)
+{
+	__u64 key = (__u64)inode;
+	struct bid_memo *m;
+
+	ms->confirmed = 0;
+	if (!memo_local_fs(magic))
+		return 0;
+	if ((__s32)rd32(AT(inode, OFF_INODE_I_WRITECOUNT)) > 0) {
+		memo_count(BID_MEMO_WRITER);
+		return 0;
+	}
+	ms->confirmed = 1;
+	m = bid_memo.lookup(&key);
+	if (!m || !m->confirmed || !memo_same_id(&m->id, &ev->file))
+		return 0;
+	ev->bid.status = PC_OK;
+	ev->bid.size = m->size & (PC_BUILD_ID_MAX * 2 - 1);
+	ev->bid.page = 0;
+	__builtin_memcpy(ev->bid.build_id, m->build_id, PC_BUILD_ID_MAX);
+	ev->id_flags |= BUILDIDD_BID_MEMO;
+	memo_count(BID_MEMO_HIT);
+	return 1;
+}
+
+/*
+ * After a page-cache walk of inode's file that memo_answer allowed
+ * (ms->confirmed): an entry that agrees with it (same identity, same
+ * build-id) and is BID_MEMO_CONFIRM_NS old is confirmed; one that does not
+ * is replaced by a new, unconfirmed one.
+ */
+static __always_inline void memo_learn(const void *inode, struct map_event *ev, struct bid_memo *ms)
+{
+	__u64 key = (__u64)inode;
+	struct bid_memo *m;
+
+	if (!ms->confirmed || ev->bid.status != PC_OK)
+		return;
+	m = bid_memo.lookup(&key);
+	if (m && memo_same_id(&m->id, &ev->file) && memo_same_bid(m, &ev->bid)) {
+		if (!m->confirmed && ev->hdr.time_ns - m->first_ns >= BID_MEMO_CONFIRM_NS) {
+			m->confirmed = 1;
+			memo_count(BID_MEMO_CONFIRM);
+		}
+		return;
+	}
+	ms->id = ev->file;
+	ms->first_ns = ev->hdr.time_ns;
+	ms->confirmed = 0;
+	ms->size = ev->bid.size;
+	__builtin_memcpy(ms->build_id, ev->bid.build_id, PC_BUILD_ID_MAX);
+	bid_memo.update(&key, ms);
+	memo_count(BID_MEMO_FILL);
+}
+
+/*
+ * The GNU build-id of the mapped file into ev->bid: from the build-id memo
+ * (bpf/buildid_memo.h) when it holds a confirmed entry for this inode with
+ * this identity and the file has no writer, else read now from its page
+ * cache (bpf/pagecache.h), and then remembered.  An overlayfs backing file
+ * (vma->vm_file is the real file; ev->file describes the overlay inode) is
+ * read every time, with the real inode's size.  magic: the file system of
+ * u->inode.
+ */
+static __always_inline void read_build_id(const struct user_view *u, __u64 magic, struct map_event *ev)
 {
 	struct pc_scratch *pcs;
 	struct pagecache_bases *b;
-	__u64 size = ev->file.size;
+	struct bid_memo *ms;
 	__u32 zero = 0;
 
 	pcs = pagecache_scratch.lookup(&zero);
 	b = pagecache_bases.lookup(&zero);
-	if (ev->id_flags & BUILDIDD_FILE_BACKING)
-		size = rd64(AT(rdptr(AT(file, OFF_FILE_F_INODE)), OFF_INODE_I_SIZE));
-	pagecache_build_id(file, size, &ev->bid, pcs, b);
+	ms = memo_scratch.lookup(&zero);
+	if (ev->id_flags & BUILDIDD_FILE_BACKING) {
+		__u64 size = rd64(AT(u->real_inode, OFF_INODE_I_SIZE));
+
+		pagecache_build_id(u->mapping, size, &ev->bid, pcs, b);
+		return;
+	}
+	if (!ms)
+		return;
+	if (memo_answer(u->inode, magic, ev, ms))
+		return;
+	/*
+	 * Nothing but memory is live across the page-cache walk (ms->confirmed
+	 * holds memo_answer's verdict): a register that differed between
+	 * memo_answer's outcomes would multiply the states the verifier follows
+	 * through the walk's loops.
+	 */
+	pagecache_build_id(u->mapping, ev->file.size, &ev->bid, pcs, b);
+	memo_learn(u->inode, ev, ms);
 }
 
 /*
@@ -542,16 +654,17 @@ static __always_inline int prepare_map_event(struct map_scratch *s, const void *
 	struct map_event *ev = &s->ev;
 	struct user_view u;
 	__u32 off, plen;
+	__u64 magic;
 
 	ev->id_flags = 0;
 	ev->path_len = 0;
-	if (user_view(file, &u, &ev->id_flags) || read_file_id(u.inode, &ev->file))
+	if (user_view(file, &u, &ev->id_flags) || read_file_id(u.inode, &ev->file, &magic))
 		return -1;
 	off = read_path(&u, s, &ev->id_flags);
 	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
 	bpf_probe_read_kernel(ev->path, plen, s->buf + (off & PATH_MASK));
 	ev->path_len = plen;
-	read_build_id(file, ev);
+	read_build_id(&u, magic, ev);
 	return plen;
 }
 
@@ -855,7 +968,7 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	struct map_scratch *ms;
 	struct exec_stage *st;
 	struct user_view u;
-	__u64 at_phdr = 0, at_base = 0, at_entry = 0;
+	__u64 at_phdr = 0, at_base = 0, at_entry = 0, magic;
 	__u32 zero = 0, size, flen, plen, off, compat = 0;
 	int i, n;
 
@@ -869,7 +982,7 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	s->ev.id_flags = 0;
 	/* At this tracepoint bprm->file is the ELF that runs (exec_binprm() swapped a #! script for its interpreter). */
 	file = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILE));
-	if (!file || user_view(file, &u, &s->ev.id_flags) || read_file_id(u.inode, &s->ev.file)) {
+	if (!file || user_view(file, &u, &s->ev.id_flags) || read_file_id(u.inode, &s->ev.file, &magic)) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return 0;
 	}

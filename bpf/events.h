@@ -37,6 +37,9 @@ enum buildidd_map_origin {
 #define BUILDIDD_PATH_UNREACHABLE 0x4	/* dentry walk hit its depth limit or a read failed */
 #define BUILDIDD_FILE_BACKING 0x8	/* the mapped file is an overlayfs backing file: path and
 					 * identity are its user_path's (what the user opened) */
+#define BUILDIDD_BID_MEMO 0x10		/* map_event.bid came from the build-id memo: read from this
+					 * inode's page cache at an earlier mapping, identity unchanged
+					 * since, no writer (bpf/buildid_memo.h) */
 
 /* Indexes of the per-CPU drop counters (map "drops"). */
 enum buildidd_drop_cause {

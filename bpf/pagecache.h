@@ -523,10 +523,11 @@ static __always_inline __u64 pc_need(struct pc_scratch *s, __u64 *len)
 }
 
 /*
- * The GNU build-id of file (a struct file *) of size bytes, from its page
- * cache, into *out.  s: this CPU's scratch; b: the bases (NULL or zeros: off).
+ * The GNU build-id of the file whose page cache is mapping (its struct
+ * file's f_mapping, a struct address_space *) and whose size is size bytes,
+ * into *out.  s: this CPU's scratch; b: the bases (NULL or zeros: off).
  */
-static __always_inline void pagecache_build_id(const void *file, __u64 size,
+static __always_inline void pagecache_build_id(const void *mapping, __u64 size,
 					       struct pagecache_build_id *out,
 					       struct pc_scratch *s, const struct pagecache_bases *b)
 {
@@ -538,7 +539,7 @@ static __always_inline void pagecache_build_id(const void *file, __u64 size,
 	out->page = 0;
 	if (!s || !b || !b->vmemmap_base || !b->page_offset_base)
 		return;
-	s->mapping = (const void *)pc_rd64(PC_AT(file, OFF_FILE_F_MAPPING));
+	s->mapping = mapping;
 	if (!s->mapping)
 		return;
 	s->size = size;

@@ -118,7 +118,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_fadvise64)
 	}
 #ifndef PC_NO_BUILD_ID
 	if (req->op == PC_OP_BUILD_ID)
-		pagecache_build_id(file, rep->size, &rep->bid, pagecache_scratch.lookup(&zero),
+		pagecache_build_id((const void *)rep->mapping, rep->size, &rep->bid, pagecache_scratch.lookup(&zero),
 				   pagecache_bases.lookup(&zero));
 #endif
 	return 0;

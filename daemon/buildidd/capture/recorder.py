@@ -256,8 +256,8 @@ class Recorder:
     def status(self) -> dict:
         """What the daemon is doing (JSON-ready; read by the control socket's thread).
 
-        Besides summary(): "caches" gives every bounded cache's
-        {entries, capacity, hits, misses, evictions} by name (memo.py).
+        Besides summary(): "caches" gives every bounded cache's {entries, capacity, hits,
+        misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats().
         """
         now = time.monotonic()
         window = list(self._rate_window)
@@ -273,6 +273,7 @@ class Recorder:
                "resolve": self.enricher.status(), "loop_errors": dict(self.guard.loop_errors),
                "last_step_s_ago": round(now - self.guard.last_progress, 3),
                "kernel_build_id_path": self.kernel_path.as_dict() if self.kernel_path else None,
+               "kernel_build_id_memo": self.tracer.memo_stats() if self.tracer is not None else None,
                "caches": {**memo.shared_stats(), self.enricher.cache.name: self.enricher.cache.stats()}}
         out.update(self.summary())
         return out

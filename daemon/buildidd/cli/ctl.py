@@ -45,6 +45,13 @@ def _human_status(s: dict) -> str:
     missing = s.get("build_ids_missing") or {}
     lines.append(f"build-ids {s.get('build_ids_resolved', 0)} resolved, {sum(missing.values())} missing"
                  + (f" ({', '.join(f'{k} {v}' for k, v in sorted(missing.items()))})" if missing else ""))
+    kp, km = s.get("kernel_build_id_path") or {}, s.get("kernel_build_id_memo")
+    if kp:
+        line = "kernel    build-ids read in BPF" if kp.get("enabled") else f"kernel    off: {kp.get('reason')}"
+        if kp.get("enabled") and km:
+            line += (f"; memo {km['hits']} hits, {km['fills']} filled, {km['confirms']} confirmed, "
+                     f"{km['writer_skips']} skipped (file open for writing)")
+        lines.append(line)
     snap = s.get("snapshots")
     if snap:
         lines.append(f"snapshots {snap.get('stored', 0)} stored, {snap.get('queued', 0)} queued, "

@@ -1,7 +1,7 @@
 """The ctypes mirror of bpf/events.h, and decoding of raw ring-buffer events.
 
 This is the only Python definition of the kernel→user wire format;
-tests/test_events.py compiles bpf/events.h with gcc and checks that every size
+tests/kernel/test_events.py compiles bpf/events.h with gcc and checks that every size
 and offset here agrees with the C compiler's.
 """
 
@@ -23,8 +23,7 @@ PATH_MAX = 4096
 def bpf_dir() -> str:
     """The directory holding buildidd.bpf.c and events.h (package data ``buildidd.bpf``).
 
-    Found through importlib.resources, so it works from a source checkout and
-    from an installed wheel alike.
+    Found through importlib.resources: from a source checkout and an installed wheel alike.
     Raises:
         ProbeError: the sources are not installed as plain files.
     """
@@ -90,6 +89,7 @@ PC_BUILD_ID_MAX = 64    #: the longest build-id the kernel side takes, bytes
 PATH_TRUNCATED = 0x2
 PATH_UNREACHABLE = 0x4
 FILE_BACKING = 0x8
+BID_MEMO = 0x10         #: map_event.bid came from the kernel's build-id memo (bpf/buildid_memo.h)
 #: id_flags bits that mean the path was not read whole (the record's "path_truncated").
 PATH_CUT = PATH_TRUNCATED | PATH_UNREACHABLE
 

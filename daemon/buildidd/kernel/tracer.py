@@ -56,6 +56,8 @@ KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("OFF_INODE_I_NLINK", "inode", "i_nlink"),
     ("OFF_INODE_I_SB", "inode", "i_sb"),
     ("OFF_SUPER_BLOCK_S_DEV", "super_block", "s_dev"),
+    ("OFF_SUPER_BLOCK_S_MAGIC", "super_block", "s_magic"),
+    ("OFF_INODE_I_WRITECOUNT", "inode", "i_writecount"),
     ("OFF_DENTRY_D_PARENT", "dentry", "d_parent"),
     ("OFF_DENTRY_D_NAME_LEN", "dentry", "d_name.len"),
     ("OFF_DENTRY_D_NAME_NAME", "dentry", "d_name.name"),
@@ -172,6 +174,9 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
         btf, "inode", ("i_ino", "i_size", "i_generation", "i_nlink", "i_sb") + mtime + ctime)
     out["DENTRY_SPAN_BASE"], out["DENTRY_SPAN_LEN"] = field_span(
         btf, "dentry", ("d_parent", "d_name.len", "d_name.name"))
+    out["SB_SPAN_BASE"], out["SB_SPAN_LEN"] = field_span(btf, "super_block", ("s_dev", "s_magic"))
+    out["FILE_SPAN_BASE"], out["FILE_SPAN_LEN"] = field_span(
+        btf, "file", ("f_mode", "f_mapping", "f_inode", "f_path"))
     out["PATH_SPAN_BASE"], span = field_span(btf, "path", ("mnt", "dentry"))
     if span != 16:
         raise BtfError(f"struct path is {span} bytes, not two pointers")
@@ -331,6 +336,15 @@ class Tracer:
             report.last_ns = max((t.last_ns for t in per_cpu), default=0)
             times.update(ctypes.c_int(0), DropTime())  # one value for every CPU
         return report
+
+    def memo_stats(self) -> dict[str, int]:
+        """Counters of the kernel's build-id memo (bpf/buildid_memo.h, enum bid_memo_stat), summed
+        over CPUs, since the program was loaded or its maps reset: {"hits": mappings answered from
+        the memo, "fills": entries made, "confirms": entries confirmed by a second read,
+        "writer_skips": mappings of a file open for writing, read from its page cache}."""
+        table = self.prog.maps["bid_memo_stats"]
+        return {name: sum(int.from_bytes(v, "little") for v in table.lookup(ctypes.c_int(i)))
+                for i, name in enumerate(("hits", "fills", "confirms", "writer_skips"))}
 
     def close(self) -> None:
         """Detach and unload every program (closes every fd the loader handed over)."""
