@@ -150,6 +150,14 @@ static __always_inline const void *rdptr(const void *p)
 	return (const void *)rd64(p);
 }
 
+/*
+ * Loads through a BTF pointer (bpf_get_current_task_btf(), and the pointers
+ * read from it): the verifier checks each against the kernel's own BTF
+ * layout (not the headers) and makes it a fault-safe load, cheaper than a
+ * bpf_probe_read_kernel.  BTF_LD(p, off, type): the type at byte off of *p.
+ */
+#define BTF_LD(p, off, type) (*(const type *)((const char *)(p) + (off)))
+
 static __always_inline void count_drop(__u32 cause);
 
 static __always_inline long ring_output(void *data, __u64 size)
@@ -473,14 +481,28 @@ static __always_inline __u64 below(__u64 p, __u64 a)
 	return ((~p & a) | (~(p ^ a) & (p - a))) >> 63;
 }
 
+/* mm->mm_mt.ma_root: the root entry of an mm_struct's maple tree of VMAs (probe read). */
+static __always_inline __u64 mm_root(const void *mm)
+{
+	return rd64(AT(mm, OFF_MM_STRUCT_MM_MT + OFF_MAPLE_TREE_MA_ROOT));
+}
+
+/* The current task's mm (NULL for a kernel thread) and its maple tree's root, through BTF_LD. */
+static __always_inline __u64 current_mm_root(const void *btf_task)
+{
+	const void *mm = BTF_LD(btf_task, OFF_TASK_STRUCT_MM, void *);
+
+	return mm ? BTF_LD(mm, OFF_MM_STRUCT_MM_MT + OFF_MAPLE_TREE_MA_ROOT, __u64) : 0;
+}
+
 /*
- * Descends mm->mm_mt to the leaf whose range holds addr, as mtree_lookup_walk
+ * Descends from root (mm->mm_mt.ma_root) to the leaf whose range holds addr, as mtree_lookup_walk
  * (lib/maple_tree.c) does, with node layouts from BTF.  On success the leaf is
  * in w->node and the index of addr's slot is returned; -1 otherwise.
  */
-static __always_inline int maple_leaf(const void *mm, __u64 addr, struct walk_scratch *w)
+static __always_inline int maple_leaf(__u64 root, __u64 addr, struct walk_scratch *w)
 {
-	__u64 entry = rd64(AT(mm, OFF_MM_STRUCT_MM_MT + OFF_MAPLE_TREE_MA_ROOT));
+	__u64 entry = root;
 	int depth;
 
 	/* A root that is a node carries the internal-node bits (xa_is_node). */
@@ -529,10 +551,10 @@ static __always_inline int maple_leaf(const void *mm, __u64 addr, struct walk_sc
 }
 
 /* The VMA of mm covering addr, or NULL; its fields in *v. */
-static __always_inline const void *find_vma(const void *mm, __u64 addr, struct walk_scratch *w,
+static __always_inline const void *find_vma(__u64 root, __u64 addr, struct walk_scratch *w,
 					    struct vma_info *v)
 {
-	int idx = maple_leaf(mm, addr, w);
+	int idx = maple_leaf(root, addr, w);
 	const void *vma;
 
 	if (idx < 0)
@@ -702,7 +724,7 @@ static __always_inline __u32 vm_flags_to_map(__u64 vm_flags)
  */
 static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
 {
-	const void *stack = rdptr(AT(task, OFF_TASK_STRUCT_STACK));
+	const void *stack = BTF_LD(task, OFF_TASK_STRUCT_STACK, void *);
 	__u8 regs[REGS_SPAN_LEN];
 	__u64 prot;
 
@@ -719,7 +741,7 @@ static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
 		return 0;
 	/* do_mmap(): PROT_READ implies PROT_EXEC under READ_IMPLIES_EXEC. */
 	return !(prot & PROT_READ) ||
-	       !(rd32(AT(task, OFF_TASK_STRUCT_PERSONALITY)) & READ_IMPLIES_EXEC);
+	       !(BTF_LD(task, OFF_TASK_STRUCT_PERSONALITY, __u32) & READ_IMPLIES_EXEC);
 }
 #else
 static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
@@ -742,15 +764,15 @@ static __always_inline void map_exit(const void *task, __u64 addr, __u64 len, __
 	struct map_scratch *s;
 	struct walk_scratch *w;
 	struct vma_info v;
-	const void *mm;
 	__u32 zero = 0;
+	__u64 root;
 
 	w = walk_scratch.lookup(&zero);
 	s = map_scratch.lookup(&zero);
 	if (!w || !s)
 		return;
-	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
-	if (!mm || !find_vma(mm, addr, w, &v) || (origin != BUILDIDD_ORIGIN_MMAP && !v.file)) {
+	root = current_mm_root(task);
+	if (!root || !find_vma(root, addr, w, &v) || (origin != BUILDIDD_ORIGIN_MMAP && !v.file)) {
 		count_drop(BUILDIDD_DROP_NO_VMA);
 		return;
 	}
@@ -786,7 +808,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 
 	if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
 		return 0;
-	task = (const void *)bpf_get_current_task();
+	task = (const void *)bpf_get_current_task_btf();
 	if (mmap_cannot_exec(task, ret))
 		return 0;
 	map_exit(task, ret, 0, 0, BUILDIDD_ORIGIN_MMAP);
@@ -805,8 +827,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
 	struct pending_mprotect p = {};
 	struct walk_scratch *w;
 	struct vma_info v;
-	const void *task, *mm;
-	__u64 *count;
+	__u64 *count, root;
 	__u32 tid, zero = 0;
 	int replaced;
 
@@ -816,10 +837,9 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
 	count = pending_count.lookup(&zero);
 	if (!w || !count)
 		return 0;
-	task = (const void *)bpf_get_current_task();
-	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
+	root = current_mm_root((const void *)bpf_get_current_task_btf());
 	/* Only a file mapping that is not executable yet becomes a new exec mapping. */
-	if (!mm || !find_vma(mm, args->start, w, &v) || !v.file || (v.flags & VM_EXEC))
+	if (!root || !find_vma(root, args->start, w, &v) || !v.file || (v.flags & VM_EXEC))
 		return 0;
 	tid = (__u32)bpf_get_current_pid_tgid();
 	p.start = args->start;
@@ -854,7 +874,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 	__sync_fetch_and_add(count, -1);
 	if (args->ret != 0)
 		return 0;
-	map_exit((const void *)bpf_get_current_task(), p.start, p.len, p.prot, BUILDIDD_ORIGIN_MPROTECT);
+	map_exit((const void *)bpf_get_current_task_btf(), p.start, p.len, p.prot, BUILDIDD_ORIGIN_MPROTECT);
 	return 0;
 }
 
@@ -1072,7 +1092,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 		__u64 addr = st->addr[k & 1];
 		const void *vma;
 
-		idx = addr ? maple_leaf(st->mm, addr, w) : -1;
+		idx = addr ? maple_leaf(mm_root(st->mm), addr, w) : -1;
 		vma = idx >= 0 ? (const void *)w->node[(MR64_SLOT_W + idx) & MAPLE_WORD_MASK] : NULL;
 		if (!vma || read_vma(vma, w, &v) || v.start > addr || v.end <= addr || !v.file) {
 			if (addr)
@@ -1093,7 +1113,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 		st->leaves = EXEC_MAX_LEAVES;
 	} else {
 		cur = st->cur;
-		idx = st->leaves && st->remaining ? maple_leaf(st->mm, cur, w) : -1;
+		idx = st->leaves && st->remaining ? maple_leaf(mm_root(st->mm), cur, w) : -1;
 		if (idx < 0) {
 			exec_next_file(ctx, st);
 			return 0;

@@ -295,33 +295,59 @@ static int parse_tmpl(struct tmpl *t, PyObject *b, int which)
 	return 0;
 }
 
+static const char digit_pairs[201] =
+	"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+	"8081828384858687888990919293949596979899";
+
+/* v in decimal at o; returns the end.  Two digits per division (most values have 10 to 19). */
 static char *put_u64(char *o, uint64_t v)
 {
 	char tmp[U64_DIGITS];
-	int n = 0;
+	int n = U64_DIGITS;
 
-	do {
-		tmp[n++] = (char)('0' + v % 10);
-		v /= 10;
-	} while (v);
-	while (n)
-		*o++ = tmp[--n];
-	return o;
+	while (v >= 100) {
+		unsigned r = (unsigned)(v % 100);
+
+		v /= 100;
+		tmp[--n] = digit_pairs[2 * r + 1];
+		tmp[--n] = digit_pairs[2 * r];
+	}
+	if (v >= 10) {
+		tmp[--n] = digit_pairs[2 * v + 1];
+		tmp[--n] = digit_pairs[2 * v];
+	} else {
+		tmp[--n] = (char)('0' + v);
+	}
+	memcpy(o, tmp + n, U64_DIGITS - n);
+	return o + (U64_DIGITS - n);
 }
 
-/* A new bytes object: the template with args substituted. */
+/*
+ * A new bytes object: the template with args substituted.  The line is put
+ * together in a scratch buffer and copied once into a bytes object of its
+ * exact size: an object allocated at the worst case and shrunk afterwards
+ * costs a realloc per line (most lines are over pymalloc's 512 bytes).
+ */
 static PyObject *format_line(const struct tmpl *t, const struct arg *a)
 {
+	static char scratch[8192];
 	Py_ssize_t cap = t->fixed;
 	PyObject *out;
 	char *o, *base;
 
 	for (int i = 0; i < t->nconv; i++)
 		cap += t->conv[i] == 'd' ? U64_DIGITS : a[i].len;
-	out = PyBytes_FromStringAndSize(NULL, cap);
-	if (out == NULL)
-		return NULL;
-	o = base = PyBytes_AS_STRING(out);
+	if (cap <= (Py_ssize_t)sizeof(scratch)) {
+		out = NULL;
+		base = scratch;
+	} else {
+		out = PyBytes_FromStringAndSize(NULL, cap);
+		if (out == NULL)
+			return NULL;
+		base = PyBytes_AS_STRING(out);
+	}
+	o = base;
 	for (int i = 0; i < t->nconv; i++) {
 		memcpy(o, t->lit[i], t->litlen[i]);
 		o += t->litlen[i];
@@ -334,6 +360,8 @@ static PyObject *format_line(const struct tmpl *t, const struct arg *a)
 	}
 	memcpy(o, t->lit[t->nconv], t->litlen[t->nconv]);
 	o += t->litlen[t->nconv];
+	if (out == NULL)
+		return PyBytes_FromStringAndSize(scratch, o - base);
 	if (_PyBytes_Resize(&out, o - base) < 0)
 		return NULL;
 	return out;
