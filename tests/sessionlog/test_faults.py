@@ -249,7 +249,7 @@ def test_seal_after_rotation_without_next_segment(tmp_path):
     w = SessionWriter(root / "s")
     w.write_lines([line(k) for k in range(5)])
     w.rotate()
-    w._chain.compressor.close()
+    w._chain.finisher.close()
     os.close(w._dir_fd)        # what the kernel does at kill -9: the lock goes away
     (report,) = seal_unclosed_sessions(root)
     assert report.sealed and report.compressed == 1

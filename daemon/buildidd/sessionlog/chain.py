@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from buildidd.errors import SessionLogError
-from buildidd.sessionlog.compress import SegmentCompressor
+from buildidd.sessionlog.compress import SegmentFinisher
 from buildidd.sessionlog.segments import SegmentFile, SegmentStats
 
 __all__ = ["RotationLimits", "SegmentChain"]
@@ -57,21 +57,21 @@ class SegmentChain:
     Args:
         directory: the session directory.
         limits: when to rotate.
-        compressor: compresses closed segments; ``None``: they stay ``.jsonl``.
+        finisher: syncs (and compresses) closed segments.
         clock: monotonic seconds (for the segment's age).
 
     Attributes:
         segment: the open :class:`SegmentFile`, or ``None``.
         bytes_written: bytes accepted by the kernel, all segments.
         segments_closed: segments closed so far.
-        close_errors: failed ``fsync``/``close`` of a segment.
+        close_errors: failed ``close`` of a segment.
     """
 
-    def __init__(self, directory: Path, limits: RotationLimits, compressor: SegmentCompressor | None,
+    def __init__(self, directory: Path, limits: RotationLimits, finisher: SegmentFinisher,
                  clock: Callable[[], float]):
         self.directory = directory
         self.limits = limits
-        self.compressor = compressor
+        self.finisher = finisher
         self.clock = clock
         self.segment: SegmentFile | None = None
         self.next_number = 0
@@ -105,12 +105,13 @@ class SegmentChain:
         return written, error
 
     def close_current(self) -> None:
-        """Terminate, fsync and close the open segment; queue it for compression.
+        """Terminate and close the open segment; queue it to the finisher (fsync, compression).
 
         Always leaves no segment open and advances the segment number.
 
         Raises:
-            SessionLogError: fsync/close failed (counted in ``close_errors``).
+            SessionLogError: close failed (counted in ``close_errors``); the
+                segment is queued all the same.
         """
         segment = self.segment
         self.segment = None
@@ -118,20 +119,18 @@ class SegmentChain:
         before = segment.stats.size_bytes
         error: OSError | None = None
         try:
-            # An uncompressed segment is final: its directory entry is synced now.
-            segment.close(sync_dir=self.compressor is None)
+            segment.close()
         except OSError as e:
             error = e
         self.bytes_written += segment.stats.size_bytes - before
         self.segments_closed += 1
-        if self.compressor is not None:
-            self.compressor.submit(segment.stats.path)
+        self.finisher.submit(segment.stats.path)
         if error is not None:
             self.close_errors += 1
             raise SessionLogError(f"{segment.stats.path}: cannot close segment: {error.strerror}") from error
 
     def finish(self) -> None:
-        """Close the last segment (an empty one is removed) and wait for compression.
+        """Close the last segment (an empty one is removed) and wait until every segment is final.
 
         Raises:
             SessionLogError: as :meth:`close_current`; compression still ends.
@@ -144,5 +143,4 @@ class SegmentChain:
             elif segment is not None:
                 self.close_current()
         finally:
-            if self.compressor is not None:
-                self.compressor.close()
+            self.finisher.close()

@@ -228,18 +228,17 @@ class SegmentFile:
         except OSError as e:
             log.warning("%s: cannot remove empty segment: %s", self.stats.path, e.strerror)
 
-    def close(self, *, sync_dir: bool) -> None:
-        """Terminate a torn last line with ``b"\\n"``, ``fsync`` and close; then,
-        with ``sync_dir``, ``fsync`` the session directory (the segment's name
-        is final: it will not be compressed).
+    def close(self) -> None:
+        """Terminate a torn last line with ``b"\\n"`` and close; no ``fsync``
+        (:class:`~.compress.SegmentFinisher` syncs the closed segment off the
+        recording thread).
 
         The descriptor is closed whatever happens.  A torn line that cannot be
         terminated is only logged: the compressor terminates it inside the
         ``.zst`` instead, and an uncompressed segment keeps it (readers skip it).
 
         Raises:
-            OSError: ``fsync`` or ``close`` failed (the first of the errors; the
-                directory is not synced after a failure).
+            OSError: ``close`` failed.
         """
         stats = self.stats
         if not stats.tail_complete:
@@ -249,19 +248,4 @@ class SegmentFile:
                 stats.tail_complete = True
             except OSError as e:
                 log.warning("%s: cannot terminate torn last line: %s", stats.path, e.strerror)
-        error: OSError | None = None
-        try:
-            os.fsync(self.fd)
-        except OSError as e:
-            error = e
-        try:
-            os.close(self.fd)
-        except OSError as e:
-            error = error or e
-        if error is None and sync_dir:
-            try:
-                fsync_dir(stats.path.parent)
-            except OSError as e:
-                error = e
-        if error is not None:
-            raise error
+        os.close(self.fd)

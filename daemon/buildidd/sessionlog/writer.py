@@ -30,9 +30,12 @@ while open, so :func:`~.seal.seal_unclosed_sessions` never touches a session
 being written; its close leaves the :data:`~.segments.CLOSED_MARKER` file.
 
 Durability: records reach the page cache at each ``write_lines``; a segment is
-``fsync``-ed when it is closed (rotation, :meth:`SessionWriter.close`).  A
+``fsync``-ed when it is closed (rotation, :meth:`SessionWriter.close`): by the
+finishing thread (:class:`~.compress.SegmentFinisher`), off the recording
+thread, before it compresses it.  A
 process crash loses nothing that ``write_lines`` returned for; a power loss
-may lose the open segment's unsynced tail.
+may lose the open segment's unsynced tail and a closed segment that the
+finishing thread has not synced yet.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from buildidd.errors import SessionLogError
 from buildidd.sessionlog.append import Appender
 from buildidd.sessionlog.backlog import Backlog
 from buildidd.sessionlog.chain import RotationLimits, SegmentChain
-from buildidd.sessionlog.compress import SegmentCompressor
+from buildidd.sessionlog.compress import SegmentFinisher
 from buildidd.sessionlog.segments import (
     MAX_LINE_BYTES, SEGMENT_GLOB, SegmentStats, create_session_dir,
     lock_session_dir, write_closed_marker,
@@ -123,7 +126,7 @@ class SessionWriter:
                                   f"{e.strerror}") from e
         self._lock = threading.Lock()
         self._closed = False
-        self._chain = SegmentChain(self._dir, limits, SegmentCompressor(self._dir, zstd_level) if compress else None,
+        self._chain = SegmentChain(self._dir, limits, SegmentFinisher(self._dir, zstd_level if compress else None),
                                    clock)
         self._appender = Appender(self._chain, self._backlog, self._lock, lambda: self._closed)
 
@@ -198,14 +201,15 @@ class SessionWriter:
     # -- closing ---------------------------------------------------------
 
     def rotate(self) -> None:
-        """Close the open segment (it is compressed in the background) and
+        """Close the open segment (synced and compressed in the background) and
         start the next one at the next write.  Does nothing when the open
         segment is empty or none is open, or while a backlog waits (its first
         line may be half written).
 
         Raises:
-            SessionLogError: ``fsync`` or ``close`` of the segment failed
-                (counted in ``write_errors``); the segment is closed anyway
+            SessionLogError: ``close`` of the segment failed (counted in
+                ``write_errors``, as is a failed ``fsync`` on the finishing
+                thread); the segment is closed anyway
                 and the writer goes on with the next one.
         """
         with self._lock:
@@ -219,14 +223,15 @@ class SessionWriter:
 
     def close(self) -> None:
         """Write what waits in the backlog (one last try; the rest is counted
-        lost), close the last segment (fsync, compress), wait until every
-        closed segment is compressed, write the :data:`~.segments.CLOSED_MARKER` and
+        lost), close the last segment, wait until every closed segment is
+        final (synced, compressed), write the :data:`~.segments.CLOSED_MARKER` and
         release the directory's lock.  Idempotent.  An empty last segment
         (left by a failed first write) is removed.
 
         Raises:
-            SessionLogError: ``fsync``/``close`` of the last segment failed.
-                Compression failures are only counted (``compress_errors``).
+            SessionLogError: ``close`` of the last segment failed.  A failed
+                ``fsync`` is only counted (``write_errors``), compression
+                failures too (``compress_errors``).
         """
         error: SessionLogError | None = None
         with self._lock:
@@ -275,14 +280,14 @@ class SessionWriter:
         """
         chain = self._chain
         segment = chain.segment
-        compressed, compress_errors = chain.compressor.counts if chain.compressor is not None else (0, 0)
+        compressed, compress_errors, sync_errors = chain.finisher.counts
         backlog, outage = self._backlog, self._appender.outage
         return {
             "records_written": self._appender.records_written,
             "bytes_written": chain.bytes_written,
             "segments_closed": chain.segments_closed,
             "segments_compressed": compressed,
-            "write_errors": self._appender.write_errors + chain.close_errors,
+            "write_errors": self._appender.write_errors + chain.close_errors + sync_errors,
             "compress_errors": compress_errors,
             "current_segment": str(segment.stats.path) if segment is not None else None,
             "pending_records": backlog.records,
