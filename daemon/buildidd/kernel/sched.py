@@ -1,17 +1,24 @@
 """CPU scheduling of buildidd's threads: the recording thread first, background work last.
 
-The recording thread must never wait for the CPU behind background work
-(segment compression, snapshot copies, housekeeping): on a small host the
-workload already takes the other cores.  Background threads therefore run
-under SCHED_IDLE (sched(7)): they get only CPU time nothing else wants, and
-in the idle I/O class (ioprio_set(2), IOPRIO_CLASS_IDLE): their reads, writes
-and fsyncs go to the disk only when nothing else waits for it (honoured by the
-bfq scheduler; with none or mq-deadline the class is accepted and ignored).
+The recording thread must never wait behind background work (segment
+fsync and compression, snapshot copies, housekeeping).  Background threads
+run Python, so they share the GIL with the recording thread: one preempted
+while it holds the GIL stops the recording thread until it runs again.
+Under SCHED_IDLE (their policy until 2026-11-24) that could be never while
+the workload kept every core busy: measured here, two unpaced mmap storms on
+2 CPUs starved a SCHED_IDLE thread holding the GIL, the recording thread
+waited for it 0.4-1.3 s, and 2 MiB rings lost 38,808-204,751 of 1.2 M
+events; with the background threads at the normal policy, 0 in each of 3
+runs.  So they run under SCHED_BATCH (sched(7): the process's own nice and
+fair share, but no wakeup preemption of the workload), and in the idle I/O
+class (ioprio_set(2), IOPRIO_CLASS_IDLE): their reads, writes and fsyncs go
+to the disk only when nothing else waits for it (honoured by the bfq
+scheduler; with none or mq-deadline the class is accepted and ignored).
 
 The recording thread itself runs at a raised priority (Config.recording_nice,
 -5 by default) while the rings fill faster than it drains them: CPU-bound work
 on every core would otherwise hold it off the CPU until they overflow (see
-Recorder._adjust_priority).
+pacing.Pacer.adjust_priority).
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ import threading
 import psutil
 
 
-def make_current_thread_idle() -> bool:
-    """Put the calling thread in SCHED_IDLE (falling back to nice 19) and the idle I/O class.
+def make_current_thread_background() -> bool:
+    """Put the calling thread in SCHED_BATCH (at the process's nice) and the idle I/O class.
+
+    Not SCHED_IDLE and not a high nice: the thread holds the GIL at times,
+    and a starved GIL holder stalls the recording thread (module docstring).
 
     Returns True if the CPU policy took (the I/O class is best effort).
     """
@@ -33,14 +43,9 @@ def make_current_thread_idle() -> bool:
     except (OSError, psutil.Error):
         pass
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         return True
     except (OSError, AttributeError):
-        pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, 19)
-        return True
-    except OSError:
         return False
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import zstandard
 
 from buildidd.errors import SessionLogError
-from buildidd.kernel.sched import make_current_thread_idle
+from buildidd.kernel.sched import make_current_thread_background
 from buildidd.sessionlog.segments import FILE_MODE, READ_CHUNK_BYTES, fsync_dir
 
 __all__ = ["SegmentFinisher", "compress_segment", "sync_segment"]
@@ -40,8 +40,8 @@ class SegmentFinisher:
     for a 1 MiB ring to overflow at 130k mappings/s), then compressed
     (:func:`compress_segment`) or, without compression, its directory entry
     synced (:func:`sync_segment`).  The thread starts at the first
-    :meth:`submit` and runs at idle priority
-    (:func:`~buildidd.kernel.sched.make_current_thread_idle`), so ``submit``
+    :meth:`submit` and runs as background work
+    (:func:`~buildidd.kernel.sched.make_current_thread_background`), so ``submit``
     never waits.
 
     Args:
@@ -87,7 +87,7 @@ class SegmentFinisher:
             return self._segments_compressed, self._compress_errors, self._sync_errors
 
     def _finish_loop(self) -> None:
-        make_current_thread_idle()
+        make_current_thread_background()
         while (path := self._queue.get()) is not None:
             try:
                 self._finish(path)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from buildidd.resolve import procfs
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
-from buildidd.kernel.sched import make_current_thread_idle
+from buildidd.kernel.sched import make_current_thread_background
 from buildidd.store.origin import origin_of_fd
 from buildidd.store.store import Store
 
@@ -199,7 +199,7 @@ class Snapshotter:
 
     # -- the worker --------------------------------------------------------
     def _run(self) -> None:
-        make_current_thread_idle()
+        make_current_thread_background()
         next_housekeeping = time.monotonic()
         while True:
             with self._cv:
