@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-#: Runs in a fresh interpreter: argv[1] is the mode, argv[2] the total ring bytes.
+#: Runs in a fresh interpreter: argv[1] is the mode, argv[2] the bytes of each ring.
 MEASURE = r"""
 import json, os, sys, time
 import psutil
@@ -31,14 +31,14 @@ from buildidd.kernel.loader import LoadSpec, TailCall, load
 out = {"mode": mode}
 t0 = time.monotonic()
 if mode == "bcc":
-    t = tracer.Tracer(ringbuf_bytes=ring_bytes)
+    t = tracer.Tracer(ring_bytes=ring_bytes)
     out["compile_s"], out["attach_s"] = t.compile_s, t.attach_s
 elif mode == "loader":
     layout = tracer.kernel_layout(Btf.load())
     page = os.sysconf("SC_PAGE_SIZE")
     nrings = max(1, min(tracer.MAX_RINGS, os.cpu_count() or 1))
     cflags = [f"-D{k}={v}" for k, v in sorted(layout.items())]
-    cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={ring_bytes // page // nrings}",
+    cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={ring_bytes // page}",
                f"-DNRINGS={nrings}", f"-I{BPF_DIR}", "-Wno-unused-function"]
     raw = [(name, f"on_{name}") for kind, name in tracer.Tracer.PROGRAMS if kind == "raw_tracepoint"]
     if "TS_COMPAT" in layout:
@@ -62,7 +62,7 @@ print(json.dumps(out))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--ring-bytes", type=int, default=1 << 20, help="total ring bytes (split per CPU)")
+    ap.add_argument("--ring-bytes", type=int, default=2 << 20, help="bytes of each ring (one per CPU)")
     ap.add_argument("--json", help="write the runs here")
     args = ap.parse_args(argv)
     modes = ("baseline", "loader", "bcc")

@@ -2,9 +2,8 @@
 
 Run as root after scripts/setup:  .venv/bin/python scripts/bench_rings.py [--sizes 256K,512K,1M,2M]
 
-For each size, the real daemon (``buildidd run --config F`` with ``ringbuf_bytes``
-= size × rings, since Tracer splits ringbuf_bytes into one ring per CPU, at most
-8) records while unpaced mmap storms (scripts/workloads/mmap_storm.c, as
+For each size, the real daemon (``buildidd run --config F`` with ``ring_bytes``
+= size: one ring of that size per CPU, at most 8) records while unpaced mmap storms (scripts/workloads/mmap_storm.c, as
 scripts/bench.py's ramp runs them: one process, then one per CPU) map and unmap
 one library as fast as they can.  Reported per run: the storms' achieved rate,
 the daemon's ``lost`` records (kernel-side drops, per cause), the storm
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -32,9 +30,8 @@ from buildidd.config import parse_size  # noqa: E402
 
 def run_once(w: dict, workdir: Path, store: Path, ring_bytes: int, procs: int, seconds: float) -> dict:
     """One daemon with rings of ring_bytes each under procs unpaced storms: the row."""
-    nrings = max(1, min(8, os.cpu_count() or 1))
     cfg = workdir / "rings.toml"
-    cfg.write_text(f"ringbuf_bytes = {ring_bytes * nrings}\n")
+    cfg.write_text(f"ring_bytes = {ring_bytes}\n")
     d = Buildidd(workdir, extra=["--config", str(cfg)], store=store)
     time.sleep(0.3)
     count, achieved = _storms(w, 0, procs, seconds)

@@ -38,10 +38,10 @@ def test_unknown_key_is_named(tmp_path):
 
 def test_sizes_and_durations_with_units_in_the_config_file(tmp_path):
     f = tmp_path / "c.toml"
-    f.write_text('segment_max_bytes = "64M"\nstore_quota_bytes = "1.5G"\nringbuf_bytes = 8388608\n'
+    f.write_text('segment_max_bytes = "64M"\nstore_quota_bytes = "1.5G"\nring_bytes = 8388608\n'
                  'session_max_age_s = "7d"\nsegment_max_age_s = "1h30min"\nsnapshot_rate_bytes_per_s = "10M"\n')
     cfg = load(str(f))
-    assert cfg.segment_max_bytes == 64 << 20 and cfg.store_quota_bytes == 3 << 29 and cfg.ringbuf_bytes == 8 << 20
+    assert cfg.segment_max_bytes == 64 << 20 and cfg.store_quota_bytes == 3 << 29 and cfg.ring_bytes == 8 << 20
     assert cfg.session_max_age_s == 7 * 86400.0 and cfg.segment_max_age_s == 5400.0
     assert cfg.snapshot_rate_bytes_per_s == 10 << 20
     for bad in ('segment_max_bytes = "64X"\n', 'segment_max_bytes = "-1M"\n', 'segment_max_age_s = "soon"\n',

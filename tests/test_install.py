@@ -42,7 +42,7 @@ def test_pip_install_non_editable_runs_and_loads_bpf_from_the_installed_package(
              "from buildidd.kernel.tracer import Tracer\n"
              "from buildidd.config import Config\n"
              "print(ev.BPF_DIR)\n"
-             "t = Tracer(ringbuf_bytes=Config().ringbuf_bytes)\n"
+             "t = Tracer(ring_bytes=Config().ring_bytes)\n"
              "print('loaded', len(t.ring_maps))\n"
              "t.close()\n")
     r = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path)

@@ -114,10 +114,13 @@ class Config:
     segment_max_bytes: int = _key(64 << 20, "bytes", "a segment is closed once it holds this many bytes.")
     segment_max_age_s: float = _key(3600.0, "seconds", "... or once it is this old.")
     compress: bool = _key(True, "boolean", "zstd-compress closed segments.")
-    ringbuf_bytes: int = _key(32 << 20, "bytes",
-                              "total BPF ring buffer memory, split into one ring per CPU (at most 8), "
-                              "each a power-of-two number of pages (bench_rings: 16 MiB per CPU lost "
-                              "nothing in 3 of 4 unpaced storms, 2 MiB in 0 of 10, 512 KiB in 0 of 6).")
+    ring_bytes: int = _key(2 << 20, "bytes",
+                           "size of each BPF ring buffer, a power-of-two number of pages; one ring per "
+                           "CPU, at most 8 (CPU n uses ring n mod 8).  The daemon maps each twice, so "
+                           "its RSS holds 2 x rings x ring_bytes.  scripts/bench_rings.py, 2026-11-24, "
+                           "unpaced mmap storms on 2 CPUs (~140k/s; ~240k/s with two): 2 MiB lost 0 "
+                           "in 5 of 5 runs, 1 MiB lost 2,598 of 2.4 M in 1 of 5, 512 KiB 807-4,638 "
+                           "in every run, 256 KiB 7-62%.")
     poll_interval_s: float = _key(0.005, "seconds",
                                   "the ring buffers are drained this often while events arrive (they are "
                                   "submitted without wake-ups, see bpf/buildidd.bpf.c); in (0, 1].")

@@ -10,7 +10,7 @@ from conftest import readelf_build_id, session_records
 
 
 def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
-    rec = recorder(ringbuf_bytes=4096 * min(8, os.cpu_count()))   # one page per CPU ring: a few dozen events
+    rec = recorder(ring_bytes=4096)   # one page per ring: a few dozen events
     t0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     subprocess.run([str(workloads["storm"]), "100", str(workloads["child"])], check=True)
     idle = subprocess.Popen([str(workloads["idle"])])
@@ -43,7 +43,7 @@ def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
 def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(recorder, workloads):
     from conftest import Background
 
-    rec = recorder(ringbuf_bytes=256 << 10, recording_nice=-5)
+    rec = recorder(ring_bytes=128 << 10, recording_nice=-5)
     bg = Background(rec)
     try:
         tid = bg.thread.native_id

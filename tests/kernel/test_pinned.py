@@ -36,7 +36,7 @@ def _positions(fd: int) -> tuple[int, int]:
 
 def test_second_load_is_taken_from_the_pins_and_reset(pin_root):
     from buildidd.kernel.tracer import Tracer
-    first = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)
+    first = Tracer(ring_bytes=RING_BYTES, pin_root=pin_root)
     try:
         assert not first.prog.reused and first.compile_s > 0
         assert len(os.listdir(pin_root)) == 1
@@ -51,7 +51,7 @@ def test_second_load_is_taken_from_the_pins_and_reset(pin_root):
         left = [_positions(fd)[1] for fd, _ in first.ring_maps]
     finally:
         first.close()
-    second = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)
+    second = Tracer(ring_bytes=RING_BYTES, pin_root=pin_root)
     try:
         assert second.prog.reused and second.compile_s == 0
         assert {k for k in second.prog.links if k.startswith("tracepoint:")} == {
@@ -76,10 +76,10 @@ def test_second_load_is_taken_from_the_pins_and_reset(pin_root):
 
 def test_a_second_daemon_loads_its_own_copy_while_the_pins_are_in_use(pin_root):
     from buildidd.kernel.tracer import Tracer
-    first = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)     # holds the lock until closed
+    first = Tracer(ring_bytes=RING_BYTES, pin_root=pin_root)     # holds the lock until closed
     try:
         pins = sorted(os.listdir(pin_root))
-        other = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)
+        other = Tracer(ring_bytes=RING_BYTES, pin_root=pin_root)
         try:
             assert not other.prog.reused and other.prog.lock_fd == -1
             assert sorted(os.listdir(pin_root)) == pins
@@ -122,7 +122,7 @@ def test_a_pin_root_another_user_made_first_is_not_used(bpf, attacker):
     os.mkdir(root, 0o700)
     os.chown(root, uid, gid)
     try:
-        t = Tracer(ringbuf_bytes=RING_BYTES, pin_root=root)
+        t = Tracer(ring_bytes=RING_BYTES, pin_root=root)
         try:
             assert not t.prog.reused and t.prog.lock_fd == -1   # loaded afresh, pins not used
             assert os.listdir(root) == []                    # nothing pinned where the attacker could reach it
@@ -134,10 +134,10 @@ def test_a_pin_root_another_user_made_first_is_not_used(bpf, attacker):
 
 def test_an_incomplete_pin_dir_is_replaced_by_a_fresh_load(pin_root):
     from buildidd.kernel.tracer import Tracer
-    Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root).close()
+    Tracer(ring_bytes=RING_BYTES, pin_root=pin_root).close()
     (pin_dir,) = os.listdir(pin_root)
     os.unlink(os.path.join(pin_root, pin_dir, "prog_exec_vmas"))     # the tail-called program's pin
-    t = Tracer(ringbuf_bytes=RING_BYTES, pin_root=pin_root)
+    t = Tracer(ring_bytes=RING_BYTES, pin_root=pin_root)
     try:
         assert not t.prog.reused and t.prog.lock_fd >= 0
         assert "prog_exec_vmas" in os.listdir(os.path.join(pin_root, pin_dir))      # pinned again

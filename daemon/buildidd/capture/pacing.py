@@ -40,10 +40,10 @@ class Pacer:
     SMALL_BATCH_POLL_S = 0.02
 
     #: A drain that finds a ring at least this full (share of its bytes:
-    #: 512 KiB of the default 16 MiB rings, ~3,600 mappings) raises the
-    #: recording thread's priority; below CALM_FILL (128 KiB, ~900 mappings
-    #: per drain: ~180k/s at the 5 ms poll interval) for CALM_S seconds, it
-    #: goes back to the process's own.
+    #: 64 KiB of the default 2 MiB rings, ~250 mappings: ~50k/s at the 5 ms
+    #: poll interval) raises the recording thread's priority; below
+    #: CALM_FILL (16 KiB, ~60 mappings per drain) for CALM_S seconds, it goes
+    #: back to the process's own.
     BOOST_FILL = 1 / 32
     CALM_FILL = 1 / 128
     CALM_S = 2.0

@@ -107,7 +107,7 @@ class Recorder:
         # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
         seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
         self.kernel_path = configured_kernel_path(self.config)
-        self.tracer = Tracer(ringbuf_bytes=self.config.ringbuf_bytes, pin_root=self.config.bpf_pin_root or None)
+        self.tracer = Tracer(ring_bytes=self.config.ring_bytes, pin_root=self.config.bpf_pin_root or None)
         self.kernel_path.apply(self.tracer)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)

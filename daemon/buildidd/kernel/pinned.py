@@ -18,7 +18,7 @@ Before attaching, what a previous run left is reset: ring buffers skipped to
 their producer position (its records never reach this session), hash maps
 emptied, array maps zeroed, program arrays refilled.  Pinned programs of a
 stopped or killed daemon stay loaded but do not run (nothing attaches them);
-their maps keep their memory (the rings: Config.ringbuf_bytes) until the
+their maps keep their memory (the rings: Config.ring_bytes) until the
 next start or ``rm -r ROOT``.
 """
 

@@ -254,9 +254,9 @@ class Tracer:
     this process holds only file descriptors and never maps the compiler.
 
     Args:
-        ringbuf_bytes: total ring buffer memory, split into one ring per CPU
-            (at most MAX_RINGS), each a power-of-two number of pages; no
-            default here: Config.ringbuf_bytes is the one default.
+        ring_bytes: the size of each ring buffer (one per CPU, at most
+            MAX_RINGS), a power-of-two number of pages; no default here:
+            Config.ring_bytes is the one default.
         pin_root: a bpffs directory where the loaded program is kept for the
             next start on this boot (kernel.pinned, Config.bpf_pin_root);
             None: compiled and loaded afresh, nothing kept.
@@ -275,7 +275,7 @@ class Tracer:
         ("raw_tracepoint", "task_rename"),
     )
 
-    def __init__(self, *, ringbuf_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux",
+    def __init__(self, *, ring_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux",
                  pin_root: str | None = None):
         t0 = time.monotonic()
         ensure_tracefs()
@@ -283,10 +283,9 @@ class Tracer:
         self.layout = kernel_layout(btf)
         page = os.sysconf("SC_PAGE_SIZE")
         self.nrings = max(1, min(MAX_RINGS, os.cpu_count() or 1))
-        pages = ringbuf_bytes // page // self.nrings
-        if pages < 1 or pages & (pages - 1):
-            raise ProbeError(f"ring buffer of {ringbuf_bytes} bytes does not split into {self.nrings} "
-                             f"rings of a power-of-two number of pages")
+        pages = ring_bytes // page
+        if pages < 1 or pages & (pages - 1) or pages * page != ring_bytes:
+            raise ProbeError(f"ring buffer of {ring_bytes} bytes is not a power-of-two number of pages")
         cflags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
         cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}",
                    f"-I{BPF_DIR}",
