@@ -196,7 +196,7 @@ def test_each_exec_mmap_is_recorded_once_and_no_other_among_threads_racing_on_bo
     target = tmp_path / "racy.bin"
     target.write_bytes(b"\x7f" * 4096)
     exe = gcc(THREADED_MAPPER_SRC, tmp_path / "mapper", "-pthread")
-    rec = recorder()
+    rec = recorder(ring_bytes=16 << 20)  # drained after the run: the rings hold all 18,000 events
     threads, rounds = 6, 3000
     out = subprocess.run([str(exe), str(target), str(threads), str(rounds)], check=True,
                          capture_output=True, text=True).stdout
