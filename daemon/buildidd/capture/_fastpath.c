@@ -327,7 +327,8 @@ static char *put_u64(char *o, uint64_t v)
  * A new bytes object: the template with args substituted.  The line is put
  * together in a scratch buffer and copied once into a bytes object of its
  * exact size: an object allocated at the worst case and shrunk afterwards
- * costs a realloc per line (most lines are over pymalloc's 512 bytes).
+ * costs a realloc per line (most lines are over pymalloc's 512 bytes).  One
+ * static scratch is enough: callers hold the GIL, and nothing here releases it.
  */
 static PyObject *format_line(const struct tmpl *t, const struct arg *a)
 {

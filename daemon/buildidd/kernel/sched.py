@@ -8,8 +8,8 @@ Under SCHED_IDLE (their policy until 2026-11-24) that could be never while
 the workload kept every core busy: measured here, two unpaced mmap storms on
 2 CPUs starved a SCHED_IDLE thread holding the GIL, the recording thread
 waited for it 0.4-1.3 s, and 2 MiB rings lost 38,808-204,751 of 1.2 M
-events; with the background threads at the normal policy, 0 in each of 3
-runs.  So they run under SCHED_BATCH (sched(7): the process's own nice and
+events; with the background threads at the normal policy, 0 in 3 runs,
+and under SCHED_BATCH 0 in 2 more.  So they run under SCHED_BATCH (sched(7): the process's own nice and
 fair share, but no wakeup preemption of the workload), and in the idle I/O
 class (ioprio_set(2), IOPRIO_CLASS_IDLE): their reads, writes and fsyncs go
 to the disk only when nothing else waits for it (honoured by the bfq

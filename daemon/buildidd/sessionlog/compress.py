@@ -91,31 +91,30 @@ class SegmentFinisher:
         while (path := self._queue.get()) is not None:
             try:
                 self._finish(path)
-            except Exception:
+            except Exception as e:
                 # One segment that cannot be finished must not stop the next
-                # ones; its .jsonl stays readable.
+                # ones; its .jsonl stays readable.  Counted once, by mode.
                 with self._counter_lock:
-                    self._compress_errors += self._zstd_level is not None
-                    self._sync_errors += self._zstd_level is None
-                log.exception("%s: finishing the segment failed", path)
+                    if self._zstd_level is None:
+                        self._sync_errors += 1
+                    else:
+                        self._compress_errors += 1
+                if isinstance(e, (OSError, SessionLogError)):
+                    log.warning("%s: finishing the segment failed: %s", path, e)
+                else:
+                    log.exception("%s: finishing the segment failed", path)
 
     def _finish(self, path: Path) -> None:
-        """Sync (and compress) a closed segment; on failure keep the ``.jsonl`` and count it."""
+        """Sync (and compress) a closed segment.
+
+        Raises:
+            OSError: the fsync failed (uncompressed); SessionLogError:
+                compression failed (the ``.jsonl`` stays).
+        """
         if self._zstd_level is None:
-            try:
-                sync_segment(path)
-            except OSError as e:
-                with self._counter_lock:
-                    self._sync_errors += 1
-                log.warning("%s: cannot fsync closed segment: %s", path, e.strerror)
+            sync_segment(path)
             return
-        try:
-            compress_segment(path, self._zstd_level)
-        except SessionLogError as e:
-            with self._counter_lock:
-                self._compress_errors += 1
-            log.warning("%s", e)
-            return
+        compress_segment(path, self._zstd_level)
         with self._counter_lock:
             self._segments_compressed += 1
 
