@@ -115,6 +115,8 @@ BPF_RINGBUF_OUTPUT(events6, RINGBUF_PAGES);
 BPF_RINGBUF_OUTPUT(events7, RINGBUF_PAGES);
 #endif
 BPF_PERCPU_ARRAY(drops, __u64, BUILDIDD_DROP_NCAUSES);
+/* Bytes this CPU wrote to its ring since it last woke the consumer (see wake_flag). */
+BPF_PERCPU_ARRAY(wake_bytes, __u64, 1);
 BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
 BPF_PERCPU_ARRAY(map_scratch, struct map_scratch, 1);
 BPF_PERCPU_ARRAY(exec_scratch, struct exec_scratch, 1);
@@ -160,31 +162,31 @@ static __always_inline const void *rdptr(const void *p)
 
 static __always_inline void count_drop(__u32 cause);
 
-static __always_inline long ring_output(void *data, __u64 size)
+static __always_inline long ring_output(void *data, __u64 size, __u64 flags)
 {
 	switch (bpf_get_smp_processor_id() % NRINGS) {
 #if NRINGS > 1
-	case 1: return events1.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	case 1: return events1.ringbuf_output(data, size, flags);
 #endif
 #if NRINGS > 2
-	case 2: return events2.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	case 2: return events2.ringbuf_output(data, size, flags);
 #endif
 #if NRINGS > 3
-	case 3: return events3.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	case 3: return events3.ringbuf_output(data, size, flags);
 #endif
 #if NRINGS > 4
-	case 4: return events4.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	case 4: return events4.ringbuf_output(data, size, flags);
 #endif
 #if NRINGS > 5
-	case 5: return events5.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	case 5: return events5.ringbuf_output(data, size, flags);
 #endif
 #if NRINGS > 6
-	case 6: return events6.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	case 6: return events6.ringbuf_output(data, size, flags);
 #endif
 #if NRINGS > 7
-	case 7: return events7.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	case 7: return events7.ringbuf_output(data, size, flags);
 #endif
-	default: return events0.ringbuf_output(data, size, BPF_RB_NO_WAKEUP);
+	default: return events0.ringbuf_output(data, size, flags);
 	}
 }
 
@@ -197,12 +199,40 @@ static __always_inline long ring_output(void *data, __u64 size)
  */
 #define OUTPUT_TRIES 64
 
+/*
+ * Wake-ups, as perf's wakeup_watermark: records go in without waking the
+ * consumer (it polls every few ms while busy), except that every WAKE_BYTES
+ * a CPU writes force one, so a burst after an idle spell (the consumer then
+ * sleeps up to idle_poll_interval_s, 50 ms: 2 MiB of ~220-byte records fill in
+ * ~13 ms at 800k mappings/s) wakes it long before its ring is full.
+ * bpf_ringbuf_query(AVAIL_DATA) would say how full the ring is, but BCC 0.26
+ * cannot hand a ring's map pointer to a helper it does not wrap.
+ */
+#ifndef WAKE_BYTES
+#define WAKE_BYTES (RINGBUF_PAGES << (PAGE_SHIFT - 3))	/* an eighth of a ring */
+#endif
+
+static __always_inline __u64 wake_flag(__u64 size)
+{
+	__u32 zero = 0;
+	__u64 *acc = wake_bytes.lookup(&zero);
+
+	if (!acc)
+		return BPF_RB_NO_WAKEUP;
+	*acc += size;
+	if (*acc < WAKE_BYTES)
+		return BPF_RB_NO_WAKEUP;
+	*acc = 0;
+	return BPF_RB_FORCE_WAKEUP;
+}
+
 static __always_inline void output_event(void *data, __u64 size)
 {
+	__u64 flags = wake_flag(size);
 	int i;
 
 	for (i = 0; i < OUTPUT_TRIES; i++) {
-		if (!ring_output(data, size))
+		if (!ring_output(data, size, flags))
 			return;
 	}
 	count_drop(BUILDIDD_DROP_RINGBUF_FULL);

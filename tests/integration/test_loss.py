@@ -66,3 +66,35 @@ def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(rec
     finally:
         bg.stop()
         bg.thread.join(10)
+
+
+def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, workloads):
+    """The BPF side forces a ring wake-up every WAKE_BYTES (an eighth of a ring) a CPU writes.
+
+    A recorder that sleeps in Rings.wait is woken by a burst long before its
+    timeout, and sleeps through a handful of mappings: the wake-up is what
+    keeps a 2 MiB ring from overflowing when a storm starts during the idle
+    pause (50 ms; smoke bench of 2026-11-25: 2,125 of 20,000 lost before).
+    """
+    rec = recorder(ring_bytes=1 << 20)
+    rec.step()
+    lib0 = str(workloads["lib0"])
+    # A trickle: 20 mappings (~5 KiB) are far below 128 KiB: no wake-up.
+    subprocess.run([str(workloads["mmap_storm"]), lib0, "20"], check=True, stdout=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    assert rec.rings.wait(0.5) is False
+    assert time.monotonic() - t0 >= 0.45
+    assert rec.step() >= 20
+    # A burst of 2,000 (~450 KiB, three and a half eighths of the ring): woken at once.
+    storm = subprocess.Popen([str(workloads["mmap_storm"]), lib0, "2000"], stdout=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        assert rec.rings.wait(10.0) is True
+        assert time.monotonic() - t0 < 5.0
+        assert rec.rings.wakeups == 1
+    finally:
+        storm.wait()
+    rec.step()
+    records = [r for r in session_records(rec.session_dir) if r["type"] == "mmap" and r["path"] == lib0]
+    assert len(records) == 2020
+    assert rec.summary()["lost"] == {}

@@ -126,3 +126,50 @@ def test_worker_pool_hands_a_late_job_back_and_counts_it():
         threading.Event().wait(0.01)
     assert late == [slow] and slow.result == "late answer"
     assert pool.status()["late_completed"] == 1 and pool.status()["timed_out"] == 1
+
+
+def test_worker_pool_keeps_its_workers_and_submit_never_waits_for_a_new_thread():
+    """submit() returns before a worker it starts has run: the recording thread must not wait for one."""
+    import sys
+    import time
+
+    pool = WorkerPool(PoolPolicy(workers=2, max_threads=4, queue_max=8, stuck_after_s=0.0))
+    try:
+        deadline = time.monotonic() + 5
+        while pool.status()["threads"] != 2 or pool._idle != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        before = {t.ident for t in threading.enumerate()}
+        release = threading.Event()
+        busy = [pool.submit(lambda _: release.wait(10), None) for _ in range(2)]
+        while any(j.started == 0 for j in busy):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(5.0)      # no other thread gets the GIL while this one does not block
+        try:
+            job = pool.submit(lambda x: x * 2, 21)     # both workers busy: a third is started
+            ran_yet = job.started != 0
+            threads = pool.status()["threads"]
+        finally:
+            sys.setswitchinterval(old)
+        assert threads == 3 and not ran_yet
+        assert pool.wait(job, 5.0) and job.result == 42
+        assert {t.name for t in threading.enumerate() if t.ident not in before} >= {"buildidd-resolve-3"}
+        release.set()
+    finally:
+        pool.close()
+
+
+def test_enricher_configure_retires_the_pool_it_replaces():
+    from buildidd.config import Config
+
+    e = Enricher()
+    old = e.pool
+    e.configure(Config(resolve_workers=3))
+    deadline = __import__("time").monotonic() + 5
+    while old.status()["threads"]:
+        assert __import__("time").monotonic() < deadline
+        __import__("time").sleep(0.01)
+    assert e.pool.status()["threads"] == 3
+    e.close()

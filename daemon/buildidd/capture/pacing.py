@@ -4,7 +4,9 @@ Steps come every Config.poll_interval_s while events arrive in batches of
 SMALL_BATCH or more; after smaller batches the pause doubles up to
 SMALL_BATCH_POLL_S, and while none arrive up to Config.idle_poll_interval_s
 (the rings absorb far more than that pause's worth of events), so an idle
-host costs little and a busy one pays the per-step cost less often.  While
+host costs little and a busy one pays the per-step cost less often.  A burst
+does not wait for the pause to end: the BPF side wakes the recorder every
+WAKE_BYTES a CPU writes (capture.rings.Rings.wait).  While
 the rings fill faster than the thread drains them it runs at
 Config.recording_nice (see Pacer.adjust_priority).
 """
@@ -73,6 +75,10 @@ class Pacer:
         else:
             self.interval_s = min(self._idle_max_s, self.interval_s * 2)
         return self.interval_s
+
+    def woken(self) -> None:
+        """A ring's wake-up (a burst: WAKE_BYTES written on one CPU) ended the pause: poll fast again."""
+        self.interval_s = self._base_s
 
     def adjust_priority(self, fill: float, now: float) -> None:
         """Raise the recording thread to Config.recording_nice while a backlog builds up.

@@ -151,8 +151,8 @@ class Recorder:
             if on_tick is not None:
                 on_tick()
             left = pacer.next_interval(n) - (time.monotonic() - t)
-            if left > 0:
-                time.sleep(left)
+            if left > 0 and self.rings.wait(left):
+                pacer.woken()
 
     def step(self) -> int:
         """Drain the ring buffers once, record what they held; returns the number of events.
@@ -272,6 +272,7 @@ class Recorder:
                "snapshots": self.snapshotter.status() if self.snapshotter is not None else None,
                "resolve": self.enricher.status(), "loop_errors": dict(self.guard.loop_errors),
                "last_step_s_ago": round(now - self.guard.last_progress, 3),
+               "ring_wakeups": self.rings.wakeups if self.rings is not None else 0,
                "kernel_build_id_path": self.kernel_path.as_dict() if self.kernel_path else None,
                "kernel_build_id_memo": self.tracer.memo_stats() if self.tracer is not None else None,
                "caches": {**memo.shared_stats(), self.enricher.cache.name: self.enricher.cache.stats()}}

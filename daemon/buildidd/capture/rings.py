@@ -7,6 +7,8 @@ the C fast path's read_ring, then merges the per-ring runs by time.
 
 from __future__ import annotations
 
+import select
+
 from buildidd.capture import _fastpath
 
 
@@ -54,19 +56,41 @@ class Rings:
         ring_maps: (map fd, size in bytes) per ring (kernel.tracer.Tracer.ring_maps).
     Attributes:
         fill: the largest share (0..1) of a ring that the last drain found occupied.
+        wakeups: how many wait() calls a ring's wake-up ended before their timeout.
     Raises:
-        OSError: mapping a ring failed.
+        OSError: mapping a ring or making the epoll instance failed.
     """
 
     def __init__(self, ring_maps: list[tuple[int, int]]):
         self.rings: list[RingReader] = []
+        self._epoll: select.epoll | None = None
         try:
             for fd, size in ring_maps:
                 self.rings.append(RingReader(fd, size))
+            # Edge-triggered: a ring map's poll says "readable" while it holds
+            # any record, but its wait queue is woken only by the BPF side's
+            # BPF_RB_FORCE_WAKEUP (every WAKE_BYTES, bpf/buildidd.bpf.c), so
+            # wait() sleeps through the trickle and wakes for a burst.
+            self._epoll = select.epoll()
+            for fd, _size in ring_maps:
+                self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
         except OSError:
             self.close()
             raise
         self.fill = 0.0
+        self.wakeups = 0
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to timeout_s (seconds), or until the BPF side wakes a ring; True when woken."""
+        if self._epoll is None:
+            return False
+        try:
+            woken = bool(self._epoll.poll(timeout_s))
+        except InterruptedError:
+            return False
+        if woken:
+            self.wakeups += 1
+        return woken
 
     def drain(self) -> list[bytes]:
         """Consume every record now in the ring buffers; returns them as raw bytes, in time order.
@@ -91,6 +115,9 @@ class Rings:
 
     def close(self) -> None:
         """Unmap every ring."""
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
         for ring in self.rings:
             ring.close()
         self.rings = []

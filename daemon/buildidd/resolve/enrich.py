@@ -101,6 +101,7 @@ class Enricher:
         workers = config.resolve_workers
         self.offload = Offload(config.resolve_deadline_s, PoolPolicy(
             workers=workers, max_threads=8 * workers, stuck_after_s=config.resolve_deadline_s))
+        self.pool.close()                   # its idle workers exit
         self.pool = WorkerPool(self.offload.pool)
 
     # -- cache -------------------------------------------------------------
