@@ -62,12 +62,14 @@
 #define RINGBUF_PAGES 4096
 #endif
 
+#ifndef SYSCALL_REGS
 struct pending_mprotect {
 	__u64 start;
 	__u64 len;
 	__u32 prot;
 	__u32 _pad;
 };
+#endif
 
 struct map_scratch {
 	struct map_event ev;
@@ -120,7 +122,9 @@ BPF_PERCPU_ARRAY(wake_bytes, __u64, 1);
 BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
 BPF_PERCPU_ARRAY(map_scratch, struct map_scratch, 1);
 BPF_PERCPU_ARRAY(exec_scratch, struct exec_scratch, 1);
+#ifndef SYSCALL_REGS
 BPF_HASH(pending_mprotect, __u32, struct pending_mprotect, 16384);
+#endif
 /* bpf/pagecache.h: the bases user space found at start-up (zeros: the kernel path is off), its scratch. */
 BPF_ARRAY(pagecache_bases, struct pagecache_bases, 1);
 BPF_PERCPU_ARRAY(pagecache_scratch, struct pc_scratch, 1);
@@ -740,46 +744,6 @@ static __always_inline __u32 vm_flags_to_map(__u64 vm_flags)
 #define READ_IMPLIES_EXEC 0x0400000	/* include/uapi/linux/personality.h */
 #define PROT_READ	0x1
 
-#ifdef PT_REGS_OFFSET
-#define REG(buf, off) (*(__u64 *)((buf) + (off) - REGS_SPAN_BASE))
-
-/*
- * True when this mmap call cannot have made an executable file mapping, so
- * that its exit needs no VMA lookup.  The call's own arguments are read from
- * the task's saved user registers (struct pt_regs at the top of its kernel
- * stack, as task_pt_regs() finds it; x86_64 passes prot in dx), and
- * trusted only when orig_ax is mmap's syscall number and ax already holds
- * the value this very call returns.  Anything else answers "may be
- * executable", and the exit looks the VMA up.
- */
-static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
-{
-	const void *stack = BTF_LD(task, OFF_TASK_STRUCT_STACK, void *);
-	__u8 regs[REGS_SPAN_LEN];
-	__u64 prot;
-
-	if (!stack || bpf_probe_read_kernel(regs, sizeof(regs), AT(stack, PT_REGS_OFFSET + REGS_SPAN_BASE)))
-		return 0;
-	if (REG(regs, OFF_PT_REGS_ORIG_AX) != NR_MMAP || REG(regs, OFF_PT_REGS_AX) != ret)
-		return 0;
-	/*
-	 * MAP_ANONYMOUS proves nothing: a shared anonymous mapping has a
-	 * vm_file (shmem, "/dev/zero (deleted)"), and perf reports it.
-	 */
-	prot = REG(regs, OFF_PT_REGS_DX);
-	if (prot & PROT_EXEC)
-		return 0;
-	/* do_mmap(): PROT_READ implies PROT_EXEC under READ_IMPLIES_EXEC. */
-	return !(prot & PROT_READ) ||
-	       !(BTF_LD(task, OFF_TASK_STRUCT_PERSONALITY, __u32) & READ_IMPLIES_EXEC);
-}
-#else
-static __always_inline int mmap_cannot_exec(const void *task, __u64 ret)
-{
-	return 0;
-}
-#endif
-
 /*
  * A file mapping that may have become executable at addr: mmap(2) returned
  * addr (origin BUILDIDD_ORIGIN_MMAP: everything is read from the new VMA, as
@@ -831,6 +795,102 @@ static __always_inline void map_exit(const void *task, __u64 addr, __u64 len, __
 	submit_map_event(s);
 }
 
+#ifdef SYSCALL_REGS
+/*
+ * Every mmap, mprotect and pkey_mprotect, native or i386 (compat), at one
+ * hook: raw_syscalls:sys_exit, which fires for every syscall of every task.
+ * The syscalls:sys_{enter,exit}_* tracepoints would cost more per call
+ * (each runs through perf's tracepoint buffer before the program) and skip
+ * compat syscalls altogether; a raw tracepoint hands over the saved user
+ * registers (struct pt_regs) and the return value.  Any other syscall
+ * returns after one read of orig_ax.
+ *
+ * The arguments are read from the registers the syscall left: x86_64 passes
+ * them in di, si, dx; i386 in bx, cx, dx; ax holds the return value.  An
+ * mprotect is seen at exit only: a file mapping made executable is reported
+ * even when it was executable already (perf reports a change of flags).
+ */
+#define NR_MPROTECT		10	/* arch/x86/entry/syscalls/syscall_64.tbl */
+#define NR_PKEY_MPROTECT	329
+#define IA32_NR_OLD_MMAP	90	/* arch/x86/entry/syscalls/syscall_32.tbl */
+#define IA32_NR_MPROTECT	125
+#define IA32_NR_MMAP2		192
+#define IA32_NR_PKEY_MPROTECT	380
+#define REG(buf, off) (*(__u64 *)((buf) + (off) - REGS_SPAN_BASE))
+
+int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	/* TP_PROTO(struct pt_regs *regs, long ret) */
+	const void *regs = (const void *)ctx->args[0];
+	__u64 ret = ctx->args[1], nr, start, len, prot;
+	const char *task;
+	__u8 r[REGS_SPAN_LEN];
+	__u32 origin;
+	int compat = 0;
+
+	nr = rd64(AT(regs, OFF_PT_REGS_ORIG_AX));
+	if (nr != NR_MMAP && nr != NR_MPROTECT && nr != NR_PKEY_MPROTECT
+#ifdef TS_COMPAT
+	    && nr != IA32_NR_MMAP2 && nr != IA32_NR_OLD_MMAP && nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT
+#endif
+	    )
+		return 0;
+	/*
+	 * A BTF pointer: the verifier checks each load against the kernel's own
+	 * struct task_struct (BTF, not the headers) and makes it fault-safe.
+	 */
+	task = (const char *)bpf_get_current_task_btf();
+#ifdef TS_COMPAT
+	/* Set at each 32-bit syscall entry (arch/x86); the numbers overlap the native table. */
+	compat = !!(*(const __u32 *)(task + OFF_TASK_STRUCT_THREAD_INFO_STATUS) & TS_COMPAT);
+#endif
+	if (bpf_probe_read_kernel(r, sizeof(r), AT(regs, REGS_SPAN_BASE)))
+		return 0;
+	prot = REG(r, OFF_PT_REGS_DX);
+	if (!compat && nr == NR_MMAP) {
+		if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
+			return 0;
+		/*
+		 * Nothing executable: no PROT_EXEC, and not PROT_READ under
+		 * READ_IMPLIES_EXEC (do_mmap()).  MAP_ANONYMOUS proves nothing: a
+		 * shared anonymous mapping has a vm_file (shmem, "/dev/zero
+		 * (deleted)"), and perf reports it.
+		 */
+		if (!(prot & PROT_EXEC) && (!(prot & PROT_READ) ||
+		    !(*(const __u32 *)(task + OFF_TASK_STRUCT_PERSONALITY) & READ_IMPLIES_EXEC)))
+			return 0;
+		start = ret;
+		len = prot = 0;
+		origin = BUILDIDD_ORIGIN_MMAP;
+	} else if (!compat) {
+		if (nr == NR_MMAP || ret != 0 || !(prot & PROT_EXEC))
+			return 0;
+		start = REG(r, OFF_PT_REGS_DI);
+		len = REG(r, OFF_PT_REGS_SI);
+		origin = BUILDIDD_ORIGIN_MPROTECT;
+	} else if (nr == IA32_NR_MMAP2 || nr == IA32_NR_OLD_MMAP) {
+		if (ret >= (__u64)-4095)
+			return 0;
+		start = (__u32)ret;
+		len = prot = 0;
+		origin = BUILDIDD_ORIGIN_MMAP;
+	} else {
+		prot &= 0xffffffff;
+		if ((nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT) || ret != 0 || !(prot & PROT_EXEC))
+			return 0;
+		start = REG(r, OFF_PT_REGS_BX) & 0xffffffff;
+		len = REG(r, OFF_PT_REGS_CX) & 0xffffffff;
+		origin = BUILDIDD_ORIGIN_MPROTECT;
+	}
+	map_exit(task, start, len, prot, origin);
+	return 0;
+}
+#else
+/*
+ * Other architectures (no saved-register layout in tracer.py; not tested on
+ * this project's machines): the syscalls tracepoints, mprotect's request
+ * kept from enter to exit.  i386 compat syscalls are not seen here.
+ */
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
 	__u64 ret = (__u64)args->ret;
@@ -839,8 +899,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 	if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
 		return 0;
 	task = (const void *)bpf_get_current_task_btf();
-	if (mmap_cannot_exec(task, ret))
-		return 0;
 	map_exit(task, ret, 0, 0, BUILDIDD_ORIGIN_MMAP);
 	return 0;
 }
@@ -908,61 +966,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 	return 0;
 }
 
-#ifdef TS_COMPAT
-/*
- * i386 (compat) syscalls: the syscalls:sys_{enter,exit}_* tracepoints skip
- * them (they are defined for the native table only), raw_syscalls:sys_exit
- * fires for every syscall.  This program runs for every syscall of every
- * task, so it first tests thread_info.status & TS_COMPAT (set by
- * __set_personality_ia32() at exec of an i386 ELF and at each 32-bit
- * syscall entry, arch/x86), one probe read; only a compat task reads its
- * saved registers (i386: orig_ax = number, bx, cx, dx = first arguments).
- *
- * mprotect is seen at exit only (a sys_enter program would cost every
- * syscall as much again): a file mapping made executable is reported even
- * when it was executable already (perf reports only the change).
- */
-#define IA32_NR_OLD_MMAP	90	/* arch/x86/entry/syscalls/syscall_32.tbl */
-#define IA32_NR_MPROTECT	125
-#define IA32_NR_MMAP2		192
-#define IA32_NR_PKEY_MPROTECT	380
-
-int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
-{
-	/* TP_PROTO(struct pt_regs *regs, long ret) */
-	/*
-	 * A BTF pointer: the verifier checks the load against the kernel's own
-	 * struct task_struct (BTF, not the headers) and makes it a fault-safe
-	 * load, cheaper than bpf_probe_read_kernel on every syscall.
-	 */
-	const char *btf_task = (const char *)bpf_get_current_task_btf();
-	const void *task = btf_task;
-	const void *regs = (const void *)ctx->args[0];
-	__u64 ret = ctx->args[1], nr, start, len, prot;
-	__u32 origin;
-
-	if (!(*(const __u32 *)(btf_task + OFF_TASK_STRUCT_THREAD_INFO_STATUS) & TS_COMPAT))
-		return 0;
-	nr = rd64(AT(regs, OFF_PT_REGS_ORIG_AX));
-	if (nr == IA32_NR_MMAP2 || nr == IA32_NR_OLD_MMAP) {
-		if (ret >= (__u64)-4095)
-			return 0;
-		start = (__u32)ret;
-		len = prot = 0;
-		origin = BUILDIDD_ORIGIN_MMAP;
-	} else {
-		if ((nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT) || ret != 0)
-			return 0;
-		prot = rd64(AT(regs, OFF_PT_REGS_DX)) & 0xffffffff;
-		if (!(prot & PROT_EXEC))
-			return 0;
-		start = rd64(AT(regs, OFF_PT_REGS_BX)) & 0xffffffff;
-		len = rd64(AT(regs, OFF_PT_REGS_CX)) & 0xffffffff;
-		origin = BUILDIDD_ORIGIN_MPROTECT;
-	}
-	map_exit(task, start, len, prot, origin);
-	return 0;
-}
 #endif
 
 /*
@@ -1212,6 +1215,55 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 	}
 	st->cur = cur;
 	exec_tail.call(ctx, 0);
+	return 0;
+}
+
+/*
+ * Synthesis of the processes that run at start-up, as perf record synthesizes
+ * them from /proc/PID/maps: a task_vma iterator (kernel/bpf/task_iter.c)
+ * visits every VMA of every process (one task per mm and files: it skips
+ * threads sharing both with their leader) under the mm's mmap lock, and each
+ * executable file mapping becomes a map_event with origin
+ * BUILDIDD_ORIGIN_SYNTHESIZED: the identity, path and build-id read exactly
+ * as for a live mapping.  Written with bpf_seq_write to the reader of the
+ * iterator (kernel.synth), not to the rings: read() paces it, and nothing is
+ * lost however many processes run.  One record is offsetof(path) +
+ * path_len bytes, as in a ring.
+ */
+struct iter_task_vma_ctx {	/* struct bpf_iter__task_vma: every member a BTF pointer */
+	void *meta;		/* struct bpf_iter_meta *: its first member is the seq_file */
+	void *task;		/* struct task_struct *, NULL at the end */
+	void *vma;		/* struct vm_area_struct *, NULL at the end */
+};
+
+int bpf_iter__task_vma(struct iter_task_vma_ctx *ctx)
+{
+	void *seq = (void *)BTF_LD(ctx->meta, 0, void *);
+	const void *task = ctx->task, *vma = ctx->vma;
+	struct map_scratch *s;
+	struct walk_scratch *w;
+	struct vma_info v;
+	__u32 zero = 0, size;
+
+	if (!task || !vma)
+		return 0;
+	w = walk_scratch.lookup(&zero);
+	s = map_scratch.lookup(&zero);
+	if (!w || !s || read_vma(vma, w, &v) || !v.file || !(v.flags & VM_EXEC))
+		return 0;
+	fill_task_header(&s->ev.hdr, BUILDIDD_EV_MAP, task);
+	if (s->ev.hdr.pid != s->ev.hdr.tid)	/* a thread with its own files: its leader's mm was seen */
+		return 0;
+	s->ev.start = v.start;
+	s->ev.len = v.end - v.start;
+	s->ev.pgoff = v.pgoff << PAGE_SHIFT;
+	s->ev.prot = vm_flags_to_prot(v.flags);
+	s->ev.flags = vm_flags_to_map(v.flags);
+	s->ev.origin = BUILDIDD_ORIGIN_SYNTHESIZED;
+	if (prepare_map_event(s, v.file) < 0)
+		return 0;
+	size = offsetof(struct map_event, path) + (s->ev.path_len & PATH_MASK);
+	bpf_seq_write(seq, &s->ev, size);
 	return 0;
 }
 

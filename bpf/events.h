@@ -30,6 +30,8 @@ enum buildidd_map_origin {
 	BUILDIDD_ORIGIN_MPROTECT = 2,	  /* mprotect(2) made a file mapping executable */
 	BUILDIDD_ORIGIN_EXEC_MAIN = 3,	  /* mapped by execve: the main executable */
 	BUILDIDD_ORIGIN_EXEC_INTERP = 4,  /* mapped by execve: the ELF interpreter (ld.so) */
+	BUILDIDD_ORIGIN_SYNTHESIZED = 5,  /* mapped before start-up: found by the task_vma iterator
+					   * (bpf_iter__task_vma), as perf synthesizes running tasks */
 };
 
 /* map_event.id_flags / exec_event.id_flags (0x1 was "identity known, path not sent") */
@@ -44,7 +46,8 @@ enum buildidd_map_origin {
 /* Indexes of the per-CPU drop counters (map "drops"). */
 enum buildidd_drop_cause {
 	BUILDIDD_DROP_RINGBUF_FULL = 0,	/* bpf_ringbuf_output failed: consumer too slow */
-	BUILDIDD_DROP_PENDING_FULL = 1,	/* no room to remember a syscall between enter and exit */
+	BUILDIDD_DROP_PENDING_FULL = 1,	/* no room to remember a syscall between enter and exit
+					 * (only without SYSCALL_REGS: the syscalls tracepoints) */
 	BUILDIDD_DROP_NO_VMA = 2,	/* the mapping's VMA was not found in the mm's maple tree */
 	BUILDIDD_DROP_READ_FAILED = 3,	/* a bpf_probe_read_kernel of a task/mm/file field failed */
 	BUILDIDD_DROP_NCAUSES = 4,

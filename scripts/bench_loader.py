@@ -26,8 +26,7 @@ import psutil
 mode, ring_bytes = sys.argv[1], int(sys.argv[2])
 from buildidd.kernel import tracer
 from buildidd.kernel.btf import Btf
-from buildidd.kernel.events import BPF_DIR
-from buildidd.kernel.loader import LoadSpec, TailCall, load
+from buildidd.kernel.loader import load
 out = {"mode": mode}
 t0 = time.monotonic()
 if mode == "bcc":
@@ -35,17 +34,7 @@ if mode == "bcc":
     out["compile_s"], out["attach_s"] = t.compile_s, t.attach_s
 elif mode == "loader":
     layout = tracer.kernel_layout(Btf.load())
-    page = os.sysconf("SC_PAGE_SIZE")
-    nrings = max(1, min(tracer.MAX_RINGS, os.cpu_count() or 1))
-    cflags = [f"-D{k}={v}" for k, v in sorted(layout.items())]
-    cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={ring_bytes // page}",
-               f"-DNRINGS={nrings}", f"-I{BPF_DIR}", "-Wno-unused-function"]
-    raw = [(name, f"on_{name}") for kind, name in tracer.Tracer.PROGRAMS if kind == "raw_tracepoint"]
-    if "TS_COMPAT" in layout:
-        raw.append(("sys_exit", "on_sys_exit"))
-    spec = LoadSpec(os.path.join(BPF_DIR, "buildidd.bpf.c"), tuple(cflags), tuple(raw),
-                    (TailCall("exec_tail", 0, "exec_vmas"),),
-                    tuple(name for kind, name in tracer.Tracer.PROGRAMS if kind == "tracepoint"))
+    spec = tracer.load_spec(layout, ring_bytes, max(1, min(tracer.MAX_RINGS, os.cpu_count() or 1)))
     t = load(spec)
     out["compile_s"], out["attach_s"], out["child_s"] = t.compile_s, t.attach_s, t.load_s
     out["maps"], out["links"] = len(t.maps), len(t.links)

@@ -2,8 +2,9 @@
 
 Lifecycle: :meth:`Recorder.start` loads and attaches the BPF programs, writes
 the session record and synthesizes the executable mappings of every running
-process (like ``perf record`` synthesizing existing tasks); from then on every
-mapping is recordable (READY).  :meth:`Recorder.step` drains the ring buffers
+process (like ``perf record`` synthesizing existing tasks: one read of the BPF
+task_vma iterator, kernel.synth, its records going through the same paths as
+live events); from then on every mapping is recordable (READY).  :meth:`Recorder.step` drains the ring buffers
 once; :meth:`Recorder.run` steps until told to stop; :meth:`Recorder.close`
 drains what is left and closes the session with an ``end`` record.
 
@@ -50,6 +51,8 @@ __all__ = ["Recorder", "Stats", "new_session_dir"]
 #: Seconds close() gives the snapshotter to stop (it may be copying from a
 #: slow file system): SIGTERM must end the daemon within 2 s.
 SNAPSHOT_STOP_S = 1.0
+#: The counters of _fastpath.run's result (tables.RunCounts), summed by _record_raws.
+RUN_COUNTS = ("mmap", "resolved", "fork", "exit", "comm", "exec")
 
 
 def new_session_dir(root: str) -> Path:
@@ -80,8 +83,8 @@ class Recorder:
         self.stats = Stats()
         self.tracer: Tracer | None = None
         self.rings: Rings | None = None
-        self.enricher = Enricher(config.identity_cache_entries,
-                                 on_evicted=self._on_evicted, on_build_id=self._on_build_id)
+        self.enricher = Enricher(config.identity_cache_entries, on_evicted=self._on_evicted,
+                                 on_build_id=self._on_build_id if config.store_root else None)
         self.snapshotter = None
         self.last_errors: collections.deque = collections.deque(maxlen=10)
         self.tables = Tables(missing=self.enricher.missing)
@@ -118,7 +121,11 @@ class Recorder:
                                                self.last_errors)
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
-        self.recovery.scan(SYNTHESIZED)
+        if self.tracked is None:
+            self.enricher.begin_step(self.config.resolve_deadline_s)
+            self.recovery.synthesize(self.tracer, self._record_raws, self.last_errors)
+        else:                           # follow mode: the tracked processes (none yet at start)
+            self.recovery.scan(SYNTHESIZED)
         self.log.flush()
         self.ready_s = time.monotonic() - t0
 
@@ -171,32 +178,7 @@ class Recorder:
         raws = self.rings.drain()
         if self.follow_filter is not None:
             raws = self.follow_filter.filter(raws)
-        run, tables = self._run_fast, self.tables
-        i, n = 0, len(raws)
-        n_map = n_resolved = n_fork = n_exit = n_comm = n_exec = 0
-        while i < n:
-            if run is not None:
-                done = run(raws, i, tables)
-                i = done.next
-                n_map += done.mmap
-                n_resolved += done.resolved
-                n_fork += done.fork
-                n_exit += done.exit
-                n_comm += done.comm
-                n_exec += done.exec
-                if i >= n:
-                    break
-            try:
-                self.slow.record(raws[i])
-            except Exception as e:          # one event's failure stops no other record
-                self.stats.event_error(e)
-            i += 1
-        for name, k in (("mmap", n_map), ("fork", n_fork), ("exit", n_exit), ("comm", n_comm), ("exec", n_exec)):
-            if k:
-                self.stats.count(name, k)
-        if n_map:
-            self.enricher.cache.count_hits(n_map)
-            self.enricher.resolved += n_resolved
+        self._record_raws(raws)
         self.join.release()
         self.slow.record_resolutions(self.enricher.take_late())
         self.stats.live_pids_dropped += self.tables.trim_live()
@@ -209,6 +191,31 @@ class Recorder:
         self.log.flush()
         self.log.rotate_if_requested()
         return len(raws)
+
+    def _record_raws(self, raws: list[bytes]) -> None:
+        """Record raw ring records in order: the C fast path, and the slow path for what it leaves."""
+        run, tables = self._run_fast, self.tables
+        i, n = 0, len(raws)
+        counts = [0] * len(RUN_COUNTS)      # the fast path's, by name in RUN_COUNTS
+        while i < n:
+            if run is not None:
+                done = run(raws, i, tables)
+                i = done.next
+                counts = [c + getattr(done, name) for c, name in zip(counts, RUN_COUNTS)]
+                if i >= n:
+                    break
+            try:
+                self.slow.record(raws[i])
+            except Exception as e:          # one event's failure stops no other record
+                self.stats.event_error(e)
+            i += 1
+        got = dict(zip(RUN_COUNTS, counts))
+        for name in ("mmap", "fork", "exit", "comm", "exec"):
+            if got[name]:
+                self.stats.count(name, got[name])
+        if got["mmap"]:
+            self.enricher.cache.count_hits(got["mmap"])
+            self.enricher.resolved += got["resolved"]
 
     def close(self) -> None:
         """Drain what is left, write the end record, close the log and detach BPF."""
@@ -260,14 +267,9 @@ class Recorder:
         misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats().
         """
         now = time.monotonic()
-        window = list(self._rate_window)
-        rates = {}
-        if len(window) >= 2:
-            (t0, c0), (t1, c1) = window[0], window[-1]
-            rates = {k: round((v - c0.get(k, 0)) / (t1 - t0), 1) for k, v in c1.items()}
         out = {"session": self.session_dir.name, "session_dir": str(self.session_dir),
                "uptime_s": round(now - self.started_mono, 1), "ready_s": self.ready_s,
-               "events_per_s": rates, "last_errors": list(self.last_errors),
+               "events_per_s": _rates(list(self._rate_window)), "last_errors": list(self.last_errors),
                "log": self.log.stats_or_none(),
                "snapshots": self.snapshotter.status() if self.snapshotter is not None else None,
                "resolve": self.enricher.status(), "loop_errors": dict(self.guard.loop_errors),
@@ -309,6 +311,14 @@ class Recorder:
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
+
+
+def _rates(window: list[tuple[float, dict]]) -> dict[str, float]:
+    """Events per second by type over window: (time.monotonic(), counts so far) samples, oldest first."""
+    if len(window) < 2:
+        return {}
+    (t0, c0), (t1, c1) = window[0], window[-1]
+    return {k: round((v - c0.get(k, 0)) / (t1 - t0), 1) for k, v in c1.items()}
 
 
 def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path: KernelPath) -> dict:

@@ -5,13 +5,15 @@ Every Config.drop_check_interval_s the recorder asks; a loss is written as a
 ``lost`` record (counts per cause, the gap's time range), and a rescan of
 /proc/PID/maps follows (at most one per RESCAN_MIN_INTERVAL_S) that records
 every executable file mapping not already known live, with origin
-"recovered".  The same scan, at start, synthesizes the mappings of the
+"recovered".  The same scan synthesizes, at start, the mappings of the
 processes already running (origin "synthesized", as perf record synthesizes
-existing tasks).
+existing tasks) when the BPF task_vma iterator (kernel.synth) cannot, and the
+tracked processes in follow mode.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from typing import Callable
@@ -19,10 +21,10 @@ from typing import Callable
 from buildidd import clock
 from buildidd.capture.tables import Stats, Tables
 from buildidd.kernel.events import EventType, RawEvent
-from buildidd.kernel.tracer import DropReport
+from buildidd.kernel.tracer import DropReport, Tracer
 from buildidd.resolve import procfs
 from buildidd.resolve.enrich import Enricher, Resolution
-from buildidd.sessionlog.records import RECOVERED, dict_line
+from buildidd.sessionlog.records import RECOVERED, SYNTHESIZED, dict_line
 
 MAP_SHARED, MAP_PRIVATE = 0x01, 0x02
 
@@ -72,6 +74,33 @@ class LossRecovery:
             self._rescan_pending = False
             self._next_rescan = now + self.RESCAN_MIN_INTERVAL_S
             self.scan(RECOVERED)
+
+    def synthesize(self, tracer: Tracer, record_raws: Callable[[list[bytes]], None],
+                   last_errors: collections.deque) -> None:
+        """Record the executable file mappings of every running process but this one (origin
+        "synthesized"), as perf synthesizes running tasks.
+
+        Read by the BPF task_vma iterator (Tracer.synthesize), with the kernel's
+        build-ids; record_raws records them like ring records (the recorder's
+        fast and slow paths).  When the iterator fails, the /proc/PID/maps
+        scan does it instead (noted in last_errors, a deque of dicts).
+        """
+        try:
+            got = tracer.synthesize()
+        except OSError as e:
+            last_errors.append({"time_ns": clock.boot_ns(),
+                                "error": f"task_vma iterator: {e}; /proc/PID/maps scan instead"})
+            self.scan(SYNTHESIZED)
+            return
+        me = os.getpid().to_bytes(4, "little")          # event_header.pid
+        raws = [r for r in got.records if r[4:8] != me]
+        record_raws(raws)
+        self.stats.synthesized += len(raws)
+        if got.malformed or got.truncated:
+            self.stats.decode_errors += 1
+            last_errors.append({"time_ns": clock.boot_ns(), "error": (
+                f"task_vma iterator: {got.malformed} bytes after the last whole record"
+                f"{' (cut at its limit)' if got.truncated else ''}")})
 
     def scan(self, origin: str) -> None:
         """Record the executable file mappings in /proc/PID/maps of every process (or the tracked ones).

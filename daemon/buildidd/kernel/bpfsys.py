@@ -117,6 +117,63 @@ def bpf(cmd: int, attr: ctypes.Structure) -> int:
     return r
 
 
+BPF_LINK_CREATE = 28
+BPF_ITER_CREATE = 33
+#: enum bpf_attach_type BPF_TRACE_ITER (include/uapi/linux/bpf.h)
+BPF_TRACE_ITER = 28
+#: Bytes asked of an iterator per read(2): the kernel's seq_file buffer grows to what a record needs.
+ITER_READ_BYTES = 1 << 16
+
+
+class _LinkCreateAttr(ctypes.Structure):
+    """union bpf_attr for BPF_LINK_CREATE of an iterator (link_create: prog_fd, target_fd,
+    attach_type, flags, iter_info, iter_info_len); the rest of the union stays zero."""
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("target_fd", ctypes.c_uint32),
+                ("attach_type", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("iter_info", ctypes.c_uint64), ("iter_info_len", ctypes.c_uint32),
+                ("_pad", ctypes.c_uint32 * 9)]
+
+
+class _IterCreateAttr(ctypes.Structure):
+    """union bpf_attr for BPF_ITER_CREATE (iter_create: link_fd, flags)."""
+    _fields_ = [("link_fd", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+def iter_read(prog_fd: int, max_bytes: int) -> bytes:
+    """Run a BPF iterator program over every object of its target; what it wrote (bpf_seq_write).
+
+    A link (BPF_LINK_CREATE, attach type BPF_TRACE_ITER, no target
+    parameters: every task for task and task_vma) and an iterator
+    (BPF_ITER_CREATE) are made, read to the end (each read(2) runs the
+    program on the objects that fill it) and closed.
+
+    Args:
+        prog_fd: a loaded BPF_PROG_TYPE_TRACING program for a bpf_iter target.
+        max_bytes: the most bytes taken; reading stops there (bounded memory
+            however many objects exist).
+    Returns:
+        The bytes, at most max_bytes plus one read.
+    Raises:
+        OSError: the kernel refused the link or the iterator, or a read failed.
+    """
+    link = bpf(BPF_LINK_CREATE, _LinkCreateAttr(prog_fd=prog_fd, attach_type=BPF_TRACE_ITER))
+    try:
+        it = bpf(BPF_ITER_CREATE, _IterCreateAttr(link_fd=link))
+        try:
+            chunks, total = [], 0
+            while total < max_bytes:
+                chunk = os.read(it, ITER_READ_BYTES)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(it)
+    finally:
+        os.close(link)
+
+
 def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
     """How many CPUs the kernel may bring up (num_possible_cpus()): the number of
     CPUs in the list at path (e.g. ``0-1`` or ``0-3,6``).

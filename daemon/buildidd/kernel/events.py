@@ -56,6 +56,7 @@ class MapOrigin(enum.IntEnum):
     MPROTECT = 2
     EXEC_MAIN = 3
     EXEC_INTERP = 4
+    SYNTHESIZED = 5
 
 
 class DropCause(enum.IntEnum):
@@ -86,9 +87,7 @@ class PcStatus(enum.IntEnum):
 
 
 PC_BUILD_ID_MAX = 64    #: the longest build-id the kernel side takes, bytes
-PATH_TRUNCATED = 0x2
-PATH_UNREACHABLE = 0x4
-FILE_BACKING = 0x8
+PATH_TRUNCATED, PATH_UNREACHABLE, FILE_BACKING = 0x2, 0x4, 0x8
 BID_MEMO = 0x10         #: map_event.bid came from the kernel's build-id memo (bpf/buildid_memo.h)
 #: id_flags bits that mean the path was not read whole (the record's "path_truncated").
 PATH_CUT = PATH_TRUNCATED | PATH_UNREACHABLE

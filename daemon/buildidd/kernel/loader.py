@@ -89,6 +89,10 @@ class LoadSpec:
         tail_calls: program-array slots to fill.
         required_tracepoints: ``category:event`` names that must exist in
             tracefs (BCC's auto-attach gives a poor message otherwise).
+        iterators: BPF iterator functions (``bpf_iter__<target>``, e.g.
+            ``bpf_iter__task_vma``) loaded as BPF_PROG_TYPE_TRACING and left
+            unattached: the parent makes a link and an iterator for each read
+            (kernel.bpfsys.iter_open).
     """
 
     src_file: str
@@ -96,13 +100,15 @@ class LoadSpec:
     raw_tracepoints: tuple[tuple[str, str], ...] = ()
     tail_calls: tuple[TailCall, ...] = ()
     required_tracepoints: tuple[str, ...] = ()
+    iterators: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
         """The spec as the child reads it."""
         d = {"src_file": self.src_file, "cflags": list(self.cflags),
              "raw_tracepoints": [list(x) for x in self.raw_tracepoints],
              "tail_calls": [[t.table, t.index, t.function, t.prog_type] for t in self.tail_calls],
-             "required_tracepoints": list(self.required_tracepoints)}
+             "required_tracepoints": list(self.required_tracepoints),
+             "iterators": list(self.iterators)}
         return json.dumps(d).encode()
 
     @classmethod
@@ -112,7 +118,8 @@ class LoadSpec:
         return cls(str(d["src_file"]), tuple(str(x) for x in d["cflags"]),
                    tuple((str(tp), str(fn)) for tp, fn in d["raw_tracepoints"]),
                    tuple(TailCall(str(t), int(i), str(f), str(p)) for t, i, f, p in d["tail_calls"]),
-                   tuple(str(x) for x in d["required_tracepoints"]))
+                   tuple(str(x) for x in d["required_tracepoints"]),
+                   tuple(str(x) for x in d["iterators"]))
 
 
 @dataclass
@@ -316,6 +323,8 @@ def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]]
             b[t.table.encode()][ctypes.c_int(t.index)] = ctypes.c_int(fn.fd)
         for tp, fn_name in spec.raw_tracepoints:
             b.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn_name.encode())
+        for fn_name in spec.iterators:       # libbcc gives bpf_iter__* its attach type and BTF id
+            b.load_func(fn_name.encode(), BPF.TRACING)
     except Exception as e:  # BCC raises bare Exception on load/attach failure
         raise ProbeError(f"cannot load or attach: {e}") from e
     t2 = time.monotonic()

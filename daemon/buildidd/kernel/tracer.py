@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from buildidd.kernel import synth
 from buildidd.kernel.btf import Btf
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, DropTime
@@ -86,23 +87,29 @@ def kernel_config() -> dict[str, str]:
 
 def syscall_regs_layout(btf: Btf, machine: str | None = None,
                         config: dict[str, str] | None = None) -> dict[str, int]:
-    """Where sys_exit_mmap finds the call's saved user registers (x86_64 only; else {}).
+    """The saved user registers the raw sys_exit program reads (x86_64 only; else {}).
+
+    SYSCALL_REGS says the layout is known: on_sys_exit (raw_syscalls:sys_exit)
+    then handles mmap, mprotect and pkey_mprotect, native and i386, from the
+    struct pt_regs the tracepoint hands over (offsets of orig_ax, ax, di, si,
+    dx, bx, cx from BTF, read in one span).  Without it the BPF side falls
+    back to the syscalls tracepoints.
 
     task_pt_regs(task) is the struct pt_regs just below the top of the task's
     kernel stack: task_struct.stack + THREAD_SIZE - TOP_OF_KERNEL_STACK_PADDING
     - sizeof(struct pt_regs) (arch/x86/include/asm/{page_64_types,thread_info}.h:
     THREAD_SIZE is 16 KiB, 32 KiB with KASAN; the padding is 16 bytes with
-    CONFIG_X86_FRED, else 0).  A wrong guess costs nothing but speed: the BPF
-    side trusts the registers only when orig_ax and ax match the call.
+    CONFIG_X86_FRED, else 0); PT_REGS_OFFSET is kept for the tests that check it.
     """
     if (machine or os.uname().machine) != "x86_64":
         return {}
     config = kernel_config() if config is None else config
     thread_size = 32768 if config.get("CONFIG_KASAN") == "y" else 16384
     padding = 16 if config.get("CONFIG_X86_FRED") == "y" else 0
-    names = ("orig_ax", "ax", "dx", "bx", "cx")
+    names = ("orig_ax", "ax", "di", "si", "dx", "bx", "cx")
     out = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in names}
     out["REGS_SPAN_BASE"], out["REGS_SPAN_LEN"] = field_span(btf, "pt_regs", names)
+    out["SYSCALL_REGS"] = 1
     out["PT_REGS_OFFSET"] = thread_size - padding - btf.sizeof("pt_regs")
     out["NR_MMAP"] = 9          # arch/x86/entry/syscalls/syscall_64.tbl
     if config.get("CONFIG_IA32_EMULATION") == "y":
@@ -227,6 +234,34 @@ def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
 MAX_RINGS = 8
 
 
+def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int) -> LoadSpec:
+    """What the loader compiles and attaches for a kernel layout (kernel_layout), rings of
+    ring_bytes each (a power-of-two number of pages), nrings of them.
+
+    Raises:
+        ProbeError: ring_bytes is not a power-of-two number of pages.
+    """
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = ring_bytes // page
+    if pages < 1 or pages & (pages - 1) or pages * page != ring_bytes:
+        raise ProbeError(f"ring buffer of {ring_bytes} bytes is not a power-of-two number of pages")
+    cflags = [f"-D{k}={v}" for k, v in sorted(layout.items())]
+    cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={nrings}",
+               f"-I{BPF_DIR}", "-Wno-unused-function"]
+    raw = tuple((name, f"on_{name}") for kind, name in Tracer.PROGRAMS if kind == "raw_tracepoint")
+    tracepoints: tuple[str, ...] = ()
+    if "SYSCALL_REGS" in layout:
+        raw += (("sys_exit", "on_sys_exit"),)
+    else:
+        tracepoints = Tracer.FALLBACK_TRACEPOINTS
+    # TRACEPOINT_PROBE(category, event) functions are attached by BCC on load;
+    # exec_vmas is reached by tail call from exec_tail[0], which the Tracer
+    # keeps alive by holding the program array's fd.
+    return LoadSpec(os.path.join(BPF_DIR, "buildidd.bpf.c"), tuple(cflags), raw_tracepoints=raw,
+                    tail_calls=(TailCall("exec_tail", 0, "exec_vmas"),),
+                    required_tracepoints=tracepoints, iterators=(synth.ITERATOR,))
+
+
 @dataclass
 class DropReport:
     """Kernel-side drops since the previous report.
@@ -265,10 +300,10 @@ class Tracer:
         ProbeError: BTF lacks a needed field, compilation, load or attach failed.
     """
 
+    #: Without SYSCALL_REGS (another architecture) the BPF side has these instead of on_sys_exit.
+    FALLBACK_TRACEPOINTS = ("syscalls:sys_exit_mmap", "syscalls:sys_enter_mprotect",
+                            "syscalls:sys_exit_mprotect")
     PROGRAMS = (
-        ("tracepoint", "syscalls:sys_exit_mmap"),
-        ("tracepoint", "syscalls:sys_enter_mprotect"),
-        ("tracepoint", "syscalls:sys_exit_mprotect"),
         ("raw_tracepoint", "sched_process_exec"),
         ("raw_tracepoint", "sched_process_fork"),
         ("raw_tracepoint", "sched_process_exit"),
@@ -283,24 +318,9 @@ class Tracer:
         self.layout = kernel_layout(btf)
         page = os.sysconf("SC_PAGE_SIZE")
         self.nrings = max(1, min(MAX_RINGS, os.cpu_count() or 1))
-        pages = ring_bytes // page
-        if pages < 1 or pages & (pages - 1) or pages * page != ring_bytes:
-            raise ProbeError(f"ring buffer of {ring_bytes} bytes is not a power-of-two number of pages")
-        cflags = [f"-D{k}={v}" for k, v in sorted(self.layout.items())]
-        cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={self.nrings}",
-                   f"-I{BPF_DIR}",
-                   "-Wno-unused-function"]
         #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
-        self.compat = "TS_COMPAT" in self.layout
-        raw = tuple((name, f"on_{name}") for kind, name in self.PROGRAMS if kind == "raw_tracepoint")
-        if self.compat:
-            raw += (("sys_exit", "on_sys_exit"),)
-        # TRACEPOINT_PROBE(category, event) functions are attached by BCC on load;
-        # exec_vmas is reached by tail call from exec_tail[0], which this process
-        # keeps alive by holding the program array's fd (self.prog).
-        spec = LoadSpec(os.path.join(BPF_DIR, "buildidd.bpf.c"), tuple(cflags), raw_tracepoints=raw,
-                        tail_calls=(TailCall("exec_tail", 0, "exec_vmas"),),
-                        required_tracepoints=tuple(n for k, n in self.PROGRAMS if k == "tracepoint"))
+        self.compat = "TS_COMPAT" in self.layout and "SYSCALL_REGS" in self.layout
+        spec = load_spec(self.layout, ring_bytes, self.nrings)
         self.prog = load_pinned(spec, pin_root) if pin_root else load(spec)
         #: seconds the child spent compiling and loading (BPF()).
         self.compile_s = self.prog.compile_s
@@ -310,7 +330,7 @@ class Tracer:
         self.load_s = time.monotonic() - t0
         self._drop_totals = [0] * N_DROP_CAUSES
         #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
-        self.ring_maps = [(self.prog.maps[f"events{i}"].fd, pages * page) for i in range(self.nrings)]
+        self.ring_maps = [(self.prog.maps[f"events{i}"].fd, ring_bytes) for i in range(self.nrings)]
 
     def set_pagecache_bases(self, vmemmap_base: int, page_offset_base: int) -> None:
         """Turn the page-cache build-id reads on: write struct pagecache_bases (bpf/pagecache.h),
@@ -344,6 +364,15 @@ class Tracer:
         table = self.prog.maps["bid_memo_stats"]
         return {name: sum(int.from_bytes(v, "little") for v in table.lookup(ctypes.c_int(i)))
                 for i, name in enumerate(("hits", "fills", "confirms", "writer_skips"))}
+
+    def synthesize(self) -> "synth.SynthResult":
+        """The executable file mappings of every running process, read now by the task_vma
+        iterator (kernel.synth): raw struct map_event records, origin BUILDIDD_ORIGIN_SYNTHESIZED.
+
+        Raises:
+            OSError: the iterator could not be created or read.
+        """
+        return synth.synthesize(self.prog.progs[synth.ITERATOR])
 
     def close(self) -> None:
         """Detach and unload every program (closes every fd the loader handed over)."""

@@ -82,6 +82,7 @@ class Enricher:
         self.routes = Routes(self.cache, on_build_id)
         self.offload = offload or Offload()
         self.pool = WorkerPool(self.offload.pool)
+        self.handovers = self._handover_pool()
         self.resolved = 0
         self.missing: dict[str, int] = {}
         self.timeouts = 0
@@ -103,6 +104,15 @@ class Enricher:
             workers=workers, max_threads=8 * workers, stuck_after_s=config.resolve_deadline_s))
         self.pool.close()                   # its idle workers exit
         self.pool = WorkerPool(self.offload.pool)
+        self.handovers.close()
+        self.handovers = self._handover_pool()
+
+    def _handover_pool(self) -> WorkerPool:
+        """The hand-overs' own workers: a burst of them (every DSO of every process synthesized at
+        start) never queues ahead of a resolution the recording thread waits for."""
+        p = self.offload.pool
+        return WorkerPool(PoolPolicy(workers=1, max_threads=max(2, p.max_threads // 4), queue_max=p.queue_max,
+                                     stuck_after_s=p.stuck_after_s), name="buildidd-handover")
 
     # -- cache -------------------------------------------------------------
     @property
@@ -156,7 +166,7 @@ class Enricher:
                 # First sighting of a build-id at this path (the kernel read it): the store still
                 # wants the file, and a root-owned copy met after a user's must reach it too.
                 self._handed.put(seen, True)
-                if self.pool.submit(self.routes.hand_over, (_request(ev, ev.path), res)) is None:
+                if self.handovers.submit(self.routes.hand_over, (_request(ev, ev.path), res)) is None:
                     self.handovers_dropped += 1
             return res
         ident = ev.identity
@@ -226,10 +236,12 @@ class Enricher:
         now = time.monotonic()
         return {**self.pool.status(), "timeouts": self.timeouts, "pending": len(self._pending),
                 "suspect_devices": sum(1 for t in self._suspect.values() if t > now),
-                "deadline_s": self.offload.deadline_s, "handovers_dropped": self.handovers_dropped}
+                "deadline_s": self.offload.deadline_s, "handovers_dropped": self.handovers_dropped,
+                "handover_pool": self.handovers.status()}
 
     def close(self) -> int:
         """Stop the workers (blocked ones are left behind); the number of resolutions abandoned."""
+        self.handovers.close()
         return self.pool.close()
 
     def _offload(self, ident: Identity | None, fn: Callable, arg):

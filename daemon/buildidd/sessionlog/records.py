@@ -57,8 +57,9 @@ ORIGIN_NAMES = {
     MapOrigin.MPROTECT: "mprotect",
     MapOrigin.EXEC_MAIN: "exec",
     MapOrigin.EXEC_INTERP: "interp",
+    MapOrigin.SYNTHESIZED: "synthesized",
 }
-SYNTHESIZED = "synthesized"   #: found in /proc/PID/maps at start (perf's synthesized MMAP2)
+SYNTHESIZED = "synthesized"   #: mapped before start: the task_vma iterator, else /proc/PID/maps (perf's synthesized MMAP2)
 RECOVERED = "recovered"       #: found in /proc/PID/maps by the rescan after a loss
 
 # -- JSON of the names records repeat: memoized (memo.shared, bounded LRU) ----

@@ -1,0 +1,169 @@
+"""Processes running at start-up are synthesized by the BPF task_vma iterator (kernel.synth).
+
+Oracles: /proc/PID/maps (the kernel's own listing of the same VMAs) and
+readelf -n on the mapped files; a library whose pages were dropped from the
+page cache is read by user space through map_files instead (nothing else may
+read it meanwhile: a `perf record -a` starting on the host would, as it
+synthesizes every mapped file's build-id from disk).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from buildidd.kernel import synth
+from buildidd.kernel.events import EventType, MapEvent
+from buildidd.resolve import procfs
+from conftest import gcc, readelf_build_id, session_records
+
+HOLD_SRC = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(int argc, char **argv)
+{
+	int fd = open(argv[1], O_RDONLY);
+	if (fd < 0 || mmap(NULL, 8192, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0) == MAP_FAILED)
+		return 1;
+	close(fd);
+	puts("mapped");
+	fflush(stdout);
+	for (;;) pause();
+}
+"""
+
+
+def _wait_mapped(pid: int, path: str) -> None:
+    deadline = time.monotonic() + 10
+    while not any(m.path == path for m in procfs.exec_file_mappings(pid)):
+        assert time.monotonic() < deadline, f"pid {pid} never mapped {path}"
+        time.sleep(0.01)
+
+
+def _resident_pages(path) -> int:
+    out = subprocess.run(["fincore", "--noheadings", "--raw", "-o", "PAGES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def _drop_page_cache(path) -> None:
+    """Evict path's pages.  DONTNEED skips pages still in another CPU's LRU batch (they hold a
+    reference until it drains), so try again, then drop every clean page (drop_caches)."""
+    for attempt in range(40):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        if _resident_pages(path) == 0:
+            return
+        if attempt == 30:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1")
+        time.sleep(0.02)
+    assert _resident_pages(path) == 0, f"{path} stays in the page cache"
+
+
+def test_running_processes_are_synthesized_as_proc_maps_lists_them(recorder, workloads, tmp_path):
+    idle = [subprocess.Popen([str(workloads["idle"])]) for _ in range(12)]
+    # A library mapped but never touched, then evicted: the kernel cannot read its note.
+    cold = tmp_path / "libcold.so"
+    shutil.copy(workloads["lib5"], cold)
+    hold = gcc(HOLD_SRC, tmp_path / "hold")
+    holder = subprocess.Popen([str(hold), str(cold)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"mapped\n"
+        for p in idle:
+            _wait_mapped(p.pid, str(workloads["lib3"]))
+        _drop_page_cache(cold)
+        expected = {p.pid: procfs.exec_file_mappings(p.pid) for p in idle + [holder]}
+        assert _resident_pages(cold) == 0
+        rec = recorder()
+        records = [r for r in session_records(rec.session_dir) if r["type"] == "mmap"]
+        synthesized = [r for r in records if r["origin"] == "synthesized"]
+        assert not any(r["pid"] == os.getpid() for r in synthesized), "the daemon synthesized itself"
+        assert rec.stats.synthesized == len(synthesized)
+        for pid, maps in expected.items():
+            ours = sorted((r["start"], r["start"] + r["len"], r["pgoff"], r["path"])
+                          for r in synthesized if r["pid"] == pid)
+            assert ours == sorted((m.start, m.end, m.offset, m.path) for m in maps), pid
+        by_path = {}
+        for r in synthesized:
+            if r["pid"] in expected:
+                by_path.setdefault(r["path"], set()).add((r["build_id"], r["build_id_source"]))
+        for path, got in by_path.items():
+            assert {bid for bid, _ in got} == {readelf_build_id(path)}, path
+        assert by_path[str(workloads["lib0"])] == {(readelf_build_id(workloads["lib0"]), "kernel")}
+        assert by_path[str(workloads["idle"])] == {(readelf_build_id(workloads["idle"]), "kernel")}
+        # Evicted: user space read it through map_files, under the identity check.
+        assert by_path[str(cold)] == {(readelf_build_id(cold), "map_files")}
+        print(f"\nsynthesized {len(synthesized)} mappings of {len({r['pid'] for r in synthesized})} "
+              f"processes; READY {rec.ready_s:.3f} s")
+    finally:
+        for p in idle + [holder]:
+            p.kill()
+            p.wait()
+
+
+def test_a_refused_iterator_falls_back_to_the_proc_scan(recorder, workloads):
+    idle = subprocess.Popen([str(workloads["idle"])])
+    try:
+        _wait_mapped(idle.pid, str(workloads["lib3"]))
+        rec = recorder()
+        progs = rec.tracer.prog.progs
+        real = progs[synth.ITERATOR]
+        # A program of another type in its place: BPF_LINK_CREATE with BPF_TRACE_ITER is refused.
+        progs[synth.ITERATOR] = progs["on_sched_process_fork"]
+        try:
+            before = rec.stats.synthesized
+            rec._synthesize()
+            rec.log.flush()
+        finally:
+            progs[synth.ITERATOR] = real
+        assert any("task_vma iterator" in e["error"] for e in rec.last_errors)
+        assert rec.stats.synthesized > before
+        scanned = [r for r in session_records(rec.session_dir)
+                   if r["type"] == "mmap" and r["pid"] == idle.pid and r["build_id_source"] == "map_files"]
+        assert {r["path"] for r in scanned} >= {str(workloads["lib0"]), str(workloads["idle"])}
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+def _record(path: bytes, pid: int = 7) -> bytes:
+    ev = MapEvent()
+    ev.hdr.type = EventType.MAP
+    ev.hdr.pid = ev.hdr.tid = pid
+    ev.path_len = len(path)
+    ev.path = path
+    return bytes(ev)[:MapEvent.path.offset + len(path)]
+
+
+def test_split_records_cuts_the_stream_and_stops_at_garbage():
+    a, b = _record(b"/usr/lib/libc.so.6"), _record(b"/x" * 100, pid=9)
+    recs, left = synth.split_records(a + b)
+    assert recs == [a, b] and left == 0
+    recs, left = synth.split_records(a + b[:-3])              # cut inside a path
+    assert recs == [a] and left == len(b) - 3
+    garbage = bytearray(b)
+    garbage[0] = EventType.EXEC
+    recs, left = synth.split_records(a + bytes(garbage))      # not a map event
+    assert recs == [a] and left == len(b)
+    huge = bytearray(b)
+    huge[MapEvent.path_len.offset:MapEvent.path_len.offset + 2] = (60000).to_bytes(2, "little")
+    recs, left = synth.split_records(bytes(huge) + a)         # path_len out of range
+    assert recs == [] and left == len(huge) + len(a)
+    assert synth.split_records(b"") == ([], 0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_split_records_takes_what_fits(n):
+    recs = [_record(f"/lib/l{i}.so".encode(), pid=i + 1) for i in range(n)]
+    assert synth.split_records(b"".join(recs)) == (recs, 0)
