@@ -5,6 +5,12 @@ each PERF_RECORD_MMAP2 (kernel/events/core.c perf_event_mmap_event, lib/buildid.
 It reads without faulting, so when the ELF header page is not in the page cache
 the record carries dev/ino/generation instead; those are counted apart, never
 as a failure of either side.  Used by the tests and by scripts/bench.
+
+perf record now and then writes a record twice: perf_mmap__push (tools/perf/util/mmap.c)
+reads the ring's data_head, then perf_mmap__read_init reads it again for the end of
+what it copies, yet it sets prev (the next start) to the first value, so records the
+kernel wrote between the two reads are copied again at the start of that CPU's next
+chunk.  compare() drops such copies (same record, same ns timestamp).
 """
 
 from __future__ import annotations
@@ -121,7 +127,9 @@ class PerfRecorder:
     def stop(self) -> list[PerfMmap]:
         """SIGINT perf, wait for it, and return its executable MMAP2 records."""
         self.finish()
-        r = subprocess.run(["perf", "script", "-i", str(self.output), "--show-mmap-events"],
+        # --ns: a timestamp per record to the nanosecond, which compare() needs to tell
+        # perf's duplicated records from distinct mappings made within one microsecond.
+        r = subprocess.run(["perf", "script", "-i", str(self.output), "--show-mmap-events", "--ns"],
                            capture_output=True, text=True, errors="replace")
         return parse_perf_script(r.stdout)
 
@@ -146,6 +154,8 @@ class Comparison:
         no_build_id: ... with a session record that has no build-id (reason in examples).
         perf_without_build_id: perf's own misses: records that carried dev/ino
             instead of a build-id (the page was not cached).
+        perf_duplicates: perf records left out as copies of an earlier one (every
+            field and the timestamp equal): perf record wrote them twice (see the module doc).
         resolved_where_perf_had_none: ... of which the session has a build-id:
             build-ids we have that perf does not.
         examples: a few mismatches, for the failure message.
@@ -159,6 +169,7 @@ class Comparison:
     missing: int = 0
     no_build_id: int = 0
     perf_without_build_id: int = 0
+    perf_duplicates: int = 0
     resolved_where_perf_had_none: int = 0
     examples: list = field(default_factory=list)
 
@@ -195,7 +206,9 @@ def compare(perf: list[PerfMmap], records: Iterable[dict], comms: set[str] | Non
     records and the session's (synthesized ones left out) are paired in time
     order.  A perf record takes the session's next record at its place with
     its build-id; session records passed over on the way that carry another
-    build-id make it wrong.
+    build-id make it wrong.  A perf record equal to an earlier one, timestamp
+    included, is perf's own duplicate (module doc) and left out, counted in
+    perf_duplicates; give perf script --ns so that timestamps are distinct.
 
     Args:
         perf: from PerfRecorder.stop() or parse_perf_script().
@@ -209,11 +222,16 @@ def compare(perf: list[PerfMmap], records: Iterable[dict], comms: set[str] | Non
     for rs in ours.values():
         rs.sort(key=lambda r: r["time_ns"])
     theirs: dict[tuple[int, int], list[PerfMmap]] = {}
+    seen: set[PerfMmap] = set()
+    c = Comparison()
     for p in perf:
         if p.synthesized or (comms is not None and p.comm not in comms) or (pids is not None and p.pid not in pids):
             continue
+        if p in seen:
+            c.perf_duplicates += 1
+            continue
+        seen.add(p)
         theirs.setdefault((p.pid, p.start), []).append(p)
-    c = Comparison()
     for place, ps in theirs.items():
         cands = ours.get(place, [])
         i = 0

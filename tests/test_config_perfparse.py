@@ -112,3 +112,16 @@ def test_perf_script_parsing_and_comparison():
     ours[0]["build_id"] = "00" * 20
     c = compare(maps, ours)
     assert c.wrong == 1 and c.match_rate == 0.0
+
+
+def test_perf_duplicate_records_are_dropped():
+    # perf record copied this record twice (perf_mmap__push reads data_head twice): same ns timestamp.
+    line = ("       bidd_mmap 21163 [000]  1147.464976300: PERF_RECORD_MMAP2 21163/21163: [0x7f5db5db1000(0x1000) @ 0 "
+            "<a714d0a8e7b2a018a14e2045a822bf10e860798c>]: r-xp /tmp/libbidd0.so\n")
+    other = line.replace("1147.464976300", "1147.464978368")
+    maps = parse_perf_script(line + line + other)
+    assert len(maps) == 3
+    ours = [{"type": "mmap", "time_ns": t, "pid": 21163, "start": 0x7f5db5db1000, "len": 0x1000, "pgoff": 0,
+             "path": "/tmp/libbidd0.so", "build_id": "a714d0a8e7b2a018a14e2045a822bf10e860798c"} for t in (1, 2)]
+    c = compare(maps, ours)
+    assert (c.perf_with_build_id, c.matched, c.missing, c.perf_duplicates) == (2, 2, 0, 1)
