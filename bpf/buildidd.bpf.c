@@ -205,8 +205,10 @@ static __always_inline long ring_output(void *data, __u64 size, __u64 flags)
 
 /*
  * Wake-ups, as perf's wakeup_watermark: records go in without waking the
- * consumer (it polls every few ms while busy), except that every WAKE_BYTES
- * a CPU writes force one, so a burst after an idle spell (the consumer then
+ * consumer (it polls every few ms while busy), except that once a CPU has
+ * written WAKE_BYTES since the consumer last drained (user space zeroes
+ * wake_bytes after each drain: Tracer.reset_wakeups) it forces one, so a
+ * burst after an idle spell (the consumer then
  * sleeps up to idle_poll_interval_s, 50 ms: 2 MiB of ~220-byte records fill in
  * ~13 ms at 800k mappings/s) wakes it long before its ring is full.
  * bpf_ringbuf_query(AVAIL_DATA) would say how full the ring is, but BCC 0.26

@@ -9,12 +9,13 @@ built in place), turns kernel.bpf_stats_enabled on, and reads run_time_ns and
 run_cnt of every BPF program the daemon holds (``bpftool prog show --json``;
 the programs are those of fds in the daemon's /proc/PID/fdinfo) before and
 after the workload.  It prints, per program, runs and ns per run (the figure
-to compare: the exec storm's event is on_sched_process_exec's run, the dlopen
-and mmap storms' the sys_exit_mmap program's), and the sum over programs
+to compare: the exec storm's event is on_sched_process_exec's run; in the
+dlopen and mmap storms on_sys_exit (raw_syscalls:sys_exit) runs for every
+syscall and does the work for mmap and mprotect), and the sum over programs
 divided by the workload's recorded exec+mmap records.  That sum is host-wide:
 the programs run for every process (on a shared machine, others' too), and it
-includes programs run on syscalls that record nothing (e.g. the compat filter
-on raw_syscalls:sys_exit), so it is an upper bound of the kernel ns per event.
+includes the runs on syscalls that record nothing (on_sys_exit returns after
+reading orig_ax), so it is an upper bound of the kernel ns per event.
 
 With --perf, perf's cost beside it: perf --buildid-mmap works inside the
 kernel (no BPF program), so it is estimated from the workload's own CPU time

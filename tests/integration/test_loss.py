@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import time
@@ -78,6 +79,7 @@ def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, worklo
     """
     rec = recorder(ring_bytes=1 << 20)
     rec.step()
+    rec.tracer.reset_wakeups()          # what a drain of any record does
     lib0 = str(workloads["lib0"])
     # A trickle: 20 mappings (~5 KiB) are far below 128 KiB: no wake-up.
     subprocess.run([str(workloads["mmap_storm"]), lib0, "20"], check=True, stdout=subprocess.DEVNULL)
@@ -85,6 +87,8 @@ def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, worklo
     assert rec.rings.wait(0.5) is False
     assert time.monotonic() - t0 >= 0.45
     assert rec.step() >= 20
+    # The drain zeroed every CPU's count: the next wake-up needs WAKE_BYTES more.
+    assert rec.tracer.prog.maps["wake_bytes"].lookup(ctypes.c_int(0)) == [bytes(8)] * os.cpu_count()
     # A burst of 2,000 (~450 KiB, three and a half eighths of the ring): woken at once.
     storm = subprocess.Popen([str(workloads["mmap_storm"]), lib0, "2000"], stdout=subprocess.DEVNULL)
     try:

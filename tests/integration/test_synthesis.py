@@ -123,7 +123,7 @@ def test_a_refused_iterator_falls_back_to_the_proc_scan(recorder, workloads):
         progs[synth.ITERATOR] = progs["on_sched_process_fork"]
         try:
             before = rec.stats.synthesized
-            rec._synthesize()
+            rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.last_errors)
             rec.log.flush()
         finally:
             progs[synth.ITERATOR] = real

@@ -176,6 +176,8 @@ class Recorder:
         """
         self.enricher.begin_step(self.config.resolve_deadline_s)
         raws = self.rings.drain()
+        if raws:
+            self.tracer.reset_wakeups()
         if self.follow_filter is not None:
             raws = self.follow_filter.filter(raws)
         self._record_raws(raws)

@@ -74,6 +74,9 @@ class Rings:
             self._epoll = select.epoll()
             for fd, _size in ring_maps:
                 self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+            # A ring holding records when registered is reported ready once: taken
+            # here, so that wait() reports wake-ups only (the first drain reads them).
+            self._epoll.poll(0)
         except OSError:
             self.close()
             raise

@@ -337,6 +337,12 @@ class Tracer:
         found and checked by capture.kernelpath; zeros turn them off."""
         self.prog.maps["pagecache_bases"].update(ctypes.c_int(0), PagecacheBases(vmemmap_base, page_offset_base))
 
+    def reset_wakeups(self) -> None:
+        """Zero every CPU's count of bytes written since its last wake-up (the BPF map wake_bytes):
+        called after a drain, so that a CPU wakes the consumer once WAKE_BYTES are written since
+        the consumer last read, as perf's wakeup_watermark counts."""
+        self.prog.maps["wake_bytes"].update(ctypes.c_int(0), ctypes.c_uint64(0))
+
     def drops(self) -> DropReport:
         """Kernel-side drops since the previous call (counters summed over CPUs)."""
         report = DropReport()
