@@ -123,8 +123,7 @@ def test_a_refused_iterator_falls_back_to_the_proc_scan(recorder, workloads):
         progs[synth.ITERATOR] = progs["on_sched_process_fork"]
         try:
             before = rec.stats.synthesized
-            rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.last_errors)
-            rec.log.flush()
+            rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.log.flush, rec.last_errors)
         finally:
             progs[synth.ITERATOR] = real
         assert any("task_vma iterator" in e["error"] for e in rec.last_errors)
@@ -161,6 +160,25 @@ def test_split_records_cuts_the_stream_and_stops_at_garbage():
     recs, left = synth.split_records(bytes(huge) + a)         # path_len out of range
     assert recs == [] and left == len(huge) + len(a)
     assert synth.split_records(b"") == ([], 0)
+
+
+def test_synthesis_stream_is_cut_a_chunk_at_a_time_and_completes_records_across_chunks(monkeypatch):
+    recs = [_record(f"/usr/lib/x86_64-linux-gnu/lib{i}.so".encode() * (i % 5 + 1), pid=i + 1) for i in range(300)]
+    stream = b"".join(recs)
+    # Chunks of 1000 bytes: most records straddle two reads.
+    monkeypatch.setattr(synth, "iter_chunks", lambda fd: iter(stream[i:i + 1000] for i in range(0, len(stream), 1000)))
+    got = []
+    res = synth.synthesize(-1, lambda records: got.append(records))
+    assert [r for chunk in got for r in chunk] == recs and res.records == 300 and res.malformed == 0
+    assert max(len(chunk) for chunk in got) < 20          # never the whole stream at once
+    # A corrupt record: reading stops there, what came before is kept, the rest counted.
+    bad = bytearray(recs[1])
+    bad[0] = EventType.EXEC
+    stream2 = recs[0] + bytes(bad) + b"".join(recs[2:])
+    monkeypatch.setattr(synth, "iter_chunks", lambda fd: iter(stream2[i:i + 1000] for i in range(0, len(stream2), 1000)))
+    got = []
+    res = synth.synthesize(-1, lambda records: got.append(records))
+    assert [r for chunk in got for r in chunk] == [recs[0]] and res.records == 1 and res.malformed > 0
 
 
 @pytest.mark.parametrize("n", [0, 1, 5])

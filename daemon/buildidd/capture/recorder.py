@@ -103,7 +103,6 @@ class Recorder:
         self.enricher.configure(config)
         self.guard = LoopGuard()
 
-    # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
         """Load BPF, open the session, synthesize running processes. Returns at READY."""
         t0 = time.monotonic()
@@ -123,7 +122,7 @@ class Recorder:
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         if self.tracked is None:
             self.enricher.begin_step(self.config.resolve_deadline_s)
-            self.recovery.synthesize(self.tracer, self._record_raws, self.last_errors)
+            self.recovery.synthesize(self.tracer, self._record_raws, self.log.flush, self.last_errors)
         else:                           # follow mode: the tracked processes (none yet at start)
             self.recovery.scan(SYNTHESIZED)
         self.log.flush()
@@ -164,12 +163,11 @@ class Recorder:
     def step(self) -> int:
         """Drain the ring buffers once, record what they held; returns the number of events.
 
-        The common events, a mapping of a file whose identity already has a
-        final answer (and the held exec it completes), an exec (held) and the
-        fork/exit/comm records, are recorded by _fastpath.run (C): a dict
-        lookup on the raw identity bytes and one line from records.py's
-        template, with no per-event Python objects.
-        It stops at the first record that needs Python (an identity not yet
+        The common events (a mapping of a file whose identity has a final
+        answer and the held exec it completes, an exec (held), fork/exit/comm)
+        are recorded by _fastpath.run (C): a dict lookup on the raw identity
+        bytes and one line from records.py's template, no per-event Python
+        objects.  It stops at the first record that needs Python (an identity not yet
         resolved, a second exec from a tid before its first was completed, a
         path other than the known one, a malformed record): slowpath.SlowPath
         records that one, and the fast path resumes after it.

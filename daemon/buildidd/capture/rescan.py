@@ -76,31 +76,37 @@ class LossRecovery:
             self.scan(RECOVERED)
 
     def synthesize(self, tracer: Tracer, record_raws: Callable[[list[bytes]], None],
-                   last_errors: collections.deque) -> None:
+                   flush: Callable[[], None], last_errors: collections.deque) -> None:
         """Record the executable file mappings of every running process but this one (origin
         "synthesized"), as perf synthesizes running tasks.
 
-        Read by the BPF task_vma iterator (Tracer.synthesize), with the kernel's
-        build-ids; record_raws records them like ring records (the recorder's
-        fast and slow paths).  When the iterator fails, the /proc/PID/maps
-        scan does it instead (noted in last_errors, a deque of dicts).
+        Read by the BPF task_vma iterator (Tracer.synthesize) a chunk at a
+        time, with the kernel's build-ids; record_raws records each chunk like
+        ring records (the recorder's fast and slow paths) and flush writes its
+        lines, so memory stays bounded however many processes run.  When the
+        iterator cannot be used, the /proc/PID/maps scan does it instead
+        (noted in last_errors, a deque of dicts).
         """
+        me = os.getpid().to_bytes(4, "little")          # event_header.pid
+
+        def sink(records: list[bytes]) -> None:
+            raws = [r for r in records if r[4:8] != me]
+            record_raws(raws)
+            flush()
+            self.stats.synthesized += len(raws)
+
         try:
-            got = tracer.synthesize()
+            got = tracer.synthesize(sink)
         except OSError as e:
             last_errors.append({"time_ns": clock.boot_ns(),
-                                "error": f"task_vma iterator: {e}; /proc/PID/maps scan instead"})
+                                "error": f"task_vma iterator: {e}; /proc/PID/maps scan for the rest"})
             self.scan(SYNTHESIZED)
+            flush()
             return
-        me = os.getpid().to_bytes(4, "little")          # event_header.pid
-        raws = [r for r in got.records if r[4:8] != me]
-        record_raws(raws)
-        self.stats.synthesized += len(raws)
-        if got.malformed or got.truncated:
+        if got.malformed:
             self.stats.decode_errors += 1
-            last_errors.append({"time_ns": clock.boot_ns(), "error": (
-                f"task_vma iterator: {got.malformed} bytes after the last whole record"
-                f"{' (cut at its limit)' if got.truncated else ''}")})
+            last_errors.append({"time_ns": clock.boot_ns(),
+                                "error": f"task_vma iterator: {got.malformed} bytes after the last whole record"})
 
     def scan(self, origin: str) -> None:
         """Record the executable file mappings in /proc/PID/maps of every process (or the tracked ones).

@@ -20,7 +20,7 @@ import errno
 import os
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Iterator
+from typing import Callable, Iterator
 
 from buildidd.errors import ProbeError
 
@@ -139,20 +139,19 @@ class _IterCreateAttr(ctypes.Structure):
     _fields_ = [("link_fd", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
 
 
-def iter_read(prog_fd: int, max_bytes: int) -> bytes:
-    """Run a BPF iterator program over every object of its target; what it wrote (bpf_seq_write).
+def iter_chunks(prog_fd: int) -> Iterator[bytes]:
+    """Run a BPF iterator program over every object of its target; what it wrote, read by read.
 
     A link (BPF_LINK_CREATE, attach type BPF_TRACE_ITER, no target
     parameters: every task for task and task_vma) and an iterator
-    (BPF_ITER_CREATE) are made, read to the end (each read(2) runs the
-    program on the objects that fill it) and closed.
+    (BPF_ITER_CREATE) are made; each read(2) of ITER_READ_BYTES runs the
+    program on the objects whose output (bpf_seq_write) fills it, and is
+    yielded as it comes, so the caller holds one chunk at a time however
+    many objects exist.  Both fds are closed when the generator ends or is
+    closed.
 
     Args:
         prog_fd: a loaded BPF_PROG_TYPE_TRACING program for a bpf_iter target.
-        max_bytes: the most bytes taken; reading stops there (bounded memory
-            however many objects exist).
-    Returns:
-        The bytes, at most max_bytes plus one read.
     Raises:
         OSError: the kernel refused the link or the iterator, or a read failed.
     """
@@ -160,14 +159,11 @@ def iter_read(prog_fd: int, max_bytes: int) -> bytes:
     try:
         it = bpf(BPF_ITER_CREATE, _IterCreateAttr(link_fd=link))
         try:
-            chunks, total = [], 0
-            while total < max_bytes:
+            while True:
                 chunk = os.read(it, ITER_READ_BYTES)
                 if not chunk:
-                    break
-                chunks.append(chunk)
-                total += len(chunk)
-            return b"".join(chunks)
+                    return
+                yield chunk
         finally:
             os.close(it)
     finally:
@@ -308,6 +304,25 @@ class MapRef:
             OSError: E2BIG (map full), EEXIST/ENOENT (flags), EINVAL (bad flags or value).
             ValueError: key or value of the wrong size.
         """
+        k, v = self._update_buffers(key, value)
+        bpf(BPF_MAP_UPDATE_ELEM, self._attr(k, v, flags))
+
+    def prepared_update(self, key, value) -> Callable[[], None]:
+        """A call that sets key to value (as update(), BPF_ANY), both fixed now: the buffers and
+        the bpf_attr are made once, for an update repeated on a hot path (one bpf(2) each call).
+
+        Raises (from the call): OSError as update().
+        """
+        k, v = self._update_buffers(key, value)
+        attr = self._attr(k, v, BPF_ANY)
+
+        def run() -> None:
+            bpf(BPF_MAP_UPDATE_ELEM, attr)
+        run.buffers = (k, v)        # the attr points into them: kept alive with the call
+        return run
+
+    def _update_buffers(self, key, value):
+        """(key, value) ctypes buffers for BPF_MAP_UPDATE_ELEM (see update())."""
         k = _buffer(key, self.info.key_size, "key")
         if self.percpu:
             values = list(value) if isinstance(value, (list, tuple)) else [value] * self.ncpus
@@ -316,10 +331,8 @@ class MapRef:
             stride = (self.info.value_size + 7) & ~7
             raw = b"".join(_buffer(x, self.info.value_size, "value").raw.ljust(stride, b"\0")
                            for x in values)
-            v = ctypes.create_string_buffer(raw, self.value_bytes)
-        else:
-            v = _buffer(value, self.info.value_size, "value")
-        bpf(BPF_MAP_UPDATE_ELEM, self._attr(k, v, flags))
+            return k, ctypes.create_string_buffer(raw, self.value_bytes)
+        return k, _buffer(value, self.info.value_size, "value")
 
     def delete(self, key) -> None:
         """Remove key.

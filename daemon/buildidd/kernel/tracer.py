@@ -331,6 +331,7 @@ class Tracer:
         self._drop_totals = [0] * N_DROP_CAUSES
         #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
         self.ring_maps = [(self.prog.maps[f"events{i}"].fd, ring_bytes) for i in range(self.nrings)]
+        self._reset_wakeups = self.prog.maps["wake_bytes"].prepared_update(ctypes.c_int(0), ctypes.c_uint64(0))
 
     def set_pagecache_bases(self, vmemmap_base: int, page_offset_base: int) -> None:
         """Turn the page-cache build-id reads on: write struct pagecache_bases (bpf/pagecache.h),
@@ -341,7 +342,7 @@ class Tracer:
         """Zero every CPU's count of bytes written since its last wake-up (the BPF map wake_bytes):
         called after a drain, so that a CPU wakes the consumer once WAKE_BYTES are written since
         the consumer last read, as perf's wakeup_watermark counts."""
-        self.prog.maps["wake_bytes"].update(ctypes.c_int(0), ctypes.c_uint64(0))
+        self._reset_wakeups()
 
     def drops(self) -> DropReport:
         """Kernel-side drops since the previous call (counters summed over CPUs)."""
@@ -371,14 +372,15 @@ class Tracer:
         return {name: sum(int.from_bytes(v, "little") for v in table.lookup(ctypes.c_int(i)))
                 for i, name in enumerate(("hits", "fills", "confirms", "writer_skips"))}
 
-    def synthesize(self) -> "synth.SynthResult":
+    def synthesize(self, sink) -> "synth.SynthResult":
         """The executable file mappings of every running process, read now by the task_vma
-        iterator (kernel.synth): raw struct map_event records, origin BUILDIDD_ORIGIN_SYNTHESIZED.
+        iterator (kernel.synth): sink(records) takes raw struct map_event records (origin
+        BUILDIDD_ORIGIN_SYNTHESIZED) a chunk at a time.
 
         Raises:
             OSError: the iterator could not be created or read.
         """
-        return synth.synthesize(self.prog.progs[synth.ITERATOR])
+        return synth.synthesize(self.prog.progs[synth.ITERATOR], sink)
 
     def close(self) -> None:
         """Detach and unload every program (closes every fd the loader handed over)."""
