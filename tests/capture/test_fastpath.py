@@ -41,6 +41,9 @@ class FakeTracer:
         out, self.batch = self.batch, []
         return out
 
+    def reset_wakeups(self):
+        """Tracer.reset_wakeups: no BPF side here, nothing to wake."""
+
     def mark_known(self, ident, kdev):
         pass
 
