@@ -768,10 +768,14 @@ static __always_inline void map_exit(const void *task, __u64 addr, __u64 len, __
 	if (!w || !s)
 		return;
 	root = current_mm_root(task);
-	if (!root || !find_vma(root, addr, w, &v) || (origin != BUILDIDD_ORIGIN_MMAP && !v.file)) {
+	if (!root || !find_vma(root, addr, w, &v)) {
 		count_drop(BUILDIDD_DROP_NO_VMA);
 		return;
 	}
+	/*
+	 * No file: anonymous memory (a JIT's mprotect(PROT_EXEC), a shared
+	 * anonymous mmap is shmem and has one).  Not a file mapping, not a loss.
+	 */
 	if (!v.file)
 		return;
 	fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);

@@ -133,6 +133,35 @@ print(hex(addr))
     assert by_origin["mprotect"]["start"] == mprot_addr and by_origin["mprotect"]["pgoff"] == 0
 
 
+def test_mprotect_exec_of_anonymous_memory_is_neither_recorded_nor_a_loss(recorder, tmp_path, binaries):
+    """A JIT's mprotect(PROT_EXEC) of anonymous memory: no file mapping, nothing dropped.
+
+    raw_syscalls:sys_exit sees every mprotect(PROT_EXEC); only a VMA that
+    cannot be found is a loss (no_vma), not one without a file.
+    """
+    rec = recorder()
+    code = """
+import ctypes, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+for _ in range(200):
+    addr = libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert libc.mprotect(ctypes.c_void_p(addr), mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_EXEC) == 0
+    assert libc.mprotect(ctypes.c_void_p(addr), mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC) == 0
+"""
+    p = subprocess.run([sys.executable, "-c", code], check=True)
+    # A file mapping after it, from the same kind of process: once it is recorded, so is all before.
+    exe = str(binaries["exe_sha1"])
+    subprocess.run([exe], check=False)
+    assert _step_until(rec, lambda: any(r.get("path") == exe for r in _mmaps(rec)))
+    rec.recovery.next_check = 0
+    rec.step()
+    assert rec.summary()["lost"] == {}
+    assert not [r for r in session_records(rec.session_dir) if r["type"] == "lost"]
+    assert p.returncode == 0
+
+
 def test_executable_segments_after_a_gap_are_recorded(recorder, tmp_path):
     """Segments aligned to 2 MiB leave gaps between the VMAs; the exec walk must cross them."""
     exe = gcc("#include <unistd.h>\nint main(void) { pause(); return 0; }\n", tmp_path / "gapped",
