@@ -122,8 +122,9 @@ class Config:
                            "in 5 of 5 runs, 1 MiB lost 2,598 of 2.4 M in 1 of 5, 512 KiB 807-4,638 "
                            "in every run, 256 KiB 7-62%.")
     poll_interval_s: float = _key(0.005, "seconds",
-                                  "the ring buffers are drained this often while events arrive (they are "
-                                  "submitted without wake-ups, see bpf/buildidd.bpf.c); in (0, 1].")
+                                  "the ring buffers are drained this often while events arrive, and at once "
+                                  "when a CPU has written an eighth of its ring since the last drain (the "
+                                  "BPF side's wake-up, see bpf/buildidd.bpf.c); in (0, 1].")
     idle_poll_interval_s: float = _key(0.05, "seconds", "... and at most this often while none do.")
     drop_check_interval_s: float = _key(0.25, "seconds", "how often the kernel's drop counters are read.")
     recording_nice: int = _key(-5, "nice value, -20..19",
