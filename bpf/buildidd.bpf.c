@@ -8,8 +8,9 @@
  * dereferences a kernel struct through a header type: the installed headers may
  * describe another kernel release.
  *
- * Events go to one BPF ring buffer without wake-ups; user space consumes it every
- * few milliseconds.  What cannot be delivered is counted per cause in "drops".
+ * Events go to a BPF ring buffer per CPU, waking the consumer only every eighth
+ * of a ring (wake_flag); user space drains them every few milliseconds while
+ * events come.  What cannot be delivered is counted per cause in "drops".
  */
 #include "events.h"
 #include "pagecache.h"
@@ -120,17 +121,26 @@ BPF_PERCPU_ARRAY(drops, __u64, BUILDIDD_DROP_NCAUSES);
 /* Bytes this CPU wrote to its ring since it last woke the consumer (see wake_flag). */
 BPF_PERCPU_ARRAY(wake_bytes, __u64, 1);
 BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
-BPF_PERCPU_ARRAY(map_scratch, struct map_scratch, 1);
+/*
+ * Per-CPU scratch slots: the programs on tracepoints run with preemption off
+ * and use SLOT_LIVE; the task_vma iterator runs with only migration off
+ * (bpf_iter_run_prog), so on a preemptible kernel a live program could run on
+ * its CPU in the middle of it: it has a slot of its own, SLOT_ITER.
+ */
+#define SLOT_LIVE	0
+#define SLOT_ITER	1
+#define SCRATCH_SLOTS	2
+BPF_PERCPU_ARRAY(map_scratch, struct map_scratch, SCRATCH_SLOTS);
 BPF_PERCPU_ARRAY(exec_scratch, struct exec_scratch, 1);
 #ifndef SYSCALL_REGS
 BPF_HASH(pending_mprotect, __u32, struct pending_mprotect, 16384);
 #endif
 /* bpf/pagecache.h: the bases user space found at start-up (zeros: the kernel path is off), its scratch. */
 BPF_ARRAY(pagecache_bases, struct pagecache_bases, 1);
-BPF_PERCPU_ARRAY(pagecache_scratch, struct pc_scratch, 1);
+BPF_PERCPU_ARRAY(pagecache_scratch, struct pc_scratch, SCRATCH_SLOTS);
 /* bpf/buildid_memo.h: build-ids read before, by struct inode *; the entry being made; counters. */
 BPF_TABLE("lru_hash", __u64, struct bid_memo, bid_memo, BID_MEMO_ENTRIES);
-BPF_PERCPU_ARRAY(memo_scratch, struct bid_memo, 1);
+BPF_PERCPU_ARRAY(memo_scratch, struct bid_memo, SCRATCH_SLOTS);
 BPF_PERCPU_ARRAY(bid_memo_stats, __u64, BID_MEMO_NSTATS);
 
 #define AT(base, off) ((const void *)((const char *)(base) + (off)))
@@ -488,7 +498,7 @@ struct walk_scratch {
 	__u8 vma[VMA_SPAN_LEN];		/* vm_area_struct from VMA_SPAN_BASE */
 };
 
-BPF_PERCPU_ARRAY(walk_scratch, struct walk_scratch, 1);
+BPF_PERCPU_ARRAY(walk_scratch, struct walk_scratch, SCRATCH_SLOTS);
 
 /* The vm_area_struct fields a mapping event needs. */
 struct vma_info {
@@ -672,16 +682,17 @@ static __always_inline void memo_learn(const void *inode, struct map_event *ev, 
  * read every time, with the real inode's size.  magic: the file system of
  * u->inode.
  */
-static __always_inline void read_build_id(const struct user_view *u, __u64 magic, struct map_event *ev)
+static __always_inline void read_build_id(const struct user_view *u, __u64 magic, struct map_event *ev,
+					  __u32 slot)
 {
 	struct pc_scratch *pcs;
 	struct pagecache_bases *b;
 	struct bid_memo *ms;
 	__u32 zero = 0;
 
-	pcs = pagecache_scratch.lookup(&zero);
+	pcs = pagecache_scratch.lookup(&slot);
 	b = pagecache_bases.lookup(&zero);
-	ms = memo_scratch.lookup(&zero);
+	ms = memo_scratch.lookup(&slot);
 	if (ev->id_flags & BUILDIDD_FILE_BACKING) {
 		__u64 size = rd64(AT(u->real_inode, OFF_INODE_I_SIZE));
 
@@ -707,7 +718,7 @@ static __always_inline void read_build_id(const struct user_view *u, __u64 magic
  * user_view), read now for this event.  Returns the number of path bytes,
  * or -1 if the file is unreadable.
  */
-static __always_inline int prepare_map_event(struct map_scratch *s, const void *file)
+static __always_inline int prepare_map_event(struct map_scratch *s, const void *file, __u32 slot)
 {
 	struct map_event *ev = &s->ev;
 	struct user_view u;
@@ -722,7 +733,7 @@ static __always_inline int prepare_map_event(struct map_scratch *s, const void *
 	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
 	bpf_probe_read_kernel(ev->path, plen, s->buf + (off & PATH_MASK));
 	ev->path_len = plen;
-	read_build_id(&u, magic, ev);
+	read_build_id(&u, magic, ev, slot);
 	return plen;
 }
 
@@ -794,7 +805,7 @@ static __always_inline void map_exit(const void *task, __u64 addr, __u64 len, __
 	}
 	s->ev.flags = vm_flags_to_map(v.flags);
 	s->ev.origin = origin;
-	if (prepare_map_event(s, v.file) < 0) {
+	if (prepare_map_event(s, v.file, SLOT_LIVE) < 0) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return;
 	}
@@ -869,7 +880,8 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		len = prot = 0;
 		origin = BUILDIDD_ORIGIN_MMAP;
 	} else if (!compat) {
-		if (nr == NR_MMAP || ret != 0 || !(prot & PROT_EXEC))
+		/* Past the number filter a native task may also be in chmod (90), capget (125)... */
+		if ((nr != NR_MPROTECT && nr != NR_PKEY_MPROTECT) || ret != 0 || !(prot & PROT_EXEC))
 			return 0;
 		start = REG(r, OFF_PT_REGS_DI);
 		len = REG(r, OFF_PT_REGS_SI);
@@ -1141,7 +1153,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 		}
 		fill_header(&s->ev.hdr, BUILDIDD_EV_MAP);
 		s->ev.origin = k == 0 ? BUILDIDD_ORIGIN_EXEC_MAIN : BUILDIDD_ORIGIN_EXEC_INTERP;
-		if (prepare_map_event(s, v.file) < 0) {
+		if (prepare_map_event(s, v.file, SLOT_LIVE) < 0) {
 			count_drop(BUILDIDD_DROP_READ_FAILED);
 			exec_next_file(ctx, st);
 			return 0;
@@ -1249,12 +1261,12 @@ int bpf_iter__task_vma(struct iter_task_vma_ctx *ctx)
 	struct map_scratch *s;
 	struct walk_scratch *w;
 	struct vma_info v;
-	__u32 zero = 0, size;
+	__u32 slot = SLOT_ITER, size;
 
 	if (!task || !vma)
 		return 0;
-	w = walk_scratch.lookup(&zero);
-	s = map_scratch.lookup(&zero);
+	w = walk_scratch.lookup(&slot);
+	s = map_scratch.lookup(&slot);
 	if (!w || !s || read_vma(vma, w, &v) || !v.file || !(v.flags & VM_EXEC))
 		return 0;
 	fill_task_header(&s->ev.hdr, BUILDIDD_EV_MAP, task);
@@ -1266,8 +1278,10 @@ int bpf_iter__task_vma(struct iter_task_vma_ctx *ctx)
 	s->ev.prot = vm_flags_to_prot(v.flags);
 	s->ev.flags = vm_flags_to_map(v.flags);
 	s->ev.origin = BUILDIDD_ORIGIN_SYNTHESIZED;
-	if (prepare_map_event(s, v.file) < 0)
+	if (prepare_map_event(s, v.file, SLOT_ITER) < 0) {
+		count_drop(BUILDIDD_DROP_READ_FAILED);	/* user space rescans /proc after the lost record */
 		return 0;
+	}
 	size = offsetof(struct map_event, path) + (s->ev.path_len & PATH_MASK);
 	bpf_seq_write(seq, &s->ev, size);
 	return 0;

@@ -162,6 +162,35 @@ for _ in range(200):
     assert p.returncode == 0
 
 
+def test_other_syscalls_with_a_mapped_file_in_their_arguments_record_nothing(recorder, tmp_path):
+    """chmod, capget and lgetxattr have the native numbers of i386's old_mmap, mprotect and mmap2
+    (90, 125, 192): a native task's call, even one shaped like mprotect(file page, len,
+    PROT_EXEC) that returns 0, is not a mapping."""
+    rec = recorder()
+    target = tmp_path / "names.bin"
+    target.write_bytes(str(target).encode() + b"\0" + bytes(4 * mmap.PAGESIZE))
+    code = f"""
+import ctypes, mmap, os
+fd = os.open({str(target)!r}, os.O_RDONLY)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+addr = libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+libc.syscall.restype = ctypes.c_long
+for _ in range(50):
+    # chmod(path in the file's mapping, 0o644); dx (the third argument) holds PROT_EXEC.
+    assert libc.syscall(90, ctypes.c_void_p(addr), 0o644, mmap.PROT_EXEC) == 0
+    libc.syscall(125, ctypes.c_void_p(addr), ctypes.c_void_p(addr), mmap.PROT_EXEC)
+print("done")
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "done"
+    exe = gcc("int main(void) { return 0; }\n", tmp_path / "marker")
+    subprocess.run([str(exe)], check=True)
+    assert _step_until(rec, lambda: any(r.get("path") == str(exe) for r in _mmaps(rec)))
+    assert _mmaps(rec, path=str(target)) == []
+
+
 def test_executable_segments_after_a_gap_are_recorded(recorder, tmp_path):
     """Segments aligned to 2 MiB leave gaps between the VMAs; the exec walk must cross them."""
     exe = gcc("#include <unistd.h>\nint main(void) { pause(); return 0; }\n", tmp_path / "gapped",

@@ -123,7 +123,7 @@ def test_a_refused_iterator_falls_back_to_the_proc_scan(recorder, workloads):
         progs[synth.ITERATOR] = progs["on_sched_process_fork"]
         try:
             before = rec.stats.synthesized
-            rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.log.flush, rec.last_errors)
+            rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.log.flush, rec.last_errors, 0.2)
         finally:
             progs[synth.ITERATOR] = real
         assert any("task_vma iterator" in e["error"] for e in rec.last_errors)

@@ -1,4 +1,4 @@
-"""Where sys_exit_mmap finds the call's saved registers: task_pt_regs() per kernel config."""
+"""Where the raw sys_exit program finds a syscall's number and arguments: struct pt_regs from BTF."""
 
 from __future__ import annotations
 
@@ -19,17 +19,17 @@ def btf() -> Btf:
     return Btf.load(VMLINUX)
 
 
-def test_pt_regs_sit_below_the_top_of_a_16k_stack_unless_kasan_or_fred(btf):
-    regs = btf.sizeof("pt_regs")
-    assert syscall_regs_layout(btf, "x86_64", {})["PT_REGS_OFFSET"] == 16384 - regs
-    assert syscall_regs_layout(btf, "x86_64", {"CONFIG_KASAN": "y"})["PT_REGS_OFFSET"] == 32768 - regs
-    assert syscall_regs_layout(btf, "x86_64", {"CONFIG_X86_FRED": "y"})["PT_REGS_OFFSET"] == 16384 - 16 - regs
+def test_registers_are_known_on_x86_64_only_and_i386_with_ia32_emulation(btf):
     assert syscall_regs_layout(btf, "aarch64", {}) == {}
+    native = syscall_regs_layout(btf, "x86_64", {})
+    assert native["SYSCALL_REGS"] == 1 and "TS_COMPAT" not in native
+    both = syscall_regs_layout(btf, "x86_64", {"CONFIG_IA32_EMULATION": "y"})
+    assert both["TS_COMPAT"] == 2 and both["OFF_TASK_STRUCT_THREAD_INFO_STATUS"] > 0
 
 
 def test_register_span_covers_the_registers_read(btf):
     out = syscall_regs_layout(btf, "x86_64", {})
-    for reg in ("ORIG_AX", "AX", "DX"):
+    for reg in ("ORIG_AX", "AX", "DI", "SI", "DX", "BX", "CX"):
         off = out[f"OFF_PT_REGS_{reg}"]
         assert out["REGS_SPAN_BASE"] <= off and off + 8 <= out["REGS_SPAN_BASE"] + out["REGS_SPAN_LEN"]
     assert out["NR_MMAP"] == 9

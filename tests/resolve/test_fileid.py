@@ -151,9 +151,12 @@ def test_worker_pool_keeps_its_workers_and_submit_never_waits_for_a_new_thread()
             job = pool.submit(lambda x: x * 2, 21)     # both workers busy: a third is started
             ran_yet = job.started != 0
             threads = pool.status()["threads"]
+            # threading.Thread.start() would have waited until the thread ran and registered
+            # itself; a _thread worker names itself when it first runs, which it cannot have yet.
+            named = {t.name for t in threading.enumerate()}
         finally:
             sys.setswitchinterval(old)
-        assert threads == 3 and not ran_yet
+        assert threads == 3 and not ran_yet and "buildidd-resolve-3" not in named
         assert pool.wait(job, 5.0) and job.result == 42
         assert {t.name for t in threading.enumerate() if t.ident not in before} >= {"buildidd-resolve-3"}
         release.set()
@@ -168,8 +171,14 @@ def test_enricher_configure_retires_the_pool_it_replaces():
     old = e.pool
     e.configure(Config(resolve_workers=3))
     deadline = __import__("time").monotonic() + 5
+    old_handovers = None
     while old.status()["threads"]:
         assert __import__("time").monotonic() < deadline
         __import__("time").sleep(0.01)
     assert e.pool.status()["threads"] == 3
+    old_handovers = e.handovers
+    e.configure(Config(resolve_workers=2))
+    while old_handovers.status()["threads"]:      # the hand-over pool is retired too
+        assert __import__("time").monotonic() < deadline
+        __import__("time").sleep(0.01)
     e.close()

@@ -2,7 +2,7 @@
 
 Lifecycle: :meth:`Recorder.start` loads and attaches the BPF programs, writes
 the session record and synthesizes the executable mappings of every running
-process (like ``perf record`` synthesizing existing tasks: one read of the BPF
+process (like ``perf record`` synthesizing existing tasks: one pass of the BPF
 task_vma iterator, kernel.synth, its records going through the same paths as
 live events); from then on every mapping is recordable (READY).  :meth:`Recorder.step` drains the ring buffers
 once; :meth:`Recorder.run` steps until told to stop; :meth:`Recorder.close`
@@ -121,8 +121,8 @@ class Recorder:
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         if self.tracked is None:
-            self.enricher.begin_step(self.config.resolve_deadline_s)
-            self.recovery.synthesize(self.tracer, self._record_raws, self.log.flush, self.last_errors)
+            self.recovery.synthesize(self.tracer, self._record_raws, self.log.flush, self.last_errors,
+                                     self.config.resolve_deadline_s)
         else:                           # follow mode: the tracked processes (none yet at start)
             self.recovery.scan(SYNTHESIZED)
         self.log.flush()

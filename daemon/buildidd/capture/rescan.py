@@ -76,20 +76,26 @@ class LossRecovery:
             self.scan(RECOVERED)
 
     def synthesize(self, tracer: Tracer, record_raws: Callable[[list[bytes]], None],
-                   flush: Callable[[], None], last_errors: collections.deque) -> None:
+                   flush: Callable[[], None], last_errors: collections.deque, deadline_s: float) -> None:
         """Record the executable file mappings of every running process but this one (origin
         "synthesized"), as perf synthesizes running tasks.
 
         Read by the BPF task_vma iterator (Tracer.synthesize) a chunk at a
         time, with the kernel's build-ids; record_raws records each chunk like
         ring records (the recorder's fast and slow paths) and flush writes its
-        lines, so memory stays bounded however many processes run.  When the
-        iterator cannot be used, the /proc/PID/maps scan does it instead
-        (noted in last_errors, a deque of dicts).
+        lines, so memory stays bounded however many processes run.  Each chunk
+        may wait deadline_s (seconds) in all for user-space resolutions, as a
+        recording step does (what misses it is a ``timeout`` record, completed
+        later by a ``resolution`` record).  When the iterator cannot be used,
+        the /proc/PID/maps scan does it instead, with no such budget (a
+        mapping it cannot resolve in time would be skipped), noted in
+        last_errors (a deque of dicts); mappings recorded before an iterator
+        failed midway are then recorded again.
         """
         me = os.getpid().to_bytes(4, "little")          # event_header.pid
 
         def sink(records: list[bytes]) -> None:
+            self.enricher.begin_step(deadline_s)
             raws = [r for r in records if r[4:8] != me]
             record_raws(raws)
             flush()
@@ -99,7 +105,8 @@ class LossRecovery:
             got = tracer.synthesize(sink)
         except OSError as e:
             last_errors.append({"time_ns": clock.boot_ns(),
-                                "error": f"task_vma iterator: {e}; /proc/PID/maps scan for the rest"})
+                                "error": f"task_vma iterator: {e}; /proc/PID/maps scan instead"})
+            self.enricher.begin_step(float("inf"))
             self.scan(SYNTHESIZED)
             flush()
             return

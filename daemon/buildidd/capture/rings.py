@@ -87,10 +87,7 @@ class Rings:
         """Sleep up to timeout_s (seconds), or until the BPF side wakes a ring; True when woken."""
         if self._epoll is None:
             return False
-        try:
-            woken = bool(self._epoll.poll(timeout_s))
-        except InterruptedError:
-            return False
+        woken = bool(self._epoll.poll(timeout_s))      # EINTR: retried by Python (PEP 475)
         if woken:
             self.wakeups += 1
         return woken

@@ -121,7 +121,7 @@ BPF_LINK_CREATE = 28
 BPF_ITER_CREATE = 33
 #: enum bpf_attach_type BPF_TRACE_ITER (include/uapi/linux/bpf.h)
 BPF_TRACE_ITER = 28
-#: Bytes asked of an iterator per read(2): the kernel's seq_file buffer grows to what a record needs.
+#: Bytes asked of an iterator per read(2) (a record straddling two reads is the caller's to join).
 ITER_READ_BYTES = 1 << 16
 
 

@@ -91,8 +91,9 @@ class LoadSpec:
             tracefs (BCC's auto-attach gives a poor message otherwise).
         iterators: BPF iterator functions (``bpf_iter__<target>``, e.g.
             ``bpf_iter__task_vma``) loaded as BPF_PROG_TYPE_TRACING and left
-            unattached: the parent makes a link and an iterator for each read
-            (kernel.bpfsys.iter_open).
+            unattached: the parent makes a link and an iterator for each pass
+            (kernel.bpfsys.iter_chunks).  Optional: one the kernel refuses is
+            left out of LoadedProgram.progs (said on the child's stderr).
     """
 
     src_file: str
@@ -324,7 +325,10 @@ def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]]
         for tp, fn_name in spec.raw_tracepoints:
             b.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn_name.encode())
         for fn_name in spec.iterators:       # libbcc gives bpf_iter__* its attach type and BTF id
-            b.load_func(fn_name.encode(), BPF.TRACING)
+            try:
+                b.load_func(fn_name.encode(), BPF.TRACING)
+            except Exception as e:          # optional: its user falls back (a kernel without iterators)
+                print(f"iterator {fn_name} not loaded: {e}", file=sys.stderr)
     except Exception as e:  # BCC raises bare Exception on load/attach failure
         raise ProbeError(f"cannot load or attach: {e}") from e
     t2 = time.monotonic()

@@ -3,12 +3,13 @@
 perf record synthesizes MMAP2 records for the tasks that run when it starts
 by reading every /proc/PID/maps (and, with --buildid-mmap, every mapped
 file's build-id from disk).  buildidd's kernel side has an iterator program
-instead (``bpf_iter__task_vma`` in bpf/buildidd.bpf.c): one read of it visits
+instead (``bpf_iter__task_vma`` in bpf/buildidd.bpf.c): one pass of it visits
 every VMA of every process under the mm's lock and writes a struct map_event
 (origin BUILDIDD_ORIGIN_SYNTHESIZED) for each executable file mapping, with
 the identity, path and build-id read from the kernel exactly as for a live
-mapping.  Measured here: ~0.1 ms per process (ENVIRONMENT.md), against ~2 ms
-per process for /proc/PID/maps read and resolved in user space.
+mapping.  Measured (scripts/bench.py --footprint, 2026-11-25): READY 0.32 s
+with 500 processes running and 0.47 s with 5,000, against 1.44 s for 500 when
+/proc/PID/maps was read and resolved in user space.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ BCC's compiler for its own boilerplate, never for a struct layout.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gzip
 import logging
 import os
@@ -32,7 +33,6 @@ KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("OFF_TASK_STRUCT_COMM", "task_struct", "comm"),
     ("OFF_TASK_STRUCT_EXIT_CODE", "task_struct", "exit_code"),
     ("OFF_TASK_STRUCT_PERSONALITY", "task_struct", "personality"),
-    ("OFF_TASK_STRUCT_STACK", "task_struct", "stack"),
     ("OFF_MM_STRUCT_MM_MT", "mm_struct", "mm_mt"),
     ("OFF_MM_STRUCT_SAVED_AUXV", "mm_struct", "saved_auxv"),
     ("OFF_MAPLE_TREE_MA_ROOT", "maple_tree", "ma_root"),
@@ -93,24 +93,16 @@ def syscall_regs_layout(btf: Btf, machine: str | None = None,
     then handles mmap, mprotect and pkey_mprotect, native and i386, from the
     struct pt_regs the tracepoint hands over (offsets of orig_ax, ax, di, si,
     dx, bx, cx from BTF, read in one span).  Without it the BPF side falls
-    back to the syscalls tracepoints.
-
-    task_pt_regs(task) is the struct pt_regs just below the top of the task's
-    kernel stack: task_struct.stack + THREAD_SIZE - TOP_OF_KERNEL_STACK_PADDING
-    - sizeof(struct pt_regs) (arch/x86/include/asm/{page_64_types,thread_info}.h:
-    THREAD_SIZE is 16 KiB, 32 KiB with KASAN; the padding is 16 bytes with
-    CONFIG_X86_FRED, else 0); PT_REGS_OFFSET is kept for the tests that check it.
+    back to the syscalls tracepoints.  config (default: the running kernel's)
+    says whether i386 syscalls exist (CONFIG_IA32_EMULATION).
     """
     if (machine or os.uname().machine) != "x86_64":
         return {}
     config = kernel_config() if config is None else config
-    thread_size = 32768 if config.get("CONFIG_KASAN") == "y" else 16384
-    padding = 16 if config.get("CONFIG_X86_FRED") == "y" else 0
     names = ("orig_ax", "ax", "di", "si", "dx", "bx", "cx")
     out = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in names}
     out["REGS_SPAN_BASE"], out["REGS_SPAN_LEN"] = field_span(btf, "pt_regs", names)
     out["SYSCALL_REGS"] = 1
-    out["PT_REGS_OFFSET"] = thread_size - padding - btf.sizeof("pt_regs")
     out["NR_MMAP"] = 9          # arch/x86/entry/syscalls/syscall_64.tbl
     if config.get("CONFIG_IA32_EMULATION") == "y":
         # i386 processes: thread_info.status & TS_COMPAT (arch/x86/include/asm/thread_info.h).
@@ -245,9 +237,12 @@ def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int) -> LoadSpec:
     pages = ring_bytes // page
     if pages < 1 or pages & (pages - 1) or pages * page != ring_bytes:
         raise ProbeError(f"ring buffer of {ring_bytes} bytes is not a power-of-two number of pages")
+    # A wake-up when a CPU has written an eighth of a ring since the last drain;
+    # CPUs beyond MAX_RINGS share rings, and then each wakes at its share of that.
+    sharing = -(-(os.cpu_count() or 1) // nrings)
     cflags = [f"-D{k}={v}" for k, v in sorted(layout.items())]
     cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={nrings}",
-               f"-I{BPF_DIR}", "-Wno-unused-function"]
+               f"-DWAKE_BYTES={max(page, ring_bytes // 8 // sharing)}", f"-I{BPF_DIR}", "-Wno-unused-function"]
     raw = tuple((name, f"on_{name}") for kind, name in Tracer.PROGRAMS if kind == "raw_tracepoint")
     tracepoints: tuple[str, ...] = ()
     if "SYSCALL_REGS" in layout:
@@ -380,7 +375,10 @@ class Tracer:
         Raises:
             OSError: the iterator could not be created or read.
         """
-        return synth.synthesize(self.prog.progs[synth.ITERATOR], sink)
+        prog = self.prog.progs.get(synth.ITERATOR)
+        if prog is None:            # the kernel refused it at load (loader: iterators are optional)
+            raise OSError(errno.EOPNOTSUPP, f"{synth.ITERATOR} was not loaded")
+        return synth.synthesize(prog, sink)
 
     def close(self) -> None:
         """Detach and unload every program (closes every fd the loader handed over)."""

@@ -93,7 +93,7 @@ class WorkerPool:
         self._idle = 0
         self._closed = False
         self.stats = {"submitted": 0, "completed": 0, "queue_dropped": 0, "timed_out": 0,
-                      "late_completed": 0, "threads_started": 0}
+                      "late_completed": 0, "threads_started": 0, "threads_failed": 0}
         with self._lock:            # the kept workers, before anyone waits for one
             for _ in range(policy.workers):
                 self._start_thread()
@@ -166,10 +166,14 @@ class WorkerPool:
         storm on 2 CPUs, enough for a 2 MiB ring to overflow at 800k mappings/s).
         Workers are daemon threads either way: the process exits without them.
         """
+        try:
+            _thread.start_new_thread(self._work, (f"{self.name}-{self.stats['threads_started'] + 1}",))
+        except RuntimeError:            # "can't start new thread": no phantom idle worker, counted
+            self.stats["threads_failed"] += 1
+            return
         self._threads += 1
         self._idle += 1
         self.stats["threads_started"] += 1
-        _thread.start_new_thread(self._work, (f"{self.name}-{self.stats['threads_started']}",))
 
     def _work(self, name: str) -> None:
         threading.current_thread().name = name
