@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
 from buildidd.sessionlog import SessionWriter
@@ -147,3 +148,37 @@ def test_retention_and_quota_never_delete_what_a_retained_session_references(tmp
     assert not store.contains(libs[0][1])                 # only the expired session did
     assert not store.contains(libs[3][1])                 # nothing did
     assert store.over_quota                               # still over: protected entries stay
+
+
+def test_a_sighting_of_a_build_id_stored_trusted_opens_no_file(recorder, public_tmp_factory, workloads):
+    """A restart sees every running DSO again: a build-id the store holds from a trusted, public
+    copy is only touched (Snapshotter.settled), the hand-over opens nothing; a new one is copied."""
+    from conftest import store_add
+
+    d = public_tmp_factory()
+    # Trusted: root-owned, not writable by others, under a system directory (store/origin.py).
+    with open("/proc/self/maps") as f:
+        known = next(Path(line.split()[-1]) for line in f if "/libm.so" in line and line.split()[-1].startswith("/usr/"))
+    new = d / "libnew.so"
+    shutil.copy(workloads["lib7"], new)
+    os.chmod(new, 0o755)
+    store_root = d / "store"
+    known_bid = store_add(Store(store_root), known)
+    assert Snapshotter(Store(store_root)).settled(known_bid)
+    new_bid = readelf_build_id(new)
+    assert not Snapshotter(Store(store_root)).settled(new_bid)
+    rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
+    for lib in (known, new):
+        subprocess.run([str(workloads["mmap_storm"]), str(lib), "3"], check=True, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        rec.step()
+        if Store(store_root).contains(new_bid) and rec.enricher.status()["handovers_settled"] >= 1:
+            break
+        time.sleep(0.05)
+    status = rec.enricher.status()
+    assert status["handovers_settled"] == 1, status
+    assert Store(store_root).contains(new_bid)
+    assert rec.snapshotter.status()["stored"] >= 1 and rec.snapshotter.status()["already_present"] >= 1
+    records = [r for r in session_records(rec.session_dir) if r["type"] == "mmap" and r["path"] in (str(known), str(new))]
+    assert {r["build_id"] for r in records} == {known_bid, new_bid}

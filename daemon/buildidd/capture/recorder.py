@@ -43,6 +43,7 @@ from buildidd.kernel.events import Identity, file_key
 from buildidd.kernel.tracer import Tracer
 from buildidd.resolve import host
 from buildidd.resolve.enrich import Enricher, Resolution
+from buildidd.resolve.routes import Routes
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
 from buildidd.sessionlog import seal_unclosed_sessions
 
@@ -117,7 +118,7 @@ class Recorder:
         self.tables.emit(dict_line(record))
         if self.config.store_root:
             self.snapshotter = start_snapshots(self.config, self.session_dir, record.get("kernel_build_id"),
-                                               self.last_errors)
+                                               self.last_errors, self.enricher.routes)
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         if self.tracked is None:
@@ -342,11 +343,12 @@ def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path:
 
 
 def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
-                    last_errors: collections.deque):
+                    last_errors: collections.deque, routes: Routes):
     """The store's Snapshotter for a session, started (with kallsyms snapshotted and housekeeping).
 
-    A kallsyms snapshot that fails is noted in last_errors.  Raises StoreError
-    (the store cannot be opened).
+    A kallsyms snapshot that fails is noted in last_errors; routes (the
+    enricher's) is told what the store needs no file for (Snapshotter.settled).
+    Raises StoreError (the store cannot be opened).
     """
     from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
     from buildidd.store import SnapshotPolicy, Snapshotter, Store
@@ -363,4 +365,5 @@ def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
     snapshotter = Snapshotter(store, SnapshotPolicy(rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s),
                               housekeeping=Housekeeping(store, retention))
     snapshotter.start()
+    routes.settled = snapshotter.settled
     return snapshotter

@@ -237,6 +237,7 @@ class Enricher:
         return {**self.pool.status(), "timeouts": self.timeouts, "pending": len(self._pending),
                 "suspect_devices": sum(1 for t in self._suspect.values() if t > now),
                 "deadline_s": self.offload.deadline_s, "handovers_dropped": self.handovers_dropped,
+                "handovers_settled": self.routes.settled_handovers,
                 "handover_pool": self.handovers.status()}
 
     def close(self) -> int:

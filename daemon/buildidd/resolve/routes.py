@@ -108,7 +108,7 @@ class Routes:
 
     Args:
         cache: the Enricher's identity cache.
-        on_build_id: as Enricher's.
+        on_build_id: as Enricher's (fd None when the store is settled, see hand_over).
     """
 
     def __init__(self, cache: LruCache, on_build_id: Callable[[Identity, Resolution, int], None] | None):
@@ -117,6 +117,10 @@ class Routes:
         #: (build-id, path) of hand-overs that reached no file (appended on workers, drained by the
         #: recording thread, which then hands the next sighting over again; deque appends are atomic).
         self.unreached: deque[tuple[str, str]] = deque(maxlen=4096)
+        #: build-id hex -> True when the store needs no file for it (Snapshotter.settled); set
+        #: once a store exists.  settled_handovers counts the hand-overs it spared.
+        self.settled: Callable[[str], bool] | None = None
+        self.settled_handovers = 0
         self.tick_ns = coarse_tick_ns()
         self.wall_offset_ns = clock.boot_to_wall_offset_ns()
 
@@ -175,6 +179,12 @@ class Routes:
         vma) is handed over again.
         """
         req, res = arg
+        if self.settled is not None and self.settled(res.build_id):
+            # A trusted copy is stored already: the sighting only touches it, no file is opened
+            # (on a restart, every DSO of every running process would be read again).
+            self.settled_handovers += 1
+            self.on_build_id(req.identity, res, None)
+            return True
         for pfd in self._routes_of(req):
             try:
                 fd = open_identified(pfd, req.identity, req.nlink != 0)

@@ -220,10 +220,19 @@ class Snapshotter:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
                 self.housekeeping()
 
-    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
+    def settled(self, build_id: str) -> bool:
+        """True when the store holds a trusted, public copy of build_id (hex): nothing another file
+        could improve, so a sighting needs no file (submit with fd None only touches the entry).
+        Reads the store's entry (Store.contains, Store.origin); any thread may ask."""
         try:
             present = self.store.origin(build_id) if self.store.contains(build_id) else None
-            if present is not None and present.trusted and not present.private:
+        except (ValueError, OSError, StoreError):
+            return False
+        return present is not None and present.trusted and not present.private
+
+    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
+        try:
+            if self.settled(build_id):
                 self.store.touch(build_id)   # nothing another file could improve
                 self.stats["already_present"] += 1
                 return
