@@ -42,7 +42,7 @@ from buildidd.errors import StoreError
 from buildidd.kernel.events import Identity, file_key
 from buildidd.kernel.tracer import Tracer
 from buildidd.resolve import host
-from buildidd.resolve.enrich import Enricher, Resolution
+from buildidd.resolve.enrich import Enricher, Offload, Resolution
 from buildidd.resolve.routes import Routes
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
 from buildidd.sessionlog import seal_unclosed_sessions
@@ -85,7 +85,8 @@ class Recorder:
         self.tracer: Tracer | None = None
         self.rings: Rings | None = None
         self.enricher = Enricher(config.identity_cache_entries, on_evicted=self._on_evicted,
-                                 on_build_id=self._on_build_id if config.store_root else None)
+                                 on_build_id=self._on_build_id if config.store_root else None,
+                                 offload=Offload.from_config(config))
         self.snapshotter = None
         self.last_errors: collections.deque = collections.deque(maxlen=10)
         self.tables = Tables(missing=self.enricher.missing)
@@ -101,7 +102,6 @@ class Recorder:
         self.ready_s: float | None = None
         self.kernel_path = None      # kernelpath.KernelPath once started
         self._rate_window: collections.deque = collections.deque(maxlen=12)
-        self.enricher.configure(config)
         self.guard = LoopGuard()
 
     def start(self) -> None:

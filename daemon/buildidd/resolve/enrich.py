@@ -52,6 +52,14 @@ class Offload:
     deadline_s: float = 0.2
     pool: PoolPolicy = field(default_factory=PoolPolicy)
 
+    @classmethod
+    def from_config(cls, config: Config) -> "Offload":
+        """Config.resolve_deadline_s (seconds), also the time after which a busy worker counts as
+        stuck; Config.resolve_workers threads kept, up to 8 times as many while some are stuck."""
+        workers = config.resolve_workers
+        return cls(config.resolve_deadline_s, PoolPolicy(workers=workers, max_threads=8 * workers,
+                                                         stuck_after_s=config.resolve_deadline_s))
+
 
 _TIMED_OUT = object()
 
@@ -94,14 +102,9 @@ class Enricher:
         self.handovers_dropped = 0
 
     def configure(self, config: Config) -> None:
-        """Take the deadline and pool sizes from config (before the first resolve: the old pool must be unused).
-
-        resolve_deadline_s is also the time after which a busy worker counts as
-        stuck; up to 8 * resolve_workers threads exist while some are.
-        """
-        workers = config.resolve_workers
-        self.offload = Offload(config.resolve_deadline_s, PoolPolicy(
-            workers=workers, max_threads=8 * workers, stuck_after_s=config.resolve_deadline_s))
+        """Take the deadline and pool sizes from config (Offload.from_config) before the first
+        resolve: the old pools must be unused; they are closed (their idle workers exit)."""
+        self.offload = Offload.from_config(config)
         self.pool.close()                   # its idle workers exit
         self.pool = WorkerPool(self.offload.pool)
         self.handovers.close()
