@@ -12,6 +12,7 @@ from pathlib import Path
 
 from buildidd.cli.common import (add_session_options, config_from_args, duration_arg, listening_pid,
                                  require_recording_privileges)
+from buildidd import heap
 from buildidd.errors import BuildiddError, UsageError
 from buildidd.sessionlog import read_session
 
@@ -24,6 +25,7 @@ def cmd_run(args) -> int:
 
     cfg = config_from_args(args)
     require_recording_privileges("run")
+    heap.configure()       # before any worker thread allocates
     if cfg.control_socket and (pid := listening_pid(cfg.control_socket)) is not None:
         raise BuildiddError(f"another buildidd (pid {pid}) already listens on {cfg.control_socket}; stop it "
                             "first (systemctl stop buildidd), or give this one --control-socket PATH or ''")
@@ -51,11 +53,14 @@ def cmd_run(args) -> int:
     # in one stops the pings, and systemd restarts the unit (WatchdogSec=).
     wd_s = watchdog_interval_s()
     watchdog = Ticker(wd_s, lambda: rec.guard.progressing(wd_s) and notify("WATCHDOG=1"))
+    trim = Ticker(heap.TRIM_INTERVAL_S, heap.trim)
+    trim.next = time.monotonic() + heap.TRIM_INTERVAL_S
 
     def tick():
         now = time.monotonic()
         status.poke(now)
         watchdog.poke(now)
+        trim.poke(now)
         if signals.reload:
             signals.reload = False
             try:

@@ -57,6 +57,10 @@ class SegmentFinisher:
         self._worker: threading.Thread | None = None
         # Changed by the finishing thread, under self._counter_lock.
         self._counter_lock = threading.Lock()
+        # One compression context for every segment (made by the finishing
+        # thread, used by it alone): its buffers are not freed and allocated
+        # again for each one (see buildidd.heap).
+        self._cctx: zstandard.ZstdCompressor | None = None
         self._segments_compressed = 0
         self._compress_errors = 0
         self._sync_errors = 0
@@ -114,7 +118,9 @@ class SegmentFinisher:
         if self._zstd_level is None:
             sync_segment(path)
             return
-        compress_segment(path, self._zstd_level)
+        if self._cctx is None:
+            self._cctx = compressor(self._zstd_level)
+        compress_segment(path, self._zstd_level, self._cctx)
         with self._counter_lock:
             self._segments_compressed += 1
 
@@ -133,7 +139,12 @@ def sync_segment(path: Path) -> None:
     fsync_dir(path.parent)
 
 
-def compress_segment(path: Path, zstd_level: int) -> Path:
+def compressor(zstd_level: int) -> zstandard.ZstdCompressor:
+    """The zstd context segments are compressed with: level 1-22, with a content checksum."""
+    return zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)
+
+
+def compress_segment(path: Path, zstd_level: int, cctx: zstandard.ZstdCompressor | None = None) -> Path:
     """Compress the closed ``.jsonl`` segment ``path`` into ``.jsonl.zst`` and unlink it.
 
     The steps of the module docstring: ``fsync`` of ``path``, ``.zst.tmp`` (one zstd frame with
@@ -144,6 +155,7 @@ def compress_segment(path: Path, zstd_level: int) -> Path:
     Args:
         path: the segment, ``segment-NNNNNN.jsonl``.
         zstd_level: 1-22.
+        cctx: a context from :func:`compressor` to reuse (one thread at a time); default a new one.
 
     Returns:
         the ``.jsonl.zst`` path.
@@ -155,7 +167,7 @@ def compress_segment(path: Path, zstd_level: int) -> Path:
     zst = path.with_name(path.name + ".zst")
     tmp = path.with_name(path.name + ".zst.tmp")
     try:
-        cctx = zstandard.ZstdCompressor(level=zstd_level, write_checksum=True)
+        cctx = cctx or compressor(zstd_level)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
         with open(path, "rb") as src, open(fd, "wb") as dst:
             os.fsync(src.fileno())  # the closed segment is on disk before anything else
