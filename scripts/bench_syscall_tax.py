@@ -1,0 +1,147 @@
+"""What every syscall pays while buildidd records, beside perf: the floor of a raw_syscalls hook.
+
+Run as root after scripts/setup:  .venv/bin/python scripts/bench_syscall_tax.py [--reps 4]
+
+buildidd sees mmap, mprotect and pkey_mprotect (native and i386) at one raw
+``sys_exit`` tracepoint program (bpf/buildidd.bpf.c on_sys_exit): kprobes and
+fentry cannot attach on this kernel, and no other tracepoint sees an
+in-place mprotect or a compat syscall.  A program attached there runs at the
+exit of every syscall of every task, and attaching any raw_syscalls program
+puts every task on the syscall slow path (SYSCALL_WORK_SYSCALL_TRACEPOINT).
+``perf record --buildid-mmap`` pays nothing per syscall: its work is inside
+perf_event_mmap(), on mappings only.
+
+Measured here, by the workload's task-clock (``perf stat``), interleaved, median
+of --reps:
+
+- a loop of getppid(2) (5 M calls): ns per syscall with nothing attached,
+  with perf, with a BPF program that returns at once on raw sys_exit (the
+  floor: slow path plus program dispatch), with one that also reads
+  orig_ax as on_sys_exit does, and with buildidd;
+- the mmap storm of scripts/workloads (an mmap and a munmap per mapping): ns
+  per mapping over nothing, for perf and buildidd, and the part of
+  buildidd's excess over perf that the two syscalls' tax explains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+import build  # noqa: E402
+
+from bench import Buildidd  # noqa: E402
+from perfcompare import PerfRecorder  # noqa: E402
+
+SYSLOOP_C = r"""
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) { long n = atol(argv[1]); for (long i = 0; i < n; i++) syscall(SYS_getppid); return 0; }
+"""
+#: A raw sys_exit program that does nothing: what any raw_syscalls hook costs at the least.
+EMPTY_PROG = "int on_exit(struct bpf_raw_tracepoint_args *ctx) { return 0; }"
+#: The same plus on_sys_exit's first step: one probe read of pt_regs->orig_ax (offset from BTF).
+ORIG_AX_PROG = """
+int on_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	unsigned long nr = 0;
+
+	bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(ctx->args[0] + ORIG_AX));
+	if (nr == 9)
+		bpf_trace_printk("mmap\\n");
+	return 0;
+}
+"""
+
+
+def task_clock_ms(argv: list[str]) -> float:
+    """The task-clock (ms) of argv run to completion, from `perf stat -x,`."""
+    r = subprocess.run(["perf", "stat", "-x,", "-e", "task-clock", "--", *argv],
+                       capture_output=True, text=True, check=True)
+    return float(r.stderr.strip().splitlines()[-1].split(",")[0])
+
+
+class Attached:
+    """One condition of the comparison, as a context manager: nothing, perf, a BPF program, buildidd."""
+
+    def __init__(self, kind: str, workdir: Path, cflags: list[str]):
+        self.kind, self.workdir, self.cflags = kind, workdir, cflags
+
+    def __enter__(self):
+        if self.kind == "perf":
+            self.h = PerfRecorder(self.workdir / "perf.data")
+        elif self.kind == "buildidd":
+            self.h = Buildidd(self.workdir)
+            time.sleep(0.3)
+        elif self.kind in ("empty prog", "orig_ax prog"):
+            from bcc import BPF
+            self.h = BPF(text=EMPTY_PROG if self.kind == "empty prog" else ORIG_AX_PROG, cflags=self.cflags)
+            self.h.attach_raw_tracepoint(tp="sys_exit", fn_name="on_exit")
+        return self
+
+    def __exit__(self, *exc):
+        if self.kind == "perf":
+            self.h.finish()
+        elif self.kind == "buildidd":
+            self.h.stop()
+            self.h.cleanup()
+        elif self.kind != "nothing":
+            self.h.cleanup()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--syscalls", type=int, default=5_000_000)
+    ap.add_argument("--mappings", type=int, default=200_000)
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_syscall_tax: must run as root", file=sys.stderr)
+        return 2
+    from buildidd.kernel.btf import Btf
+    orig_ax = Btf.load().offsetof("pt_regs", "orig_ax")
+    work = Path(tempfile.mkdtemp(prefix="buildidd-tax-"))
+    try:
+        src = work / "sysloop.c"
+        src.write_text(SYSLOOP_C)
+        sysloop = work / "sysloop"
+        subprocess.run(["gcc", "-O2", "-o", str(sysloop), str(src)], check=True)
+        w = build.build(work / "bin", n_libs=1)
+        storm = [str(w["mmap_storm"]), str(w["lib0"]), str(args.mappings)]
+        kinds = ["nothing", "perf", "empty prog", "orig_ax prog", "buildidd"]
+        loop: dict[str, list[float]] = {k: [] for k in kinds}
+        maps: dict[str, list[float]] = {k: [] for k in ("nothing", "perf", "buildidd")}
+        for _ in range(args.reps):
+            for kind in kinds:
+                with Attached(kind, work, [f"-DORIG_AX={orig_ax}"]):
+                    loop[kind].append(task_clock_ms([str(sysloop), str(args.syscalls)]))
+                    if kind in maps:
+                        maps[kind].append(task_clock_ms(storm))
+        ns_call = {k: statistics.median(v) * 1e6 / args.syscalls for k, v in loop.items()}
+        print(f"getppid loop, {args.syscalls} calls, task-clock median of {args.reps}:")
+        for k in kinds:
+            print(f"    {k:<14} {ns_call[k]:6.1f} ns/syscall  (+{ns_call[k] - ns_call['nothing']:5.1f} over nothing)")
+        ns_map = {k: statistics.median(v) * 1e6 / args.mappings for k, v in maps.items()}
+        over = {k: ns_map[k] - ns_map["nothing"] for k in ("perf", "buildidd")}
+        tax = 2 * (ns_call["buildidd"] - ns_call["nothing"])
+        print(f"mmap storm, {args.mappings} mappings (mmap + munmap each), task-clock median of {args.reps}:")
+        print(f"    ns/mapping over nothing: perf {over['perf']:.0f}, buildidd {over['buildidd']:.0f} "
+              f"(ratio of totals {ns_map['buildidd'] / ns_map['perf']:.3f})")
+        print(f"    buildidd's excess over perf {over['buildidd'] - over['perf']:.0f} ns/mapping, of which "
+              f"the two syscalls' tax {tax:.0f} ns")
+    finally:
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
