@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "workloads"))
 import build  # noqa: E402
 
-from perfcompare import PerfRecorder, compare  # noqa: E402
+from perfcompare import PerfRecorder, compare, require_quiet_host  # noqa: E402
 from buildidd.sessionlog import read_session  # noqa: E402
 
 PY = sys.executable
@@ -503,6 +503,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench: must run as root", file=sys.stderr)
         return 2
+    require_quiet_host("bench")
     if args.smoke:
         args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 10, 3
         args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 20_000, 50, "50000x2", 1.0

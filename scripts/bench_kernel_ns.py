@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE / "workloads"))
 import build  # noqa: E402
 
 from bench import Buildidd  # noqa: E402
-from perfcompare import PerfRecorder  # noqa: E402
+from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 
@@ -150,6 +150,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_kernel_ns: must run as root", file=sys.stderr)
         return 2
+    require_quiet_host("bench_kernel_ns")
     if args.tree.resolve() != HERE.parent:
         link_bpf_sources(args.tree)
     old = STATS_SYSCTL.read_text().strip()

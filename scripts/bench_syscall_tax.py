@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE / "workloads"))
 import build  # noqa: E402
 
 from bench import Buildidd  # noqa: E402
-from perfcompare import PerfRecorder  # noqa: E402
+from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
 SYSLOOP_C = r"""
 #include <stdlib.h>
@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_syscall_tax: must run as root", file=sys.stderr)
         return 2
+    require_quiet_host("bench_syscall_tax")
     from buildidd.kernel.btf import Btf
     orig_ax = Btf.load().offsetof("pt_regs", "orig_ax")
     work = Path(tempfile.mkdtemp(prefix="buildidd-tax-"))

@@ -33,6 +33,40 @@ _MMAP2 = re.compile(
     r"(?P<ino>\d+)\s+(?P<gen>\d+))\]:\s+(?P<perms>\S+)\s+(?P<path>.*)$")
 
 
+def other_tracers() -> list[str]:
+    """Tracers already running on this host: ``perf record`` and ``buildidd run``/``record`` processes.
+
+    Every mapping of every process reaches each of them, so a benchmark run
+    beside a forgotten one measures the sum (a stray ``perf record -a
+    --buildid-mmap`` left by a crashed run made buildidd/perf ratios of 1.2
+    out of 1.0 here).  Returns one "pid: command line" per process found.
+    """
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:   # gone meanwhile
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        prog = os.path.basename(words[0]) if words else ""
+        perf = prog == "perf" and "record" in words[1:3]
+        ours = any(w.endswith("buildidd.cli") or os.path.basename(w) == "buildidd" for w in words[:3]) \
+            and any(w in ("run", "record") for w in words[1:5])
+        if perf or ours:
+            found.append(f"{d.name}: {' '.join(words)[:200]}")
+    return found
+
+
+def require_quiet_host(what: str) -> None:
+    """Exit (status 2) with a message when :func:`other_tracers` finds any: their cost would be measured too."""
+    others = other_tracers()
+    if others:
+        raise SystemExit(f"{what}: other tracers are running; stop them first, their cost would be measured "
+                         "too:\n  " + "\n  ".join(others))
+
+
 @dataclass(frozen=True)
 class PerfMmap:
     """One PERF_RECORD_MMAP2 as `perf script --show-mmap-events` prints it.

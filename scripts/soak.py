@@ -23,6 +23,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "workloads"))
 import build  # noqa: E402
 from bench import Buildidd  # noqa: E402
+from perfcompare import require_quiet_host  # noqa: E402
 
 from buildidd.control.client import ControlClient  # noqa: E402
 
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--rate", type=int, default=20000, help="paced mmap storm, mappings/s")
     args = ap.parse_args(argv)
+    require_quiet_host("soak")
     work = Path(tempfile.mkdtemp(prefix="buildidd-soak-"))
     w = build.build(work / "bin", n_libs=20)
     libs = [str(w[f"lib{i}"]) for i in range(20)]

@@ -125,3 +125,24 @@ def test_perf_duplicate_records_are_dropped():
              "path": "/tmp/libbidd0.so", "build_id": "a714d0a8e7b2a018a14e2045a822bf10e860798c"} for t in (1, 2)]
     c = compare(maps, ours)
     assert (c.perf_with_build_id, c.matched, c.missing, c.perf_duplicates) == (2, 2, 0, 1)
+
+
+def test_benchmarks_refuse_a_host_where_another_tracer_runs(tmp_path):
+    """A forgotten `perf record` beside a benchmark would be measured with it: require_quiet_host says so."""
+    import subprocess
+
+    from perfcompare import other_tracers, require_quiet_host
+
+    src = tmp_path / "sleeper.c"
+    src.write_text("#include <unistd.h>\nint main(void) { pause(); return 0; }\n")
+    exe = tmp_path / "perf"           # a stand-in named perf, run as `perf record -a`
+    subprocess.run(["gcc", "-o", str(exe), str(src)], check=True)
+    p = subprocess.Popen([str(exe), "record", "-a"])
+    try:
+        assert any(line.startswith(f"{p.pid}: ") and "record -a" in line for line in other_tracers())
+        with pytest.raises(SystemExit, match="other tracers are running"):
+            require_quiet_host("bench")
+    finally:
+        p.kill()
+        p.wait()
+    assert not any(line.startswith(f"{p.pid}: ") for line in other_tracers())
