@@ -164,21 +164,17 @@ def test_worker_pool_keeps_its_workers_and_submit_never_waits_for_a_new_thread()
         pool.close()
 
 
-def test_enricher_configure_retires_the_pool_it_replaces():
+def test_enricher_pools_follow_the_configured_offload():
+    """The recorder builds its Enricher with Offload.from_config: the kept workers are started at once."""
     from buildidd.config import Config
+    from buildidd.resolve.enrich import Offload
 
-    e = Enricher()
-    old = e.pool
-    e.configure(Config(resolve_workers=3))
-    deadline = __import__("time").monotonic() + 5
-    old_handovers = None
-    while old.status()["threads"]:
-        assert __import__("time").monotonic() < deadline
-        __import__("time").sleep(0.01)
-    assert e.pool.status()["threads"] == 3
-    old_handovers = e.handovers
-    e.configure(Config(resolve_workers=2))
-    while old_handovers.status()["threads"]:      # the hand-over pool is retired too
-        assert __import__("time").monotonic() < deadline
-        __import__("time").sleep(0.01)
-    e.close()
+    off = Offload.from_config(Config(resolve_workers=3, resolve_deadline_s=0.5))
+    assert off.deadline_s == 0.5 and off.pool.workers == 3 and off.pool.max_threads == 24
+    assert off.pool.stuck_after_s == 0.5
+    e = Enricher(offload=off)
+    try:
+        assert e.pool.status()["threads"] == 3
+        assert e.handovers.status()["threads"] == 1
+    finally:
+        e.close()

@@ -45,7 +45,6 @@ def cmd_run(args) -> int:
             rec.close()
             raise BuildiddError(f"control socket {cfg.control_socket}: {e.strerror}; stop the other buildidd "
                                 "(systemctl stop buildidd) or give --control-socket PATH") from e
-    heap.trim()            # what loading and synthesizing left free (~1 ms)
     notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
     log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
              rec.session_dir, rec.ready_s, rec.stats.synthesized)
@@ -54,8 +53,7 @@ def cmd_run(args) -> int:
     # in one stops the pings, and systemd restarts the unit (WatchdogSec=).
     wd_s = watchdog_interval_s()
     watchdog = Ticker(wd_s, lambda: rec.guard.progressing(wd_s) and notify("WATCHDOG=1"))
-    trim = Ticker(heap.TRIM_INTERVAL_S, heap.trim)
-    trim.next = time.monotonic() + heap.TRIM_INTERVAL_S
+    trim = Ticker(heap.TRIM_INTERVAL_S, heap.trim)   # first at the first tick: what start-up left free
 
     def tick():
         now = time.monotonic()

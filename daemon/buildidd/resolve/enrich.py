@@ -101,15 +101,6 @@ class Enricher:
         self._handed: LruCache[tuple[str, str], bool] = LruCache("kernel_handed", cache_entries)
         self.handovers_dropped = 0
 
-    def configure(self, config: Config) -> None:
-        """Take the deadline and pool sizes from config (Offload.from_config) before the first
-        resolve: the old pools must be unused; they are closed (their idle workers exit)."""
-        self.offload = Offload.from_config(config)
-        self.pool.close()                   # its idle workers exit
-        self.pool = WorkerPool(self.offload.pool)
-        self.handovers.close()
-        self.handovers = self._handover_pool()
-
     def _handover_pool(self) -> WorkerPool:
         """The hand-overs' own workers: a burst of them (every DSO of every process synthesized at
         start) never queues ahead of a resolution the recording thread waits for."""

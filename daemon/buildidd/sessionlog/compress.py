@@ -167,7 +167,8 @@ def compress_segment(path: Path, zstd_level: int, cctx: zstandard.ZstdCompressor
     zst = path.with_name(path.name + ".zst")
     tmp = path.with_name(path.name + ".zst.tmp")
     try:
-        cctx = cctx or compressor(zstd_level)
+        if cctx is None:
+            cctx = compressor(zstd_level)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
         with open(path, "rb") as src, open(fd, "wb") as dst:
             os.fsync(src.fileno())  # the closed segment is on disk before anything else
