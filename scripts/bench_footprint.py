@@ -1,6 +1,7 @@
 """How buildidd's cost grows, beside perf record --buildid-mmap (scripts/bench.py --footprint).
 
-Three lines, each bounded in time (the development machines have 2 CPUs):
+Four lines, each bounded in time (the development machines have 2 CPUs):
+- READY by kind of start: cold, first start of a boot (compile cache), restart (pins);
 - READY against the number of running processes (sleeping ones spawned first);
 - RSS against the number of distinct DSOs seen (one tiny library copied N
   times, each copy with its own GNU build-id, dlopen'd once each);
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -69,6 +72,38 @@ def ready_vs_procs(w: dict, workdir: Path, counts: list[int], store: Path) -> li
     return rows
 
 
+def ready_by_start(workdir: Path, store: Path, reps: int = 3) -> dict:
+    """READY (s, median of reps) of buildidd by kind of start, beside perf's (which has one kind):
+    cold (no bpffs pins, no compile cache: after an install or a kernel upgrade), first start of a
+    boot (pins gone, compile cache warm: kernel.progcache) and restart (pins: kernel.pinned).
+    A pin root and cache of its own, removed at the end."""
+    pin_root = f"/sys/fs/bpf/buildidd-bench-{os.getpid()}"
+    cache = workdir / "bpf-cache"
+    config = workdir / "ready-by-start.toml"
+    config.write_text(f'bpf_pin_root = "{pin_root}"\nbpf_cache_dir = "{cache}"\n')
+    times: dict[str, list[float]] = {"cold": [], "boot": [], "restart": [], "perf": []}
+    try:
+        for _ in range(reps):
+            for kind in ("cold", "boot", "restart"):
+                if kind != "restart":
+                    shutil.rmtree(pin_root, ignore_errors=True)
+                if kind == "cold":
+                    shutil.rmtree(cache, ignore_errors=True)
+                d = Buildidd(workdir, store=store, extra=["--config", str(config)])
+                times[kind].append(d.ready_s)
+                d.stop(read=False)
+                d.cleanup()
+            perf = PerfRecorder(workdir / "perf.data")
+            times["perf"].append(perf.ready_s)
+            perf.finish()
+    finally:
+        shutil.rmtree(pin_root, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    out = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    print(f"  footprint: READY by start {out}", flush=True)
+    return out
+
+
 def make_libraries(lib: Path, dest: Path, n: int) -> list[Path]:
     """n copies of lib in dest, each with its own build-id (sha1 of its index, same length):
     the descriptor bytes are patched in place (ELF gABI note: only the descriptor changes)."""
@@ -121,12 +156,18 @@ def rss_vs_dsos(w: dict, workdir: Path, counts: list[int], store: Path) -> list[
 
 
 def run(w: dict, workdir: Path, store: Path, *, procs: str, dsos: str, rates: str, seconds: float) -> dict:
-    """The three lines; returns {"ready_vs_procs": [...], "rss_vs_dsos": [...], "cpu_vs_rate": [...]}."""
+    """The lines; returns {"ready_by_start": {...}, "ready_vs_procs": [...], "rss_vs_dsos": [...],
+    "cpu_vs_rate": [...]}."""
     ints = lambda spec: [int(x) for x in spec.split(",") if x.strip()]  # noqa: E731
-    out = {"ready_vs_procs": ready_vs_procs(w, workdir, ints(procs), store),
+    out = {"ready_by_start": ready_by_start(workdir, store),
+           "ready_vs_procs": ready_vs_procs(w, workdir, ints(procs), store),
            "rss_vs_dsos": rss_vs_dsos(w, workdir, ints(dsos), store),
            "cpu_vs_rate": ramp(w, workdir, parse_ramp(rates), seconds, store)}
-    print("\nREADY against running processes (s; RSS MiB after READY):")
+    r = out["ready_by_start"]
+    print(f"\nREADY by kind of start (s, median of 3): buildidd cold (nothing cached) {r['cold']:.2f} | "
+          f"first start of a boot (compile cache) {r['boot']:.2f} | restart (bpffs pins) {r['restart']:.2f} "
+          f"| perf {r['perf']:.2f}")
+    print("READY against running processes (s; RSS MiB after READY):")
     for r in out["ready_vs_procs"]:
         print(f"  {r['procs']:>6} processes: buildidd {r['buildidd_ready_s']:.2f} s "
               f"(RSS {r['buildidd_rss_mib']}, USS {r['buildidd_uss_mib']}) | perf {r['perf_ready_s']:.2f} s "

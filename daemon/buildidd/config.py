@@ -139,6 +139,11 @@ class Config:
                              "start on this boot, which then skips compiling and verifying them (seconds); "
                              "programs kept there do not run while no daemon attaches them, their maps keep "
                              "their memory; \"\": compile and load at every start, keep nothing.")
+    bpf_cache_dir: str = _key("/var/cache/buildidd/bpf", "path",
+                              "a directory (root's, mode 0700) where what BCC compiled is kept across boots, "
+                              "keyed by the sources, cflags, kernel release and build-id, and BCC's version: "
+                              "the first start of a boot then loads it with bpf(2) instead of compiling "
+                              "(the verifier still runs); \"\": compile at every start without pins.")
     kernel_build_id: bool = _key(True, "boolean",
                                  "read build-ids in the BPF program from the page cache at map time (after a "
                                  "start-up self-test); false: user space reads every one (the fallback: "

@@ -109,7 +109,8 @@ def test_unit_verifies_and_is_hardened(tmp_path):
     assert not [x for x in settings if re.search(r"@[A-Z_]+@", x)]          # every placeholder filled
     # The host's /tmp stays visible (short-lived binaries there keep their build-ids and snapshots).
     assert not re.search(r"^PrivateTmp=(yes|true)", text, re.M)
-    assert re.search(r"^ReadWritePaths=-/var/lib/buildidd/sessions -/var/lib/buildidd/store -/sys/fs/bpf/buildidd$",
+    assert re.search(r"^ReadWritePaths=-/var/lib/buildidd/sessions -/var/lib/buildidd/store -/sys/fs/bpf/buildidd "
+                     r"-/var/cache/buildidd/bpf$",
                      text, re.M)
     assert re.search(r"^StartLimitIntervalSec=\d+$", text, re.M) and re.search(r"^StartLimitBurst=\d+$", text, re.M)
     assert "\nMemoryHigh=256M\n" in text and "\nMemoryMax=512M\n" in text
@@ -126,11 +127,17 @@ def test_unit_verifies_and_is_hardened(tmp_path):
 def test_unit_write_paths_follow_the_configured_roots(tmp_path):
     dest = tmp_path / "root"
     (dest / "etc/buildidd").mkdir(parents=True)
-    (dest / "etc/buildidd/buildidd.toml").write_text('session_root = "/srv/bid/sessions"\nstore_root = ""\n')
+    (dest / "etc/buildidd/buildidd.toml").write_text('session_root = "/srv/bid/sessions"\nstore_root = ""\n'
+                                                     'bpf_cache_dir = "/srv/bid/bpf"\n')
     r = _install(dest)
     assert r.returncode == 0, r.stderr
     text = (dest / "etc/systemd/system/buildidd.service").read_text()
-    assert re.search(r"^ReadWritePaths=-/srv/bid/sessions -/sys/fs/bpf/buildidd$", text, re.M), text
+    assert re.search(r"^ReadWritePaths=-/srv/bid/sessions -/sys/fs/bpf/buildidd -/srv/bid/bpf$", text, re.M), text
+    (dest / "etc/buildidd/buildidd.toml").write_text('bpf_cache_dir = ""\nbpf_pin_root = ""\n')
+    r = _install(dest)
+    assert r.returncode == 0, r.stderr
+    text = (dest / "etc/systemd/system/buildidd.service").read_text()
+    assert re.search(r"^ReadWritePaths=-/var/lib/buildidd/sessions -/var/lib/buildidd/store$", text, re.M), text
     (dest / "etc/buildidd/buildidd.toml").write_text('sesion_root = "/x"\n')          # a typo: refused
     r = _install(dest)
     assert r.returncode != 0 and "unknown key 'sesion_root'" in r.stderr

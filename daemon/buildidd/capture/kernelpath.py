@@ -75,17 +75,19 @@ def _known_files() -> list[tuple[str, str]]:
     return out
 
 
-def check_kernel_path_now(work_dir: str | None = None, pin_root: str | None = None) -> KernelPath:
+def check_kernel_path_now(work_dir: str | None = None, pin_root: str | None = None,
+                          cache_dir: str | None = None) -> KernelPath:
     """Check the page-cache reader against user space (before the main program is attached:
     compiling the probe takes seconds, during which no event would be consumed).
 
     Never raises for a failed check: the kernel path then stays off and the
     KernelPath says why (the probe cannot load, the bases are not found, a
     file disagreed).  The probe program is closed before returning (kept
-    pinned under pin_root for the next start when given, see kernel.pinned).
+    pinned under pin_root for the next start when given, see kernel.pinned; what BCC compiled
+    kept in cache_dir, see kernel.progcache).
     """
     try:
-        probe = PageCacheProbe(pin_root=pin_root)
+        probe = PageCacheProbe(pin_root=pin_root, cache_dir=cache_dir)
     except BuildiddError as e:
         return KernelPath(False, f"probe program: {e}")
     try:
@@ -107,4 +109,4 @@ def configured_kernel_path(config: Config) -> KernelPath:
     check when Config.kernel_build_id is false."""
     if not config.kernel_build_id:
         return KernelPath(False, "kernel_build_id = false in the config")
-    return check_kernel_path_now(pin_root=config.bpf_pin_root or None)
+    return check_kernel_path_now(pin_root=config.bpf_pin_root or None, cache_dir=config.bpf_cache_dir or None)

@@ -110,7 +110,7 @@ class Recorder:
         # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
         seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
         self.kernel_path = configured_kernel_path(self.config)
-        self.tracer = Tracer(ring_bytes=self.config.ring_bytes, pin_root=self.config.bpf_pin_root or None)
+        self.tracer = configured_tracer(self.config)
         self.kernel_path.apply(self.tracer)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
@@ -314,6 +314,16 @@ class Recorder:
         self.tables.fast.pop(file_key(ident), None)
 
 
+def configured_tracer(config: Config) -> Tracer:
+    """The Tracer config asks for: its ring size, bpffs pins (bpf_pin_root), compile cache (bpf_cache_dir).
+
+    Raises:
+        ProbeError: as Tracer.
+    """
+    return Tracer(ring_bytes=config.ring_bytes, pin_root=config.bpf_pin_root or None,
+                  cache_dir=config.bpf_cache_dir or None)
+
+
 def _rates(window: list[tuple[float, dict]]) -> dict[str, float]:
     """Events per second by type over window: (time.monotonic(), counts so far) samples, oldest first."""
     if len(window) < 2:
@@ -335,7 +345,7 @@ def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path:
     record = {"type": "session", "version": __version__, "session": session_dir.name,
               "time_ns": clock.boot_ns(), "boot_to_wall_offset_ns": clock.boot_to_wall_offset_ns(),
               "daemon_pid": os.getpid(), "bpf_compile_s": round(tracer.compile_s, 3),
-              "bpf_reused": tracer.prog.reused,
+              "bpf_reused": tracer.prog.reused, "bpf_cached": tracer.prog.cached,
               "mode": "command" if follow else "host",
               "kernel_build_id_path": kernel_path.as_dict()}
     record.update(host.describe())

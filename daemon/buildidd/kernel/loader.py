@@ -35,6 +35,7 @@ keeps what the child loaded pinned in bpffs for its next start on this boot
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -46,7 +47,8 @@ import time
 from dataclasses import dataclass, field
 
 from buildidd.errors import ProbeError
-from buildidd.kernel.bpfsys import MapRef, map_info
+from buildidd.kernel.bpfsys import BPF_TRACE_ITER, MapRef, map_info
+from buildidd.kernel.compiled import CompiledMap, CompiledObject, capture_program
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 FDS_PER_MESSAGE = 64
 #: Largest message either side accepts (the spec; one chunk of names).
 MAX_MESSAGE_BYTES = 1 << 20
+#: Characters of the compiled object's JSON per message (kernel.compiled; ~110 KB in all).
+COMPILED_PART_CHARS = 48 * 1024
 #: Child stderr kept for an error message (BCC prints compiler errors there).
 STDERR_TAIL_BYTES = 8192
 
@@ -112,6 +116,21 @@ class LoadSpec:
              "iterators": list(self.iterators)}
         return json.dumps(d).encode()
 
+    def digest(self) -> "hashlib._Hash":
+        """SHA-256 (hashlib object, to extend) over the source, every header in its directory
+        and to_json(): what the compiled program depends on besides the kernel and BCC.
+
+        Raises:
+            OSError: a source file cannot be read.
+        """
+        h = hashlib.sha256()
+        src_dir = os.path.dirname(self.src_file)
+        for name in [os.path.basename(self.src_file)] + sorted(n for n in os.listdir(src_dir) if n.endswith(".h")):
+            with open(os.path.join(src_dir, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read() + b"\0")
+        h.update(self.to_json())
+        return h
+
     @classmethod
     def from_json(cls, data: bytes) -> "LoadSpec":
         """Inverse of to_json (raises ValueError/KeyError/TypeError on a malformed spec)."""
@@ -136,6 +155,10 @@ class LoadedProgram:
         attach_s: seconds the child spent attaching and filling program arrays.
         load_s: seconds from spawning the child to holding every fd (all of it).
         reused: True when taken from bpffs pins (kernel.pinned): nothing compiled or verified.
+        cached: True when loaded from the on-disk compile cache (kernel.progcache): nothing
+            compiled, verified again.
+        compiled: what the child compiled, as data (kernel.compiled), for that cache; None when
+            taken from pins or the child could not capture it.
         lock_fd: the kernel.pinned lock this program holds (-1: none), released by close().
     """
 
@@ -146,6 +169,8 @@ class LoadedProgram:
     attach_s: float = 0.0
     load_s: float = 0.0
     reused: bool = False
+    cached: bool = False
+    compiled: CompiledObject | None = None
     lock_fd: int = -1
 
     def detach(self) -> None:
@@ -217,6 +242,11 @@ def load(spec: LoadSpec, timeout_s: float = 120.0) -> LoadedProgram:
         warnings = _tail(err)
         if warnings:
             log.debug("BPF loader child said:%s", warnings)
+    if result.get("compiled") is not None:
+        try:
+            loaded.compiled = CompiledObject.from_json(result["compiled"])
+        except ValueError as e:
+            log.warning("BPF loader child sent a malformed compiled object: %s", e)
     loaded.compile_s = float(result.get("compile_s", 0.0))
     loaded.attach_s = float(result.get("attach_s", 0.0))
     loaded.load_s = time.monotonic() - t0
@@ -238,7 +268,10 @@ def _receive(sock: socket.socket, loaded: LoadedProgram) -> dict:
     Each message is JSON ``{"kind": "map"|"prog"|"link", "names": [...]}`` with
     as many fds (SCM_RIGHTS) as names, or the final ``{"done": ...}`` /
     ``{"error": ...}``.  Every fd received ends up owned by loaded or closed.
+    ``{"compiled_part": text}`` messages (no fds) are joined into the final dict's
+    ``compiled`` (the JSON of a kernel.compiled.CompiledObject, or null).
     """
+    parts: list[str] = []
     while True:
         msg, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE_BYTES, FDS_PER_MESSAGE)
         pending = list(fds)
@@ -253,6 +286,11 @@ def _receive(sock: socket.socket, loaded: LoadedProgram) -> dict:
             if "kind" not in body:
                 if fds:
                     raise ProbeError("file descriptors with the final message")
+                if "compiled_part" in body:
+                    parts.append(str(body["compiled_part"]))
+                    continue
+                if parts:
+                    body["compiled"] = json.loads("".join(parts))
                 return body
             kind, names = body["kind"], [str(n) for n in body["names"]]
             table = {"map": loaded.maps, "prog": loaded.progs, "link": loaded.links}.get(kind)
@@ -318,6 +356,8 @@ def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]]
     t1 = time.monotonic()
     types = {"raw_tracepoint": BPF.RAW_TRACEPOINT, "tracepoint": BPF.TRACEPOINT,
              "perf_event": BPF.PERF_EVENT, "tracing": BPF.TRACING}
+    kinds = _function_kinds(spec)
+    _preload(b, [(fn, types[kind]) for fn, kind in kinds.items()])
     try:
         for t in spec.tail_calls:
             fn = b.load_func(t.function.encode(), types[t.prog_type])
@@ -332,10 +372,84 @@ def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]]
     except Exception as e:  # BCC raises bare Exception on load/attach failure
         raise ProbeError(f"cannot load or attach: {e}") from e
     t2 = time.monotonic()
-    groups = [("map", _table_fds(b)),
+    tables = _table_fds(b)
+    groups = [("map", tables),
               ("prog", [(name.decode(), fn.fd) for name, fn in b.funcs.items()]),
               ("link", _attachment_fds(b))]
-    return groups, {"compile_s": t1 - t0, "attach_s": t2 - t1}
+    report: dict = {"compile_s": t1 - t0, "attach_s": t2 - t1}
+    try:
+        report["compiled"] = _capture(b, tables, kinds).to_json()
+    except (ProbeError, OSError) as e:
+        print(f"compiled programs not captured (each first start compiles): {e}", file=sys.stderr)
+    return groups, report
+
+
+def _function_kinds(spec: LoadSpec) -> dict[str, str]:
+    """C function → program kind (a key of compiled.PROG_TYPES) of everything spec loads itself
+    (TRACEPOINT_PROBE functions, which BCC loads on its own, are added by _capture)."""
+    kinds = {t.function: t.prog_type for t in spec.tail_calls}
+    kinds.update((fn, "raw_tracepoint") for _, fn in spec.raw_tracepoints)
+    kinds.update((fn, "tracing") for fn in spec.iterators)
+    return kinds
+
+
+def _preload(b, functions: list[tuple[str, int]]) -> None:
+    """Load functions on one thread per CPU: the verifier, most of a first start, runs in the
+    calling thread (ctypes lets go of the GIL in bpf(2)).  A failure is left for the caller's own
+    load_func of the same function to raise, with BCC's message."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: tuple[str, int]) -> None:
+        try:
+            b.load_func(item[0].encode(), item[1])
+        except Exception:  # noqa: BLE001 - BCC raises bare Exception; the caller's load_func reports it
+            pass
+    with ThreadPoolExecutor(max_workers=max(1, min(len(functions), os.cpu_count() or 1))) as pool:
+        list(pool.map(one, functions))
+
+
+def _capture(b, tables: list[tuple[str, int]], kinds: dict[str, str]) -> CompiledObject:
+    """The maps and loaded programs of b as a CompiledObject (kernel.compiled).
+
+    Raises:
+        ProbeError: a program cannot be captured (see compiled.capture_program).
+        OSError: a map's info cannot be read.
+    """
+    fd_names = {fd: name for name, fd in tables}
+    maps = []
+    for name, fd in tables:
+        info = map_info(fd)
+        maps.append(CompiledMap(name, int(info.type), info.key_size, info.value_size, info.max_entries,
+                                info.flags, info.name))
+    programs = []
+    for raw_name in b.funcs:
+        fn = raw_name.decode()
+        kind = kinds.get(fn) or ("tracepoint" if fn.startswith("tracepoint__") else None)
+        if kind is None:
+            raise ProbeError(f"{fn}: loaded by BCC, of a kind the capture does not know")
+        eat = btf_id = 0
+        if kind == "tracing":
+            eat, btf_id = BPF_TRACE_ITER, _iterator_btf_id(fn)
+        programs.append(capture_program(fn, kind, b.dump_func(raw_name), fd_names, eat, btf_id))
+    return CompiledObject(tuple(maps), tuple(programs))
+
+
+def _iterator_btf_id(function: str) -> int:
+    """vmlinux BTF id of the function an iterator ``bpf_iter__<target>`` attaches to, found as
+    BCC finds it (libbpf's libbpf_find_vmlinux_btf_id, which prefixes ``bpf_iter_``).
+
+    Raises:
+        ProbeError: not an iterator name, or libbpf does not find it.
+    """
+    import ctypes
+    if not function.startswith("bpf_iter__"):
+        raise ProbeError(f"{function}: a tracing program that is not an iterator")
+    libbpf = ctypes.CDLL("libbpf.so.1")
+    libbpf.libbpf_find_vmlinux_btf_id.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    found = libbpf.libbpf_find_vmlinux_btf_id(function.removeprefix("bpf_iter__").encode(), BPF_TRACE_ITER)
+    if found <= 0:
+        raise ProbeError(f"{function}: no BTF id for its target ({found})")
+    return found
 
 
 def _child_main(fd: int) -> int:
@@ -343,13 +457,16 @@ def _child_main(fd: int) -> int:
     sock = socket.socket(fileno=fd)
     try:
         spec = LoadSpec.from_json(sock.recv(MAX_MESSAGE_BYTES))
-        groups, timings = _child_load(spec)
+        groups, report = _child_load(spec)
         for kind, items in groups:
             for i in range(0, len(items), FDS_PER_MESSAGE):
                 chunk = items[i:i + FDS_PER_MESSAGE]
                 socket.send_fds(sock, [json.dumps({"kind": kind, "names": [n for n, _ in chunk]}).encode()],
                                 [f for _, f in chunk])
-        sock.send(json.dumps({"done": True, **timings}).encode())
+        compiled = json.dumps(report.pop("compiled", None))
+        for i in range(0, len(compiled), COMPILED_PART_CHARS):     # a datagram stays below wmem_default
+            sock.send(json.dumps({"compiled_part": compiled[i:i + COMPILED_PART_CHARS]}).encode())
+        sock.send(json.dumps({"done": True, **report}).encode())
         return 0
     except (ProbeError, OSError, ValueError, KeyError, TypeError) as e:
         sock.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())

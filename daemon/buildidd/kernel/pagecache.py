@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.btf import Btf
 from buildidd.kernel.events import BPF_DIR, PagecacheBuildId, PcStatus
-from buildidd.kernel.loader import LoadSpec, load
-from buildidd.kernel.pinned import load_pinned
+from buildidd.kernel.loader import LoadSpec
+from buildidd.kernel.progcache import load_program
 
 __all__ = [
     "Bases", "FolioInfo", "KernelBuildId", "PageCacheProbe", "PagecacheBases", "PcStatus",
@@ -200,13 +200,15 @@ class PageCacheProbe:
         btf: the kernel's BTF (loaded from /sys/kernel/btf/vmlinux when None).
         cflags: extra compiler flags (e.g. ``-DPC_NO_BUILD_ID`` for a baseline).
         pin_root: as :class:`buildidd.kernel.tracer.Tracer`'s (None: loaded afresh).
+        cache_dir: the compile cache (kernel.progcache; None: compiled when not pinned).
 
     Raises:
         ProbeError: BTF lacks a field, or the program does not compile, load
             or attach (in the loader's child: BCC missing there too).
     """
 
-    def __init__(self, btf: Btf | None = None, cflags: tuple[str, ...] = (), pin_root: str | None = None):
+    def __init__(self, btf: Btf | None = None, cflags: tuple[str, ...] = (), pin_root: str | None = None,
+                 cache_dir: str | None = None):
         btf = btf or Btf.load()
         self.layout = pagecache_layout(btf) | probe_layout(btf)
         self.struct_page_size = self.layout["STRUCT_PAGE_SIZE"]
@@ -215,7 +217,7 @@ class PageCacheProbe:
         # BCC runs in the loader's child: this process never maps the compiler.
         spec = LoadSpec(os.path.join(BPF_DIR, PROBE_SOURCE), tuple(flags),
                         required_tracepoints=("syscalls:sys_enter_fadvise64",))
-        self.prog = load_pinned(spec, pin_root) if pin_root else load(spec)
+        self.prog = load_program(spec, pin_root, cache_dir)
         try:
             self._req = self.prog.maps["pc_request"]
             self._rep = self.prog.maps["pc_reply"]

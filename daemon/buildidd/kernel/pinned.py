@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import hashlib
 import logging
 import mmap
 import os
@@ -35,8 +34,10 @@ import shutil
 import stat
 import struct
 import time
+from typing import Callable
 
 from buildidd.errors import ProbeError
+from buildidd.kernel.attach import attach
 from buildidd.kernel.bpfsys import MapRef, MapType, bpf, map_info
 from buildidd.kernel.fsinfo import path_fs_type
 from buildidd.kernel.loader import LoadedProgram, LoadSpec, load
@@ -52,13 +53,6 @@ BPF_FS_MAGIC = 0xCAFE4A11
 
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
-BPF_RAW_TRACEPOINT_OPEN = 17
-PERF_TYPE_TRACEPOINT = 2
-PERF_SAMPLE_RAW = 1 << 10
-PERF_FLAG_FD_CLOEXEC = 8
-PERF_EVENT_IOC_ENABLE = 0x2400
-PERF_EVENT_IOC_SET_BPF = 0x40042408
-PERF_EVENT_OPEN_NR = {"x86_64": 298, "aarch64": 241, "riscv64": 241}
 #: Array maps with more slots than this are not reused (zeroing them would cost more than a load).
 MAX_ARRAY_RESET = 1 << 16
 
@@ -68,38 +62,30 @@ class _ObjAttr(ctypes.Structure):
     _fields_ = [("pathname", ctypes.c_uint64), ("bpf_fd", ctypes.c_uint32), ("file_flags", ctypes.c_uint32)]
 
 
-class _RawTpAttr(ctypes.Structure):
-    """union bpf_attr for BPF_RAW_TRACEPOINT_OPEN (raw_tracepoint.name, prog_fd)."""
-    _fields_ = [("name", ctypes.c_uint64), ("prog_fd", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
-
-
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 def spec_key(spec: LoadSpec) -> str:
     """Hex SHA-256 naming one compiled program on this boot: the source and the headers in its
     directory, cflags, attach lists, kernel release and /proc/sys/kernel/random/boot_id."""
-    h = hashlib.sha256()
-    src_dir = os.path.dirname(spec.src_file)
-    for name in [os.path.basename(spec.src_file)] + sorted(n for n in os.listdir(src_dir) if n.endswith(".h")):
-        with open(os.path.join(src_dir, name), "rb") as f:
-            h.update(name.encode() + b"\0" + f.read() + b"\0")
-    h.update(spec.to_json())
+    h = spec.digest()
     h.update(os.uname().release.encode())
     with open("/proc/sys/kernel/random/boot_id", "rb") as f:
         h.update(f.read())
     return h.hexdigest()[:32]
 
 
-def load_pinned(spec: LoadSpec, root: str) -> LoadedProgram:
+def load_pinned(spec: LoadSpec, root: str,
+                fresh: Callable[[LoadSpec], LoadedProgram] = load) -> LoadedProgram:
     """spec loaded: from the pins under root when this boot already compiled it, else by
-    :func:`buildidd.kernel.loader.load` and then pinned.  Falls back to a plain load (said in
-    the log) when root cannot be used or another process holds its lock.
+    fresh and then pinned.  Falls back to fresh alone (said in the log) when root cannot be used
+    or another process holds its lock.
 
     Args:
         spec: what to load.
         root: the pin root, a directory directly under a bpffs mount (Config.bpf_pin_root).
+        fresh: how to load without pins (:func:`buildidd.kernel.loader.load`, or the compile
+            cache's kernel.progcache.load_compiled).
     Returns:
         The LoadedProgram; ``reused`` True when it came from the pins (compile_s 0, attach_s
         the time to take and attach them); its ``lock_fd`` holds the lock until close().
@@ -112,17 +98,18 @@ def load_pinned(spec: LoadSpec, root: str) -> LoadedProgram:
         lock = _lock(root)
     except (OSError, ProbeError) as e:
         log.info("BPF pins not used (%s): loading afresh", e)
-        return load(spec)
+        return fresh(spec)
     if lock is None:
-        return load(spec)
+        return fresh(spec)
     try:
-        return _load_locked(spec, root, key, lock)
+        return _load_locked(spec, root, key, lock, fresh)
     except BaseException:
         os.close(lock)
         raise
 
 
-def _load_locked(spec: LoadSpec, root: str, key: str, lock: int) -> LoadedProgram:
+def _load_locked(spec: LoadSpec, root: str, key: str, lock: int,
+                 fresh: Callable[[LoadSpec], LoadedProgram]) -> LoadedProgram:
     name = os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
     pin_dir = os.path.join(root, f"{name}-{key}")
     if os.path.isdir(pin_dir):
@@ -135,7 +122,7 @@ def _load_locked(spec: LoadSpec, root: str, key: str, lock: int) -> LoadedProgra
         except Exception as e:  # noqa: BLE001 - any fault in the pins: load afresh instead
             log.warning("pinned BPF program %s not reusable (%s): loading afresh", pin_dir, e)
             shutil.rmtree(pin_dir, ignore_errors=True)
-    loaded = load(spec)
+    loaded = fresh(spec)
     loaded.lock_fd = lock
     try:
         if spec_key(spec) == key:        # not the source of an upgrade made during the compile
@@ -227,16 +214,7 @@ def _reuse(pin_dir: str, spec: LoadSpec) -> LoadedProgram:
                 raise
         for ref in loaded.maps.values():
             _reset(ref)
-        for t in spec.tail_calls:
-            loaded.maps[t.table].update(ctypes.c_int(t.index), ctypes.c_uint32(loaded.progs[t.function]))
-        for prog, fd in loaded.progs.items():
-            if prog.startswith("tracepoint__"):
-                category, _, event = prog.removeprefix("tracepoint__").partition("__")
-                loaded.links[f"tracepoint:{category}:{event}"] = _attach_tracepoint(category, event, fd)
-        for tp, fn in spec.raw_tracepoints:
-            name = ctypes.create_string_buffer(tp.encode())
-            loaded.links[f"raw_tracepoint:{tp}"] = bpf(BPF_RAW_TRACEPOINT_OPEN, _RawTpAttr(
-                name=ctypes.addressof(name), prog_fd=loaded.progs[fn]))
+        attach(loaded, spec)
     except BaseException:
         loaded.close()
         raise
@@ -267,28 +245,3 @@ def _reset(ref: MapRef) -> None:
             ref.update(struct.pack("<I", i), zero)
     elif kind != MapType.PROG_ARRAY:
         raise ProbeError(f"map {ref.info.name!r} of type {kind} cannot be reset")
-
-
-def _attach_tracepoint(category: str, event: str, prog_fd: int) -> int:
-    """perf_event_open of the tracepoint (pid -1, cpu 0: a tracepoint program runs on every CPU)
-    with PERF_EVENT_IOC_SET_BPF, as libbcc's bpf_attach_tracepoint does; the perf event's fd."""
-    with open(f"/sys/kernel/tracing/events/{category}/{event}/id") as f:
-        tp_id = int(f.read())
-    attr = ctypes.create_string_buffer(64)                 # PERF_ATTR_SIZE_VER0
-    struct.pack_into("<IIQQQ", attr, 0, PERF_TYPE_TRACEPOINT, 64, tp_id, 1, PERF_SAMPLE_RAW)
-    struct.pack_into("<I", attr, 48, 1)                    # wakeup_events
-    nr = PERF_EVENT_OPEN_NR.get(os.uname().machine)
-    if nr is None:
-        raise ProbeError(f"perf_event_open syscall number unknown on {os.uname().machine}")
-    fd = _libc.syscall(ctypes.c_long(nr), attr, ctypes.c_int(-1), ctypes.c_int(0), ctypes.c_int(-1),
-                       ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"perf_event_open {category}:{event}: {os.strerror(err)}")
-    try:
-        fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
-        fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd

@@ -19,8 +19,8 @@ from buildidd.kernel import synth
 from buildidd.kernel.btf import Btf
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, DropTime
-from buildidd.kernel.loader import LoadSpec, TailCall, load
-from buildidd.kernel.pinned import load_pinned
+from buildidd.kernel.loader import LoadSpec, TailCall
+from buildidd.kernel.progcache import load_program
 from buildidd.kernel.pagecache import PagecacheBases, pagecache_layout
 
 log = logging.getLogger(__name__)
@@ -290,6 +290,8 @@ class Tracer:
         pin_root: a bpffs directory where the loaded program is kept for the
             next start on this boot (kernel.pinned, Config.bpf_pin_root);
             None: compiled and loaded afresh, nothing kept.
+        cache_dir: where what BCC compiled is kept across boots (kernel.progcache,
+            Config.bpf_cache_dir); None: compiled at every start without pins.
 
     Raises:
         ProbeError: BTF lacks a needed field, compilation, load or attach failed.
@@ -306,7 +308,7 @@ class Tracer:
     )
 
     def __init__(self, *, ring_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux",
-                 pin_root: str | None = None):
+                 pin_root: str | None = None, cache_dir: str | None = None):
         t0 = time.monotonic()
         ensure_tracefs()
         btf = Btf.load(btf_path)
@@ -316,7 +318,7 @@ class Tracer:
         #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
         self.compat = "TS_COMPAT" in self.layout and "SYSCALL_REGS" in self.layout
         spec = load_spec(self.layout, ring_bytes, self.nrings)
-        self.prog = load_pinned(spec, pin_root) if pin_root else load(spec)
+        self.prog = load_program(spec, pin_root, cache_dir)
         #: seconds the child spent compiling and loading (BPF()).
         self.compile_s = self.prog.compile_s
         #: seconds the child spent attaching and filling the program array.

@@ -1,0 +1,202 @@
+"""What BCC compiled, as data: the instructions and map definitions a plain bpf(2) load needs.
+
+The loader's child (:mod:`buildidd.kernel.loader`) captures this right after
+BCC's compile: for each function it loads, the instructions as BCC hands
+them to the kernel (``BPF.dump_func``: map references already resolved to
+the child's map fds), and for each map what BPF_MAP_CREATE needs (from
+BPF_OBJ_GET_INFO_BY_FD of the map BCC made).  Every map reference is a
+``BPF_LD | BPF_IMM | BPF_DW`` instruction with ``src_reg`` BPF_PSEUDO_MAP_FD
+(include/uapi/linux/bpf.h); the capture replaces the child's fd by the map's
+name, so :mod:`buildidd.kernel.progcache` can create the maps again in
+another process, on another boot, and write its own fds back.
+
+A program with any other pseudo source (a map value, a BTF id, a kfunc: none
+in our sources today) is not captured: it raises, and that program is simply
+compiled at every first start, as before.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+
+from buildidd.errors import ProbeError
+
+__all__ = ["CompiledMap", "CompiledProgram", "CompiledObject", "capture_program", "PROG_TYPES"]
+
+#: enum bpf_prog_type values (include/uapi/linux/bpf.h) of the kinds LoadSpec names.
+PROG_TYPES = {"tracepoint": 5, "perf_event": 7, "raw_tracepoint": 17, "tracing": 26}
+#: struct bpf_insn: code, dst_reg:4 | src_reg:4, off, imm (8 bytes).
+INSN = struct.Struct("<BBhi")
+#: BPF_LD | BPF_IMM | BPF_DW: a 64-bit immediate over two instructions.
+LD_IMM64 = 0x18
+#: src_reg of an LD_IMM64 whose imm is a map fd.
+PSEUDO_MAP_FD = 1
+#: The verifier's limit on a program's instructions (BPF_COMPLEXITY_LIMIT_INSNS).
+MAX_INSNS = 1_000_000
+#: Bounds a cached object must respect (it is read from disk, see progcache).
+MAX_MAPS = 256
+MAX_PROGRAMS = 64
+#: bpf_map_info.name and bpf_attr.prog_name hold 15 characters and a NUL (BPF_OBJ_NAME_LEN).
+OBJ_NAME_CHARS = 15
+
+
+@dataclass(frozen=True)
+class CompiledMap:
+    """One map as BPF_MAP_CREATE makes it (union bpf_attr, map_create).
+
+    Attributes:
+        name: BCC's table name (the key of LoadedProgram.maps).
+        type: enum bpf_map_type.
+        key_size, value_size: bytes.
+        max_entries: entries (bytes for a ring buffer).
+        flags: map_flags (BPF_F_NO_PREALLOC, ...).
+        kernel_name: the kernel's name for it (at most 15 characters).
+    """
+
+    name: str
+    type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+    kernel_name: str
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """One program as BPF_PROG_LOAD loads it.
+
+    Attributes:
+        function: the C function (the key of LoadedProgram.progs).
+        prog_type: a key of :data:`PROG_TYPES`.
+        insns: struct bpf_insn array; the imm of every map reference is 0.
+        map_refs: (instruction index, map name) of each map reference.
+        expected_attach_type: enum bpf_attach_type (BPF_TRACE_ITER for an iterator), else 0.
+        attach_btf_id: the vmlinux BTF id it attaches to (an iterator's ``bpf_iter_<target>``
+            function), else 0.  Valid for the kernel it was compiled on only.
+    """
+
+    function: str
+    prog_type: str
+    insns: bytes
+    map_refs: tuple[tuple[int, str], ...]
+    expected_attach_type: int = 0
+    attach_btf_id: int = 0
+
+    def relocated(self, map_fds: dict[str, int]) -> bytes:
+        """The instructions with map_fds[name] written into each map reference.
+
+        Raises:
+            KeyError: a referenced map is not in map_fds.
+        """
+        out = bytearray(self.insns)
+        for index, name in self.map_refs:
+            struct.pack_into("<i", out, index * 8 + 4, map_fds[name])
+        return bytes(out)
+
+
+@dataclass(frozen=True)
+class CompiledObject:
+    """Every map and program of one LoadSpec, compiled for one kernel."""
+
+    maps: tuple[CompiledMap, ...]
+    programs: tuple[CompiledProgram, ...]
+
+    def to_json(self) -> dict:
+        """JSON-ready form (instructions in base64), with a SHA-256 digest of the rest."""
+        body = {"maps": [[m.name, m.type, m.key_size, m.value_size, m.max_entries, m.flags, m.kernel_name]
+                         for m in self.maps],
+                "programs": [[p.function, p.prog_type, base64.b64encode(p.insns).decode(),
+                              [list(r) for r in p.map_refs], p.expected_attach_type, p.attach_btf_id]
+                             for p in self.programs]}
+        return {"body": body, "sha256": _digest(body)}
+
+    @classmethod
+    def from_json(cls, data: object) -> "CompiledObject":
+        """Inverse of to_json, every field checked (the data comes from a file).
+
+        Raises:
+            ValueError: malformed, out of bounds, or the digest does not match.
+        """
+        try:
+            body = data["body"]                                     # type: ignore[index]
+            if data["sha256"] != _digest(body):                     # type: ignore[index]
+                raise ValueError("digest mismatch")
+            if not 0 < len(body["maps"]) <= MAX_MAPS or not 0 < len(body["programs"]) <= MAX_PROGRAMS:
+                raise ValueError("too many or no maps or programs")
+            maps = tuple(CompiledMap(_text(n), _u32(t), _u32(k), _u32(v), _u32(e), _u32(f), _text(kn))
+                         for n, t, k, v, e, f, kn in body["maps"])
+            names = {m.name for m in maps}
+            programs = []
+            for fn, kind, insns, refs, eat, btf_id in body["programs"]:
+                code = base64.b64decode(_text(insns), validate=True)
+                programs.append(CompiledProgram(_text(fn), _text(kind), code,
+                                                tuple((_u32(i), _text(n)) for i, n in refs), _u32(eat), _u32(btf_id)))
+                _check_program(programs[-1], names)
+            return cls(maps, tuple(programs))
+        except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+            raise ValueError(f"malformed compiled object: {e}") from e
+
+
+def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[int, str],
+                    expected_attach_type: int = 0, attach_btf_id: int = 0) -> CompiledProgram:
+    """A CompiledProgram from the instructions BCC loads (BPF.dump_func) in the child.
+
+    Args:
+        fd_names: the child's map fd → BCC table name.
+    Raises:
+        ProbeError: an LD_IMM64 whose source is not a map fd of fd_names, or a malformed array.
+    """
+    if len(insns) % 8 or not 0 < len(insns) // 8 <= MAX_INSNS:
+        raise ProbeError(f"{function}: {len(insns)} bytes of instructions")
+    out = bytearray(insns)
+    refs = []
+    i = 0
+    while i < len(insns) // 8:
+        code, regs, _off, imm = INSN.unpack_from(insns, i * 8)
+        if code == LD_IMM64:
+            src = regs >> 4
+            if src == PSEUDO_MAP_FD and imm in fd_names:
+                refs.append((i, fd_names[imm]))
+                struct.pack_into("<i", out, i * 8 + 4, 0)
+            elif src != 0:
+                raise ProbeError(f"{function}: instruction {i} loads pseudo source {src} (not cached)")
+            i += 2
+            continue
+        i += 1
+    prog = CompiledProgram(function, prog_type, bytes(out), tuple(refs), expected_attach_type, attach_btf_id)
+    _check_program(prog, set(fd_names.values()))
+    return prog
+
+
+def _check_program(p: CompiledProgram, map_names: set[str]) -> None:
+    if p.prog_type not in PROG_TYPES:
+        raise ValueError(f"{p.function}: unknown program type {p.prog_type!r}")
+    count = len(p.insns) // 8
+    if len(p.insns) % 8 or not 0 < count <= MAX_INSNS:
+        raise ValueError(f"{p.function}: {len(p.insns)} bytes of instructions")
+    for index, name in p.map_refs:
+        if name not in map_names:
+            raise ValueError(f"{p.function}: references unknown map {name!r}")
+        if not 0 <= index < count - 1 or p.insns[index * 8] != LD_IMM64 or p.insns[index * 8 + 1] >> 4 != PSEUDO_MAP_FD:
+            raise ValueError(f"{p.function}: map reference at instruction {index} is not a map load")
+
+
+def _digest(body: object) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _text(x: object) -> str:
+    if not isinstance(x, str):
+        raise ValueError(f"expected text, got {type(x).__name__}")
+    return x
+
+
+def _u32(x: object) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < 1 << 32:
+        raise ValueError(f"expected an unsigned 32-bit integer, got {x!r}")
+    return x

@@ -1,0 +1,289 @@
+"""BPF programs as BCC compiled them, kept on disk across boots and loaded with plain bpf(2).
+
+bpffs pins (kernel.pinned) make a restart cheap but die with the boot; the
+first start of every boot would compile again (BCC's clang, ~1.2 s for the
+main program and ~0.45 s for the page-cache probe on this kind of machine).
+Here the loader's child's capture (kernel.compiled: instructions and map
+definitions) is written to ``DIR/<source>-<key>.json``; a later start with
+the same key creates the maps, loads the programs with BPF_PROG_LOAD, one
+thread per CPU (the kernel's verifier still runs: it is most of what is
+left), and attaches them (kernel.attach).  No BCC, no child process.
+
+The key is a SHA-256 over the source and headers, cflags and attach lists
+(LoadSpec.digest), the kernel release, /sys/kernel/notes (the running
+kernel's build-id, so a rebuilt kernel of the same release is not mistaken
+for this one; an iterator's BTF id is only valid there) and BCC's
+version file.
+
+The directory holds code that root loads into the kernel: it is used only
+when it is a directory of this user's that nobody else may write (checked on
+the open descriptor), and every entry only when it is a regular file of this
+user's, writable by nobody else, with one link.  An entry that is malformed,
+fails its digest or does not load is removed, and the start compiles as if
+there were none.  A cache that cannot be written (read-only, full) costs
+only the next first start's compile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import logging
+import os
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from buildidd.errors import ProbeError
+from buildidd.kernel.attach import attach
+from buildidd.kernel.bpfsys import MapRef, bpf, map_info
+from buildidd.kernel.compiled import PROG_TYPES, CompiledObject, CompiledProgram
+from buildidd.kernel.loader import LoadedProgram, LoadSpec, load
+from buildidd.kernel.pinned import load_pinned
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load_program", "load_compiled", "cache_key"]
+
+#: Bumped when the entry format changes (part of the key).
+CACHE_FORMAT = 1
+#: Largest entry read (the main program's is ~130 KB).
+MAX_ENTRY_BYTES = 16 << 20
+#: Verifier log asked for when a cached program is refused (the message names the instruction).
+REFUSAL_LOG_BYTES = 1 << 20
+
+BPF_MAP_CREATE = 0
+BPF_PROG_LOAD = 5
+
+
+class _MapCreateAttr(ctypes.Structure):
+    """union bpf_attr for BPF_MAP_CREATE (include/uapi/linux/bpf.h, up to map_extra)."""
+    _fields_ = [("map_type", ctypes.c_uint32), ("key_size", ctypes.c_uint32), ("value_size", ctypes.c_uint32),
+                ("max_entries", ctypes.c_uint32), ("map_flags", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
+                ("numa_node", ctypes.c_uint32), ("map_name", ctypes.c_char * 16), ("map_ifindex", ctypes.c_uint32),
+                ("btf_fd", ctypes.c_uint32), ("btf_key_type_id", ctypes.c_uint32),
+                ("btf_value_type_id", ctypes.c_uint32), ("btf_vmlinux_value_type_id", ctypes.c_uint32),
+                ("map_extra", ctypes.c_uint64)]
+
+
+class _ProgLoadAttr(ctypes.Structure):
+    """union bpf_attr for BPF_PROG_LOAD (include/uapi/linux/bpf.h, up to attach_btf_obj_fd)."""
+    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32), ("insns", ctypes.c_uint64),
+                ("license", ctypes.c_uint64), ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32), ("prog_flags", ctypes.c_uint32),
+                ("prog_name", ctypes.c_char * 16), ("prog_ifindex", ctypes.c_uint32),
+                ("expected_attach_type", ctypes.c_uint32), ("prog_btf_fd", ctypes.c_uint32),
+                ("func_info_rec_size", ctypes.c_uint32), ("func_info", ctypes.c_uint64),
+                ("func_info_cnt", ctypes.c_uint32), ("line_info_rec_size", ctypes.c_uint32),
+                ("line_info", ctypes.c_uint64), ("line_info_cnt", ctypes.c_uint32),
+                ("attach_btf_id", ctypes.c_uint32), ("attach_btf_obj_fd", ctypes.c_uint32)]
+
+
+def load_program(spec: LoadSpec, pin_root: str | None = None, cache_dir: str | None = None) -> LoadedProgram:
+    """spec loaded the cheapest way this host allows: from bpffs pins of this boot (pin_root),
+    else from the compile cache (cache_dir), else compiled by BCC in the loader's child.
+
+    Raises:
+        ProbeError: as kernel.loader.load.
+    """
+    def fresh(s: LoadSpec) -> LoadedProgram:
+        return load_compiled(s, cache_dir) if cache_dir else load(s)
+    return load_pinned(spec, pin_root, fresh) if pin_root else fresh(spec)
+
+
+def cache_key(spec: LoadSpec) -> str:
+    """Hex key of spec compiled for this kernel by this BCC (see the module docstring).
+
+    Raises:
+        OSError: a source file or /sys/kernel/notes cannot be read.
+    """
+    h = spec.digest()
+    h.update(f"\0format {CACHE_FORMAT}\0{os.uname().release}\0".encode())
+    with open("/sys/kernel/notes", "rb") as f:
+        h.update(f.read())
+    found = importlib.util.find_spec("bcc")      # located, not imported: BCC maps libLLVM when imported
+    for where in (found.submodule_search_locations or []) if found else []:
+        try:
+            with open(os.path.join(where, "version.py"), "rb") as f:
+                h.update(f.read())
+        except OSError:
+            pass
+    return h.hexdigest()[:32]
+
+
+def load_compiled(spec: LoadSpec, cache_dir: str) -> LoadedProgram:
+    """spec from the entry of cache_dir with its key when there is a usable one, else compiled
+    (kernel.loader.load) and written there for the next first start.
+
+    Returns:
+        The LoadedProgram; ``cached`` True when it came from the cache (compile_s 0, attach_s the
+        time to create, load and attach).
+    Raises:
+        ProbeError: as kernel.loader.load.
+    """
+    name = os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
+    try:
+        key = cache_key(spec)
+        dir_fd = _open_dir(cache_dir)
+    except OSError as e:
+        log.info("BPF compile cache %s not used (%s)", cache_dir, e)
+        return load(spec)
+    try:
+        entry = f"{name}-{key}.json"
+        obj = _read(dir_fd, entry, key)
+        if obj is not None:
+            t0 = time.monotonic()
+            try:
+                loaded = load_object(obj, spec)
+                loaded.attach_s = loaded.load_s = time.monotonic() - t0
+                return loaded
+            except (OSError, ProbeError, KeyError) as e:
+                log.warning("cached BPF program %s/%s not loaded (%s): compiling", cache_dir, entry, e)
+                _unlink(dir_fd, entry)
+        loaded = load(spec)
+        if loaded.compiled is not None:
+            _write(dir_fd, entry, key, loaded.compiled, name)
+        return loaded
+    finally:
+        os.close(dir_fd)
+
+
+def load_object(obj: CompiledObject, spec: LoadSpec) -> LoadedProgram:
+    """Create obj's maps, load its programs (one thread per CPU) and attach them as spec says.
+
+    Raises:
+        OSError: the kernel refused a map or a program (the verifier's message in it).
+        ProbeError: obj lacks a program spec attaches.
+        KeyError: as kernel.attach.attach.
+    """
+    loaded = LoadedProgram(cached=True)
+    try:
+        for m in obj.maps:
+            fd = bpf(BPF_MAP_CREATE, _MapCreateAttr(
+                map_type=m.type, key_size=m.key_size, value_size=m.value_size, max_entries=m.max_entries,
+                map_flags=m.flags, map_name=m.kernel_name.encode()[:15]))
+            loaded.maps[m.name] = MapRef(fd, map_info(fd))
+        fds = {name: ref.fd for name, ref in loaded.maps.items()}
+        workers = max(1, min(len(obj.programs), os.cpu_count() or 1))
+        # Largest first: the verifier's time grows with the program, and two CPUs then share it evenly.
+        order = sorted(obj.programs, key=lambda p: -len(p.insns))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(lambda p: _load_one(p, fds), order))
+        for prog, result in zip(order, results):
+            if not isinstance(result, BaseException):
+                loaded.progs[prog.function] = result
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        missing = {t.function for t in spec.tail_calls} | {fn for _, fn in spec.raw_tracepoints}
+        missing -= loaded.progs.keys()
+        if missing:
+            raise ProbeError(f"the cached object lacks {sorted(missing)}")
+        attach(loaded, spec)
+    except BaseException:
+        loaded.close()
+        raise
+    return loaded
+
+
+def _load_one(p: CompiledProgram, map_fds: dict[str, int]) -> int | BaseException:
+    """BPF_PROG_LOAD of p (the fd), or the error (returned: every thread's fd must be collected)."""
+    code = p.relocated(map_fds)
+    insns = ctypes.create_string_buffer(code, len(code))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    attr = _ProgLoadAttr(prog_type=PROG_TYPES[p.prog_type], insn_cnt=len(code) // 8,
+                         insns=ctypes.addressof(insns), license=ctypes.addressof(license_),
+                         prog_name=p.function.encode()[:15], expected_attach_type=p.expected_attach_type,
+                         attach_btf_id=p.attach_btf_id)
+    try:
+        return bpf(BPF_PROG_LOAD, attr)
+    except OSError as e:
+        logbuf = ctypes.create_string_buffer(REFUSAL_LOG_BYTES)
+        attr.log_level, attr.log_size, attr.log_buf = 1, REFUSAL_LOG_BYTES, ctypes.addressof(logbuf)
+        try:
+            os.close(bpf(BPF_PROG_LOAD, attr))
+        except OSError:
+            pass
+        tail = logbuf.value.decode(errors="replace").strip().splitlines()[-3:]
+        return OSError(e.errno, f"{p.function}: {e.strerror}; verifier: {' | '.join(tail)}")
+
+
+def _open_dir(path: str) -> int:
+    """An fd of path (made 0700 when absent), refused unless a directory of this user's that no
+    group or other user may write.
+
+    Raises:
+        OSError: refused, or it cannot be made or opened.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise OSError(f"{path} is not a directory of this user's that only it can write "
+                      f"(uid {st.st_uid}, mode {stat.filemode(st.st_mode)})")
+    return fd
+
+
+def _read(dir_fd: int, entry: str, key: str) -> CompiledObject | None:
+    """The entry's object, or None (absent; refused or malformed, then removed, said in the log)."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:              # ELOOP: a symbolic link, which only root could have put there
+        log.warning("BPF compile cache entry %s not opened (%s): removed, compiling", entry, e)
+        _unlink(dir_fd, entry)
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022
+                or st.st_nlink != 1 or st.st_size > MAX_ENTRY_BYTES):
+            raise ValueError(f"not a regular file of this user's, writable only by it, of at most "
+                             f"{MAX_ENTRY_BYTES} bytes (uid {st.st_uid}, mode {stat.filemode(st.st_mode)}, "
+                             f"{st.st_nlink} links, {st.st_size} bytes)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = json.loads(f.read(MAX_ENTRY_BYTES + 1))
+        if not isinstance(data, dict) or data.get("key") != key:
+            raise ValueError("written for another key")
+        return CompiledObject.from_json(data.get("object"))
+    except (OSError, ValueError) as e:
+        log.warning("BPF compile cache entry %s refused (%s): removed, compiling", entry, e)
+        _unlink(dir_fd, entry)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _write(dir_fd: int, entry: str, key: str, obj: CompiledObject, name: str) -> None:
+    """Write entry atomically (temporary file, fsync, rename) and remove the entries of other
+    keys of the same source; a failure is logged and leaves no partial entry."""
+    tmp = f".{entry}.{os.getpid()}.tmp"
+    data = json.dumps({"key": key, "object": obj.to_json()}, separators=(",", ":")).encode()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, entry, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
+    except OSError as e:
+        log.warning("BPF compile cache entry %s not written (%s): the next first start compiles", entry, e)
+        _unlink(dir_fd, tmp)
+        return
+    for other in os.listdir(dir_fd):
+        if other.startswith(f"{name}-") and other.endswith(".json") and other != entry:
+            _unlink(dir_fd, other)
+
+
+def _unlink(dir_fd: int, entry: str) -> None:
+    try:
+        os.unlink(entry, dir_fd=dir_fd)
+    except OSError:
+        pass

@@ -1,0 +1,229 @@
+"""kernel.progcache and kernel.compiled: what BCC compiled, kept on disk and loaded with bpf(2) on a
+later first start; refused when anyone but root could have written it, or when it is damaged."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import time
+
+import pytest
+
+from conftest import session_records
+
+RING_BYTES = 2 << 20
+
+
+def _prog_tag(fd: int) -> bytes:
+    """struct bpf_prog_info.tag (bytes 8-15): the kernel's SHA-1 of the instructions as loaded,
+    map fds left out (kernel/bpf/core.c, bpf_prog_calc_tag)."""
+    from buildidd.kernel.bpfsys import BPF_OBJ_GET_INFO_BY_FD, _InfoAttr, bpf
+    info = ctypes.create_string_buffer(256)
+    bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=len(info), info=ctypes.addressof(info)))
+    return info.raw[8:16]
+
+
+@pytest.fixture(scope="module")
+def compiled_cache(tmp_path_factory):
+    """A cache dir filled by one cold start of both programs (compiled by BCC in the child), and
+    the kernel's tags of what BCC loaded: {function: tag}."""
+    from conftest import need
+    need(os.geteuid() == 0, "needs root")
+    from buildidd.kernel.pagecache import PageCacheProbe
+    from buildidd.kernel.tracer import Tracer
+    d = tmp_path_factory.mktemp("bpfcache") / "cache"
+    t = Tracer(ring_bytes=RING_BYTES, cache_dir=str(d))
+    try:
+        assert not t.prog.cached and t.compile_s > 0 and t.prog.compiled is not None
+        tags = {fn: _prog_tag(fd) for fn, fd in t.prog.progs.items()}
+    finally:
+        t.close()
+    PageCacheProbe(cache_dir=str(d)).close()
+    return d, tags
+
+
+def _entries(d) -> dict[str, os.stat_result]:
+    return {n: os.stat(os.path.join(d, n)) for n in os.listdir(d)}
+
+
+def test_a_cold_start_writes_one_root_only_entry_per_program(bpf, compiled_cache):
+    d, _ = compiled_cache
+    entries = _entries(d)
+    assert sorted(n.split("-")[0] for n in entries) == ["buildidd_bpf", "pagecache_probe_bpf"]
+    for st in entries.values():
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+
+
+def test_the_cached_load_is_what_bcc_loaded(bpf, compiled_cache):
+    """Same kernel tag for every program: the instructions reach the verifier unchanged."""
+    from buildidd.kernel.tracer import Tracer
+    d, tags = compiled_cache
+    t = Tracer(ring_bytes=RING_BYTES, cache_dir=str(d))
+    try:
+        assert t.prog.cached and t.compile_s == 0 and t.prog.compiled is None
+        assert {fn: _prog_tag(fd) for fn, fd in t.prog.progs.items()} == tags
+        assert {k for k in t.prog.links} == {
+            "raw_tracepoint:sched_process_exec", "raw_tracepoint:sched_process_fork",
+            "raw_tracepoint:sched_process_exit", "raw_tracepoint:task_rename", "raw_tracepoint:sys_exit"}
+    finally:
+        t.close()
+
+
+def test_a_first_start_of_a_boot_records_from_the_cache(recorder, compiled_cache):
+    """No pins (a new boot), the cache warm: nothing compiled, the page-cache path checked and on,
+    an exec recorded with the build-id the kernel read."""
+    d, _ = compiled_cache
+    rec = recorder(bpf_pin_root="", bpf_cache_dir=str(d))
+    session = session_records(rec.session_dir)[0]
+    assert session["bpf_cached"] is True and session["bpf_reused"] is False and session["bpf_compile_s"] == 0
+    assert session["kernel_build_id_path"] == {"enabled": True, "reason": None}
+    subprocess.run(["/bin/true"], check=True)
+    deadline = time.monotonic() + 10
+    seen = []
+    while time.monotonic() < deadline and not seen:
+        rec.step()
+        seen = [r for r in session_records(rec.session_dir)
+                if r["type"] == "exec" and r.get("filename") == "/bin/true"]
+        time.sleep(0.05)
+    assert seen and seen[0]["build_id"] and seen[0]["build_id_source"] == "kernel", seen
+
+
+def _copy(compiled_cache, tmp_path):
+    d = tmp_path / "cache"
+    shutil.copytree(compiled_cache[0], d)
+    return d
+
+
+def _probe_entry(d):
+    (name,) = [n for n in os.listdir(d) if n.startswith("pagecache_probe_bpf-")]
+    return d / name
+
+
+def test_a_cache_dir_another_user_owns_or_may_write_is_not_used(bpf, compiled_cache, tmp_path, attacker):
+    from buildidd.kernel.progcache import _open_dir
+    d = _copy(compiled_cache, tmp_path)
+    os.chmod(d, 0o770)
+    with pytest.raises(OSError, match="only it can write"):
+        _open_dir(str(d))
+    os.chmod(d, 0o700)
+    os.chown(d, attacker[0], attacker[1])
+    with pytest.raises(OSError, match="only it can write"):
+        _open_dir(str(d))
+    os.close(_open_dir(str(tmp_path / "new" / "cache")))           # absent: made, root's, 0700
+    assert stat.S_IMODE(os.stat(tmp_path / "new" / "cache").st_mode) == 0o700
+
+
+@pytest.mark.parametrize("damage", ["attacker_owned", "group_writable", "hard_link", "truncated",
+                                    "digest", "other_key", "symlink"])
+def test_an_entry_that_cannot_be_trusted_is_refused_and_removed(bpf, compiled_cache, tmp_path, attacker, damage):
+    from buildidd.kernel.progcache import _read
+    d = _copy(compiled_cache, tmp_path)
+    entry = _probe_entry(d)
+    key = entry.name.removesuffix(".json").split("-", 1)[1]
+    data = entry.read_bytes()
+    if damage == "attacker_owned":
+        os.chown(entry, attacker[0], attacker[1])
+    elif damage == "group_writable":
+        os.chmod(entry, 0o620)
+    elif damage == "hard_link":
+        os.link(entry, tmp_path / "other-name")
+    elif damage == "truncated":
+        entry.write_bytes(data[:len(data) // 2])
+    elif damage == "digest":
+        doc = json.loads(data)
+        doc["object"]["body"]["maps"][0][4] += 1                   # one map's max_entries
+        entry.write_text(json.dumps(doc))
+    elif damage == "other_key":
+        doc = json.loads(data)
+        doc["key"] = "0" * 32
+        entry.write_text(json.dumps(doc))
+    elif damage == "symlink":
+        target = tmp_path / "elsewhere.json"
+        entry.rename(target)
+        entry.symlink_to(target)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert _read(fd, entry.name, key) is None
+    finally:
+        os.close(fd)
+    assert not os.path.lexists(entry)
+    # The same entry undamaged is read.
+    pristine = _probe_entry(compiled_cache[0])
+    fd = os.open(compiled_cache[0], os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert _read(fd, pristine.name, key) is not None
+    finally:
+        os.close(fd)
+
+
+def test_an_entry_the_verifier_refuses_is_replaced_by_a_compile(bpf, compiled_cache, tmp_path, caplog):
+    """Well-formed, right digest, but a program the kernel will not load: compiled afresh, rewritten."""
+    from buildidd.kernel.compiled import CompiledObject, CompiledProgram
+    from buildidd.kernel.pagecache import PageCacheProbe
+    d = _copy(compiled_cache, tmp_path)
+    entry = _probe_entry(d)
+    doc = json.loads(entry.read_bytes())
+    obj = CompiledObject.from_json(doc["object"])
+    exit_insn = struct.pack("<BBhi", 0x95, 0, 0, 0)                # BPF_EXIT without setting r0
+    bad = tuple(CompiledProgram(p.function, p.prog_type, exit_insn, ()) for p in obj.programs)
+    doc["object"] = CompiledObject(obj.maps, bad).to_json()
+    entry.write_text(json.dumps(doc))
+    probe = PageCacheProbe(cache_dir=str(d))
+    try:
+        assert not probe.prog.cached and probe.prog.compile_s > 0
+    finally:
+        probe.close()
+    assert "not loaded" in caplog.text and "R0 !read_ok" in caplog.text
+    rewritten = CompiledObject.from_json(json.loads(entry.read_bytes())["object"])
+    assert rewritten == obj
+
+
+def test_capture_keeps_map_references_by_name_and_refuses_other_pseudo_sources():
+    from buildidd.errors import ProbeError
+    from buildidd.kernel.compiled import capture_program
+    ld_map = struct.pack("<BBhi", 0x18, 1 << 4 | 1, 0, 7) + struct.pack("<BBhi", 0, 0, 0, 0)
+    ret = struct.pack("<BBhi", 0xb7, 0, 0, 0) + struct.pack("<BBhi", 0x95, 0, 0, 0)
+    p = capture_program("f", "raw_tracepoint", ld_map + ret, {7: "events0"})
+    assert p.map_refs == ((0, "events0"),)
+    assert struct.unpack_from("<i", p.insns, 4)[0] == 0                       # the child's fd is gone
+    assert struct.unpack_from("<i", p.relocated({"events0": 42}), 4)[0] == 42
+    ld_value = struct.pack("<BBhi", 0x18, 2 << 4 | 1, 0, 7) + struct.pack("<BBhi", 0, 0, 0, 0)
+    with pytest.raises(ProbeError, match="pseudo source 2"):
+        capture_program("g", "raw_tracepoint", ld_value + ret, {7: "events0"})
+
+
+def test_a_compiled_object_from_disk_is_checked_field_by_field():
+    from buildidd.kernel.compiled import CompiledMap, CompiledObject, CompiledProgram
+    ld_map = struct.pack("<BBhi", 0x18, 1 << 4 | 1, 0, 0) + struct.pack("<BBhi", 0, 0, 0, 0)
+    ret = struct.pack("<BBhi", 0x95, 0, 0, 0)
+    good = CompiledObject((CompiledMap("m", 2, 4, 8, 1, 0, "m"),),
+                          (CompiledProgram("f", "raw_tracepoint", ld_map + ret, ((0, "m"),)),))
+    assert CompiledObject.from_json(json.loads(json.dumps(good.to_json()))) == good
+    for bad in (CompiledProgram("f", "raw_tracepoint", ld_map + ret, ((2, "m"),)),   # not a map load
+                CompiledProgram("f", "raw_tracepoint", ld_map + ret, ((0, "x"),)),   # unknown map
+                CompiledProgram("f", "kprobe", ld_map + ret, ((0, "m"),)),           # unknown type
+                CompiledProgram("f", "raw_tracepoint", ret[:5], ())):                # not whole insns
+        doc = CompiledObject(good.maps, (bad,)).to_json()
+        with pytest.raises(ValueError):
+            CompiledObject.from_json(doc)
+    doc = good.to_json()
+    doc["body"]["maps"][0][1] = -1
+    from buildidd.kernel.compiled import _digest
+    doc["sha256"] = _digest(doc["body"])
+    with pytest.raises(ValueError, match="unsigned 32-bit"):
+        CompiledObject.from_json(doc)
+
+
+def test_the_key_follows_the_cflags(bpf):
+    from buildidd.kernel.loader import LoadSpec
+    from buildidd.kernel.progcache import cache_key
+    from buildidd.kernel.events import BPF_DIR
+    src = os.path.join(BPF_DIR, "pagecache_probe.bpf.c")
+    a, b = LoadSpec(src, ("-DX=1",)), LoadSpec(src, ("-DX=2",))
+    assert cache_key(a) == cache_key(LoadSpec(src, ("-DX=1",))) != cache_key(b)
