@@ -114,6 +114,12 @@ class Config:
     segment_max_bytes: int = _key(64 << 20, "bytes", "a segment is closed once it holds this many bytes.")
     segment_max_age_s: float = _key(3600.0, "seconds", "... or once it is this old.")
     compress: bool = _key(True, "boolean", "zstd-compress closed segments.")
+    segment_cache_bytes: int = _key(4 << 20, "bytes",
+                                    "bytes of the open segment kept in the page cache: older ones are "
+                                    "written to disk and dropped from it by a background thread "
+                                    "(sessionlog.writebehind), so the session log neither crowds out the "
+                                    "host's page cache nor costs the daemon fresh pages; 0: keep them all "
+                                    "(the kernel writes them back and evicts them when it likes).")
     ring_bytes: int = _key(2 << 20, "bytes",
                            "size of each BPF ring buffer, a power-of-two number of pages; one ring per "
                            "CPU, at most 8 (CPU n uses ring n mod 8).  The daemon maps each twice, so "

@@ -46,14 +46,17 @@ class LogSink:
         self.max_pending_bytes = config.pending_lines_max_bytes
         self.writer = SessionWriter(session_dir, max_segment_bytes=config.segment_max_bytes,
                                     max_segment_age_s=config.segment_max_age_s, compress=config.compress)
+        self.writer.write_behind.set_window(config.segment_cache_bytes)
         self.writer.set_max_pending_bytes(config.pending_lines_max_bytes)
 
     def set_limits(self, config: Config) -> None:
-        """Apply reloaded rotation limits (from the next segment) and the pending-lines bound."""
+        """Apply reloaded rotation limits (from the next segment), the pending-lines bound and the
+        page-cache window."""
         self.max_pending_bytes = config.pending_lines_max_bytes
         if self.writer is not None:
             self.writer.set_limits(config.segment_max_bytes, config.segment_max_age_s)
             self.writer.set_max_pending_bytes(config.pending_lines_max_bytes)
+            self.writer.write_behind.set_window(config.segment_cache_bytes)
 
     def flush(self) -> None:
         """Write the queued lines; on failure keep them (bounded) for the next call."""

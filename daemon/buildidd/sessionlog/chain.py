@@ -14,6 +14,7 @@ from pathlib import Path
 from buildidd.errors import SessionLogError
 from buildidd.sessionlog.compress import SegmentFinisher
 from buildidd.sessionlog.segments import SegmentFile, SegmentStats
+from buildidd.sessionlog.writebehind import WriteBehind
 
 __all__ = ["RotationLimits", "SegmentChain"]
 
@@ -59,6 +60,7 @@ class SegmentChain:
         limits: when to rotate.
         finisher: syncs (and compresses) closed segments.
         clock: monotonic seconds (for the segment's age).
+        write_behind: releases the open segment's older pages (None: the page cache keeps them).
 
     Attributes:
         segment: the open :class:`SegmentFile`, or ``None``.
@@ -68,11 +70,12 @@ class SegmentChain:
     """
 
     def __init__(self, directory: Path, limits: RotationLimits, finisher: SegmentFinisher,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], write_behind: WriteBehind | None = None):
         self.directory = directory
         self.limits = limits
         self.finisher = finisher
         self.clock = clock
+        self.write_behind = write_behind
         self.segment: SegmentFile | None = None
         self.next_number = 0
         self.bytes_written = 0
@@ -100,8 +103,11 @@ class SegmentChain:
 
     def write(self, data: bytes) -> tuple[int, OSError | None]:
         """Write ``data`` to the open segment (:meth:`SegmentFile.write`); bytes are accounted."""
-        written, error = self.segment.write(data, self.clock)
+        segment = self.segment
+        written, error = segment.write(data, self.clock)
         self.bytes_written += written
+        if self.write_behind is not None:
+            self.write_behind.written(segment.fd, segment.stats.size_bytes)
         return written, error
 
     def close_current(self) -> None:

@@ -25,6 +25,7 @@ import zstandard
 
 from buildidd.errors import SessionLogError
 from buildidd.kernel.sched import make_current_thread_background
+from buildidd.sessionlog.writebehind import WriteBehind, drop_cached_file
 from buildidd.sessionlog.segments import FILE_MODE, READ_CHUNK_BYTES, fsync_dir
 
 __all__ = ["SegmentFinisher", "compress_segment", "sync_segment"]
@@ -48,11 +49,15 @@ class SegmentFinisher:
         directory: the session directory (``fsync``-ed after each rename).
         zstd_level: zstd compression level (1-22; the writer checks it), or
             ``None``: segments stay ``.jsonl``.
+        write_behind: the writer's (:mod:`.writebehind`); while its window is on, a final
+            segment's pages (the ``.jsonl`` kept, or the ``.jsonl.zst``) are dropped from the
+            page cache: the last window, which the write-behind leaves to the segment's close.
     """
 
-    def __init__(self, directory: Path, zstd_level: int | None):
+    def __init__(self, directory: Path, zstd_level: int | None, write_behind: WriteBehind | None = None):
         self._dir = directory
         self._zstd_level = zstd_level
+        self._write_behind = write_behind
         self._queue: queue.Queue[Path | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         # Changed by the finishing thread, under self._counter_lock.
@@ -117,12 +122,15 @@ class SegmentFinisher:
         """
         if self._zstd_level is None:
             sync_segment(path)
-            return
-        if self._cctx is None:
-            self._cctx = compressor(self._zstd_level)
-        compress_segment(path, self._zstd_level, self._cctx)
-        with self._counter_lock:
-            self._segments_compressed += 1
+            final = path
+        else:
+            if self._cctx is None:
+                self._cctx = compressor(self._zstd_level)
+            final = compress_segment(path, self._zstd_level, self._cctx)
+            with self._counter_lock:
+                self._segments_compressed += 1
+        if self._write_behind is not None and self._write_behind.window_bytes:
+            drop_cached_file(final)
 
 
 def sync_segment(path: Path) -> None:

@@ -56,6 +56,7 @@ from buildidd.sessionlog.append import Appender
 from buildidd.sessionlog.backlog import Backlog
 from buildidd.sessionlog.chain import RotationLimits, SegmentChain
 from buildidd.sessionlog.compress import SegmentFinisher
+from buildidd.sessionlog.writebehind import WINDOW_BYTES, WriteBehind
 from buildidd.sessionlog.segments import (
     MAX_LINE_BYTES, SEGMENT_GLOB, SegmentStats, create_session_dir,
     lock_session_dir, write_closed_marker,
@@ -105,7 +106,8 @@ class SessionWriter:
             clock: monotonic time in seconds; tests pass a fake one.
 
         The backlog kept while writes fail holds
-        :data:`DEFAULT_MAX_PENDING_BYTES` (see :meth:`set_max_pending_bytes`).
+        :data:`DEFAULT_MAX_PENDING_BYTES` (see :meth:`set_max_pending_bytes`); the page cache
+        keeps :data:`.writebehind.WINDOW_BYTES` of the open segment (``write_behind.set_window``).
 
         Raises:
             SessionLogError: the directory cannot be created, read or locked,
@@ -126,8 +128,10 @@ class SessionWriter:
                                   f"{e.strerror}") from e
         self._lock = threading.Lock()
         self._closed = False
-        self._chain = SegmentChain(self._dir, limits, SegmentFinisher(self._dir, zstd_level if compress else None),
-                                   clock)
+        #: Releases the open segment's older pages (:mod:`.writebehind`); set_window(0) turns it off.
+        self.write_behind = WriteBehind(WINDOW_BYTES)
+        finisher = SegmentFinisher(self._dir, zstd_level if compress else None, self.write_behind)
+        self._chain = SegmentChain(self._dir, limits, finisher, clock, self.write_behind)
         self._appender = Appender(self._chain, self._backlog, self._lock, lambda: self._closed)
 
     # -- writing ---------------------------------------------------------
@@ -249,6 +253,8 @@ class SessionWriter:
                 self._chain.finish()
             except SessionLogError as e:
                 error = e
+            finally:
+                self.write_behind.close()
         stats = self.stats
         write_closed_marker(self._dir, {"clean": True, "records_written": stats["records_written"],
                                         "records_lost": stats["records_lost"]})
@@ -276,7 +282,9 @@ class SessionWriter:
         ``None``), ``pending_records``/``pending_bytes`` (the backlog),
         ``records_lost`` (records dropped, by cause: ``disk_full``,
         ``io_error``), ``failing`` (the cause while writes fail, else
-        ``None``), ``failing_since_ns`` (ns since boot), ``last_write_error``.
+        ``None``), ``failing_since_ns`` (ns since boot), ``last_write_error``,
+        ``page_cache_released_bytes`` (bytes written back and dropped behind the writer,
+        :mod:`.writebehind`), ``page_cache_release_errors``.
         """
         chain = self._chain
         segment = chain.segment
@@ -296,6 +304,8 @@ class SessionWriter:
             "failing": outage.cause,
             "failing_since_ns": outage.since_ns,
             "last_write_error": outage.last_error,
+            "page_cache_released_bytes": self.write_behind.released_bytes,
+            "page_cache_release_errors": self.write_behind.errors,
         }
 
     @property

@@ -1,0 +1,109 @@
+"""sessionlog.writebehind on a real file system: the open segment's older bytes go to disk and
+out of the page cache (util-linux fincore as the oracle), intact; 0 keeps them cached."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from buildidd.sessionlog import SessionWriter, read_session
+
+WINDOW = 256 << 10
+LINE = b'{"type":"mmap","pad":"' + b"x" * 400 + b'"}'
+
+
+def _resident_bytes(path) -> int:
+    """Bytes of path in the page cache, as fincore(1) counts them."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def _pages(nbytes: int) -> int:
+    """nbytes rounded up to whole pages (the page cache holds pages)."""
+    return -(-nbytes // 4096) * 4096
+
+
+def _fs_is_tmpfs(path) -> bool:
+    out = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True).stdout
+    return out.strip() == "tmpfs"
+
+
+def _write(directory, window: int, nbytes: int):
+    w = SessionWriter(directory, compress=False)
+    w.write_behind.set_window(window)
+    lines = nbytes // (len(LINE) + 1)
+    for _ in range(lines // 100):
+        w.write_lines([LINE] * 100, trusted=True)
+    return w, lines // 100 * 100
+
+
+def test_older_bytes_leave_the_page_cache_and_stay_on_disk(tmp_path):
+    if _fs_is_tmpfs(tmp_path):
+        pytest.skip("tmpfs pages cannot be dropped")
+    w, lines = _write(tmp_path / "s", WINDOW, 8 << 20)
+    try:
+        segment = w.stats["current_segment"]
+        size = w.stats["bytes_written"]
+        deadline = time.monotonic() + 10
+        while w.stats["page_cache_released_bytes"] < size - 3 * WINDOW and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = w.stats
+        assert stats["page_cache_released_bytes"] >= size - 3 * WINDOW, stats
+        assert stats["page_cache_release_errors"] == 0
+        # What stays cached: the window, what was written since the last hand-over (< a window),
+        # a range the thread has not finished (< a window), a page at a range edge.
+        assert _resident_bytes(segment) <= 3 * WINDOW + 2 * 4096 < size
+    finally:
+        w.close()
+    records = list(read_session(tmp_path / "s"))
+    assert len(records) == lines and all(r["pad"] == "x" * 400 for r in records)
+
+
+def test_a_window_of_zero_leaves_the_page_cache_alone(tmp_path):
+    w, _ = _write(tmp_path / "s", 0, 2 << 20)
+    try:
+        segment = w.stats["current_segment"]
+        time.sleep(0.2)
+        assert w.stats["page_cache_released_bytes"] == 0
+        assert _resident_bytes(segment) == _pages(w.stats["bytes_written"])
+    finally:
+        w.close()
+
+
+def test_each_segment_is_released_behind_its_own_writes(tmp_path):
+    """Rotation hands the next segment a fresh count: its first window is not released early."""
+    if _fs_is_tmpfs(tmp_path):
+        pytest.skip("tmpfs pages cannot be dropped")
+    w = SessionWriter(tmp_path / "s", compress=False, max_segment_bytes=1 << 20)
+    w.write_behind.set_window(WINDOW)
+    try:
+        for _ in range(60):                   # ~2.4 MiB: three segments
+            w.write_lines([LINE] * 100, trusted=True)
+        deadline = time.monotonic() + 10
+        while w.stats["page_cache_released_bytes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert w.stats["segments_closed"] >= 2
+        current = w.stats["current_segment"]
+        assert _resident_bytes(current) == _pages(w.current_segment_stats.size_bytes)   # < 2 windows: cached
+    finally:
+        w.close()
+    assert len(list(read_session(tmp_path / "s"))) == 6000
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_final_segment_keeps_no_page_cache(tmp_path, compress):
+    """The finisher drops what the write-behind left (the last window) once the segment is final."""
+    if _fs_is_tmpfs(tmp_path):
+        pytest.skip("tmpfs pages cannot be dropped")
+    w = SessionWriter(tmp_path / "s", compress=compress)
+    w.write_behind.set_window(WINDOW)
+    for _ in range(20):
+        w.write_lines([LINE] * 100, trusted=True)
+    w.close()
+    (final,) = sorted((tmp_path / "s").glob("segment-*.jsonl*"))
+    assert final.name.endswith(".zst") == compress
+    assert _resident_bytes(final) == 0
+    assert len(list(read_session(tmp_path / "s"))) == 2000
