@@ -39,7 +39,7 @@ def test_second_load_is_taken_from_the_pins_and_reset(pin_root):
     first = Tracer(ring_bytes=RING_BYTES, pin_root=pin_root)
     try:
         assert not first.prog.reused and first.compile_s > 0
-        assert len(os.listdir(pin_root)) == 1
+        assert sorted(os.listdir(pin_root))[1:] == ["lock-buildidd_bpf"]     # one pin dir and its lock
         # Leave state behind: unread events in the rings, a hash entry, an array value.
         for _ in range(20):
             subprocess.run(["/bin/true"], check=True)
@@ -87,9 +87,9 @@ def test_a_second_daemon_loads_its_own_copy_while_the_pins_are_in_use(pin_root):
             other.close()
     finally:
         first.close()
-    fd = os.open(pin_root, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(os.path.join(pin_root, "lock-buildidd_bpf"), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)         # the pin root's lock, released by close()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)         # the program's lock, released by close()
     finally:
         os.close(fd)
 
@@ -123,7 +123,7 @@ def test_a_pin_root_another_user_made_first_is_not_used(bpf, attacker):
         t = Tracer(ring_bytes=RING_BYTES, pin_root=root)
         try:
             assert not t.prog.reused and t.prog.lock_fd == -1   # loaded afresh, pins not used
-            assert os.listdir(root) == []                    # nothing pinned where the attacker could reach it
+            assert os.listdir(root) == []                    # nothing made where the attacker could reach it
         finally:
             t.close()
     finally:
@@ -133,7 +133,7 @@ def test_a_pin_root_another_user_made_first_is_not_used(bpf, attacker):
 def test_an_incomplete_pin_dir_is_replaced_by_a_fresh_load(pin_root):
     from buildidd.kernel.tracer import Tracer
     Tracer(ring_bytes=RING_BYTES, pin_root=pin_root).close()
-    (pin_dir,) = os.listdir(pin_root)
+    (pin_dir,) = [d for d in os.listdir(pin_root) if not d.startswith("lock-")]
     os.unlink(os.path.join(pin_root, pin_dir, "prog_exec_vmas"))     # the tail-called program's pin
     t = Tracer(ring_bytes=RING_BYTES, pin_root=pin_root)
     try:

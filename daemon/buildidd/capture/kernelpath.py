@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from buildidd.config import Config
@@ -28,7 +29,7 @@ from buildidd.resolve.buildid import read_build_id_fd
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KernelPath", "check_kernel_path_now", "configured_kernel_path"]
+__all__ = ["KernelPath", "check_kernel_path_now", "configured_kernel_path", "configured_tracer", "load_programs"]
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,42 @@ def configured_kernel_path(config: Config) -> KernelPath:
     if not config.kernel_build_id:
         return KernelPath(False, "kernel_build_id = false in the config")
     return check_kernel_path_now(pin_root=config.bpf_pin_root or None, cache_dir=config.bpf_cache_dir or None)
+
+
+def configured_tracer(config: Config) -> Tracer:
+    """The Tracer config asks for: its ring size, bpffs pins (bpf_pin_root), compile cache (bpf_cache_dir).
+
+    Raises:
+        ProbeError: as Tracer.
+    """
+    return Tracer(ring_bytes=config.ring_bytes, pin_root=config.bpf_pin_root or None,
+                  cache_dir=config.bpf_cache_dir or None)
+
+
+def load_programs(config: Config) -> tuple[KernelPath, Tracer]:
+    """The main program loaded and attached, with the page-cache path checked and applied.
+
+    The check (:func:`configured_kernel_path`: the probe program, its bases, the self-test)
+    runs on a thread while the main program loads on this one: each is mostly BCC's compile
+    in a child process or the kernel's verifier, which run side by side on two CPUs (a first
+    start: 3.06 s one after the other, see README).  The probe is the smaller, so it is
+    normally done when the main program attaches and the bases are written right after; a
+    mapping in between carries kernel_status ``fault`` and is read by user space.
+
+    Raises:
+        ProbeError: the main program cannot be loaded (the check has ended; nothing is left).
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="buildidd-kernelpath") as pool:
+        check = pool.submit(configured_kernel_path, config)
+        try:
+            tracer = configured_tracer(config)
+        except BaseException:
+            check.result()
+            raise
+        try:
+            kernel_path = check.result()
+        except BaseException:
+            tracer.close()
+            raise
+    kernel_path.apply(tracer)
+    return kernel_path, tracer

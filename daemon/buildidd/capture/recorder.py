@@ -31,7 +31,7 @@ from buildidd.capture.follow import FollowFilter
 from buildidd.capture.housekeeping import retention_without_store
 from buildidd.capture.guard import LoopGuard, call_within
 from buildidd.capture.logsink import LogSink
-from buildidd.capture.kernelpath import KernelPath, configured_kernel_path
+from buildidd.capture.kernelpath import KernelPath, load_programs
 from buildidd.capture.pacing import Pacer
 from buildidd.capture.rescan import LossRecovery
 from buildidd.capture.rings import Rings
@@ -109,9 +109,7 @@ class Recorder:
         t0 = time.monotonic()
         # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
         seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
-        self.kernel_path = configured_kernel_path(self.config)
-        self.tracer = configured_tracer(self.config)
-        self.kernel_path.apply(self.tracer)
+        self.kernel_path, self.tracer = load_programs(self.config)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
         record = session_record(self.session_dir, self.tracer, self.tracked is not None, self.kernel_path)
@@ -312,16 +310,6 @@ class Recorder:
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
-
-
-def configured_tracer(config: Config) -> Tracer:
-    """The Tracer config asks for: its ring size, bpffs pins (bpf_pin_root), compile cache (bpf_cache_dir).
-
-    Raises:
-        ProbeError: as Tracer.
-    """
-    return Tracer(ring_bytes=config.ring_bytes, pin_root=config.bpf_pin_root or None,
-                  cache_dir=config.bpf_cache_dir or None)
 
 
 def _rates(window: list[tuple[float, dict]]) -> dict[str, float]:

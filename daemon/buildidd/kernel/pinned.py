@@ -12,8 +12,10 @@ The key is a SHA-256 over the BPF source and every header beside it, the
 cflags (they carry this kernel's BTF offsets), the attach lists, the kernel
 release and the boot id: any change loads afresh (and unpins the old copy).
 
-Only the process holding a flock on the pin root directory uses the pins: a
-second daemon loads its own copy, since two consumers must never share rings.
+Only the process holding the flock of a program's lock directory
+(``ROOT/lock-<source>``, one per BPF source, so that one daemon can load its
+programs side by side) uses that program's pins: a second daemon loads its
+own copy, since two consumers must never share rings.
 Before attaching, what a previous run left is reset: ring buffers skipped to
 their producer position (its records never reach this session), hash maps
 emptied, array maps zeroed, program arrays refilled.  Pinned programs of a
@@ -95,7 +97,7 @@ def load_pinned(spec: LoadSpec, root: str,
     try:
         _ensure_bpffs(root)
         key = spec_key(spec)
-        lock = _lock(root)
+        lock = _lock(root, _pin_name(spec))
     except (OSError, ProbeError) as e:
         log.info("BPF pins not used (%s): loading afresh", e)
         return fresh(spec)
@@ -108,9 +110,14 @@ def load_pinned(spec: LoadSpec, root: str,
         raise
 
 
+def _pin_name(spec: LoadSpec) -> str:
+    """The source's name as bpffs takes it (no dot): ``buildidd_bpf`` for buildidd.bpf.c."""
+    return os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
+
+
 def _load_locked(spec: LoadSpec, root: str, key: str, lock: int,
                  fresh: Callable[[LoadSpec], LoadedProgram]) -> LoadedProgram:
-    name = os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
+    name = _pin_name(spec)
     pin_dir = os.path.join(root, f"{name}-{key}")
     if os.path.isdir(pin_dir):
         t0 = time.monotonic()
@@ -132,10 +139,23 @@ def _load_locked(spec: LoadSpec, root: str, key: str, lock: int,
     return loaded
 
 
-def _lock(root: str) -> int | None:
-    """flock (LOCK_EX) of the pin root directory itself: it lives exactly as long as the pins,
-    whatever happens to /run.  None when another process holds it."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _lock(root: str, name: str) -> int | None:
+    """flock (LOCK_EX) of the directory ``root/lock-name`` (made when absent; in bpffs it lives
+    exactly as long as the pins, whatever happens to /run).  None when another open file holds
+    it: another daemon, or another load of the same source in this one.
+
+    Raises:
+        OSError: the lock directory cannot be made or opened, or is not a directory of ours.
+    """
+    path = os.path.join(root, f"lock-{name}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{path} is not this user's")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
