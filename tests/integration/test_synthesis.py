@@ -122,15 +122,24 @@ def test_a_refused_iterator_falls_back_to_the_proc_scan(recorder, workloads):
         # A program of another type in its place: BPF_LINK_CREATE with BPF_TRACE_ITER is refused.
         progs[synth.ITERATOR] = progs["on_sched_process_fork"]
         try:
+            # As if the iterator had failed before idle's mappings: they are not live yet.
+            rec.tables.live.pop(idle.pid, None)
             before = rec.stats.synthesized
             rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.log.flush, rec.last_errors, 0.2)
+            assert rec.stats.synthesized > before
+            # ... and as if it had failed after them: what is live is not recorded again.
+            idle_records = lambda: [r for r in session_records(rec.session_dir)   # noqa: E731
+                                    if r["type"] == "mmap" and r["pid"] == idle.pid]
+            again = len(idle_records())
+            rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.log.flush, rec.last_errors, 0.2)
+            assert len(idle_records()) == again
         finally:
             progs[synth.ITERATOR] = real
         assert any("task_vma iterator" in e["error"] for e in rec.last_errors)
-        assert rec.stats.synthesized > before
         scanned = [r for r in session_records(rec.session_dir)
                    if r["type"] == "mmap" and r["pid"] == idle.pid and r["build_id_source"] == "map_files"]
         assert {r["path"] for r in scanned} >= {str(workloads["lib0"]), str(workloads["idle"])}
+        assert len({r["start"] for r in scanned}) == len(scanned)           # none twice
     finally:
         idle.kill()
         idle.wait()

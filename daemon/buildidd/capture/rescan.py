@@ -89,8 +89,8 @@ class LossRecovery:
         later by a ``resolution`` record).  When the iterator cannot be used,
         the /proc/PID/maps scan does it instead, with no such budget (a
         mapping it cannot resolve in time would be skipped), noted in
-        last_errors (a deque of dicts); mappings recorded before an iterator
-        failed midway are then recorded again.
+        last_errors (a deque of dicts); mappings the iterator recorded before
+        it failed midway are live by then and not recorded again.
         """
         me = os.getpid().to_bytes(4, "little")          # event_header.pid
 
@@ -107,7 +107,7 @@ class LossRecovery:
             last_errors.append({"time_ns": clock.boot_ns(),
                                 "error": f"task_vma iterator: {e}; /proc/PID/maps scan instead"})
             self.enricher.begin_step(float("inf"))
-            self.scan(SYNTHESIZED)
+            self.scan(SYNTHESIZED, skip_live=True)
             flush()
             return
         if got.malformed:
@@ -115,14 +115,17 @@ class LossRecovery:
             last_errors.append({"time_ns": clock.boot_ns(),
                                 "error": f"task_vma iterator: {got.malformed} bytes after the last whole record"})
 
-    def scan(self, origin: str) -> None:
+    def scan(self, origin: str, skip_live: bool | None = None) -> None:
         """Record the executable file mappings in /proc/PID/maps of every process (or the tracked ones).
 
-        origin: SYNTHESIZED (at start) or RECOVERED (after a loss: mappings
-        already live, same start and inode, are skipped).  The daemon's own
+        origin: SYNTHESIZED (at start) or RECOVERED (after a loss).  skip_live
+        (default: origin is RECOVERED): mappings already live (same start and
+        inode) are skipped.  The daemon's own
         process is skipped in host mode.  A process that is gone or cannot be
         read is skipped.
         """
+        if skip_live is None:
+            skip_live = origin == RECOVERED
         pids = list(self.tracked) if self.tracked is not None else list(procfs.pids())
         me = os.getpid()
         for pid in pids:
@@ -135,7 +138,7 @@ class LossRecovery:
             comm = procfs.read_comm(pid)
             live = self.tables.live.get(pid, set())
             for m in maps:
-                if origin == RECOVERED and any(s == m.start and int.from_bytes(k[:8], "little") == m.ino
+                if skip_live and any(s == m.start and int.from_bytes(k[:8], "little") == m.ino
                                                for s, k in live):
                     continue
                 self._record_scanned(pid, comm, m, origin)
