@@ -290,6 +290,7 @@ class Tracer:
         pin_root: a bpffs directory where the loaded program is kept for the
             next start on this boot (kernel.pinned, Config.bpf_pin_root);
             None: compiled and loaded afresh, nothing kept.
+        btf: the kernel's BTF, already parsed (None: /sys/kernel/btf/vmlinux is).
         cache_dir: where what BCC compiled is kept across boots (kernel.progcache,
             Config.bpf_cache_dir); None: compiled at every start without pins.
 
@@ -307,11 +308,11 @@ class Tracer:
         ("raw_tracepoint", "task_rename"),
     )
 
-    def __init__(self, *, ring_bytes: int, btf_path: str = "/sys/kernel/btf/vmlinux",
+    def __init__(self, *, ring_bytes: int, btf: Btf | None = None,
                  pin_root: str | None = None, cache_dir: str | None = None):
         t0 = time.monotonic()
         ensure_tracefs()
-        btf = Btf.load(btf_path)
+        btf = btf or Btf.load()
         self.layout = kernel_layout(btf)
         page = os.sysconf("SC_PAGE_SIZE")
         self.nrings = max(1, min(MAX_RINGS, os.cpu_count() or 1))
