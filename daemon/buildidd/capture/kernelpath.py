@@ -20,6 +20,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from buildidd import heap
 from buildidd.config import Config
 from buildidd.errors import BuildiddError, ElfError
 from buildidd.kernel.btf import Btf
@@ -155,4 +156,6 @@ def load_programs(config: Config) -> tuple[KernelPath, Tracer]:
             tracer.close()
             raise
     kernel_path.apply(tracer)
+    del btf                 # ~10 MiB of Python objects; their pages go back now, not at the first trim
+    heap.trim()
     return kernel_path, tracer
