@@ -74,23 +74,33 @@ def test_a_window_of_zero_leaves_the_page_cache_alone(tmp_path):
 
 
 def test_each_segment_is_released_behind_its_own_writes(tmp_path):
-    """Rotation hands the next segment a fresh count: its first window is not released early."""
+    """After a rotation the next segment (which usually gets the same fd number) is counted
+    from 0: released behind its own writes, its first window not released early."""
     if _fs_is_tmpfs(tmp_path):
         pytest.skip("tmpfs pages cannot be dropped")
-    w = SessionWriter(tmp_path / "s", compress=False, max_segment_bytes=1 << 20)
+    w = SessionWriter(tmp_path / "s", compress=False, max_segment_bytes=2 << 20)
     w.write_behind.set_window(WINDOW)
+    batch = [LINE] * 100                      # ~41 KiB
     try:
-        for _ in range(60):                   # ~2.4 MiB: three segments
-            w.write_lines([LINE] * 100, trusted=True)
-        deadline = time.monotonic() + 10
-        while w.stats["page_cache_released_bytes"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert w.stats["segments_closed"] >= 2
+        while w.stats["segments_closed"] == 0:
+            w.write_lines(batch, trusted=True)
+        for _ in range(5):                    # ~200 KiB into the second segment: under 2 windows
+            w.write_lines(batch, trusted=True)
+        time.sleep(0.2)
         current = w.stats["current_segment"]
-        assert _resident_bytes(current) == _pages(w.current_segment_stats.size_bytes)   # < 2 windows: cached
+        assert _resident_bytes(current) == _pages(w.current_segment_stats.size_bytes)
+        released = w.stats["page_cache_released_bytes"]
+        for _ in range(40):                   # ~1.6 MiB more: several windows
+            w.write_lines(batch, trusted=True)
+        deadline = time.monotonic() + 10
+        while w.stats["page_cache_released_bytes"] < released + 2 * WINDOW and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert w.stats["current_segment"] == current and w.stats["segments_closed"] == 1
+        assert w.stats["page_cache_released_bytes"] >= released + 2 * WINDOW
+        assert _resident_bytes(current) <= 3 * WINDOW + 2 * 4096 < w.current_segment_stats.size_bytes
     finally:
         w.close()
-    assert len(list(read_session(tmp_path / "s"))) == 6000
+    assert len(list(read_session(tmp_path / "s"))) == w.stats["records_written"]
 
 
 @pytest.mark.parametrize("compress", [False, True])

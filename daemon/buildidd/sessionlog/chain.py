@@ -121,6 +121,8 @@ class SegmentChain:
         """
         segment = self.segment
         self.segment = None
+        if self.write_behind is not None:
+            self.write_behind.segment_closed()
         self.next_number = segment.stats.number + 1
         before = segment.stats.size_bytes
         error: OSError | None = None

@@ -88,10 +88,10 @@ class WriteBehind:
     Args:
         window_bytes: bytes kept behind the writer (rounded down to pages; 0 turns it off).
 
-    Attributes (read by stats; written by the thread):
-        released_bytes: bytes written back and dropped.
+    Attributes (read by SessionWriter.stats):
+        released_bytes: bytes written back and dropped (written by the thread).
         skipped: ranges left to the kernel because the thread was MAX_QUEUED behind.
-        errors: ranges that could not be synced or dropped.
+        errors: ranges that could not be queued, synced or dropped.
     """
 
     def __init__(self, window_bytes: int = WINDOW_BYTES):
@@ -113,6 +113,11 @@ class WriteBehind:
         if window_bytes < 0:
             raise ValueError(f"window_bytes must be >= 0, got {window_bytes}")
         self.window_bytes = window_bytes - window_bytes % mmap.PAGESIZE
+
+    def segment_closed(self) -> None:
+        """The open segment was closed (the writer, under its lock): the next one starts at 0.
+        Its fd number is no identity: the next segment usually gets the same one."""
+        self._fd, self._mark = -1, 0
 
     def written(self, fd: int, size_bytes: int) -> None:
         """The segment open as fd now holds size_bytes bytes (the writer, under its lock).

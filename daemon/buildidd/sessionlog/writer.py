@@ -284,7 +284,8 @@ class SessionWriter:
         ``io_error``), ``failing`` (the cause while writes fail, else
         ``None``), ``failing_since_ns`` (ns since boot), ``last_write_error``,
         ``page_cache_released_bytes`` (bytes written back and dropped behind the writer,
-        :mod:`.writebehind`), ``page_cache_release_errors``.
+        :mod:`.writebehind`), ``page_cache_release_errors``, ``page_cache_release_skipped`` (ranges
+        left to the kernel while the thread was behind).
         """
         chain = self._chain
         segment = chain.segment
@@ -306,6 +307,7 @@ class SessionWriter:
             "last_write_error": outage.last_error,
             "page_cache_released_bytes": self.write_behind.released_bytes,
             "page_cache_release_errors": self.write_behind.errors,
+            "page_cache_release_skipped": self.write_behind.skipped,
         }
 
     @property
