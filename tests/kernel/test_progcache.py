@@ -39,7 +39,8 @@ def compiled_cache(tmp_path_factory):
     d = tmp_path_factory.mktemp("bpfcache") / "cache"
     t = Tracer(ring_bytes=RING_BYTES, cache_dir=str(d))
     try:
-        assert not t.prog.cached and t.compile_s > 0 and t.prog.compiled is not None
+        assert not t.prog.cached and t.compile_s > 0
+        assert t.prog.compiled is None           # written to the cache, not kept for the run
         tags = {fn: _prog_tag(fd) for fn, fd in t.prog.progs.items()}
     finally:
         t.close()
@@ -220,6 +221,24 @@ def test_a_compiled_object_from_disk_is_checked_field_by_field():
         CompiledObject.from_json(doc)
 
 
+def test_capture_refuses_kfunc_calls_and_objects_it_could_not_make_again():
+    from buildidd.errors import ProbeError
+    from buildidd.kernel.compiled import CompiledMap, CompiledObject, CompiledProgram, _digest, capture_program
+    kfunc = struct.pack("<BBhi", 0x85, 2 << 4, 0, 1234) + struct.pack("<BBhi", 0x95, 0, 0, 0)
+    with pytest.raises(ProbeError, match="kernel function"):
+        capture_program("f", "raw_tracepoint", kfunc, {})
+    ret = struct.pack("<BBhi", 0x95, 0, 0, 0)
+    prog = CompiledProgram("f", "raw_tracepoint", ret, ())
+    for maps, progs, match in (
+            ((CompiledMap("m", 2, 4, 8, 1, 0, "m"), CompiledMap("m", 2, 4, 8, 1, 0, "m")), (prog,), "twice"),
+            ((CompiledMap("m", 2, 4, 8, 1, 0, "m"),), (prog, prog), "twice"),
+            ((CompiledMap("m", 12, 4, 4, 1, 0, "m"),), (prog,), "cannot be made")):   # array of maps
+        doc = CompiledObject(maps, progs).to_json()
+        doc["sha256"] = _digest(doc["body"])
+        with pytest.raises(ValueError, match=match):
+            CompiledObject.from_json(doc)
+
+
 def test_the_key_follows_the_cflags(bpf):
     from buildidd.kernel.loader import LoadSpec
     from buildidd.kernel.progcache import cache_key
@@ -227,3 +246,28 @@ def test_the_key_follows_the_cflags(bpf):
     src = os.path.join(BPF_DIR, "pagecache_probe.bpf.c")
     a, b = LoadSpec(src, ("-DX=1",)), LoadSpec(src, ("-DX=2",))
     assert cache_key(a) == cache_key(LoadSpec(src, ("-DX=1",))) != cache_key(b)
+
+
+def test_pins_and_cache_together_a_boot_loads_from_the_cache_then_pins_it(bpf, compiled_cache):
+    """No pins yet, the cache warm (the first start of a boot): loaded from the cache and pinned;
+    the next start (a restart) takes the pins."""
+    from buildidd.kernel.pinned import _ensure_bpffs
+    from buildidd.kernel.tracer import Tracer
+    d, tags = compiled_cache
+    root = f"/sys/fs/bpf/buildidd-test-cache-{os.getpid()}"
+    _ensure_bpffs(root)
+    try:
+        t = Tracer(ring_bytes=RING_BYTES, pin_root=root, cache_dir=str(d))
+        try:
+            assert t.prog.cached and not t.prog.reused and t.compile_s == 0
+        finally:
+            t.close()
+        assert [n for n in os.listdir(root) if n.startswith("buildidd_bpf-")]
+        t = Tracer(ring_bytes=RING_BYTES, pin_root=root, cache_dir=str(d))
+        try:
+            assert t.prog.reused and not t.prog.cached
+            assert {fn: _prog_tag(fd) for fn, fd in t.prog.progs.items()} == tags
+        finally:
+            t.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from buildidd import heap
@@ -108,8 +108,9 @@ def check_kernel_path_now(work_dir: str | None = None, pin_root: str | None = No
 
 
 def configured_kernel_path(config: Config, btf: Btf | None = None) -> KernelPath:
-    """:func:`check_kernel_path_now` (its probe kept under Config.bpf_pin_root), or off without a
-    check when Config.kernel_build_id is false.  btf: the kernel's, already parsed (None: parsed here)."""
+    """:func:`check_kernel_path_now` (its probe kept under Config.bpf_pin_root, what BCC compiled
+    in Config.bpf_cache_dir), or off without a check when Config.kernel_build_id is false.  btf:
+    the kernel's, already parsed (None: parsed here)."""
     if not config.kernel_build_id:
         return KernelPath(False, "kernel_build_id = false in the config")
     return check_kernel_path_now(pin_root=config.bpf_pin_root or None, cache_dir=config.bpf_cache_dir or None,
@@ -148,7 +149,7 @@ def load_programs(config: Config) -> tuple[KernelPath, Tracer]:
         try:
             tracer = configured_tracer(config, btf)
         except BaseException:
-            check.result()
+            wait([check])               # its probe closes itself; the Tracer's error is the one raised
             raise
         try:
             kernel_path = check.result()

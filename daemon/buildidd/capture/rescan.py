@@ -136,10 +136,10 @@ class LossRecovery:
             except OSError:
                 continue
             comm = procfs.read_comm(pid)
-            live = self.tables.live.get(pid, set())
+            live = {(s, int.from_bytes(k[:8], "little")) for s, k in self.tables.live.get(pid, ())} \
+                if skip_live else set()
             for m in maps:
-                if skip_live and any(s == m.start and int.from_bytes(k[:8], "little") == m.ino
-                                               for s, k in live):
+                if (m.start, m.ino) in live:
                     continue
                 self._record_scanned(pid, comm, m, origin)
 

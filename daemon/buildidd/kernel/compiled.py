@@ -10,9 +10,12 @@ BPF_OBJ_GET_INFO_BY_FD of the map BCC made).  Every map reference is a
 name, so :mod:`buildidd.kernel.progcache` can create the maps again in
 another process, on another boot, and write its own fds back.
 
-A program with any other pseudo source (a map value, a BTF id, a kfunc: none
-in our sources today) is not captured: it raises, and that program is simply
-compiled at every first start, as before.
+An LD_IMM64 with any other pseudo source (a map value, a BTF id, a function:
+none in our sources today), a call of a kernel function (BPF_PSEUDO_KFUNC_CALL,
+whose BTF id belongs to one kernel) or a map type outside :data:`MAP_TYPES`
+(map-in-map, storage and BTF-typed maps need more than BPF_MAP_CREATE's sizes)
+is not captured: it raises, nothing of that source is cached, and its first
+starts compile as before.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import struct
 from dataclasses import dataclass
 
 from buildidd.errors import ProbeError
+from buildidd.kernel.bpfsys import MapType
 
 __all__ = ["CompiledMap", "CompiledProgram", "CompiledObject", "capture_program", "PROG_TYPES"]
 
@@ -35,6 +39,13 @@ INSN = struct.Struct("<BBhi")
 LD_IMM64 = 0x18
 #: src_reg of an LD_IMM64 whose imm is a map fd.
 PSEUDO_MAP_FD = 1
+#: BPF_JMP | BPF_CALL, and the src_reg of a call of a kernel function (kfunc).
+CALL = 0x85
+PSEUDO_KFUNC_CALL = 2
+#: enum bpf_map_type values a CompiledMap can make again from its sizes and flags alone.
+MAP_TYPES = frozenset({MapType.HASH, MapType.ARRAY, MapType.PROG_ARRAY, MapType.PERF_EVENT_ARRAY,
+                       MapType.PERCPU_HASH, MapType.PERCPU_ARRAY, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH,
+                       MapType.RINGBUF})
 #: The verifier's limit on a program's instructions (BPF_COMPLEXITY_LIMIT_INSNS).
 MAX_INSNS = 1_000_000
 #: Bounds a cached object must respect (it is read from disk, see progcache).
@@ -131,6 +142,10 @@ class CompiledObject:
             maps = tuple(CompiledMap(_text(n), _u32(t), _u32(k), _u32(v), _u32(e), _u32(f), _text(kn))
                          for n, t, k, v, e, f, kn in body["maps"])
             names = {m.name for m in maps}
+            if len(names) != len(maps) or len({p[0] for p in body["programs"]}) != len(body["programs"]):
+                raise ValueError("a map or program named twice")
+            if any(m.type not in MAP_TYPES for m in maps):
+                raise ValueError("a map of a type that cannot be made again from its sizes")
             programs = []
             for fn, kind, insns, refs, eat, btf_id in body["programs"]:
                 code = base64.b64decode(_text(insns), validate=True)
@@ -149,7 +164,8 @@ def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[
     Args:
         fd_names: the child's map fd → BCC table name.
     Raises:
-        ProbeError: an LD_IMM64 whose source is not a map fd of fd_names, or a malformed array.
+        ProbeError: an LD_IMM64 whose source is not a map fd of fd_names, a kfunc call, or a
+            malformed array.
     """
     if len(insns) % 8 or not 0 < len(insns) // 8 <= MAX_INSNS:
         raise ProbeError(f"{function}: {len(insns)} bytes of instructions")
@@ -158,6 +174,8 @@ def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[
     i = 0
     while i < len(insns) // 8:
         code, regs, _off, imm = INSN.unpack_from(insns, i * 8)
+        if code == CALL and regs >> 4 == PSEUDO_KFUNC_CALL:
+            raise ProbeError(f"{function}: instruction {i} calls a kernel function (not cached)")
         if code == LD_IMM64:
             src = regs >> 4
             if src == PSEUDO_MAP_FD and imm in fd_names:

@@ -24,13 +24,11 @@ to the open files, not to the process that opened them):
   parent must keep that map's fd open for tail calls to keep working;
 - a map: every program using it, and the fd the parent holds.
 
-Closing the attachment fds (:meth:`LoadedProgram.close`) detaches.  The
-alternative the footprint issue lists (cache BCC's output keyed by the kernel's
-build-id and the source hash, and load it with raw bpf(2) calls) is not done:
-it means re-implementing BCC's loader (map creation, relocation of map fds
-into instructions, BTF, the TRACEPOINT_PROBE naming).  Instead, the daemon
-keeps what the child loaded pinned in bpffs for its next start on this boot
-(kernel.pinned), which saves the compile and the verifier both.
+Closing the attachment fds (:meth:`LoadedProgram.close`) detaches.  The child
+also sends what BCC compiled as data (kernel.compiled: instructions with their
+map references by name, map definitions), which kernel.progcache keeps on disk
+and loads with plain bpf(2) calls at a later first start; on a restart the
+daemon takes back what was pinned in bpffs (kernel.pinned) instead.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from dataclasses import dataclass, field
 
 from buildidd.errors import ProbeError
 from buildidd.kernel.bpfsys import BPF_TRACE_ITER, MapRef, map_info
-from buildidd.kernel.compiled import CompiledMap, CompiledObject, capture_program
+from buildidd.kernel.compiled import MAP_TYPES, CompiledMap, CompiledObject, capture_program
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +104,12 @@ class LoadSpec:
     tail_calls: tuple[TailCall, ...] = ()
     required_tracepoints: tuple[str, ...] = ()
     iterators: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The source's name as bpffs and file names take it (no dot): ``buildidd_bpf`` for
+        ``buildidd.bpf.c``."""
+        return os.path.splitext(os.path.basename(self.src_file))[0].replace(".", "_")
 
     def to_json(self) -> bytes:
         """The spec as the child reads it."""
@@ -419,6 +423,8 @@ def _capture(b, tables: list[tuple[str, int]], kinds: dict[str, str]) -> Compile
     maps = []
     for name, fd in tables:
         info = map_info(fd)
+        if info.type not in MAP_TYPES:
+            raise ProbeError(f"map {name}: type {info.type} is not made again from its sizes")
         maps.append(CompiledMap(name, int(info.type), info.key_size, info.value_size, info.max_entries,
                                 info.flags, info.name))
     programs = []

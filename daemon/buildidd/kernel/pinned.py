@@ -35,6 +35,7 @@ import os
 import shutil
 import stat
 import struct
+import threading
 import time
 from typing import Callable
 
@@ -65,6 +66,7 @@ class _ObjAttr(ctypes.Structure):
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_MOUNT_LOCK = threading.Lock()
 
 
 def spec_key(spec: LoadSpec) -> str:
@@ -95,9 +97,10 @@ def load_pinned(spec: LoadSpec, root: str,
         ProbeError: as loader.load.
     """
     try:
-        _ensure_bpffs(root)
+        with _MOUNT_LOCK:              # two loads at once (capture.kernelpath) must not mount twice
+            _ensure_bpffs(root)
         key = spec_key(spec)
-        lock = _lock(root, _pin_name(spec))
+        lock = _lock(root, spec.name)
     except (OSError, ProbeError) as e:
         log.info("BPF pins not used (%s): loading afresh", e)
         return fresh(spec)
@@ -110,14 +113,9 @@ def load_pinned(spec: LoadSpec, root: str,
         raise
 
 
-def _pin_name(spec: LoadSpec) -> str:
-    """The source's name as bpffs takes it (no dot): ``buildidd_bpf`` for buildidd.bpf.c."""
-    return os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
-
-
 def _load_locked(spec: LoadSpec, root: str, key: str, lock: int,
                  fresh: Callable[[LoadSpec], LoadedProgram]) -> LoadedProgram:
-    name = _pin_name(spec)
+    name = spec.name
     pin_dir = os.path.join(root, f"{name}-{key}")
     if os.path.isdir(pin_dir):
         t0 = time.monotonic()

@@ -88,7 +88,9 @@ def load_program(spec: LoadSpec, pin_root: str | None = None, cache_dir: str | N
         ProbeError: as kernel.loader.load.
     """
     def fresh(s: LoadSpec) -> LoadedProgram:
-        return load_compiled(s, cache_dir) if cache_dir else load(s)
+        loaded = load_compiled(s, cache_dir) if cache_dir else load(s)
+        loaded.compiled = None         # written to the cache, or not wanted: not kept for the run
+        return loaded
     return load_pinned(spec, pin_root, fresh) if pin_root else fresh(spec)
 
 
@@ -122,7 +124,7 @@ def load_compiled(spec: LoadSpec, cache_dir: str) -> LoadedProgram:
     Raises:
         ProbeError: as kernel.loader.load.
     """
-    name = os.path.splitext(os.path.basename(spec.src_file))[0].replace(".", "_")
+    name = spec.name
     try:
         key = cache_key(spec)
         dir_fd = _open_dir(cache_dir)
@@ -142,7 +144,11 @@ def load_compiled(spec: LoadSpec, cache_dir: str) -> LoadedProgram:
                 log.warning("cached BPF program %s/%s not loaded (%s): compiling", cache_dir, entry, e)
                 _unlink(dir_fd, entry)
         loaded = load(spec)
-        if loaded.compiled is not None:
+        try:
+            same = cache_key(spec) == key      # not the sources of an upgrade made during the compile
+        except OSError:
+            same = False
+        if loaded.compiled is not None and same:
             _write(dir_fd, entry, key, loaded.compiled, name)
         return loaded
     finally:
@@ -163,7 +169,11 @@ def load_object(obj: CompiledObject, spec: LoadSpec) -> LoadedProgram:
             fd = bpf(BPF_MAP_CREATE, _MapCreateAttr(
                 map_type=m.type, key_size=m.key_size, value_size=m.value_size, max_entries=m.max_entries,
                 map_flags=m.flags, map_name=m.kernel_name.encode()[:15]))
-            loaded.maps[m.name] = MapRef(fd, map_info(fd))
+            try:
+                loaded.maps[m.name] = MapRef(fd, map_info(fd))
+            except BaseException:
+                os.close(fd)
+                raise
         fds = {name: ref.fd for name, ref in loaded.maps.items()}
         workers = max(1, min(len(obj.programs), os.cpu_count() or 1))
         # Largest first: the verifier's time grows with the program, and two CPUs then share it evenly.
@@ -277,8 +287,9 @@ def _write(dir_fd: int, entry: str, key: str, obj: CompiledObject, name: str) ->
         log.warning("BPF compile cache entry %s not written (%s): the next first start compiles", entry, e)
         _unlink(dir_fd, tmp)
         return
-    for other in os.listdir(dir_fd):
-        if other.startswith(f"{name}-") and other.endswith(".json") and other != entry:
+    for other in os.listdir(dir_fd):     # other keys of this source; temporary files a crash left
+        if (other.startswith(f"{name}-") and other.endswith(".json") and other != entry
+                or other.startswith(f".{name}-") and other.endswith(".tmp")):
             _unlink(dir_fd, other)
 
 

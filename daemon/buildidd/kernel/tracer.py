@@ -12,6 +12,7 @@ import errno
 import gzip
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -214,12 +215,16 @@ def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
     Raises:
         ProbeError: the mount failed.
     """
-    if os.path.exists(os.path.join(path, "events")):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(b"nodev", path.encode(), b"tracefs", 0, None) != 0:
-        err = ctypes.get_errno()
-        raise ProbeError(f"cannot mount tracefs at {path}: {os.strerror(err)}")
+    with _TRACEFS_LOCK:             # two loads at once (capture.kernelpath) must not mount twice
+        if os.path.exists(os.path.join(path, "events")):
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mount(b"nodev", path.encode(), b"tracefs", 0, None) != 0:
+            err = ctypes.get_errno()
+            raise ProbeError(f"cannot mount tracefs at {path}: {os.strerror(err)}")
+
+
+_TRACEFS_LOCK = threading.Lock()
 
 
 #: Ring buffers at most (bpf/buildidd.bpf.c declares events0..events7).
