@@ -90,6 +90,22 @@ def session_records(session_dir) -> list[dict]:
     return list(read_session(session_dir))
 
 
+def recorded_exec(rec, argv: list[str], timeout_s: float = 10.0) -> list[dict]:
+    """Run argv, step the Recorder rec until its session holds the exec record of argv[0]
+    (as filename) or timeout_s passes; those records (empty: none came)."""
+    import time
+
+    subprocess.run(argv, check=True)
+    deadline = time.monotonic() + timeout_s
+    seen: list[dict] = []
+    while time.monotonic() < deadline and not seen:
+        rec.step()
+        seen = [r for r in session_records(rec.session_dir)
+                if r["type"] == "exec" and r.get("filename") == argv[0]]
+        time.sleep(0.05)
+    return seen
+
+
 assert shutil.which("gcc"), "gcc is needed to build test inputs"
 
 

@@ -9,11 +9,10 @@ import os
 import shutil
 import struct
 import subprocess
-import time
 
 import pytest
 
-from conftest import session_records
+from conftest import recorded_exec, session_records
 
 RING_BYTES = 2 << 20
 
@@ -101,14 +100,7 @@ def test_daemon_restart_reuses_the_program_and_records(recorder, pin_root):
     rec = recorder(bpf_pin_root=pin_root)
     session = session_records(rec.session_dir)[0]
     assert session["bpf_reused"] is True and session["bpf_compile_s"] == 0
-    subprocess.run(["/bin/true"], check=True)
-    deadline = time.monotonic() + 10
-    seen = []
-    while time.monotonic() < deadline and not seen:
-        rec.step()
-        seen = [r for r in session_records(rec.session_dir)
-                if r["type"] == "exec" and r.get("filename") == "/bin/true"]
-        time.sleep(0.05)
+    seen = recorded_exec(rec, ["/bin/true"])
     assert seen and seen[0]["build_id"] and seen[0]["build_id_source"] == "kernel", seen
 
 

@@ -9,12 +9,10 @@ import os
 import shutil
 import stat
 import struct
-import subprocess
-import time
 
 import pytest
 
-from conftest import session_records
+from conftest import recorded_exec, session_records
 
 RING_BYTES = 2 << 20
 
@@ -84,14 +82,7 @@ def test_a_first_start_of_a_boot_records_from_the_cache(recorder, compiled_cache
     session = session_records(rec.session_dir)[0]
     assert session["bpf_cached"] is True and session["bpf_reused"] is False and session["bpf_compile_s"] == 0
     assert session["kernel_build_id_path"] == {"enabled": True, "reason": None}
-    subprocess.run(["/bin/true"], check=True)
-    deadline = time.monotonic() + 10
-    seen = []
-    while time.monotonic() < deadline and not seen:
-        rec.step()
-        seen = [r for r in session_records(rec.session_dir)
-                if r["type"] == "exec" and r.get("filename") == "/bin/true"]
-        time.sleep(0.05)
+    seen = recorded_exec(rec, ["/bin/true"])
     assert seen and seen[0]["build_id"] and seen[0]["build_id_source"] == "kernel", seen
 
 
