@@ -209,22 +209,23 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     return out
 
 
+#: Serializes ensure_tracefs: the probe and the main program load at once (capture.kernelpath).
+_TRACEFS_LOCK = threading.Lock()
+
+
 def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
     """Mount tracefs at path when it is not mounted (BCC resolves syscall tracepoints there).
 
     Raises:
         ProbeError: the mount failed.
     """
-    with _TRACEFS_LOCK:             # two loads at once (capture.kernelpath) must not mount twice
+    with _TRACEFS_LOCK:
         if os.path.exists(os.path.join(path, "events")):
             return
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.mount(b"nodev", path.encode(), b"tracefs", 0, None) != 0:
             err = ctypes.get_errno()
             raise ProbeError(f"cannot mount tracefs at {path}: {os.strerror(err)}")
-
-
-_TRACEFS_LOCK = threading.Lock()
 
 
 #: Ring buffers at most (bpf/buildidd.bpf.c declares events0..events7).

@@ -99,8 +99,7 @@ class WriteBehind:
         self.released_bytes = 0
         self.skipped = 0
         self.errors = 0
-        self._fd = -1                 # the segment fd last seen (the writer's, not ours)
-        self._mark = 0                # bytes of it already handed over
+        self._mark = 0                # bytes of the open segment already handed over
         self._queue: queue.Queue[tuple[int, int, int] | None] = queue.Queue(MAX_QUEUED)
         self._thread: threading.Thread | None = None
 
@@ -116,16 +115,14 @@ class WriteBehind:
 
     def segment_closed(self) -> None:
         """The open segment was closed (the writer, under its lock): the next one starts at 0.
-        Its fd number is no identity: the next segment usually gets the same one."""
-        self._fd, self._mark = -1, 0
+        (Its fd number is no identity: the next segment usually gets the same one.)"""
+        self._mark = 0
 
     def written(self, fd: int, size_bytes: int) -> None:
         """The segment open as fd now holds size_bytes bytes (the writer, under its lock).
 
         Never raises: a range that cannot be queued is left to the kernel.
         """
-        if fd != self._fd:
-            self._fd, self._mark = fd, 0
         if not self.window_bytes or size_bytes - self._mark < 2 * self.window_bytes:
             return
         end = (size_bytes - self.window_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
