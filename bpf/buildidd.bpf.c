@@ -72,6 +72,23 @@ struct pending_mprotect {
 };
 #endif
 
+/*
+ * What the user opened: file->f_path and file->f_inode, except for an
+ * overlayfs backing file (FMODE_BACKING, Linux 6.6, commit 62d53c4a1dfe:
+ * ovl_mmap() puts the real file in vma->vm_file), embedded in a struct
+ * backing_file whose user_path is the overlay path; its dentry's inode is
+ * the overlay inode that stat(2) and /proc/PID/maps show.
+ */
+#define FMODE_BACKING	(1U << 24)	/* include/linux/fs.h */
+
+struct user_view {
+	const void *dentry;	/* struct dentry * */
+	const void *vfsmnt;	/* struct vfsmount * */
+	const void *inode;	/* struct inode * */
+	const void *mapping;	/* file->f_mapping: the page cache of the mapped (real) file */
+	const void *real_inode;	/* file->f_inode: the mapped file's inode (on overlayfs the real one) */
+};
+
 struct map_scratch {
 	struct map_event ev;
 	/* read_path's walk state */
@@ -79,11 +96,20 @@ struct map_scratch {
 	__u32 w_off, w_done;		/* w_done: 1 at the root, 2 a read failed */
 	__u8 w_dent[DENTRY_SPAN_LEN];	/* struct dentry from DENTRY_SPAN_BASE */
 	char buf[2 * BUILDIDD_PATH_MAX];	/* path assembled backwards from its end */
+	/*
+	 * The event's file and its file system's magic, kept here rather than
+	 * on the stack across read_path: a value live in a register or stack
+	 * slot through the walk's loop, and different on two paths into it,
+	 * makes the verifier follow the whole loop once per path.
+	 */
+	struct user_view u;
+	__u64 magic;
 };
 
 struct exec_scratch {
 	struct exec_event ev;
 	__u64 auxv[AUXV_LEN];
+	__u64 at_phdr, at_base, at_entry;	/* found in auxv; 0: absent */
 };
 
 /*
@@ -242,13 +268,25 @@ static __always_inline __u64 wake_flag(__u64 size)
 	return BPF_RB_FORCE_WAKEUP;
 }
 
+/*
+ * output_event's wake-up flag, this CPU's: the retry loop reads it from
+ * memory.  Kept in a register, it would be one of two constants, and the
+ * verifier would follow the OUTPUT_TRIES iterations once for each.
+ */
+BPF_PERCPU_ARRAY(output_flags, __u64, 1);
+
+/* Output size bytes of data. */
 static __always_inline void output_event(void *data, __u64 size)
 {
-	__u64 flags = wake_flag(size);
+	__u32 zero = 0;
+	__u64 *flags = output_flags.lookup(&zero);
 	int i;
 
+	if (!flags)
+		return;
+	*flags = wake_flag(size);
 	for (i = 0; i < OUTPUT_TRIES; i++) {
-		if (!ring_output(data, size, flags))
+		if (!ring_output(data, size, *flags))
 			return;
 	}
 	count_drop(BUILDIDD_DROP_RINGBUF_FULL);
@@ -312,23 +350,6 @@ static __always_inline void fill_task_header(struct event_header *h, __u32 type,
 	h->time_ns = bpf_ktime_get_boot_ns();
 	bpf_probe_read_kernel(h->comm, sizeof(h->comm), AT(task, OFF_TASK_STRUCT_COMM));
 }
-
-/*
- * What the user opened: file->f_path and file->f_inode, except for an
- * overlayfs backing file (FMODE_BACKING, Linux 6.6, commit 62d53c4a1dfe:
- * ovl_mmap() puts the real file in vma->vm_file), embedded in a struct
- * backing_file whose user_path is the overlay path; its dentry's inode is
- * the overlay inode that stat(2) and /proc/PID/maps show.
- */
-#define FMODE_BACKING	(1U << 24)	/* include/linux/fs.h */
-
-struct user_view {
-	const void *dentry;	/* struct dentry * */
-	const void *vfsmnt;	/* struct vfsmount * */
-	const void *inode;	/* struct inode * */
-	const void *mapping;	/* file->f_mapping: the page cache of the mapped (real) file */
-	const void *real_inode;	/* file->f_inode: the mapped file's inode (on overlayfs the real one) */
-};
 
 /* struct file's f_mode, f_mapping, f_inode and f_path lie within FILE_SPAN_LEN bytes (tracer.py). */
 #define FILE_FIELD(buf, off, type) (*(type *)((buf) + (off) - FILE_SPAN_BASE))
@@ -689,27 +710,29 @@ static __always_inline void read_build_id(const struct user_view *u, __u64 magic
 	struct pagecache_bases *b;
 	struct bid_memo *ms;
 	__u32 zero = 0;
+	__u64 size;
 
 	pcs = pagecache_scratch.lookup(&slot);
 	b = pagecache_bases.lookup(&zero);
 	ms = memo_scratch.lookup(&slot);
-	if (ev->id_flags & BUILDIDD_FILE_BACKING) {
-		__u64 size = rd64(AT(u->real_inode, OFF_INODE_I_SIZE));
-
-		pagecache_build_id(u->mapping, size, &ev->bid, pcs, b);
-		return;
-	}
 	if (!ms)
 		return;
-	if (memo_answer(u->inode, magic, ev, ms))
-		return;
+	if (ev->id_flags & BUILDIDD_FILE_BACKING) {
+		ms->confirmed = 0;	/* read every time, never remembered */
+		size = rd64(AT(u->real_inode, OFF_INODE_I_SIZE));
+	} else {
+		if (memo_answer(u->inode, magic, ev, ms))
+			return;
+		size = ev->file.size;
+	}
 	/*
-	 * Nothing but memory is live across the page-cache walk (ms->confirmed
-	 * holds memo_answer's verdict): a register that differed between
-	 * memo_answer's outcomes would multiply the states the verifier follows
+	 * One page-cache walk for both kinds of file (the program holds one
+	 * copy of it), and nothing but memory is live across it
+	 * (ms->confirmed holds memo_answer's verdict): a register that differed
+	 * between the branches would multiply the states the verifier follows
 	 * through the walk's loops.
 	 */
-	pagecache_build_id(u->mapping, ev->file.size, &ev->bid, pcs, b);
+	pagecache_build_id(u->mapping, size, &ev->bid, pcs, b);
 	memo_learn(u->inode, ev, ms);
 }
 
@@ -721,19 +744,17 @@ static __always_inline void read_build_id(const struct user_view *u, __u64 magic
 static __always_inline int prepare_map_event(struct map_scratch *s, const void *file, __u32 slot)
 {
 	struct map_event *ev = &s->ev;
-	struct user_view u;
 	__u32 off, plen;
-	__u64 magic;
 
 	ev->id_flags = 0;
 	ev->path_len = 0;
-	if (user_view(file, &u, &ev->id_flags) || read_file_id(u.inode, &ev->file, &magic))
+	if (user_view(file, &s->u, &ev->id_flags) || read_file_id(s->u.inode, &ev->file, &s->magic))
 		return -1;
-	off = read_path(&u, s, &ev->id_flags);
+	off = read_path(&s->u, s, &ev->id_flags);
 	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
 	bpf_probe_read_kernel(ev->path, plen, s->buf + (off & PATH_MASK));
 	ev->path_len = plen;
-	read_build_id(&u, magic, ev, slot);
+	read_build_id(&s->u, s->magic, ev, slot);
 	return plen;
 }
 
@@ -1005,6 +1026,14 @@ struct exec_stage {
 	__u64 cur;		/* the address from which to look on */
 	__u32 leaves;		/* leaves still to look at for this file */
 	__u32 nfound;		/* entries of found[] filled by this leaf */
+	/*
+	 * The scan's outcome, kept here while found[] is emitted: in registers,
+	 * each of their values would have the verifier follow the emission
+	 * (and output_event's retries) once more.
+	 */
+	__u64 scan_end;		/* where the scan stopped: the end of the last VMA of the file */
+	__u64 last_pivot;	/* pivot of the last slot the scan looked at */
+	__u32 leaf_end;		/* 0: the file ends here, 1: it may go on in the next leaf, 2: found[] full */
 	struct {
 		__u64 start, len, pgoff;
 		__u32 prot, flags;
@@ -1038,9 +1067,7 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	struct exec_scratch *s;
 	struct map_scratch *ms;
 	struct exec_stage *st;
-	struct user_view u;
-	__u64 at_phdr = 0, at_base = 0, at_entry = 0, magic;
-	__u32 zero = 0, size, flen, plen, off, compat = 0;
+	__u32 zero = 0, size, flen, plen, compat = 0;
 	int i, n;
 
 	s = exec_scratch.lookup(&zero);
@@ -1053,17 +1080,19 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	s->ev.id_flags = 0;
 	/* At this tracepoint bprm->file is the ELF that runs (exec_binprm() swapped a #! script for its interpreter). */
 	file = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILE));
-	if (!file || user_view(file, &u, &s->ev.id_flags) || read_file_id(u.inode, &s->ev.file, &magic)) {
+	if (!file || user_view(file, &ms->u, &s->ev.id_flags) ||
+	    read_file_id(ms->u.inode, &s->ev.file, &ms->magic)) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return 0;
 	}
+	/* Nothing of the event but memory lives through the path walk (see struct map_scratch). */
+	read_path(&ms->u, ms, &s->ev.id_flags);
 	filename = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILENAME));
 	n = bpf_probe_read_kernel_str(s->ev.names, BUILDIDD_PATH_MAX, filename);
 	flen = (n > 0 ? n - 1 : 0) & PATH_MASK;
 	s->ev.filename_len = flen;
-	off = read_path(&u, ms, &s->ev.id_flags);
-	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
-	bpf_probe_read_kernel(s->ev.names + flen, plen, ms->buf + (off & PATH_MASK));
+	plen = (BUILDIDD_PATH_MAX - ms->w_off) & PATH_MASK;
+	bpf_probe_read_kernel(s->ev.names + flen, plen, ms->buf + (ms->w_off & PATH_MASK));
 	s->ev.path_len = plen;
 	size = offsetof(struct exec_event, names) + flen + plen;
 	if (size > sizeof(s->ev))
@@ -1080,6 +1109,7 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	/* An i386 process: create_elf_tables() wrote 32-bit (elf_addr_t) pairs. */
 	compat = rd32(AT(task, OFF_TASK_STRUCT_THREAD_INFO_STATUS)) & TS_COMPAT;
 #endif
+	s->at_phdr = s->at_base = s->at_entry = 0;
 	for (i = 0; i < AUXV_LEN; i++) {
 		__u64 type, val;
 
@@ -1093,18 +1123,19 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 			val = s->auxv[2 * i + 1];
 		}
 
+		/* Into memory, not registers: the loop then verifies once, not once per combination. */
 		if (type == AT_NULL)
 			break;
 		if (type == AT_PHDR)
-			at_phdr = val;
+			s->at_phdr = val;
 		else if (type == AT_BASE)
-			at_base = val;
+			s->at_base = val;
 		else if (type == AT_ENTRY)
-			at_entry = val;
+			s->at_entry = val;
 	}
 	st->mm = mm;
-	st->addr[0] = at_phdr ? at_phdr : at_entry;
-	st->addr[1] = at_base;
+	st->addr[0] = s->at_phdr ? s->at_phdr : s->at_entry;
+	st->addr[1] = s->at_base;
 	st->k = 0;
 	st->file = NULL;
 	exec_tail.call(ctx, 0);
@@ -1212,6 +1243,9 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 			break;
 		}
 	}
+	st->scan_end = cur;
+	st->last_pivot = last_pivot;
+	st->leaf_end = leaf_end;
 	/* Emitted outside the scan: the verifier then walks output_event's retries once per entry. */
 	for (n = 0; n < EXEC_BATCH; n++) {
 		if (n >= st->nfound)
@@ -1224,10 +1258,11 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 		submit_map_event(s);
 	}
 	st->nfound = 0;
+	cur = st->scan_end;
 	/* Past the leaf's last slot: the file may go on in the next leaf. */
-	if (leaf_end == 1 && last_pivot + 1 > cur)
-		cur = last_pivot + 1;
-	if (!leaf_end || cur <= st->cur) {
+	if (st->leaf_end == 1 && st->last_pivot + 1 > cur)
+		cur = st->last_pivot + 1;
+	if (!st->leaf_end || cur <= st->cur) {
 		exec_next_file(ctx, st);
 		return 0;
 	}
