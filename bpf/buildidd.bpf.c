@@ -268,25 +268,13 @@ static __always_inline __u64 wake_flag(__u64 size)
 	return BPF_RB_FORCE_WAKEUP;
 }
 
-/*
- * output_event's wake-up flag, this CPU's: the retry loop reads it from
- * memory.  Kept in a register, it would be one of two constants, and the
- * verifier would follow the OUTPUT_TRIES iterations once for each.
- */
-BPF_PERCPU_ARRAY(output_flags, __u64, 1);
-
-/* Output size bytes of data. */
 static __always_inline void output_event(void *data, __u64 size)
 {
-	__u32 zero = 0;
-	__u64 *flags = output_flags.lookup(&zero);
+	__u64 flags = wake_flag(size);
 	int i;
 
-	if (!flags)
-		return;
-	*flags = wake_flag(size);
 	for (i = 0; i < OUTPUT_TRIES; i++) {
-		if (!ring_output(data, size, *flags))
+		if (!ring_output(data, size, flags))
 			return;
 	}
 	count_drop(BUILDIDD_DROP_RINGBUF_FULL);
