@@ -15,6 +15,7 @@
 #include "events.h"
 #include "pagecache.h"
 #include "buildid_memo.h"
+#include "callbacks.h"
 
 #define PROT_EXEC	0x4
 #define MAP_SHARED	0x01
@@ -36,14 +37,13 @@
 #define NAME_MASK	255		/* a dentry name is at most NAME_MAX (255) bytes */
 /*
  * Dentries walked per path (mount roots crossed count too).  A path of
- * BUILDIDD_PATH_MAX - 1 bytes has up to 2047 components ("/a" each); 1024
- * steps is what the verifier accepts here (2048: "sequence of 8193 jumps is
- * too complex"; 1536: sched_process_exec over its limit), so a path of more
- * than about 1000 components is sent cut (its end), with
- * BUILDIDD_PATH_UNREACHABLE.
+ * BUILDIDD_PATH_MAX - 1 bytes has up to 2047 components ("/a" each): the
+ * walk is a bpf_loop, whose callback the verifier checks once, so its bound
+ * costs nothing to verify.  A deeper path (mount roots crossed) is sent cut
+ * (its end), with BUILDIDD_PATH_UNREACHABLE.
  */
 #ifndef PATH_MAX_DEPTH
-#define PATH_MAX_DEPTH	1024
+#define PATH_MAX_DEPTH	(BUILDIDD_PATH_MAX / 2 + 64)
 #endif
 #ifndef MAPLE_MAX_DEPTH
 #define MAPLE_MAX_DEPTH	8		/* maple tree levels walked */
@@ -94,6 +94,7 @@ struct map_scratch {
 	/* read_path's walk state */
 	const void *w_dentry, *w_mnt, *w_root;
 	__u32 w_off, w_done;		/* w_done: 1 at the root, 2 a read failed */
+	__u32 w_flags;			/* BUILDIDD_PATH_TRUNCATED when the walk cut the path */
 	__u8 w_dent[DENTRY_SPAN_LEN];	/* struct dentry from DENTRY_SPAN_BASE */
 	char buf[2 * BUILDIDD_PATH_MAX];	/* path assembled backwards from its end */
 	/*
@@ -410,79 +411,104 @@ static __always_inline int read_file_id(const void *inode, struct file_id *id, _
 #define DENTRY_FIELD(buf, off, type) (*(type *)((buf) + (off) - DENTRY_SPAN_BASE))
 
 /*
+ * One step of read_path's walk: the dentry s->w_dentry, or the crossing of a
+ * mount root.  Returns 1 when the walk is over (s->w_done set), else 0.
+ */
+static __always_inline int path_step(struct map_scratch *s)
+{
+	const void *dentry = s->w_dentry, *mnt = s->w_mnt;
+	const void *parent, *name;
+	__u32 len, off;
+
+	if (s->w_done)
+		return 1;
+	if (dentry == s->w_root) {
+		const void *mparent = rdptr(AT(mnt, OFF_MOUNT_MNT_PARENT));
+
+		if (!mparent || mparent == mnt) {
+			s->w_done = 1;
+			return 1;
+		}
+		s->w_dentry = rdptr(AT(mnt, OFF_MOUNT_MNT_MOUNTPOINT));
+		s->w_mnt = mparent;
+		s->w_root = rdptr(AT(mparent, OFF_MOUNT_MNT + OFF_VFSMOUNT_MNT_ROOT));
+		return 0;
+	}
+	if (bpf_probe_read_kernel(s->w_dent, sizeof(s->w_dent), AT(dentry, DENTRY_SPAN_BASE))) {
+		s->w_done = 2;
+		return 1;
+	}
+	parent = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_PARENT, const void *);
+	if (!parent) {
+		s->w_done = 1;
+		return 1;
+	}
+	/*
+	 * A root dentry that is not its mount's root: a pseudo file
+	 * (memfd, anon inode: alloc_file_pseudo) or a disconnected
+	 * dentry.  Its own name is the path, as d_path() shows
+	 * "/memfd:NAME (deleted)"; then the walk ends.
+	 */
+	if (parent == dentry)
+		s->w_done = 1;
+	len = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_LEN, __u32) & NAME_MASK;
+	name = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_NAME, const void *);
+	off = s->w_off;
+	if (len + 1 >= off || off > BUILDIDD_PATH_MAX) {
+		s->w_flags |= BUILDIDD_PATH_TRUNCATED;
+		s->w_done = 1;
+		return 1;
+	}
+	off -= len;
+	bpf_probe_read_kernel(s->buf + (off & PATH_MASK), len, name);
+	off -= 1;
+	s->buf[off & PATH_MASK] = '/';
+	s->w_off = off;
+	s->w_dentry = parent;
+	return s->w_done ? 1 : 0;
+}
+
+/* read_path's bpf_loop callbacks (bpf/callbacks.h), one per scratch slot. */
+int path_step_live(__u32 i)
+{
+	__u32 slot = SLOT_LIVE;
+	struct map_scratch *s = map_scratch.lookup(&slot);
+
+	return s ? path_step(s) : 1;
+}
+
+int path_step_iter(__u32 i)
+{
+	__u32 slot = SLOT_ITER;
+	struct map_scratch *s = map_scratch.lookup(&slot);
+
+	return s ? path_step(s) : 1;
+}
+
+/*
  * The path of (u->dentry, u->vfsmnt) in its mount namespace, assembled
  * backwards into s->buf[0..BUILDIDD_PATH_MAX) by walking dentry->d_parent
  * and, at a mount's root, struct mount->mnt_mountpoint (what d_path() does,
  * fs/d_path.c).  Returns the offset in s->buf where the path starts; it ends
  * at BUILDIDD_PATH_MAX.  d_parent and d_name come with one probe read per
- * dentry, the name with a second.
- *
- * The walk keeps its state in the per-CPU scratch value, not in registers:
- * reloaded from memory each iteration, the state looks the same to the
- * verifier at every loop head, so it verifies in linear rather than
- * exponential time in PATH_MAX_DEPTH.
+ * dentry, the name with a second.  s is map_scratch's slot (SLOT_LIVE or
+ * SLOT_ITER, a constant): the walk is a bpf_loop of that slot's callback,
+ * its state in s.
  */
-static __always_inline __u32 read_path(const struct user_view *u, struct map_scratch *s, __u32 *flags)
+static __always_inline __u32 read_path(const struct user_view *u, struct map_scratch *s, __u32 *flags,
+				       __u32 slot)
 {
 	const void *vfsmnt = u->vfsmnt;
-	int i;
 
 	s->w_dentry = u->dentry;
 	s->w_mnt = AT(vfsmnt, -OFF_MOUNT_MNT);
 	s->w_root = rdptr(AT(vfsmnt, OFF_VFSMOUNT_MNT_ROOT));
 	s->w_off = BUILDIDD_PATH_MAX;
 	s->w_done = 0;
-	for (i = 0; i < PATH_MAX_DEPTH; i++) {
-		const void *dentry = s->w_dentry, *mnt = s->w_mnt;
-		const void *parent, *name;
-		__u32 len, off;
-
-		if (s->w_done)
-			break;
-		if (dentry == s->w_root) {
-			const void *mparent = rdptr(AT(mnt, OFF_MOUNT_MNT_PARENT));
-
-			if (!mparent || mparent == mnt) {
-				s->w_done = 1;
-				continue;
-			}
-			s->w_dentry = rdptr(AT(mnt, OFF_MOUNT_MNT_MOUNTPOINT));
-			s->w_mnt = mparent;
-			s->w_root = rdptr(AT(mparent, OFF_MOUNT_MNT + OFF_VFSMOUNT_MNT_ROOT));
-			continue;
-		}
-		if (bpf_probe_read_kernel(s->w_dent, sizeof(s->w_dent), AT(dentry, DENTRY_SPAN_BASE))) {
-			s->w_done = 2;
-			continue;
-		}
-		parent = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_PARENT, const void *);
-		if (!parent) {
-			s->w_done = 1;
-			continue;
-		}
-		/*
-		 * A root dentry that is not its mount's root: a pseudo file
-		 * (memfd, anon inode: alloc_file_pseudo) or a disconnected
-		 * dentry.  Its own name is the path, as d_path() shows
-		 * "/memfd:NAME (deleted)"; then the walk ends.
-		 */
-		if (parent == dentry)
-			s->w_done = 1;
-		len = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_LEN, __u32) & NAME_MASK;
-		name = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_NAME, const void *);
-		off = s->w_off;
-		if (len + 1 >= off || off > BUILDIDD_PATH_MAX) {
-			*flags |= BUILDIDD_PATH_TRUNCATED;
-			s->w_done = 1;
-			continue;
-		}
-		off -= len;
-		bpf_probe_read_kernel(s->buf + (off & PATH_MASK), len, name);
-		off -= 1;
-		s->buf[off & PATH_MASK] = '/';
-		s->w_off = off;
-		s->w_dentry = parent;
-	}
+	s->w_flags = 0;
+	bpf_loop(PATH_MAX_DEPTH, slot == SLOT_ITER ? BPF_CALLBACK(CALLBACK_path_step_iter)
+						   : BPF_CALLBACK(CALLBACK_path_step_live), NULL, 0);
+	*flags |= s->w_flags;
 	if (s->w_done != 1)
 		*flags |= BUILDIDD_PATH_UNREACHABLE;
 	if (s->w_off >= BUILDIDD_PATH_MAX) {
@@ -738,7 +764,7 @@ static __always_inline int prepare_map_event(struct map_scratch *s, const void *
 	ev->path_len = 0;
 	if (user_view(file, &s->u, &ev->id_flags) || read_file_id(s->u.inode, &ev->file, &s->magic))
 		return -1;
-	off = read_path(&s->u, s, &ev->id_flags);
+	off = read_path(&s->u, s, &ev->id_flags, slot);
 	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
 	bpf_probe_read_kernel(ev->path, plen, s->buf + (off & PATH_MASK));
 	ev->path_len = plen;
@@ -1074,7 +1100,7 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	}
 	/* Nothing of the event but memory lives through the path walk (see struct map_scratch). */
-	read_path(&ms->u, ms, &s->ev.id_flags);
+	read_path(&ms->u, ms, &s->ev.id_flags, SLOT_LIVE);
 	filename = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILENAME));
 	n = bpf_probe_read_kernel_str(s->ev.names, BUILDIDD_PATH_MAX, filename);
 	flen = (n > 0 ? n - 1 : 0) & PATH_MASK;

@@ -94,6 +94,49 @@ def test_a_60_component_path_is_whole_and_a_longer_one_says_truncated(recorder, 
     assert r["build_id"] == readelf_build_id(lib)
 
 
+def test_a_path_of_1500_components_is_whole(recorder, tmp_path):
+    # The walk is a bpf_loop (bpf/callbacks.h): its bound no longer costs verification, and a path
+    # within PATH_MAX has at most 2047 components.  1500 one-byte components: ~3,000 bytes.
+    parts = ["d"] * 1500
+    _make_long_dirs(tmp_path, parts)
+    try:
+        mid = os.path.join(tmp_path, *parts[:750])
+        rel = os.path.join(*parts[750:], "lib.so")
+        lib = _lib(tmp_path)
+        subprocess.run(["cp", str(lib), rel], cwd=mid, check=True)
+        full = os.path.join(mid, rel)
+        assert 3000 < len(full.encode()) < 4096
+        rec = recorder()
+        recs = _map_files(rec, [rel], os.stat(rel, dir_fd=os.open(mid, os.O_DIRECTORY)).st_ino, cwd=mid)
+        assert len(recs) == 1
+        r = recs[0]
+        assert r["path"] == full
+        assert "path_truncated" not in r and "path_unreachable" not in r
+        assert r["build_id"] == readelf_build_id(lib)
+    finally:
+        _remove_long_dirs(tmp_path, parts)
+
+
+def _remove_long_dirs(root, parts):
+    """Remove what _make_long_dirs made (and the files in it), deepest first, without recursion:
+    pytest's own clean-up of old temporary directories recurses once per level."""
+    fds = [os.open(root, os.O_DIRECTORY)]
+    try:
+        for part in parts:
+            try:
+                fds.append(os.open(part, os.O_DIRECTORY, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                break
+        for depth in range(len(fds) - 1, 0, -1):
+            for name in os.listdir(fds[depth]):
+                os.unlink(name, dir_fd=fds[depth])
+            os.close(fds.pop())
+            os.rmdir(parts[depth - 1], dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _make_long_dirs(root, parts):
     """mkdir each component of parts below root, one level at a time (no path is ever over PATH_MAX)."""
     fd = os.open(root, os.O_DIRECTORY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import stat
 import struct
@@ -262,3 +263,93 @@ def test_pins_and_cache_together_a_boot_loads_from_the_cache_then_pins_it(bpf, c
             t.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _insn(code, dst=0, src=0, off=0, imm=0) -> bytes:
+    """One struct bpf_insn; imm taken as 32 bits (an LD_IMM64's upper half is unsigned)."""
+    return struct.pack("<BBhI", code, src << 4 | dst, off, imm & 0xFFFFFFFF)
+
+
+def test_capture_links_a_bpf_loop_callback_once_with_its_map_references():
+    """BPF_CALLBACK(k) (bpf/callbacks.h) becomes a BPF_PSEUDO_FUNC load of callback k, appended
+    once after the program; the callback's own map references follow it."""
+    from buildidd.errors import ProbeError
+    from buildidd.kernel.compiled import CALLBACK_MAGIC, PSEUDO_FUNC, capture_program
+    cb_ref = _insn(0x18, 2, 0, 0, 0) + _insn(0, imm=CALLBACK_MAGIC)            # r2 = BPF_CALLBACK(0)
+    main = (cb_ref + _insn(0x85, imm=181) + cb_ref + _insn(0x85, imm=181)       # two bpf_loop calls
+            + _insn(0xb7) + _insn(0x95))
+    cb = _insn(0x18, 1, 1, 0, 9) + _insn(0) + _insn(0xb7) + _insn(0x95)         # r1 = map fd 9; r0 = 0
+    p = capture_program("f", "raw_tracepoint", main, {9: "scratch"}, callbacks={0: ("step", cb)})
+    base = len(main) // 8
+    assert p.subprogs == ((base, "step"),) and len(p.insns) == len(main) + len(cb)
+    for at in (0, 3):
+        code, regs, _, imm = struct.unpack_from("<BBhi", p.insns, at * 8)
+        assert (code, regs >> 4, regs & 0xF, imm) == (0x18, PSEUDO_FUNC, 2, base - (at + 1))
+        assert struct.unpack_from("<i", p.insns, (at + 1) * 8 + 4)[0] == 0
+    assert p.map_refs == ((base, "scratch"),)
+    with pytest.raises(ProbeError, match="names no callback"):
+        capture_program("f", "raw_tracepoint", main, {9: "scratch"}, callbacks={1: ("step", cb)})
+    with pytest.raises(ProbeError, match="where none can be linked"):
+        capture_program("f", "raw_tracepoint", main, {9: "scratch"}, callbacks={0: ("step", main)})
+
+
+def test_a_compiled_object_with_callbacks_round_trips_and_a_stray_function_load_is_refused():
+    from buildidd.kernel.compiled import (CALLBACK_MAGIC, CompiledMap, CompiledObject, CompiledProgram,
+                                          _digest, capture_program)
+    main = _insn(0x18, 2, 0, 0, 0) + _insn(0, imm=CALLBACK_MAGIC) + _insn(0xb7) + _insn(0x95)
+    cb = _insn(0xb7) + _insn(0x95)
+    p = capture_program("f", "raw_tracepoint", main, {}, callbacks={0: ("step", cb)})
+    obj = CompiledObject((CompiledMap("m", 2, 4, 8, 1, 0, "m"),), (p,))
+    assert CompiledObject.from_json(json.loads(json.dumps(obj.to_json()))) == obj
+    for subprogs in (((3, "step"),),            # the load names instruction 4, not 3
+                     ((4, "not a name"),),      # BTF wants an identifier
+                     ()):                       # no subprogram at all
+        doc = CompiledObject(obj.maps, (CompiledProgram("f", "raw_tracepoint", p.insns, (), 0, 0, subprogs),)).to_json()
+        doc["sha256"] = _digest(doc["body"])
+        with pytest.raises(ValueError):
+            CompiledObject.from_json(doc)
+
+
+def test_every_program_verifies_in_well_under_the_verifier_limit(bpf, compiled_cache):
+    """The verifier's own count (BPF_LOG_STATS) of each program of both sources stays under half of
+    BPF_COMPLEXITY_LIMIT_INSNS (1,000,000): the path walk is a bpf_loop (bpf/callbacks.h), and no
+    kernel release that follows a few more states can push a program over the limit."""
+    from buildidd.kernel import objload
+    from buildidd.kernel.bpfsys import bpf as bpf_call
+    from buildidd.kernel.compiled import PROG_TYPES, CompiledObject
+    d, _ = compiled_cache
+    seen = {}
+    for name in os.listdir(d):
+        obj = CompiledObject.from_json(json.loads((d / name).read_bytes())["object"])
+        fds = {m.name: bpf_call(objload.BPF_MAP_CREATE, objload._MapCreateAttr(
+            map_type=m.type, key_size=m.key_size, value_size=m.value_size, max_entries=m.max_entries,
+            map_flags=m.flags, map_name=m.kernel_name.encode()[:15])) for m in obj.maps}
+        try:
+            for p in obj.programs:
+                code = p.relocated(fds)
+                insns = ctypes.create_string_buffer(code, len(code))
+                lic = ctypes.create_string_buffer(b"GPL")
+                log = ctypes.create_string_buffer(1 << 16)
+                attr = objload._ProgLoadAttr(
+                    prog_type=PROG_TYPES[p.prog_type], insn_cnt=len(code) // 8, insns=ctypes.addressof(insns),
+                    license=ctypes.addressof(lic), expected_attach_type=p.expected_attach_type,
+                    attach_btf_id=p.attach_btf_id, log_level=4, log_size=len(log), log_buf=ctypes.addressof(log))
+                btf_fd = -1
+                if p.subprogs:
+                    blob, info = objload.func_info_btf(p)
+                    btf_fd = objload._load_btf(blob)
+                    info_buf = ctypes.create_string_buffer(info, len(info))
+                    attr.prog_btf_fd, attr.func_info_rec_size = btf_fd, 8
+                    attr.func_info, attr.func_info_cnt = ctypes.addressof(info_buf), len(info) // 8
+                try:
+                    os.close(bpf_call(objload.BPF_PROG_LOAD, attr))
+                finally:
+                    if btf_fd >= 0:
+                        os.close(btf_fd)
+                m = re.search(rb"processed (\d+) insns", log.value)
+                seen[p.function] = int(m.group(1))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+    assert {"on_sys_exit", "exec_vmas", "bpf_iter__task_vma", "on_sched_process_exec"} <= seen.keys()
+    assert max(seen.values()) < 500_000, seen

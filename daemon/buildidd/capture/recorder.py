@@ -57,9 +57,16 @@ RUN_COUNTS = ("mmap", "resolved", "fork", "exit", "comm", "exec")
 
 
 def new_session_dir(root: str) -> Path:
-    """A fresh session directory name under root: UTC start time and daemon pid."""
+    """A fresh session directory name under root: UTC start time and daemon pid, then ``.N`` when
+    this process started another session in the same second (a restart of the recorder inside
+    one process now takes less than a second)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return Path(root) / f"{stamp}-{os.getpid()}"
+    path = Path(root) / f"{stamp}-{os.getpid()}"
+    n = 1
+    while os.path.lexists(path):
+        n += 1
+        path = Path(root) / f"{stamp}-{os.getpid()}.{n}"
+    return path
 
 
 class Recorder:

@@ -10,12 +10,20 @@ BPF_OBJ_GET_INFO_BY_FD of the map BCC made).  Every map reference is a
 name, so :mod:`buildidd.kernel.progcache` can create the maps again in
 another process, on another boot, and write its own fds back.
 
-An LD_IMM64 with any other pseudo source (a map value, a BTF id, a function:
-none in our sources today), a call of a kernel function (BPF_PSEUDO_KFUNC_CALL,
-whose BTF id belongs to one kernel) or a map type outside :data:`MAP_TYPES`
-(map-in-map, storage and BTF-typed maps need more than BPF_MAP_CREATE's sizes)
-is not captured: it raises, nothing of that source is cached, and its first
-starts compile as before.
+``bpf_loop`` callbacks are linked here: BCC does not relocate a function's
+address (an LD_IMM64 with src_reg BPF_PSEUDO_FUNC), so the C source loads the
+constant ``BPF_CALLBACK(k)`` (bpf/callbacks.h: :data:`CALLBACK_MAGIC` in the
+upper 32 bits, k below) where it names callback k, and the capture appends
+that callback's instructions (BCC compiles it as a function of its own) after
+the program's, once, and turns each such load into a BPF_PSEUDO_FUNC load of
+it (imm: the callback's first instruction, relative to the next one).  The
+program's ``subprogs`` list where each callback starts, for the BTF
+func_info that kernel.objload hands the verifier.
+
+An LD_IMM64 with any other pseudo source (a map value, a BTF id), a call of a
+kernel function (BPF_PSEUDO_KFUNC_CALL, whose BTF id belongs to one kernel) or
+a map type outside :data:`MAP_TYPES` (map-in-map, storage and BTF-typed maps
+need more than BPF_MAP_CREATE's sizes) is not captured: it raises.
 """
 
 from __future__ import annotations
@@ -37,8 +45,11 @@ PROG_TYPES = {"tracepoint": 5, "perf_event": 7, "raw_tracepoint": 17, "tracing":
 INSN = struct.Struct("<BBhi")
 #: BPF_LD | BPF_IMM | BPF_DW: a 64-bit immediate over two instructions.
 LD_IMM64 = 0x18
-#: src_reg of an LD_IMM64 whose imm is a map fd.
+#: src_reg of an LD_IMM64 whose imm is a map fd; of one whose imm is a subprogram (relative).
 PSEUDO_MAP_FD = 1
+PSEUDO_FUNC = 4
+#: Upper 32 bits of BPF_CALLBACK(k) in bpf/callbacks.h.
+CALLBACK_MAGIC = 0xB1DDCA11
 #: BPF_JMP | BPF_CALL, and the src_reg of a call of a kernel function (kfunc).
 CALL = 0x85
 PSEUDO_KFUNC_CALL = 2
@@ -89,6 +100,8 @@ class CompiledProgram:
         expected_attach_type: enum bpf_attach_type (BPF_TRACE_ITER for an iterator), else 0.
         attach_btf_id: the vmlinux BTF id it attaches to (an iterator's ``bpf_iter_<target>``
             function), else 0.  Valid for the kernel it was compiled on only.
+        subprogs: (first instruction, C function) of each bpf_loop callback linked after the
+            program's own instructions, in increasing order; empty when it calls none.
     """
 
     function: str
@@ -97,6 +110,7 @@ class CompiledProgram:
     map_refs: tuple[tuple[int, str], ...]
     expected_attach_type: int = 0
     attach_btf_id: int = 0
+    subprogs: tuple[tuple[int, str], ...] = ()
 
     def relocated(self, map_fds: dict[str, int]) -> bytes:
         """The instructions with map_fds[name] written into each map reference.
@@ -122,7 +136,8 @@ class CompiledObject:
         body = {"maps": [[m.name, m.type, m.key_size, m.value_size, m.max_entries, m.flags, m.kernel_name]
                          for m in self.maps],
                 "programs": [[p.function, p.prog_type, base64.b64encode(p.insns).decode(),
-                              [list(r) for r in p.map_refs], p.expected_attach_type, p.attach_btf_id]
+                              [list(r) for r in p.map_refs], p.expected_attach_type, p.attach_btf_id,
+                              [list(x) for x in p.subprogs]]
                              for p in self.programs]}
         return {"body": body, "sha256": _digest(body)}
 
@@ -147,48 +162,89 @@ class CompiledObject:
             if any(m.type not in MAP_TYPES for m in maps):
                 raise ValueError("a map of a type that cannot be made again from its sizes")
             programs = []
-            for fn, kind, insns, refs, eat, btf_id in body["programs"]:
+            for fn, kind, insns, refs, eat, btf_id, subs in body["programs"]:
                 code = base64.b64decode(_text(insns), validate=True)
                 programs.append(CompiledProgram(_text(fn), _text(kind), code,
-                                                tuple((_u32(i), _text(n)) for i, n in refs), _u32(eat), _u32(btf_id)))
+                                                tuple((_u32(i), _text(n)) for i, n in refs), _u32(eat), _u32(btf_id),
+                                                tuple((_u32(i), _text(n)) for i, n in subs)))
                 _check_program(programs[-1], names)
             return cls(maps, tuple(programs))
         except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
             raise ValueError(f"malformed compiled object: {e}") from e
 
 
-def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[int, str],
-                    expected_attach_type: int = 0, attach_btf_id: int = 0) -> CompiledProgram:
-    """A CompiledProgram from the instructions BCC loads (BPF.dump_func) in the child.
+def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[int, str], *,
+                    attach: tuple[int, int] = (0, 0),
+                    callbacks: dict[int, tuple[str, bytes]] | None = None) -> CompiledProgram:
+    """A CompiledProgram from the instructions BCC compiled (BPF.dump_func) in the child, with the
+    bpf_loop callbacks it names linked in (see the module docstring).
 
     Args:
         fd_names: the child's map fd → BCC table name.
+        attach: (expected_attach_type, attach_btf_id) of CompiledProgram.
+        callbacks: k of BPF_CALLBACK(k) → (C function, its instructions from BPF.dump_func).
     Raises:
-        ProbeError: an LD_IMM64 whose source is not a map fd of fd_names, a kfunc call, or a
-            malformed array.
+        ProbeError: an LD_IMM64 whose source is not a map fd of fd_names or a known callback, a
+            kfunc call, a callback that names a callback, or a malformed array.
+    """
+    out, refs, links = _scan(function, insns, fd_names, callbacks is not None)
+    subprogs: list[tuple[int, str]] = []
+    bases: dict[int, int] = {}
+    for _, k in links:
+        if k in bases:
+            continue
+        if not callbacks or k not in callbacks:
+            raise ProbeError(f"{function}: BPF_CALLBACK({k}) names no callback")
+        name, code = callbacks[k]
+        cb_out, cb_refs, cb_links = _scan(name, code, fd_names, False)
+        bases[k] = len(out) // 8
+        subprogs.append((bases[k], name))
+        refs += [(bases[k] + i, n) for i, n in cb_refs]
+        out += cb_out
+    for i, k in links:
+        code, regs, off, _imm = INSN.unpack_from(out, i * 8)
+        INSN.pack_into(out, i * 8, code, (regs & 0x0F) | PSEUDO_FUNC << 4, off, bases[k] - (i + 1))
+        INSN.pack_into(out, (i + 1) * 8, 0, 0, 0, 0)
+    prog = CompiledProgram(function, prog_type, bytes(out), tuple(refs), attach[0], attach[1], tuple(subprogs))
+    _check_program(prog, set(fd_names.values()))
+    return prog
+
+
+def _scan(function: str, insns: bytes, fd_names: dict[int, str],
+          linkable: bool) -> tuple[bytearray, list[tuple[int, str]], list[tuple[int, int]]]:
+    """insns with map fds zeroed, the (index, map name) references, and the (index, k) of each
+    BPF_CALLBACK(k) load (refused unless linkable).
+
+    Raises:
+        ProbeError: as capture_program.
     """
     if len(insns) % 8 or not 0 < len(insns) // 8 <= MAX_INSNS:
         raise ProbeError(f"{function}: {len(insns)} bytes of instructions")
     out = bytearray(insns)
-    refs = []
+    refs: list[tuple[int, str]] = []
+    links: list[tuple[int, int]] = []
+    count = len(insns) // 8
     i = 0
-    while i < len(insns) // 8:
+    while i < count:
         code, regs, _off, imm = INSN.unpack_from(insns, i * 8)
         if code == CALL and regs >> 4 == PSEUDO_KFUNC_CALL:
             raise ProbeError(f"{function}: instruction {i} calls a kernel function (not cached)")
         if code == LD_IMM64:
             src = regs >> 4
+            high = INSN.unpack_from(insns, (i + 1) * 8)[3] & 0xFFFFFFFF if i + 1 < count else 0
             if src == PSEUDO_MAP_FD and imm in fd_names:
                 refs.append((i, fd_names[imm]))
                 struct.pack_into("<i", out, i * 8 + 4, 0)
+            elif src == 0 and high == CALLBACK_MAGIC:
+                if not linkable:
+                    raise ProbeError(f"{function}: instruction {i} names a callback where none can be linked")
+                links.append((i, imm & 0xFFFFFFFF))
             elif src != 0:
                 raise ProbeError(f"{function}: instruction {i} loads pseudo source {src} (not cached)")
             i += 2
             continue
         i += 1
-    prog = CompiledProgram(function, prog_type, bytes(out), tuple(refs), expected_attach_type, attach_btf_id)
-    _check_program(prog, set(fd_names.values()))
-    return prog
+    return out, refs, links
 
 
 def _check_program(p: CompiledProgram, map_names: set[str]) -> None:
@@ -202,6 +258,14 @@ def _check_program(p: CompiledProgram, map_names: set[str]) -> None:
             raise ValueError(f"{p.function}: references unknown map {name!r}")
         if not 0 <= index < count - 1 or p.insns[index * 8] != LD_IMM64 or p.insns[index * 8 + 1] >> 4 != PSEUDO_MAP_FD:
             raise ValueError(f"{p.function}: map reference at instruction {index} is not a map load")
+    starts = [off for off, _ in p.subprogs]
+    if starts != sorted(set(starts)) or any(not 0 < off < count for off in starts) or \
+            any(not name.isidentifier() for _, name in p.subprogs):
+        raise ValueError(f"{p.function}: malformed subprogram list {list(p.subprogs)}")
+    for i in range(count - 1):
+        code, regs, _off, imm = INSN.unpack_from(p.insns, i * 8)
+        if code == LD_IMM64 and regs >> 4 == PSEUDO_FUNC and i + 1 + imm not in starts:
+            raise ValueError(f"{p.function}: instruction {i} loads a function that is not a subprogram")
 
 
 def _digest(body: object) -> str:

@@ -3,21 +3,23 @@
 BCC stays the compiler, but importing it maps libbcc, libLLVM (~55 MiB) and
 libclang-cpp (~28 MiB) into the process for good.  :func:`load` runs BCC in a
 child process (``python -m buildidd.kernel.loader``) that compiles the source,
-loads and attaches the programs, fills the program arrays (tail calls), then
-hands every file descriptor that matters to the parent over a socketpair with
-SCM_RIGHTS and exits.  The parent never imports bcc.
+captures what BCC compiled as data (kernel.compiled: each program's
+instructions with its map references by name and its ``bpf_loop`` callbacks
+linked in, each map's sizes), loads and attaches that capture with plain
+bpf(2) (kernel.objload, the same code that loads it from the compile cache),
+then hands every file descriptor that matters to the parent over a socketpair
+with SCM_RIGHTS and exits.  The parent never imports bcc.  BCC does not load
+anything itself: it cannot load a program that calls bpf_loop (it does not
+relocate a callback's address).
 
 What keeps things alive once the child is gone (the kernel counts references
 to the open files, not to the process that opened them):
 
-- a tracepoint program: the perf event fd BCC opened for it
-  (``BPF.tracepoint_fds``; libbcc's bpf_attach_tracepoint does perf_event_open
-  + PERF_EVENT_IOC_SET_BPF), holding the program;
-- a raw tracepoint program: the fd of BPF_RAW_TRACEPOINT_OPEN
-  (``BPF.raw_tracepoint_fds``), holding the program;
-- perf_event programs: ``BPF.open_perf_events``; (k|u)probes:
-  ``BPF.kprobe_fds``/``uprobe_fds`` (none attach on our kernels, listed for
-  completeness);
+- a tracepoint program: the perf event fd it is attached to
+  (perf_event_open + PERF_EVENT_IOC_SET_BPF, kernel.attach), holding the
+  program;
+- a raw tracepoint program: the fd of BPF_RAW_TRACEPOINT_OPEN, holding the
+  program;
 - a tail-called program: its slot in the BPF_MAP_TYPE_PROG_ARRAY.  The kernel
   empties a program array when its last user reference goes away
   (kernel/bpf/arraymap.c, prog_array_map_clear on map_release_uref), so the
@@ -25,10 +27,9 @@ to the open files, not to the process that opened them):
 - a map: every program using it, and the fd the parent holds.
 
 Closing the attachment fds (:meth:`LoadedProgram.close`) detaches.  The child
-also sends what BCC compiled as data (kernel.compiled: instructions with their
-map references by name, map definitions), which kernel.progcache keeps on disk
-and loads with plain bpf(2) calls at a later first start; on a restart the
-daemon takes back what was pinned in bpffs (kernel.pinned) instead.
+also sends the capture, which kernel.progcache keeps on disk and loads at a
+later first start without compiling; on a restart the daemon takes back what
+was pinned in bpffs (kernel.pinned) instead.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ class LoadSpec:
             ``bpf_iter__task_vma``) loaded as BPF_PROG_TYPE_TRACING and left
             unattached: the parent makes a link and an iterator for each pass
             (kernel.bpfsys.iter_chunks).  Optional: one the kernel refuses is
-            left out of LoadedProgram.progs (said on the child's stderr).
+            left out of LoadedProgram.progs (said in the log).
+        callbacks: the C functions of the source's ``bpf_loop`` callbacks; the k-th is the one
+            ``BPF_CALLBACK(k)`` names (bpf/callbacks.h), and the source sees its index as
+            ``-DCALLBACK_<function>=k`` (added to cflags by whoever builds the spec).
     """
 
     src_file: str
@@ -104,6 +108,7 @@ class LoadSpec:
     tail_calls: tuple[TailCall, ...] = ()
     required_tracepoints: tuple[str, ...] = ()
     iterators: tuple[str, ...] = ()
+    callbacks: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -117,7 +122,7 @@ class LoadSpec:
              "raw_tracepoints": [list(x) for x in self.raw_tracepoints],
              "tail_calls": [[t.table, t.index, t.function, t.prog_type] for t in self.tail_calls],
              "required_tracepoints": list(self.required_tracepoints),
-             "iterators": list(self.iterators)}
+             "iterators": list(self.iterators), "callbacks": list(self.callbacks)}
         return json.dumps(d).encode()
 
     def digest(self) -> "hashlib._Hash":
@@ -143,7 +148,7 @@ class LoadSpec:
                    tuple((str(tp), str(fn)) for tp, fn in d["raw_tracepoints"]),
                    tuple(TailCall(str(t), int(i), str(f), str(p)) for t, i, f, p in d["tail_calls"]),
                    tuple(str(x) for x in d["required_tracepoints"]),
-                   tuple(str(x) for x in d["iterators"]))
+                   tuple(str(x) for x in d["iterators"]), tuple(str(x) for x in d["callbacks"]))
 
 
 @dataclass
@@ -155,8 +160,8 @@ class LoadedProgram:
         progs: C function name → program fd (each loaded program).
         links: ``kind:target`` (``tracepoint:syscalls:sys_exit_mmap``,
             ``raw_tracepoint:sched_process_exec``) → the fd holding the attachment.
-        compile_s: seconds the child spent in BPF() (compile, load, auto-attach).
-        attach_s: seconds the child spent attaching and filling program arrays.
+        compile_s: seconds the child spent in BCC's compile.
+        attach_s: seconds the child spent capturing, loading (the verifier) and attaching.
         load_s: seconds from spawning the child to holding every fd (all of it).
         reused: True when taken from bpffs pins (kernel.pinned): nothing compiled or verified.
         cached: True when loaded from the on-disk compile cache (kernel.progcache): nothing
@@ -314,19 +319,6 @@ def _receive(sock: socket.socket, loaded: LoadedProgram) -> dict:
 
 # ---- the child ---------------------------------------------------------------------------
 
-def _attachment_fds(b) -> list[tuple[str, int]]:
-    """(name, fd) of every attachment BCC holds for the BPF object b (bcc/__init__.py:
-    tracepoint_fds, raw_tracepoint_fds, open_perf_events, kprobe_fds, uprobe_fds)."""
-    out = [(f"tracepoint:{tp.decode()}", fd) for tp, fd in b.tracepoint_fds.items()]
-    out += [(f"raw_tracepoint:{tp.decode()}", fd) for tp, fd in b.raw_tracepoint_fds.items()]
-    for (ev_type, ev_config), per_cpu in b.open_perf_events.items():
-        out += [(f"perf_event:{ev_type}:{ev_config}:{cpu}", fd) for cpu, fd in per_cpu.items()]
-    for ev, by_fn in b.kprobe_fds.items():
-        out += [(f"kprobe:{ev.decode()}:{fn.decode()}", fd) for fn, fd in by_fn.items()]
-    out += [(f"uprobe:{ev.decode()}", fd) for ev, fd in b.uprobe_fds.items()]
-    return out
-
-
 def _table_fds(b) -> list[tuple[str, int]]:
     """(BCC table name, fd) of every map of the module (libbcc's bpf_num_tables,
     bpf_table_name, bpf_table_fd_id, which bcc's Python does not wrap)."""
@@ -343,10 +335,19 @@ def _table_fds(b) -> list[tuple[str, int]]:
 
 
 def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]], dict]:
-    """Compile, load and attach spec with BCC; return the fds to send by kind, and timings."""
-    import ctypes
+    """Compile spec with BCC, capture it (kernel.compiled) and load and attach the capture with
+    kernel.objload; return the fds to send by kind, and timings."""
     from bcc import BPF
+    from buildidd.kernel.objload import load_object
     from buildidd.kernel.tracer import ensure_tracefs
+
+    class CompileOnly(BPF):
+        """BCC's module without its autoload of ``tracepoint__*`` functions: kernel.objload
+        loads and attaches every program (BCC cannot load one that calls bpf_loop)."""
+
+        def _trace_autoload(self) -> None:
+            pass
+
     ensure_tracefs()
     for tp in spec.required_tracepoints:
         category, _, event = tp.partition(":")
@@ -354,71 +355,41 @@ def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]]
             raise ProbeError(f"tracepoint {tp} does not exist on this kernel")
     t0 = time.monotonic()
     try:
-        b = BPF(src_file=spec.src_file.encode(), cflags=list(spec.cflags))
-    except Exception as e:  # BCC raises bare Exception on compile/load failure
-        raise ProbeError(f"{spec.src_file} failed to compile or load: {e}") from e
+        b = CompileOnly(src_file=spec.src_file.encode(), cflags=list(spec.cflags))
+    except Exception as e:  # BCC raises bare Exception on compile failure
+        raise ProbeError(f"{spec.src_file} failed to compile: {e}") from e
     t1 = time.monotonic()
-    types = {"raw_tracepoint": BPF.RAW_TRACEPOINT, "tracepoint": BPF.TRACEPOINT,
-             "perf_event": BPF.PERF_EVENT, "tracing": BPF.TRACING}
-    kinds = _function_kinds(spec)
-    _preload(b, [(fn, types[kind]) for fn, kind in kinds.items()])
+    obj = _capture(b, _table_fds(b), spec)
     try:
-        for t in spec.tail_calls:
-            fn = b.load_func(t.function.encode(), types[t.prog_type])
-            b[t.table.encode()][ctypes.c_int(t.index)] = ctypes.c_int(fn.fd)
-        for tp, fn_name in spec.raw_tracepoints:
-            b.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn_name.encode())
-        for fn_name in spec.iterators:       # libbcc gives bpf_iter__* its attach type and BTF id
-            try:
-                b.load_func(fn_name.encode(), BPF.TRACING)
-            except Exception as e:          # optional: its user falls back (a kernel without iterators)
-                print(f"iterator {fn_name} not loaded: {e}", file=sys.stderr)
-    except Exception as e:  # BCC raises bare Exception on load/attach failure
+        loaded = load_object(obj, spec)
+    except (OSError, KeyError) as e:
         raise ProbeError(f"cannot load or attach: {e}") from e
     t2 = time.monotonic()
-    tables = _table_fds(b)
-    groups = [("map", tables),
-              ("prog", [(name.decode(), fn.fd) for name, fn in b.funcs.items()]),
-              ("link", _attachment_fds(b))]
-    report: dict = {"compile_s": t1 - t0, "attach_s": t2 - t1}
-    try:
-        report["compiled"] = _capture(b, tables, kinds).to_json()
-    except (ProbeError, OSError) as e:
-        print(f"compiled programs not captured (each first start compiles): {e}", file=sys.stderr)
-    return groups, report
+    groups = [("map", [(name, ref.fd) for name, ref in loaded.maps.items()]),
+              ("prog", list(loaded.progs.items())),
+              ("link", list(loaded.links.items()))]
+    return groups, {"compile_s": t1 - t0, "attach_s": t2 - t1, "compiled": obj.to_json()}
 
 
 def _function_kinds(spec: LoadSpec) -> dict[str, str]:
-    """C function → program kind (a key of compiled.PROG_TYPES) of everything spec loads itself
-    (TRACEPOINT_PROBE functions, which BCC loads on its own, are added by _capture)."""
+    """C function → program kind (a key of compiled.PROG_TYPES) of every program spec names
+    (``tracepoint__*`` functions, attached by their name, are added by _capture)."""
     kinds = {t.function: t.prog_type for t in spec.tail_calls}
     kinds.update((fn, "raw_tracepoint") for _, fn in spec.raw_tracepoints)
     kinds.update((fn, "tracing") for fn in spec.iterators)
     return kinds
 
 
-def _preload(b, functions: list[tuple[str, int]]) -> None:
-    """Load functions on one thread per CPU: the verifier, most of a first start, runs in the
-    calling thread (ctypes lets go of the GIL in bpf(2)).  A failure is left for the caller's own
-    load_func of the same function to raise, with BCC's message."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(item: tuple[str, int]) -> None:
-        try:
-            b.load_func(item[0].encode(), item[1])
-        except Exception:  # noqa: BLE001 - BCC raises bare Exception; the caller's load_func reports it
-            pass
-    with ThreadPoolExecutor(max_workers=max(1, min(len(functions), os.cpu_count() or 1))) as pool:
-        list(pool.map(one, functions))
-
-
-def _capture(b, tables: list[tuple[str, int]], kinds: dict[str, str]) -> CompiledObject:
-    """The maps and loaded programs of b as a CompiledObject (kernel.compiled).
+def _capture(b, tables: list[tuple[str, int]], spec: LoadSpec) -> CompiledObject:
+    """The maps and programs of the compiled module b as a CompiledObject (kernel.compiled), each
+    program with the callbacks it names linked in.
 
     Raises:
-        ProbeError: a program cannot be captured (see compiled.capture_program).
+        ProbeError: a program cannot be captured (see compiled.capture_program), or a callback
+            or program spec names is not in the module.
         OSError: a map's info cannot be read.
     """
+    from bcc import lib
     fd_names = {fd: name for name, fd in tables}
     maps = []
     for name, fd in tables:
@@ -427,16 +398,24 @@ def _capture(b, tables: list[tuple[str, int]], kinds: dict[str, str]) -> Compile
             raise ProbeError(f"map {name}: type {info.type} is not made again from its sizes")
         maps.append(CompiledMap(name, int(info.type), info.key_size, info.value_size, info.max_entries,
                                 info.flags, info.name))
+    functions = [lib.bpf_function_name(b.module, i).decode() for i in range(lib.bpf_num_functions(b.module))]
+    kinds = _function_kinds(spec)
+    kinds.update((fn, "tracepoint") for fn in functions if fn.startswith("tracepoint__"))
+    missing = (set(kinds) | set(spec.callbacks)) - set(functions)
+    if missing:
+        raise ProbeError(f"{spec.src_file} defines no {sorted(missing)}")
+    callbacks = {k: (fn, b.dump_func(fn.encode())) for k, fn in enumerate(spec.callbacks)}
     programs = []
-    for raw_name in b.funcs:
-        fn = raw_name.decode()
-        kind = kinds.get(fn) or ("tracepoint" if fn.startswith("tracepoint__") else None)
-        if kind is None:
-            raise ProbeError(f"{fn}: loaded by BCC, of a kind the capture does not know")
+    for fn, kind in kinds.items():
         eat = btf_id = 0
         if kind == "tracing":
-            eat, btf_id = BPF_TRACE_ITER, _iterator_btf_id(fn)
-        programs.append(capture_program(fn, kind, b.dump_func(raw_name), fd_names, eat, btf_id))
+            try:
+                eat, btf_id = BPF_TRACE_ITER, _iterator_btf_id(fn)
+            except ProbeError as e:     # optional: its user falls back (a kernel without iterators)
+                print(f"iterator {fn} left out: {e}", file=sys.stderr)
+                continue
+        programs.append(capture_program(fn, kind, b.dump_func(fn.encode()), fd_names, attach=(eat, btf_id),
+                                        callbacks=callbacks))
     return CompiledObject(tuple(maps), tuple(programs))
 
 
@@ -469,7 +448,7 @@ def _child_main(fd: int) -> int:
                 chunk = items[i:i + FDS_PER_MESSAGE]
                 socket.send_fds(sock, [json.dumps({"kind": kind, "names": [n for n, _ in chunk]}).encode()],
                                 [f for _, f in chunk])
-        compiled = json.dumps(report.pop("compiled", None))
+        compiled = json.dumps(report.pop("compiled"))
         for i in range(0, len(compiled), COMPILED_PART_CHARS):     # a datagram stays below wmem_default
             sock.send(json.dumps({"compiled_part": compiled[i:i + COMPILED_PART_CHARS]}).encode())
         sock.send(json.dumps({"done": True, **report}).encode())

@@ -26,20 +26,17 @@ only the next first start's compile.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import json
 import logging
 import os
 import stat
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from buildidd.errors import ProbeError
-from buildidd.kernel.attach import attach
-from buildidd.kernel.bpfsys import MapRef, bpf, map_info
-from buildidd.kernel.compiled import PROG_TYPES, CompiledObject, CompiledProgram
+from buildidd.kernel.compiled import CompiledObject
 from buildidd.kernel.loader import LoadedProgram, LoadSpec, load
+from buildidd.kernel.objload import load_object
 from buildidd.kernel.pinned import load_pinned
 
 log = logging.getLogger(__name__)
@@ -47,38 +44,9 @@ log = logging.getLogger(__name__)
 __all__ = ["load_program", "load_compiled", "cache_key"]
 
 #: Bumped when the entry format changes (part of the key).
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 #: Largest entry read (the main program's is ~130 KB).
 MAX_ENTRY_BYTES = 16 << 20
-#: Verifier log asked for when a cached program is refused (the message names the instruction).
-REFUSAL_LOG_BYTES = 1 << 20
-
-BPF_MAP_CREATE = 0
-BPF_PROG_LOAD = 5
-
-
-class _MapCreateAttr(ctypes.Structure):
-    """union bpf_attr for BPF_MAP_CREATE (include/uapi/linux/bpf.h, up to map_extra)."""
-    _fields_ = [("map_type", ctypes.c_uint32), ("key_size", ctypes.c_uint32), ("value_size", ctypes.c_uint32),
-                ("max_entries", ctypes.c_uint32), ("map_flags", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
-                ("numa_node", ctypes.c_uint32), ("map_name", ctypes.c_char * 16), ("map_ifindex", ctypes.c_uint32),
-                ("btf_fd", ctypes.c_uint32), ("btf_key_type_id", ctypes.c_uint32),
-                ("btf_value_type_id", ctypes.c_uint32), ("btf_vmlinux_value_type_id", ctypes.c_uint32),
-                ("map_extra", ctypes.c_uint64)]
-
-
-class _ProgLoadAttr(ctypes.Structure):
-    """union bpf_attr for BPF_PROG_LOAD (include/uapi/linux/bpf.h, up to attach_btf_obj_fd)."""
-    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32), ("insns", ctypes.c_uint64),
-                ("license", ctypes.c_uint64), ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32), ("prog_flags", ctypes.c_uint32),
-                ("prog_name", ctypes.c_char * 16), ("prog_ifindex", ctypes.c_uint32),
-                ("expected_attach_type", ctypes.c_uint32), ("prog_btf_fd", ctypes.c_uint32),
-                ("func_info_rec_size", ctypes.c_uint32), ("func_info", ctypes.c_uint64),
-                ("func_info_cnt", ctypes.c_uint32), ("line_info_rec_size", ctypes.c_uint32),
-                ("line_info", ctypes.c_uint64), ("line_info_cnt", ctypes.c_uint32),
-                ("attach_btf_id", ctypes.c_uint32), ("attach_btf_obj_fd", ctypes.c_uint32)]
-
 
 def load_program(spec: LoadSpec, pin_root: str | None = None, cache_dir: str | None = None) -> LoadedProgram:
     """spec loaded the cheapest way this host allows: from bpffs pins of this boot (pin_root),
@@ -138,6 +106,7 @@ def load_compiled(spec: LoadSpec, cache_dir: str) -> LoadedProgram:
             t0 = time.monotonic()
             try:
                 loaded = load_object(obj, spec)
+                loaded.cached = True
                 loaded.attach_s = loaded.load_s = time.monotonic() - t0
                 return loaded
             except (OSError, ProbeError, KeyError) as e:
@@ -153,70 +122,6 @@ def load_compiled(spec: LoadSpec, cache_dir: str) -> LoadedProgram:
         return loaded
     finally:
         os.close(dir_fd)
-
-
-def load_object(obj: CompiledObject, spec: LoadSpec) -> LoadedProgram:
-    """Create obj's maps, load its programs (one thread per CPU) and attach them as spec says.
-
-    Raises:
-        OSError: the kernel refused a map or a program (the verifier's message in it).
-        ProbeError: obj lacks a program spec attaches.
-        KeyError: as kernel.attach.attach.
-    """
-    loaded = LoadedProgram(cached=True)
-    try:
-        for m in obj.maps:
-            fd = bpf(BPF_MAP_CREATE, _MapCreateAttr(
-                map_type=m.type, key_size=m.key_size, value_size=m.value_size, max_entries=m.max_entries,
-                map_flags=m.flags, map_name=m.kernel_name.encode()[:15]))
-            try:
-                loaded.maps[m.name] = MapRef(fd, map_info(fd))
-            except BaseException:
-                os.close(fd)
-                raise
-        fds = {name: ref.fd for name, ref in loaded.maps.items()}
-        workers = max(1, min(len(obj.programs), os.cpu_count() or 1))
-        # Largest first: the verifier's time grows with the program, and two CPUs then share it evenly.
-        order = sorted(obj.programs, key=lambda p: -len(p.insns))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(lambda p: _load_one(p, fds), order))
-        for prog, result in zip(order, results):
-            if not isinstance(result, BaseException):
-                loaded.progs[prog.function] = result
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        missing = {t.function for t in spec.tail_calls} | {fn for _, fn in spec.raw_tracepoints}
-        missing -= loaded.progs.keys()
-        if missing:
-            raise ProbeError(f"the cached object lacks {sorted(missing)}")
-        attach(loaded, spec)
-    except BaseException:
-        loaded.close()
-        raise
-    return loaded
-
-
-def _load_one(p: CompiledProgram, map_fds: dict[str, int]) -> int | BaseException:
-    """BPF_PROG_LOAD of p (the fd), or the error (returned: every thread's fd must be collected)."""
-    code = p.relocated(map_fds)
-    insns = ctypes.create_string_buffer(code, len(code))
-    license_ = ctypes.create_string_buffer(b"GPL")
-    attr = _ProgLoadAttr(prog_type=PROG_TYPES[p.prog_type], insn_cnt=len(code) // 8,
-                         insns=ctypes.addressof(insns), license=ctypes.addressof(license_),
-                         prog_name=p.function.encode()[:15], expected_attach_type=p.expected_attach_type,
-                         attach_btf_id=p.attach_btf_id)
-    try:
-        return bpf(BPF_PROG_LOAD, attr)
-    except OSError as e:
-        logbuf = ctypes.create_string_buffer(REFUSAL_LOG_BYTES)
-        attr.log_level, attr.log_size, attr.log_buf = 1, REFUSAL_LOG_BYTES, ctypes.addressof(logbuf)
-        try:
-            os.close(bpf(BPF_PROG_LOAD, attr))
-        except OSError:
-            pass
-        tail = logbuf.value.decode(errors="replace").strip().splitlines()[-3:]
-        return OSError(e.errno, f"{p.function}: {e.strerror}; verifier: {' | '.join(tail)}")
 
 
 def _open_dir(path: str) -> int:
