@@ -468,22 +468,28 @@ static __always_inline int path_step(struct map_scratch *s)
 	return s->w_done ? 1 : 0;
 }
 
-/* read_path's bpf_loop callbacks (bpf/callbacks.h), one per scratch slot. */
-int path_step_live(__u32 i)
+/* read_path's and the page-cache walk's steps over this CPU's scratch slot slot. */
+static __always_inline int path_step_slot(__u32 slot)
 {
-	__u32 slot = SLOT_LIVE;
 	struct map_scratch *s = map_scratch.lookup(&slot);
 
 	return s ? path_step(s) : 1;
 }
 
-int path_step_iter(__u32 i)
+static __always_inline int pc_step_slot(__u32 slot)
 {
-	__u32 slot = SLOT_ITER;
-	struct map_scratch *s = map_scratch.lookup(&slot);
+	__u32 zero = 0;
+	struct pc_scratch *s = pagecache_scratch.lookup(&slot);
+	struct pagecache_bases *b = pagecache_bases.lookup(&zero);
 
-	return s ? path_step(s) : 1;
+	return s && b ? pc_step(s, b) : 1;
 }
+
+/* The bpf_loop callbacks (bpf/callbacks.h; tracer.py CALLBACKS), one per scratch slot. */
+int path_step_live(__u32 i) { return path_step_slot(SLOT_LIVE); }
+int path_step_iter(__u32 i) { return path_step_slot(SLOT_ITER); }
+int pc_step_live(__u32 i) { return pc_step_slot(SLOT_LIVE); }
+int pc_step_iter(__u32 i) { return pc_step_slot(SLOT_ITER); }
 
 /*
  * The path of (u->dentry, u->vfsmnt) in its mount namespace, assembled
@@ -746,7 +752,8 @@ static __always_inline void read_build_id(const struct user_view *u, __u64 magic
 	 * between the branches would multiply the states the verifier follows
 	 * through the walk's loops.
 	 */
-	pagecache_build_id(u->mapping, size, &ev->bid, pcs, b);
+	pagecache_build_id(u->mapping, size, &ev->bid, pcs, b,
+			   slot == SLOT_ITER ? BPF_CALLBACK(CALLBACK_pc_step_iter) : BPF_CALLBACK(CALLBACK_pc_step_live));
 	memo_learn(u->inode, ev, ms);
 }
 

@@ -36,8 +36,9 @@
  * which (re)fills a window of at most PC_WIN file bytes when the bytes it
  * needs are not in it, then goes on with the ELF header, the program headers
  * or the notes of the current PT_NOTE segment as far as the window allows.
- * Its state lives in the per-CPU scratch value, not in registers, so the
- * verifier sees the same state at every loop head (linear verification).
+ * The steps are a bpf_loop (bpf/callbacks.h): the verifier checks one step,
+ * once per program, and the step finds its state in the per-CPU scratch
+ * value.
  * An ordinary library takes one window (its first PC_WIN bytes) and two or
  * three steps.
  *
@@ -48,6 +49,7 @@
 
 #include <linux/types.h>
 
+#include "callbacks.h"
 #include "events.h"	/* enum pagecache_status, struct pagecache_build_id, PC_BUILD_ID_MAX */
 
 /* Filled by user space (pagecache.py) after its start-up discovery; zeros: kernel path off. */
@@ -523,17 +525,52 @@ static __always_inline __u64 pc_need(struct pc_scratch *s, __u64 *len)
 }
 
 /*
+ * One step of the walk: (re)fill the window if the bytes the current phase
+ * needs are not in it, then go on with the ELF header, the program headers
+ * or the notes as far as the window allows.  Returns 1 when the walk is over
+ * (s->phase PC_PH_DONE), else 0: the body of the bpf_loop callback
+ * (bpf/callbacks.h) that the including program defines for its scratch slot:
+ *	int NAME(__u32 i) { ...look up s and b...; return s && b ? pc_step(s, b) : 1; }
+ */
+static __always_inline int pc_step(struct pc_scratch *s, const struct pagecache_bases *b)
+{
+	__u64 off, len;
+	__u32 st;
+
+	if (s->phase == PC_PH_DONE)
+		return 1;
+	off = pc_need(s, &len);
+	if (pc_in_window(s, off, len) < 0) {
+		if (off >= s->size || (off == s->win_off && s->win_len)) {
+			pc_finish(s, PC_MALFORMED);	/* cannot be in the file */
+			return 1;
+		}
+		st = pc_fill(s, b, off, len);
+		if (st != PC_OK) {
+			pc_finish(s, st);
+			return 1;
+		}
+	}
+	if (s->phase == PC_PH_EHDR)
+		pc_ehdr(s);
+	pc_phdrs(s);
+	pc_notes(s);
+	return s->phase == PC_PH_DONE ? 1 : 0;
+}
+
+/*
  * The GNU build-id of the file whose page cache is mapping (its struct
  * file's f_mapping, a struct address_space *) and whose size is size bytes,
- * into *out.  s: this CPU's scratch; b: the bases (NULL or zeros: off).
+ * into *out.  s: this CPU's scratch; b: the bases (NULL or zeros: off);
+ * step: BPF_CALLBACK(k) of the program's callback that runs pc_step over
+ * this same s and b (bpf/callbacks.h): the steps are a bpf_loop, verified
+ * once.
  */
 static __always_inline void pagecache_build_id(const void *mapping, __u64 size,
 					       struct pagecache_build_id *out,
-					       struct pc_scratch *s, const struct pagecache_bases *b)
+					       struct pc_scratch *s, const struct pagecache_bases *b,
+					       void *step)
 {
-	__u64 off, len;
-	int step;
-
 	out->status = PC_FAULT;
 	out->size = 0;
 	out->page = 0;
@@ -554,28 +591,7 @@ static __always_inline void pagecache_build_id(const void *mapping, __u64 size,
 		out->status = PC_NOT_ELF;
 		return;
 	}
-	for (step = 0; step < PC_MAX_STEPS; step++) {
-		__u32 st;
-
-		if (s->phase == PC_PH_DONE)
-			break;
-		off = pc_need(s, &len);
-		if (pc_in_window(s, off, len) < 0) {
-			if (off >= s->size || (off == s->win_off && s->win_len)) {
-				pc_finish(s, PC_MALFORMED);	/* cannot be in the file */
-				break;
-			}
-			st = pc_fill(s, b, off, len);
-			if (st != PC_OK) {
-				pc_finish(s, st);
-				break;
-			}
-		}
-		if (s->phase == PC_PH_EHDR)
-			pc_ehdr(s);
-		pc_phdrs(s);
-		pc_notes(s);
-	}
+	bpf_loop(PC_MAX_STEPS, step, NULL, 0);
 	out->status = s->phase == PC_PH_DONE ? s->status : PC_UNSUPPORTED;
 	out->page = s->page;
 	if (out->status == PC_OK) {

@@ -53,6 +53,16 @@ BPF_PERCPU_ARRAY(pagecache_scratch, struct pc_scratch, 1);
 BPF_ARRAY(pc_request, struct pc_request, 1);
 BPF_ARRAY(pc_reply, struct pc_reply, 1);
 
+/* The page-cache walk's step, a bpf_loop callback (bpf/callbacks.h; kernel/pagecache.py). */
+int pc_step_probe(__u32 i)
+{
+	__u32 zero = 0;
+	struct pc_scratch *s = pagecache_scratch.lookup(&zero);
+	struct pagecache_bases *b = pagecache_bases.lookup(&zero);
+
+	return s && b ? pc_step(s, b) : 1;
+}
+
 /* current->files->fdt->fd[fd], or NULL (fs/file.c files_lookup_fd_raw). */
 static __always_inline const void *pc_fd_file(__u64 fd)
 {
@@ -119,7 +129,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_fadvise64)
 #ifndef PC_NO_BUILD_ID
 	if (req->op == PC_OP_BUILD_ID)
 		pagecache_build_id((const void *)rep->mapping, rep->size, &rep->bid, pagecache_scratch.lookup(&zero),
-				   pagecache_bases.lookup(&zero));
+				   pagecache_bases.lookup(&zero), BPF_CALLBACK(CALLBACK_pc_step_probe));
 #endif
 	return 0;
 }

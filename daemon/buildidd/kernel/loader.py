@@ -98,8 +98,8 @@ class LoadSpec:
             (kernel.bpfsys.iter_chunks).  Optional: one the kernel refuses is
             left out of LoadedProgram.progs (said in the log).
         callbacks: the C functions of the source's ``bpf_loop`` callbacks; the k-th is the one
-            ``BPF_CALLBACK(k)`` names (bpf/callbacks.h), and the source sees its index as
-            ``-DCALLBACK_<function>=k`` (added to cflags by whoever builds the spec).
+            ``BPF_CALLBACK(k)`` names (bpf/callbacks.h), and the compile defines
+            ``CALLBACK_<function>`` as k (:meth:`compile_flags`).
     """
 
     src_file: str
@@ -109,6 +109,10 @@ class LoadSpec:
     required_tracepoints: tuple[str, ...] = ()
     iterators: tuple[str, ...] = ()
     callbacks: tuple[str, ...] = ()
+
+    def compile_flags(self) -> list[str]:
+        """cflags, and ``-DCALLBACK_<function>=k`` for the k-th of callbacks."""
+        return [*self.cflags, *(f"-DCALLBACK_{fn}={k}" for k, fn in enumerate(self.callbacks))]
 
     @property
     def name(self) -> str:
@@ -355,7 +359,7 @@ def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]]
             raise ProbeError(f"tracepoint {tp} does not exist on this kernel")
     t0 = time.monotonic()
     try:
-        b = CompileOnly(src_file=spec.src_file.encode(), cflags=list(spec.cflags))
+        b = CompileOnly(src_file=spec.src_file.encode(), cflags=spec.compile_flags())
     except Exception as e:  # BCC raises bare Exception on compile failure
         raise ProbeError(f"{spec.src_file} failed to compile: {e}") from e
     t1 = time.monotonic()

@@ -216,7 +216,7 @@ class PageCacheProbe:
         flags += [f"-I{BPF_DIR}", "-Wno-unused-function", *cflags]
         # BCC runs in the loader's child: this process never maps the compiler.
         spec = LoadSpec(os.path.join(BPF_DIR, PROBE_SOURCE), tuple(flags),
-                        required_tracepoints=("syscalls:sys_enter_fadvise64",))
+                        required_tracepoints=("syscalls:sys_enter_fadvise64",), callbacks=("pc_step_probe",))
         self.prog = load_program(spec, pin_root, cache_dir)
         try:
             self._req = self.prog.maps["pc_request"]

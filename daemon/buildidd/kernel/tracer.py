@@ -230,8 +230,9 @@ def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
 
 #: Ring buffers at most (bpf/buildidd.bpf.c declares events0..events7).
 MAX_RINGS = 8
-#: bpf/buildidd.bpf.c's bpf_loop callbacks (bpf/callbacks.h): read_path's step, per scratch slot.
-CALLBACKS = ("path_step_live", "path_step_iter")
+#: bpf/buildidd.bpf.c's bpf_loop callbacks (bpf/callbacks.h): read_path's step and the page-cache
+#: walk's step, per scratch slot.
+CALLBACKS = ("path_step_live", "path_step_iter", "pc_step_live", "pc_step_iter")
 
 
 def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int) -> LoadSpec:
@@ -251,7 +252,6 @@ def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int) -> LoadSpec:
     cflags = [f"-D{k}={v}" for k, v in sorted(layout.items())]
     cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={nrings}",
                f"-DWAKE_BYTES={max(page, ring_bytes // 8 // sharing)}", f"-I{BPF_DIR}", "-Wno-unused-function"]
-    cflags += [f"-DCALLBACK_{name}={k}" for k, name in enumerate(CALLBACKS)]
     raw = tuple((name, f"on_{name}") for kind, name in Tracer.PROGRAMS if kind == "raw_tracepoint")
     tracepoints: tuple[str, ...] = ()
     if "SYSCALL_REGS" in layout:
