@@ -206,3 +206,47 @@ def test_a_file_without_a_name_already_at_the_event_is_still_compared_on_ctime(t
             os.close(pfd)
     finally:
         os.close(fd)
+
+
+def test_a_hand_over_reaches_the_mapped_file_without_map_files_while_its_path_names_it(tmp_path, monkeypatch):
+    """The store's copy of a kernel-resolved mapping: the path inside the process's root first (no
+    lock of the process), /proc/PID/map_files (which takes its mmap_lock) only when the path names
+    another file now; the exact mapped inode either way."""
+    import mmap
+    import subprocess
+    import sys
+    from buildidd.resolve import routes as routes_mod
+    from buildidd.resolve.routes import Request, Routes, Source, make_resolution
+    from buildidd.memo import LruCache
+    lib = gcc("int f(void) { return 1; }\n", tmp_path / "lib.so", "-shared", "-fPIC", "-Wl,--build-id=sha1")
+    bid = readelf_build_id(lib)
+    ident = _ident(lib)
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, os, sys\n"
+        f"fd = os.open({str(lib)!r}, os.O_RDONLY)\n"
+        "m = mmap.mmap(fd, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC, flags=mmap.MAP_PRIVATE)\n"
+        "print('ready', flush=True); sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"ready\n"
+        with open(f"/proc/{child.pid}/maps") as f:
+            line = next(x for x in f if x.rstrip().endswith(str(lib)))
+        start, end = (int(x, 16) for x in line.split()[0].split("-"))
+        tried, got = [], []
+        real_open_route = routes_mod.open_route
+        monkeypatch.setattr(routes_mod, "open_route",
+                            lambda source, *a, **k: tried.append(source) or real_open_route(source, *a, **k))
+        r = Routes(LruCache("identity", 16), lambda ident_, res, fd: got.append(os.fstat(fd).st_ino))
+        req = Request(child.pid, start, end - start, str(lib), 1, ident)
+        res = make_resolution(ident, bid, Source.NONE, None, str(lib))
+        assert r.hand_over((req, res)) is True
+        assert tried == [Source.PROC_ROOT] and got == [ident.ino]
+        # The path now names another file: refused there, reached through map_files.
+        shutil.copy(lib, tmp_path / "other.so")
+        os.rename(tmp_path / "other.so", lib)
+        tried.clear()
+        got.clear()
+        assert r.hand_over((req, res)) is True
+        assert tried == [Source.PROC_ROOT, Source.MAP_FILES] and got == [ident.ino]
+    finally:
+        child.stdin.close()
+        child.wait()
