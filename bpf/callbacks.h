@@ -15,6 +15,12 @@
  * the BTF func_info it requires.  k is LoadSpec.callbacks' index of the
  * callback, passed as -DCALLBACK_<function>=k.
  *
+ * Kernel requirements: bpf_loop (5.17), and the BPF JIT for a program that
+ * has both a callback and a tail call (exec_vmas, on_sched_process_exec):
+ * the verifier refuses that mix to the interpreter ("tail_calls are not
+ * allowed in programs with bpf-to-bpf calls"); x86_64 and arm64 JIT it
+ * (this project's kernels: CONFIG_BPF_JIT_ALWAYS_ON).
+ *
  * A callback takes one argument, the iteration (BCC treats the first
  * argument of a non-static function as its context, and would rewrite any
  * other), so it finds its state in a per-CPU map, and returns 0 to go on, 1

@@ -7,12 +7,13 @@ import os
 from buildidd.capture.recorder import new_session_dir
 
 
-def test_a_second_session_of_the_same_process_in_the_same_second_gets_its_own_directory(tmp_path):
-    first = new_session_dir(str(tmp_path))
-    assert first.name.endswith(f"-{os.getpid()}")
-    first.mkdir()
-    second = new_session_dir(str(tmp_path))
-    assert second != first and second.parent == tmp_path
-    second.mkdir()
-    third = new_session_dir(str(tmp_path))
-    assert len({first, second, third}) == 3
+def test_two_sessions_of_one_process_get_two_directories_made_at_naming_time(tmp_path):
+    root = tmp_path / "sessions"
+    first = new_session_dir(str(root))
+    assert first.is_dir() and not os.listdir(first) and first.name.endswith(f"-{os.getpid()}")
+    # Named before either session starts writing: the second must not get the first's name.
+    second = new_session_dir(str(root))
+    third = new_session_dir(str(root))
+    assert len({first, second, third}) == 3 and all(p.is_dir() for p in (second, third))
+    if second.name.startswith(first.name):          # the same second: suffixes sort in start order
+        assert sorted([third.name, second.name, first.name]) == [first.name, second.name, third.name]

@@ -353,3 +353,33 @@ def test_every_program_verifies_in_well_under_the_verifier_limit(bpf, compiled_c
                 os.close(fd)
     assert {"on_sys_exit", "exec_vmas", "bpf_iter__task_vma", "on_sched_process_exec"} <= seen.keys()
     assert max(seen.values()) < 500_000, seen
+
+
+def test_an_object_from_disk_may_name_no_fd_function_or_kernel_function_the_capture_did_not_make():
+    """The cache is loaded by root: a map load not among the map references (its imm would be one
+    of the daemon's fds), a stray pseudo source, a kfunc call, a subprogram nothing names, or a
+    name BTF would not take is refused before anything reaches the kernel."""
+    from buildidd.kernel.compiled import CompiledMap, CompiledObject, CompiledProgram, _digest
+    ld_map = _insn(0x18, 1, 1, 0, 0) + _insn(0)
+    ret = _insn(0xb7) + _insn(0x95)
+    maps = (CompiledMap("m", 2, 4, 8, 1, 0, "m"),)
+    good = CompiledProgram("f", "raw_tracepoint", ld_map + ret, ((0, "m"),))
+    assert CompiledObject.from_json(CompiledObject(maps, (good,)).to_json()).programs == (good,)
+    for bad, why in (
+            (CompiledProgram("f", "raw_tracepoint", ld_map + ld_map + ret, ((0, "m"),)), "unlisted map load"),
+            (CompiledProgram("f", "raw_tracepoint", _insn(0x18, 1, 1, 0, 5) + _insn(0) + ret, ((0, "m"),)),
+             "a map load with an fd in it"),
+            (CompiledProgram("f", "raw_tracepoint", _insn(0x18, 1, 0, 0, 0) + _insn(0) + ret, ((0, "m"),)),
+             "a reference on a plain constant"),
+            (CompiledProgram("f", "raw_tracepoint", _insn(0x18, 1, 6, 0, 0) + _insn(0) + ret, ()), "map value"),
+            (CompiledProgram("f", "raw_tracepoint", _insn(0x85, 0, 2, 0, 7) + ret, ()), "kfunc call"),
+            (CompiledProgram("f", "raw_tracepoint", ret + ret, (), 0, 0, ((2, "step"),)), "unnamed subprogram"),
+            (CompiledProgram("f\u00e9", "raw_tracepoint", ret, ()), "not ASCII"),
+            (CompiledProgram("f", "raw_tracepoint", ld_map, ((0, "m"),)), "no exit, but whole")):
+        doc = CompiledObject(maps, (bad,)).to_json()
+        doc["sha256"] = _digest(doc["body"])
+        if why == "no exit, but whole":     # structurally fine: the verifier, not this check, refuses it
+            CompiledObject.from_json(doc)
+            continue
+        with pytest.raises(ValueError):
+            CompiledObject.from_json(doc)

@@ -46,6 +46,7 @@ from buildidd.resolve.enrich import Enricher, Offload, Resolution
 from buildidd.resolve.routes import Routes
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
 from buildidd.sessionlog import seal_unclosed_sessions
+from buildidd.sessionlog.segments import DIR_MODE
 
 __all__ = ["Recorder", "Stats", "new_session_dir"]
 
@@ -57,16 +58,41 @@ RUN_COUNTS = ("mmap", "resolved", "fork", "exit", "comm", "exec")
 
 
 def new_session_dir(root: str) -> Path:
-    """A fresh session directory name under root: UTC start time and daemon pid, then ``.N`` when
-    this process started another session in the same second (a restart of the recorder inside
-    one process now takes less than a second)."""
+    """A fresh session directory under root, made now (empty; the writer adopts it): UTC start time
+    and daemon pid, then ``.NNNN`` (from 0002, so that names sort in start order) when this process
+    already made one in the same second (a restart of the recorder inside one process takes less
+    than a second).  When root cannot be written the name is returned unmade: the writer's own
+    attempt then reports why.
+    """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = Path(root) / f"{stamp}-{os.getpid()}"
-    n = 1
-    while os.path.lexists(path):
-        n += 1
-        path = Path(root) / f"{stamp}-{os.getpid()}.{n}"
-    return path
+    base = Path(root) / f"{stamp}-{os.getpid()}"
+    try:
+        os.makedirs(root, mode=DIR_MODE, exist_ok=True)
+    except OSError:
+        return base
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}.{n:04d}")
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            continue
+        except OSError:
+            return path
+        return path
+    return base.with_name(f"{base.name}.{time.monotonic_ns()}")
+
+
+def _load_or_unmake(config: Config, session_dir: Path) -> tuple[KernelPath, Tracer]:
+    """load_programs(config); when it raises, session_dir (made empty by new_session_dir, nothing
+    recorded in it) is removed first."""
+    try:
+        return load_programs(config)
+    except BaseException:
+        try:
+            os.rmdir(session_dir)
+        except OSError:
+            pass
+        raise
 
 
 class Recorder:
@@ -116,7 +142,7 @@ class Recorder:
         t0 = time.monotonic()
         # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
         seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
-        self.kernel_path, self.tracer = load_programs(self.config)
+        self.kernel_path, self.tracer = _load_or_unmake(self.config, self.session_dir)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
         record = session_record(self.session_dir, self.tracer, self.tracked is not None, self.kernel_path)

@@ -1,10 +1,11 @@
 """What BCC compiled, as data: the instructions and map definitions a plain bpf(2) load needs.
 
 The loader's child (:mod:`buildidd.kernel.loader`) captures this right after
-BCC's compile: for each function it loads, the instructions as BCC hands
-them to the kernel (``BPF.dump_func``: map references already resolved to
-the child's map fds), and for each map what BPF_MAP_CREATE needs (from
-BPF_OBJ_GET_INFO_BY_FD of the map BCC made).  Every map reference is a
+BCC's compile, and kernel.objload loads it (there, and from the compile
+cache): for each program, the instructions as BCC compiled them
+(``BPF.dump_func``: map references already resolved to the child's map fds),
+and for each map what BPF_MAP_CREATE needs (from BPF_OBJ_GET_INFO_BY_FD of
+the map BCC made).  Every map reference is a
 ``BPF_LD | BPF_IMM | BPF_DW`` instruction with ``src_reg`` BPF_PSEUDO_MAP_FD
 (include/uapi/linux/bpf.h); the capture replaces the child's fd by the map's
 name, so :mod:`buildidd.kernel.progcache` can create the maps again in
@@ -247,25 +248,65 @@ def _scan(function: str, insns: bytes, fd_names: dict[int, str],
     return out, refs, links
 
 
+#: Longest C function name accepted (BTF and the kernel take far longer ones; this bounds the file).
+MAX_NAME_CHARS = 128
+
+
+def _name_ok(name: str) -> bool:
+    """An ASCII C identifier of at most MAX_NAME_CHARS: what BTF's FUNC names (func_info) accept."""
+    return name.isascii() and name.isidentifier() and len(name) <= MAX_NAME_CHARS
+
+
 def _check_program(p: CompiledProgram, map_names: set[str]) -> None:
+    """Every instruction that names something outside the program is one the capture made: a map
+    load at a map_refs index (imm 0 until relocated), a function load of a subprogram start
+    (each start named by one), no kfunc call; names are identifiers.  The file is read by root
+    and loaded into the kernel: nothing in it may reach another fd or function."""
     if p.prog_type not in PROG_TYPES:
         raise ValueError(f"{p.function}: unknown program type {p.prog_type!r}")
+    if not _name_ok(p.function) or any(not _name_ok(name) for _, name in p.subprogs):
+        raise ValueError(f"{p.function!r}: a program or subprogram name that is not a C identifier")
     count = len(p.insns) // 8
     if len(p.insns) % 8 or not 0 < count <= MAX_INSNS:
         raise ValueError(f"{p.function}: {len(p.insns)} bytes of instructions")
+    refs = {}
     for index, name in p.map_refs:
         if name not in map_names:
             raise ValueError(f"{p.function}: references unknown map {name!r}")
-        if not 0 <= index < count - 1 or p.insns[index * 8] != LD_IMM64 or p.insns[index * 8 + 1] >> 4 != PSEUDO_MAP_FD:
-            raise ValueError(f"{p.function}: map reference at instruction {index} is not a map load")
+        refs[index] = name
     starts = [off for off, _ in p.subprogs]
-    if starts != sorted(set(starts)) or any(not 0 < off < count for off in starts) or \
-            any(not name.isidentifier() for _, name in p.subprogs):
+    if starts != sorted(set(starts)) or any(not 0 < off < count for off in starts):
         raise ValueError(f"{p.function}: malformed subprogram list {list(p.subprogs)}")
-    for i in range(count - 1):
+    targets, loads = set(), set()
+    i = 0
+    while i < count:
         code, regs, _off, imm = INSN.unpack_from(p.insns, i * 8)
-        if code == LD_IMM64 and regs >> 4 == PSEUDO_FUNC and i + 1 + imm not in starts:
-            raise ValueError(f"{p.function}: instruction {i} loads a function that is not a subprogram")
+        src = regs >> 4
+        if code == CALL and src == PSEUDO_KFUNC_CALL:
+            raise ValueError(f"{p.function}: instruction {i} calls a kernel function")
+        if code != LD_IMM64:
+            i += 1
+            continue
+        if i + 1 >= count:
+            raise ValueError(f"{p.function}: a 64-bit load cut at the end")
+        high = INSN.unpack_from(p.insns, (i + 1) * 8)
+        loads.add(i)
+        if (i in refs) != (src == PSEUDO_MAP_FD):
+            raise ValueError(f"{p.function}: map reference {i} is not a map load, or a map load is not listed")
+        if src == PSEUDO_MAP_FD:
+            if imm != 0 or high[3] != 0:
+                raise ValueError(f"{p.function}: instruction {i} loads a map that is not a map reference")
+        elif src == PSEUDO_FUNC:
+            if i + 1 + imm not in starts or high != (0, 0, 0, 0):
+                raise ValueError(f"{p.function}: instruction {i} loads a function that is not a subprogram")
+            targets.add(i + 1 + imm)
+        elif src != 0:
+            raise ValueError(f"{p.function}: instruction {i} loads pseudo source {src}")
+        i += 2
+    if set(refs) - loads:
+        raise ValueError(f"{p.function}: a map reference that is not a 64-bit load")
+    if targets != set(starts):
+        raise ValueError(f"{p.function}: a subprogram no instruction names")
 
 
 def _digest(body: object) -> str:

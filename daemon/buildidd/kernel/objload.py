@@ -176,7 +176,20 @@ def _load_btf(blob: bytes) -> int:
 
 
 def _load_one(p: CompiledProgram, map_fds: dict[str, int]) -> int | BaseException:
-    """BPF_PROG_LOAD of p (the fd), or the error (returned: every thread's fd must be collected)."""
+    """BPF_PROG_LOAD of p (the fd), or the error, whatever it is: returned, not raised, so that
+    load_object collects every other thread's fd before it raises."""
+    try:
+        return _load(p, map_fds)
+    except Exception as e:  # noqa: BLE001 - handed to load_object, which raises it
+        return e
+
+
+def _load(p: CompiledProgram, map_fds: dict[str, int]) -> int | BaseException:
+    """BPF_PROG_LOAD of p: the fd, or the kernel's refusal (OSError, returned).
+
+    Raises:
+        KeyError: a map p references is not in map_fds.
+    """
     code = p.relocated(map_fds)
     insns = ctypes.create_string_buffer(code, len(code))
     license_ = ctypes.create_string_buffer(b"GPL")
