@@ -24,7 +24,8 @@ func_info that kernel.objload hands the verifier.
 An LD_IMM64 with any other pseudo source (a map value, a BTF id), a call of a
 kernel function (BPF_PSEUDO_KFUNC_CALL, whose BTF id belongs to one kernel) or
 a map type outside :data:`MAP_TYPES` (map-in-map, storage and BTF-typed maps
-need more than BPF_MAP_CREATE's sizes) is not captured: it raises.
+need more than BPF_MAP_CREATE's sizes) is not captured: it raises, and the
+source does not load (nothing else loads what BCC compiled).
 """
 
 from __future__ import annotations

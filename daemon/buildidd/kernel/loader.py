@@ -1,35 +1,19 @@
-"""Compile and load a BPF program in a short-lived child; keep only file descriptors.
+"""Compile a BPF program with BCC in a short-lived child; load what it compiled here, without BCC.
 
 BCC stays the compiler, but importing it maps libbcc, libLLVM (~55 MiB) and
 libclang-cpp (~28 MiB) into the process for good.  :func:`load` runs BCC in a
-child process (``python -m buildidd.kernel.loader``) that compiles the source,
-captures what BCC compiled as data (kernel.compiled: each program's
+child process (``python -m buildidd.kernel.loader``) that compiles the source
+and captures what BCC compiled as data (kernel.compiled: each program's
 instructions with its map references by name and its ``bpf_loop`` callbacks
-linked in, each map's sizes), loads and attaches that capture with plain
-bpf(2) (kernel.objload, the same code that loads it from the compile cache),
-then hands every file descriptor that matters to the parent over a socketpair
-with SCM_RIGHTS and exits.  The parent never imports bcc.  BCC does not load
-anything itself: it cannot load a program that calls bpf_loop (it does not
-relocate a callback's address).
+linked in, each map's sizes), sends that to the parent over a socketpair and
+exits.  The parent loads and attaches it with plain bpf(2) (kernel.objload,
+the same code that loads it from the compile cache).  The parent never
+imports bcc, and BCC loads nothing: it cannot load a program that calls
+bpf_loop (it does not relocate a callback's address).
 
-What keeps things alive once the child is gone (the kernel counts references
-to the open files, not to the process that opened them):
-
-- a tracepoint program: the perf event fd it is attached to
-  (perf_event_open + PERF_EVENT_IOC_SET_BPF, kernel.attach), holding the
-  program;
-- a raw tracepoint program: the fd of BPF_RAW_TRACEPOINT_OPEN, holding the
-  program;
-- a tail-called program: its slot in the BPF_MAP_TYPE_PROG_ARRAY.  The kernel
-  empties a program array when its last user reference goes away
-  (kernel/bpf/arraymap.c, prog_array_map_clear on map_release_uref), so the
-  parent must keep that map's fd open for tail calls to keep working;
-- a map: every program using it, and the fd the parent holds.
-
-Closing the attachment fds (:meth:`LoadedProgram.close`) detaches.  The child
-also sends the capture, which kernel.progcache keeps on disk and loads at a
-later first start without compiling; on a restart the daemon takes back what
-was pinned in bpffs (kernel.pinned) instead.
+The capture is also what kernel.progcache keeps on disk and loads at a later
+first start without compiling; on a restart the daemon takes back what was
+pinned in bpffs (kernel.pinned) instead.
 """
 
 from __future__ import annotations
@@ -51,8 +35,6 @@ from buildidd.kernel.compiled import MAP_TYPES, CompiledMap, CompiledObject, cap
 
 log = logging.getLogger(__name__)
 
-#: File descriptors per SCM_RIGHTS message (the kernel's SCM_MAX_FD is 253).
-FDS_PER_MESSAGE = 64
 #: Largest message either side accepts (the spec; one chunk of names).
 MAX_MESSAGE_BYTES = 1 << 20
 #: Characters of the compiled object's JSON per message (kernel.compiled; ~110 KB in all).
@@ -165,13 +147,13 @@ class LoadedProgram:
         links: ``kind:target`` (``tracepoint:syscalls:sys_exit_mmap``,
             ``raw_tracepoint:sched_process_exec``) → the fd holding the attachment.
         compile_s: seconds the child spent in BCC's compile.
-        attach_s: seconds the child spent capturing, loading (the verifier) and attaching.
+        attach_s: seconds spent loading (the verifier) and attaching what was compiled.
         load_s: seconds from spawning the child to holding every fd (all of it).
         reused: True when taken from bpffs pins (kernel.pinned): nothing compiled or verified.
         cached: True when loaded from the on-disk compile cache (kernel.progcache): nothing
             compiled, verified again.
         compiled: what the child compiled, as data (kernel.compiled), for that cache; None when
-            taken from pins or the child could not capture it.
+            taken from pins or the cache.
         lock_fd: the kernel.pinned lock this program holds (-1: none), released by close().
     """
 
@@ -213,23 +195,24 @@ class LoadedProgram:
 
 
 def load(spec: LoadSpec, timeout_s: float = 120.0) -> LoadedProgram:
-    """Compile, load and attach spec in a child process and take over its file descriptors.
+    """Compile spec in a child process, then load and attach what it compiled (kernel.objload).
 
     The child is ``sys.executable -m buildidd.kernel.loader``: this interpreter,
     which must see both buildidd and bcc (python3-bpfcc).
 
     Args:
         spec: what to load.
-        timeout_s: longest wait for the child (compile + load + attach), seconds.
+        timeout_s: longest wait for the child's compile, seconds.
     Returns:
-        The :class:`LoadedProgram`; the child has exited.
+        The :class:`LoadedProgram`, with ``compiled`` the capture; the child has exited.
     Raises:
         ProbeError: the child failed (BCC's message and the tail of its stderr
-            included), timed out, or sent something malformed.
+            included), timed out, or sent something malformed; or the kernel
+            refused a map, a program (the verifier's message) or an attachment.
     """
+    from buildidd.kernel.objload import load_object     # objload imports this module
     t0 = time.monotonic()
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    loaded = LoadedProgram()
     with parent, tempfile.TemporaryFile() as err:
         with child:
             try:
@@ -241,27 +224,27 @@ def load(spec: LoadSpec, timeout_s: float = 120.0) -> LoadedProgram:
         try:
             parent.settimeout(timeout_s)
             parent.sendall(spec.to_json())
-            result = _receive(parent, loaded)
+            result = _receive(parent)
             proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+            if "error" in result or proc.returncode != 0:
+                raise ProbeError(f"exit {proc.returncode}: {result.get('error', 'no result')}")
+            obj = CompiledObject.from_json(result.get("compiled"))
         except (OSError, ValueError, subprocess.TimeoutExpired, ProbeError) as e:
-            proc.kill()
-            proc.wait()
-            loaded.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
             raise ProbeError(f"BPF loader child failed: {e}{_tail(err)}") from e
-        if "error" in result or proc.returncode != 0:
-            loaded.close()
-            raise ProbeError(f"BPF loader child failed (exit {proc.returncode}): "
-                             f"{result.get('error', 'no result')}{_tail(err)}")
         warnings = _tail(err)
         if warnings:
             log.debug("BPF loader child said:%s", warnings)
-    if result.get("compiled") is not None:
-        try:
-            loaded.compiled = CompiledObject.from_json(result["compiled"])
-        except ValueError as e:
-            log.warning("BPF loader child sent a malformed compiled object: %s", e)
+    t1 = time.monotonic()
+    try:
+        loaded = load_object(obj, spec)
+    except (OSError, KeyError) as e:
+        raise ProbeError(f"{spec.src_file}: cannot load or attach: {e}") from e
+    loaded.compiled = obj
     loaded.compile_s = float(result.get("compile_s", 0.0))
-    loaded.attach_s = float(result.get("attach_s", 0.0))
+    loaded.attach_s = time.monotonic() - t1
     loaded.load_s = time.monotonic() - t0
     return loaded
 
@@ -275,50 +258,32 @@ def _tail(f) -> str:
     return f"\n{text}" if text else ""
 
 
-def _receive(sock: socket.socket, loaded: LoadedProgram) -> dict:
-    """Read the child's messages into loaded until its final one (returned as a dict).
+def _receive(sock: socket.socket) -> dict:
+    """The child's final message as a dict: ``{"done": ..., "compile_s": s}`` or ``{"error": ...}``.
 
-    Each message is JSON ``{"kind": "map"|"prog"|"link", "names": [...]}`` with
-    as many fds (SCM_RIGHTS) as names, or the final ``{"done": ...}`` /
-    ``{"error": ...}``.  Every fd received ends up owned by loaded or closed.
-    ``{"compiled_part": text}`` messages (no fds) are joined into the final dict's
-    ``compiled`` (the JSON of a kernel.compiled.CompiledObject, or null).
+    ``{"compiled_part": text}`` messages before it are joined into its ``compiled`` (the JSON
+    of a kernel.compiled.CompiledObject).
+
+    Raises:
+        ProbeError: the socket closed first, or a message was truncated or not a JSON object.
+        ValueError: a message or the joined parts are not JSON.
     """
     parts: list[str] = []
     while True:
-        msg, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE_BYTES, FDS_PER_MESSAGE)
-        pending = list(fds)
-        try:
-            if not msg and not fds:
-                raise ProbeError("the loader child closed the socket without a result")
-            if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
-                raise ProbeError("truncated message from the loader child")
-            body = json.loads(msg)
-            if not isinstance(body, dict):
-                raise ProbeError("malformed message from the loader child")
-            if "kind" not in body:
-                if fds:
-                    raise ProbeError("file descriptors with the final message")
-                if "compiled_part" in body:
-                    parts.append(str(body["compiled_part"]))
-                    continue
-                if parts:
-                    body["compiled"] = json.loads("".join(parts))
-                return body
-            kind, names = body["kind"], [str(n) for n in body["names"]]
-            table = {"map": loaded.maps, "prog": loaded.progs, "link": loaded.links}.get(kind)
-            if table is None or len(names) != len(fds):
-                raise ProbeError(f"{len(fds)} fds for {len(names)} names of kind {kind!r}")
-            while pending:
-                name = names[len(fds) - len(pending)]
-                if name in table:
-                    raise ProbeError(f"{kind} {name!r} sent twice")
-                fd = pending[0]
-                table[name] = MapRef(fd, map_info(fd)) if kind == "map" else fd
-                pending.pop(0)
-        finally:
-            for fd in pending:
-                os.close(fd)
+        msg, _, flags, _ = sock.recvmsg(MAX_MESSAGE_BYTES)
+        if not msg:
+            raise ProbeError("the loader child closed the socket without a result")
+        if flags & socket.MSG_TRUNC:
+            raise ProbeError("truncated message from the loader child")
+        body = json.loads(msg)
+        if not isinstance(body, dict):
+            raise ProbeError("malformed message from the loader child")
+        if "compiled_part" in body:
+            parts.append(str(body["compiled_part"]))
+            continue
+        if parts:
+            body["compiled"] = json.loads("".join(parts))
+        return body
 
 
 # ---- the child ---------------------------------------------------------------------------
@@ -338,21 +303,25 @@ def _table_fds(b) -> list[tuple[str, int]]:
             for i in range(lib.bpf_num_tables(b.module))]
 
 
-def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]], dict]:
-    """Compile spec with BCC, capture it (kernel.compiled) and load and attach the capture with
-    kernel.objload; return the fds to send by kind, and timings."""
+def _child_load(spec: LoadSpec) -> dict:
+    """Compile spec with BCC and capture it (kernel.compiled): ``{"compiled": the capture's JSON,
+    "compile_s": seconds}``.
+
+    Raises:
+        ProbeError: a required tracepoint is missing, BCC cannot compile, or the capture fails.
+        OSError: as _capture.
+    """
     from bcc import BPF
-    from buildidd.kernel.objload import load_object
     from buildidd.kernel.tracer import ensure_tracefs
 
     class CompileOnly(BPF):
-        """BCC's module without its autoload of ``tracepoint__*`` functions: kernel.objload
-        loads and attaches every program (BCC cannot load one that calls bpf_loop)."""
+        """BCC's module without its autoload of ``tracepoint__*`` functions: the parent loads and
+        attaches every program (kernel.objload; BCC cannot load one that calls bpf_loop)."""
 
         def _trace_autoload(self) -> None:
             pass
 
-    ensure_tracefs()
+    ensure_tracefs()        # BCC reads a TRACEPOINT_PROBE's fields from tracefs
     for tp in spec.required_tracepoints:
         category, _, event = tp.partition(":")
         if not BPF.tracepoint_exists(category, event):
@@ -362,17 +331,8 @@ def _child_load(spec: LoadSpec) -> tuple[list[tuple[str, list[tuple[str, int]]]]
         b = CompileOnly(src_file=spec.src_file.encode(), cflags=spec.compile_flags())
     except Exception as e:  # BCC raises bare Exception on compile failure
         raise ProbeError(f"{spec.src_file} failed to compile: {e}") from e
-    t1 = time.monotonic()
-    obj = _capture(b, _table_fds(b), spec)
-    try:
-        loaded = load_object(obj, spec)
-    except (OSError, KeyError) as e:
-        raise ProbeError(f"cannot load or attach: {e}") from e
-    t2 = time.monotonic()
-    groups = [("map", [(name, ref.fd) for name, ref in loaded.maps.items()]),
-              ("prog", list(loaded.progs.items())),
-              ("link", list(loaded.links.items()))]
-    return groups, {"compile_s": t1 - t0, "attach_s": t2 - t1, "compiled": obj.to_json()}
+    compile_s = time.monotonic() - t0
+    return {"compiled": _capture(b, _table_fds(b), spec).to_json(), "compile_s": compile_s}
 
 
 def _function_kinds(spec: LoadSpec) -> dict[str, str]:
@@ -442,16 +402,11 @@ def _iterator_btf_id(function: str) -> int:
 
 
 def _child_main(fd: int) -> int:
-    """Entry point of the child: read the spec, load, send fds, report."""
+    """Entry point of the child: read the spec, compile and capture, send the capture."""
     sock = socket.socket(fileno=fd)
     try:
         spec = LoadSpec.from_json(sock.recv(MAX_MESSAGE_BYTES))
-        groups, report = _child_load(spec)
-        for kind, items in groups:
-            for i in range(0, len(items), FDS_PER_MESSAGE):
-                chunk = items[i:i + FDS_PER_MESSAGE]
-                socket.send_fds(sock, [json.dumps({"kind": kind, "names": [n for n, _ in chunk]}).encode()],
-                                [f for _, f in chunk])
+        report = _child_load(spec)
         compiled = json.dumps(report.pop("compiled"))
         for i in range(0, len(compiled), COMPILED_PART_CHARS):     # a datagram stays below wmem_default
             sock.send(json.dumps({"compiled_part": compiled[i:i + COMPILED_PART_CHARS]}).encode())
@@ -464,6 +419,5 @@ def _child_main(fd: int) -> int:
 
 if __name__ == "__main__":
     sys.stdout.flush()
-    # os._exit: skip BCC's atexit cleanup (it would detach what the parent now holds
-    # where detaching is more than closing an fd, e.g. kprobe_events entries).
+    # os._exit: skip BCC's atexit cleanup; nothing the child made outlives it.
     os._exit(_child_main(int(sys.argv[1])))
