@@ -72,23 +72,6 @@ struct pending_mprotect {
 };
 #endif
 
-/*
- * What the user opened: file->f_path and file->f_inode, except for an
- * overlayfs backing file (FMODE_BACKING, Linux 6.6, commit 62d53c4a1dfe:
- * ovl_mmap() puts the real file in vma->vm_file), embedded in a struct
- * backing_file whose user_path is the overlay path; its dentry's inode is
- * the overlay inode that stat(2) and /proc/PID/maps show.
- */
-#define FMODE_BACKING	(1U << 24)	/* include/linux/fs.h */
-
-struct user_view {
-	const void *dentry;	/* struct dentry * */
-	const void *vfsmnt;	/* struct vfsmount * */
-	const void *inode;	/* struct inode * */
-	const void *mapping;	/* file->f_mapping: the page cache of the mapped (real) file */
-	const void *real_inode;	/* file->f_inode: the mapped file's inode (on overlayfs the real one) */
-};
-
 struct map_scratch {
 	struct map_event ev;
 	/* read_path's walk state */
@@ -97,14 +80,6 @@ struct map_scratch {
 	__u32 w_flags;			/* BUILDIDD_PATH_TRUNCATED when the walk cut the path */
 	__u8 w_dent[DENTRY_SPAN_LEN];	/* struct dentry from DENTRY_SPAN_BASE */
 	char buf[2 * BUILDIDD_PATH_MAX];	/* path assembled backwards from its end */
-	/*
-	 * The event's file and its file system's magic, kept here rather than
-	 * on the stack across read_path: a value live in a register or stack
-	 * slot through the walk's loop, and different on two paths into it,
-	 * makes the verifier follow the whole loop once per path.
-	 */
-	struct user_view u;
-	__u64 magic;
 };
 
 struct exec_scratch {
@@ -339,6 +314,23 @@ static __always_inline void fill_task_header(struct event_header *h, __u32 type,
 	h->time_ns = bpf_ktime_get_boot_ns();
 	bpf_probe_read_kernel(h->comm, sizeof(h->comm), AT(task, OFF_TASK_STRUCT_COMM));
 }
+
+/*
+ * What the user opened: file->f_path and file->f_inode, except for an
+ * overlayfs backing file (FMODE_BACKING, Linux 6.6, commit 62d53c4a1dfe:
+ * ovl_mmap() puts the real file in vma->vm_file), embedded in a struct
+ * backing_file whose user_path is the overlay path; its dentry's inode is
+ * the overlay inode that stat(2) and /proc/PID/maps show.
+ */
+#define FMODE_BACKING	(1U << 24)	/* include/linux/fs.h */
+
+struct user_view {
+	const void *dentry;	/* struct dentry * */
+	const void *vfsmnt;	/* struct vfsmount * */
+	const void *inode;	/* struct inode * */
+	const void *mapping;	/* file->f_mapping: the page cache of the mapped (real) file */
+	const void *real_inode;	/* file->f_inode: the mapped file's inode (on overlayfs the real one) */
+};
 
 /* struct file's f_mode, f_mapping, f_inode and f_path lie within FILE_SPAN_LEN bytes (tracer.py). */
 #define FILE_FIELD(buf, off, type) (*(type *)((buf) + (off) - FILE_SPAN_BASE))
@@ -765,17 +757,19 @@ static __always_inline void read_build_id(const struct user_view *u, __u64 magic
 static __always_inline int prepare_map_event(struct map_scratch *s, const void *file, __u32 slot)
 {
 	struct map_event *ev = &s->ev;
+	struct user_view u;
 	__u32 off, plen;
+	__u64 magic;
 
 	ev->id_flags = 0;
 	ev->path_len = 0;
-	if (user_view(file, &s->u, &ev->id_flags) || read_file_id(s->u.inode, &ev->file, &s->magic))
+	if (user_view(file, &u, &ev->id_flags) || read_file_id(u.inode, &ev->file, &magic))
 		return -1;
-	off = read_path(&s->u, s, &ev->id_flags, slot);
+	off = read_path(&u, s, &ev->id_flags, slot);
 	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
 	bpf_probe_read_kernel(ev->path, plen, s->buf + (off & PATH_MASK));
 	ev->path_len = plen;
-	read_build_id(&s->u, s->magic, ev, slot);
+	read_build_id(&u, magic, ev, slot);
 	return plen;
 }
 
@@ -1088,7 +1082,9 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	struct exec_scratch *s;
 	struct map_scratch *ms;
 	struct exec_stage *st;
-	__u32 zero = 0, size, flen, plen, compat = 0;
+	struct user_view u;
+	__u32 zero = 0, size, flen, plen, off, compat = 0;
+	__u64 magic;
 	int i, n;
 
 	s = exec_scratch.lookup(&zero);
@@ -1101,19 +1097,17 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	s->ev.id_flags = 0;
 	/* At this tracepoint bprm->file is the ELF that runs (exec_binprm() swapped a #! script for its interpreter). */
 	file = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILE));
-	if (!file || user_view(file, &ms->u, &s->ev.id_flags) ||
-	    read_file_id(ms->u.inode, &s->ev.file, &ms->magic)) {
+	if (!file || user_view(file, &u, &s->ev.id_flags) || read_file_id(u.inode, &s->ev.file, &magic)) {
 		count_drop(BUILDIDD_DROP_READ_FAILED);
 		return 0;
 	}
-	/* Nothing of the event but memory lives through the path walk (see struct map_scratch). */
-	read_path(&ms->u, ms, &s->ev.id_flags, SLOT_LIVE);
 	filename = rdptr(AT(bprm, OFF_LINUX_BINPRM_FILENAME));
 	n = bpf_probe_read_kernel_str(s->ev.names, BUILDIDD_PATH_MAX, filename);
 	flen = (n > 0 ? n - 1 : 0) & PATH_MASK;
 	s->ev.filename_len = flen;
-	plen = (BUILDIDD_PATH_MAX - ms->w_off) & PATH_MASK;
-	bpf_probe_read_kernel(s->ev.names + flen, plen, ms->buf + (ms->w_off & PATH_MASK));
+	off = read_path(&u, ms, &s->ev.id_flags, SLOT_LIVE);
+	plen = (BUILDIDD_PATH_MAX - off) & PATH_MASK;
+	bpf_probe_read_kernel(s->ev.names + flen, plen, ms->buf + (off & PATH_MASK));
 	s->ev.path_len = plen;
 	size = offsetof(struct exec_event, names) + flen + plen;
 	if (size > sizeof(s->ev))

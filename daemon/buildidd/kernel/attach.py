@@ -12,12 +12,13 @@ import ctypes
 import fcntl
 import os
 import struct
+import threading
 
 from buildidd.errors import ProbeError
 from buildidd.kernel.bpfsys import bpf
 from buildidd.kernel.loader import LoadedProgram, LoadSpec
 
-__all__ = ["attach"]
+__all__ = ["attach", "ensure_tracefs"]
 
 BPF_RAW_TRACEPOINT_OPEN = 17
 PERF_TYPE_TRACEPOINT = 2
@@ -36,6 +37,25 @@ class _RawTpAttr(ctypes.Structure):
     _fields_ = [("name", ctypes.c_uint64), ("prog_fd", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
 
 
+#: Serializes ensure_tracefs: the probe and the main program load at once (capture.kernelpath).
+_TRACEFS_LOCK = threading.Lock()
+
+
+def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
+    """Mount tracefs at path when it is not mounted (BCC reads a TRACEPOINT_PROBE's fields there; a
+    tracepoint program is attached by its id there).
+
+    Raises:
+        ProbeError: the mount failed.
+    """
+    with _TRACEFS_LOCK:
+        if os.path.exists(os.path.join(path, "events")):
+            return
+        if _libc.mount(b"nodev", path.encode(), b"tracefs", 0, None) != 0:
+            err = ctypes.get_errno()
+            raise ProbeError(f"cannot mount tracefs at {path}: {os.strerror(err)}")
+
+
 def attach(loaded: LoadedProgram, spec: LoadSpec) -> None:
     """Fill spec's program-array slots, attach every ``tracepoint__<category>__<event>`` program
     (BCC's TRACEPOINT_PROBE naming) and spec's raw tracepoints; the attachment fds go into
@@ -44,10 +64,13 @@ def attach(loaded: LoadedProgram, spec: LoadSpec) -> None:
     Raises:
         KeyError: a program or map spec names is not in loaded.
         OSError: the kernel refused an attachment (what was attached stays in loaded.links).
-        ProbeError: perf_event_open's number is unknown on this machine.
+        ProbeError: perf_event_open's number is unknown on this machine, or tracefs cannot be
+            mounted.
     """
     for t in spec.tail_calls:
         loaded.maps[t.table].update(ctypes.c_int(t.index), ctypes.c_uint32(loaded.progs[t.function]))
+    if any(prog.startswith("tracepoint__") for prog in loaded.progs):
+        ensure_tracefs()
     for prog, fd in loaded.progs.items():
         if prog.startswith("tracepoint__"):
             category, _, event = prog.removeprefix("tracepoint__").partition("__")

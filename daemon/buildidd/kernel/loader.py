@@ -312,7 +312,7 @@ def _child_load(spec: LoadSpec) -> dict:
         OSError: as _capture.
     """
     from bcc import BPF
-    from buildidd.kernel.tracer import ensure_tracefs
+    from buildidd.kernel.attach import ensure_tracefs
 
     class CompileOnly(BPF):
         """BCC's module without its autoload of ``tracepoint__*`` functions: the parent loads and

@@ -12,7 +12,6 @@ import errno
 import gzip
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from buildidd.kernel.btf import Btf
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, DropTime
 from buildidd.kernel.loader import LoadSpec, TailCall
+from buildidd.kernel.attach import ensure_tracefs
 from buildidd.kernel.progcache import load_program
 from buildidd.kernel.pagecache import PagecacheBases, pagecache_layout
 
@@ -209,23 +209,6 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     return out
 
 
-#: Serializes ensure_tracefs: the probe and the main program load at once (capture.kernelpath).
-_TRACEFS_LOCK = threading.Lock()
-
-
-def ensure_tracefs(path: str = "/sys/kernel/tracing") -> None:
-    """Mount tracefs at path when it is not mounted (BCC resolves syscall tracepoints there).
-
-    Raises:
-        ProbeError: the mount failed.
-    """
-    with _TRACEFS_LOCK:
-        if os.path.exists(os.path.join(path, "events")):
-            return
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.mount(b"nodev", path.encode(), b"tracefs", 0, None) != 0:
-            err = ctypes.get_errno()
-            raise ProbeError(f"cannot mount tracefs at {path}: {os.strerror(err)}")
 
 
 #: Ring buffers at most (bpf/buildidd.bpf.c declares events0..events7).
