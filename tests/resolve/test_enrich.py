@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
+
+import pytest
 
 from buildidd.resolve.enrich import Enricher
 from buildidd.kernel.events import EventType, MapOrigin, RawEvent
@@ -250,3 +253,57 @@ def test_a_hand_over_reaches_the_mapped_file_without_map_files_while_its_path_na
     finally:
         child.stdin.close()
         child.wait()
+
+
+@pytest.mark.parametrize("swap", ["symlink", "fifo"])
+def test_a_users_path_swapped_after_the_mapping_never_stands_in_for_the_mapped_file(attacker, swap):
+    """A real unprivileged user maps its own library, moves its directory away and puts at the
+    library's path a symlink to a system binary, or a FIFO.  The hand-over (as root) tries that
+    path inside the user's root first: the symlink is not followed (O_NOFOLLOW), the FIFO never
+    opened for reading, each refused; the mapped inode is reached through map_files."""
+    import subprocess
+    import sys
+    import tempfile
+    from buildidd.memo import LruCache
+    from buildidd.resolve import routes as routes_mod
+    from buildidd.resolve.routes import Request, Routes, Source, make_resolution
+    from conftest import as_user_popen
+    work = Path(tempfile.mkdtemp(prefix="buildidd-handover-", dir="/tmp"))  # root's tmp_path is 0700
+    try:
+        uid, gid, _ = attacker
+        (work / "d").mkdir()
+        for d in (work, work / "d"):
+            os.chmod(d, 0o755)
+            os.chown(d, uid, gid)
+        lib = gcc("int f(void) { return 2; }\n", work / "d" / "lib.so", "-shared", "-fPIC", "-Wl,--build-id=sha1")
+        os.chown(lib, uid, gid)
+        bid, ident = readelf_build_id(lib), _ident(lib)
+        put = f"os.symlink('/usr/bin/true', {str(lib)!r})" if swap == "symlink" else f"os.mkfifo({str(lib)!r})"
+        mapper = as_user_popen(attacker, [sys.executable, "-c", (
+            "import mmap, os, sys\n"
+            f"fd = os.open({str(lib)!r}, os.O_RDONLY)\n"
+            "m = mmap.mmap(fd, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_EXEC, flags=mmap.MAP_PRIVATE)\n"
+            f"os.close(fd); os.rename({str(work / 'd')!r}, {str(work / 'moved')!r}); os.mkdir({str(work / 'd')!r})\n"
+            f"{put}\n"
+            "print('ready', flush=True); sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert mapper.stdout.readline() == b"ready\n"
+            with open(f"/proc/{mapper.pid}/maps") as f:
+                start, end = (int(x, 16) for x in next(x for x in f if "lib.so" in x).split()[0].split("-"))
+            tried, got = [], []
+            real = routes_mod.open_route
+            mp = pytest.MonkeyPatch()
+            mp.setattr(routes_mod, "open_route", lambda source, *a, **k: tried.append(source) or real(source, *a, **k))
+            try:
+                r = Routes(LruCache("identity", 16), lambda ident_, res, fd: got.append(os.fstat(fd).st_ino))
+                req = Request(mapper.pid, start, end - start, str(lib), 1, ident)
+                assert r.hand_over((req, make_resolution(ident, bid, Source.NONE, None, str(lib)))) is True
+            finally:
+                mp.undo()
+            assert tried == [Source.PROC_ROOT, Source.MAP_FILES]
+            assert got == [ident.ino]
+        finally:
+            mapper.stdin.close()
+            mapper.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
