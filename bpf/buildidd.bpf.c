@@ -2,11 +2,15 @@
 /*
  * buildidd kernel side: one program per hook, each named after where it attaches.
  *
- * Every kernel struct field is read with bpf_probe_read_kernel() at an offset
- * that user space took from /sys/kernel/btf/vmlinux at start-up and passes in
- * as -DOFF_<STRUCT>_<FIELD>=N (see daemon/buildidd/tracer.py).  Nothing here
- * dereferences a kernel struct through a header type: the installed headers may
- * describe another kernel release.
+ * Every kernel struct field is read at an offset that user space took from
+ * /sys/kernel/btf/vmlinux at start-up and passes in as -DOFF_<STRUCT>_<FIELD>=N
+ * (see daemon/buildidd/tracer.py).  On the paths every mapping takes, a field is
+ * read with KLD (bpf/kfuncs.h): a load through a pointer retyped by
+ * bpf_rdonly_cast, which the verifier checks against the running kernel's BTF
+ * and makes fault-safe, at a fraction of a bpf_probe_read_kernel's cost; the
+ * rest use bpf_probe_read_kernel.  Nothing here dereferences a kernel struct
+ * through a header type: the installed headers may describe another kernel
+ * release.
  *
  * Events go to a BPF ring buffer per CPU, waking the consumer only every eighth
  * of a ring (wake_flag); user space drains them every few milliseconds while
@@ -16,6 +20,7 @@
 #include "pagecache.h"
 #include "buildid_memo.h"
 #include "callbacks.h"
+#include "kfuncs.h"
 
 #define PROT_EXEC	0x4
 #define MAP_SHARED	0x01
@@ -78,7 +83,6 @@ struct map_scratch {
 	const void *w_dentry, *w_mnt, *w_root;
 	__u32 w_off, w_done;		/* w_done: 1 at the root, 2 a read failed */
 	__u32 w_flags;			/* BUILDIDD_PATH_TRUNCATED when the walk cut the path */
-	__u8 w_dent[DENTRY_SPAN_LEN];	/* struct dentry from DENTRY_SPAN_BASE */
 	char buf[2 * BUILDIDD_PATH_MAX];	/* path assembled backwards from its end */
 };
 
@@ -332,21 +336,16 @@ struct user_view {
 	const void *real_inode;	/* file->f_inode: the mapped file's inode (on overlayfs the real one) */
 };
 
-/* struct file's f_mode, f_mapping, f_inode and f_path lie within FILE_SPAN_LEN bytes (tracer.py). */
-#define FILE_FIELD(buf, off, type) (*(type *)((buf) + (off) - FILE_SPAN_BASE))
-
 static __always_inline int user_view(const void *file, struct user_view *u, __u32 *flags)
 {
-	__u8 f[FILE_SPAN_LEN];
-
-	if (bpf_probe_read_kernel(f, sizeof(f), AT(file, FILE_SPAN_BASE)))
+	if (!file)
 		return -1;
-	u->mapping = FILE_FIELD(f, OFF_FILE_F_MAPPING, const void *);
-	u->vfsmnt = FILE_FIELD(f, OFF_FILE_F_PATH + OFF_PATH_MNT, const void *);
-	u->dentry = FILE_FIELD(f, OFF_FILE_F_PATH + OFF_PATH_DENTRY, const void *);
-	u->inode = u->real_inode = FILE_FIELD(f, OFF_FILE_F_INODE, const void *);
+	u->mapping = KLD(file, FILE, OFF_FILE_F_MAPPING, const void *);
+	u->vfsmnt = KLD(file, FILE, OFF_FILE_F_PATH + OFF_PATH_MNT, const void *);
+	u->dentry = KLD(file, FILE, OFF_FILE_F_PATH + OFF_PATH_DENTRY, const void *);
+	u->inode = u->real_inode = KLD(file, FILE, OFF_FILE_F_INODE, const void *);
 #ifdef OFF_BACKING_FILE_USER_PATH
-	if (FILE_FIELD(f, OFF_FILE_F_MODE, __u32) & FMODE_BACKING) {
+	if (KLD(file, FILE, OFF_FILE_F_MODE, __u32) & FMODE_BACKING) {
 		/* struct path: vfsmount *mnt, dentry *dentry (one read when adjacent) */
 		const void *pp[2] = {};
 
@@ -362,45 +361,36 @@ static __always_inline int user_view(const void *file, struct user_view *u, __u3
 }
 
 /*
- * Identity of the inode, as stat(2) would report it.  The inode fields
- * lie within INODE_SPAN_LEN bytes from INODE_SPAN_BASE (computed from BTF by
- * tracer.py), so one probe read fetches them all.
+ * Identity of the inode, as stat(2) would report it (struct inode's i_ino,
+ * i_size, i_mtime, i_generation, i_ctime, i_nlink; super_block.s_dev).
+ * *magic: the file system's super_block.s_magic (include/uapi/linux/magic.h),
+ * 0 if unknown.
  */
-#define INODE_FIELD(buf, off, type) (*(type *)((buf) + (off) - INODE_SPAN_BASE))
-
-#define SB_FIELD(buf, off, type) (*(type *)((buf) + (off) - SB_SPAN_BASE))
-
-/* *magic: the file system's super_block.s_magic (include/uapi/linux/magic.h), 0 if unknown. */
 static __always_inline int read_file_id(const void *inode, struct file_id *id, __u64 *magic)
 {
-	__u8 buf[INODE_SPAN_LEN];
-	__u8 sbuf[SB_SPAN_LEN];
 	const void *sb;
 
-	if (!inode || bpf_probe_read_kernel(buf, sizeof(buf), AT(inode, INODE_SPAN_BASE)))
+	if (!inode)
 		return -1;
-	id->ino = INODE_FIELD(buf, OFF_INODE_I_INO, __u64);
-	id->size = INODE_FIELD(buf, OFF_INODE_I_SIZE, __u64);
-	id->mtime_sec = INODE_FIELD(buf, OFF_INODE_I_MTIME_SEC, __s64);
-	id->mtime_nsec = INODE_FIELD(buf, OFF_INODE_I_MTIME_NSEC, __u32);
-	id->generation = INODE_FIELD(buf, OFF_INODE_I_GENERATION, __u32);
-	id->ctime_sec = INODE_FIELD(buf, OFF_INODE_I_CTIME_SEC, __s64);
+	id->ino = KLD(inode, INODE, OFF_INODE_I_INO, __u64);
+	id->size = KLD(inode, INODE, OFF_INODE_I_SIZE, __u64);
+	id->mtime_sec = KLD(inode, INODE, OFF_INODE_I_MTIME_SEC, __s64);
+	id->mtime_nsec = KLD(inode, INODE, OFF_INODE_I_MTIME_NSEC, __u32);
+	id->generation = KLD(inode, INODE, OFF_INODE_I_GENERATION, __u32);
+	id->ctime_sec = KLD(inode, INODE, OFF_INODE_I_CTIME_SEC, __s64);
 	/* Linux 6.13 (commit 4e40eff0b573, multigrain timestamps) keeps a flag in bit 31. */
-	id->ctime_nsec = INODE_FIELD(buf, OFF_INODE_I_CTIME_NSEC, __u32) & 0x3fffffff;
+	id->ctime_nsec = KLD(inode, INODE, OFF_INODE_I_CTIME_NSEC, __u32) & 0x3fffffff;
 	id->_pad = 0;
-	id->nlink = INODE_FIELD(buf, OFF_INODE_I_NLINK, __u32);
-	sb = INODE_FIELD(buf, OFF_INODE_I_SB, const void *);
+	id->nlink = KLD(inode, INODE, OFF_INODE_I_NLINK, __u32);
+	sb = KLD(inode, INODE, OFF_INODE_I_SB, const void *);
 	id->dev = 0;
 	*magic = 0;
-	/* s_dev and s_magic: one read */
-	if (sb && !bpf_probe_read_kernel(sbuf, sizeof(sbuf), AT(sb, SB_SPAN_BASE))) {
-		id->dev = SB_FIELD(sbuf, OFF_SUPER_BLOCK_S_DEV, __u32);
-		*magic = SB_FIELD(sbuf, OFF_SUPER_BLOCK_S_MAGIC, __u64);
+	if (sb) {
+		id->dev = KLD(sb, SUPER_BLOCK, OFF_SUPER_BLOCK_S_DEV, __u32);
+		*magic = KLD(sb, SUPER_BLOCK, OFF_SUPER_BLOCK_S_MAGIC, __u64);
 	}
 	return 0;
 }
-
-#define DENTRY_FIELD(buf, off, type) (*(type *)((buf) + (off) - DENTRY_SPAN_BASE))
 
 /*
  * One step of read_path's walk: the dentry s->w_dentry, or the crossing of a
@@ -415,22 +405,23 @@ static __always_inline int path_step(struct map_scratch *s)
 	if (s->w_done)
 		return 1;
 	if (dentry == s->w_root) {
-		const void *mparent = rdptr(AT(mnt, OFF_MOUNT_MNT_PARENT));
+		const void *mparent = KLD(mnt, MOUNT, OFF_MOUNT_MNT_PARENT, const void *);
 
 		if (!mparent || mparent == mnt) {
 			s->w_done = 1;
 			return 1;
 		}
-		s->w_dentry = rdptr(AT(mnt, OFF_MOUNT_MNT_MOUNTPOINT));
+		s->w_dentry = KLD(mnt, MOUNT, OFF_MOUNT_MNT_MOUNTPOINT, const void *);
 		s->w_mnt = mparent;
-		s->w_root = rdptr(AT(mparent, OFF_MOUNT_MNT + OFF_VFSMOUNT_MNT_ROOT));
+		s->w_root = KLD(mparent, MOUNT, OFF_MOUNT_MNT + OFF_VFSMOUNT_MNT_ROOT, const void *);
 		return 0;
 	}
-	if (bpf_probe_read_kernel(s->w_dent, sizeof(s->w_dent), AT(dentry, DENTRY_SPAN_BASE))) {
+	if (!dentry) {
 		s->w_done = 2;
 		return 1;
 	}
-	parent = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_PARENT, const void *);
+	/* A load through a bad dentry pointer reads 0 (BPF_PROBE_MEM): the walk ends, as at the root. */
+	parent = KLD(dentry, DENTRY, OFF_DENTRY_D_PARENT, const void *);
 	if (!parent) {
 		s->w_done = 1;
 		return 1;
@@ -443,8 +434,8 @@ static __always_inline int path_step(struct map_scratch *s)
 	 */
 	if (parent == dentry)
 		s->w_done = 1;
-	len = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_LEN, __u32) & NAME_MASK;
-	name = DENTRY_FIELD(s->w_dent, OFF_DENTRY_D_NAME_NAME, const void *);
+	len = KLD(dentry, DENTRY, OFF_DENTRY_D_NAME_LEN, __u32) & NAME_MASK;
+	name = KLD(dentry, DENTRY, OFF_DENTRY_D_NAME_NAME, const void *);
 	off = s->w_off;
 	if (len + 1 >= off || off > BUILDIDD_PATH_MAX) {
 		s->w_flags |= BUILDIDD_PATH_TRUNCATED;
@@ -500,7 +491,7 @@ static __always_inline __u32 read_path(const struct user_view *u, struct map_scr
 
 	s->w_dentry = u->dentry;
 	s->w_mnt = AT(vfsmnt, -OFF_MOUNT_MNT);
-	s->w_root = rdptr(AT(vfsmnt, OFF_VFSMOUNT_MNT_ROOT));
+	s->w_root = KLD(vfsmnt, VFSMOUNT, OFF_VFSMOUNT_MNT_ROOT, const void *);
 	s->w_off = BUILDIDD_PATH_MAX;
 	s->w_done = 0;
 	s->w_flags = 0;
@@ -524,11 +515,8 @@ static __always_inline __u32 read_path(const struct user_view *u, struct map_scr
 #define MAPLE_WORD_MASK	(MAPLE_NODE_WORDS - 1)
 #define MR64_PIVOT_W	(OFF_MAPLE_RANGE_64_PIVOT / 8)
 #define MR64_SLOT_W	(OFF_MAPLE_RANGE_64_SLOT / 8)
-#define VMA_FIELD(buf, off, type) (*(type *)((buf) + (off) - VMA_SPAN_BASE))
-
 struct walk_scratch {
 	__u64 node[MAPLE_NODE_WORDS];	/* struct maple_node */
-	__u8 vma[VMA_SPAN_LEN];		/* vm_area_struct from VMA_SPAN_BASE */
 };
 
 BPF_PERCPU_ARRAY(walk_scratch, struct walk_scratch, SCRATCH_SLOTS);
@@ -542,16 +530,15 @@ struct vma_info {
 	const void *file;	/* vm_file */
 };
 
+/* A bad vma pointer reads zeros (BPF_PROBE_MEM): an empty range, which no caller accepts. */
 static __always_inline int read_vma(const void *vma, struct walk_scratch *w, struct vma_info *v)
 {
-	if (bpf_probe_read_kernel(w->vma, sizeof(w->vma), AT(vma, VMA_SPAN_BASE)))
-		return -1;
-	v->start = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_START, __u64);
-	v->end = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_END, __u64);
-	v->flags = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_FLAGS, __u64);
-	v->pgoff = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_PGOFF, __u64);
-	v->file = VMA_FIELD(w->vma, OFF_VM_AREA_STRUCT_VM_FILE, const void *);
-	return 0;
+	v->start = KLD(vma, VM_AREA_STRUCT, OFF_VM_AREA_STRUCT_VM_START, __u64);
+	v->end = KLD(vma, VM_AREA_STRUCT, OFF_VM_AREA_STRUCT_VM_END, __u64);
+	v->flags = KLD(vma, VM_AREA_STRUCT, OFF_VM_AREA_STRUCT_VM_FLAGS, __u64);
+	v->pgoff = KLD(vma, VM_AREA_STRUCT, OFF_VM_AREA_STRUCT_VM_PGOFF, __u64);
+	v->file = KLD(vma, VM_AREA_STRUCT, OFF_VM_AREA_STRUCT_VM_FILE, const void *);
+	return v->end > v->start ? 0 : -1;
 }
 
 /* 1 when p < a (unsigned), else 0, computed without a branch (Hacker's Delight 2-12). */
@@ -659,7 +646,7 @@ static __always_inline int memo_answer(const void *inode, __u64 magic, struct ma
 	ms->confirmed = 0;
 	if (!memo_local_fs(magic))
 		return 0;
-	if ((__s32)rd32(AT(inode, OFF_INODE_I_WRITECOUNT)) > 0) {
+	if (KLD(inode, INODE, OFF_INODE_I_WRITECOUNT, __s32) > 0) {
 		memo_count(BID_MEMO_WRITER);
 		return 0;
 	}
@@ -869,7 +856,7 @@ static __always_inline void map_exit(const void *task, __u64 addr, __u64 len, __
 #define IA32_NR_MPROTECT	125
 #define IA32_NR_MMAP2		192
 #define IA32_NR_PKEY_MPROTECT	380
-#define REG(buf, off) (*(__u64 *)((buf) + (off) - REGS_SPAN_BASE))
+#define REG(regs, off) KLD(regs, PT_REGS, off, __u64)
 
 int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -877,11 +864,10 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	const void *regs = (const void *)ctx->args[0];
 	__u64 ret = ctx->args[1], nr, start, len, prot;
 	const char *task;
-	__u8 r[REGS_SPAN_LEN];
 	__u32 origin;
 	int compat = 0;
 
-	nr = rd64(AT(regs, OFF_PT_REGS_ORIG_AX));
+	nr = REG(regs, OFF_PT_REGS_ORIG_AX);
 	if (nr != NR_MMAP && nr != NR_MPROTECT && nr != NR_PKEY_MPROTECT
 #ifdef TS_COMPAT
 	    && nr != IA32_NR_MMAP2 && nr != IA32_NR_OLD_MMAP && nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT
@@ -897,9 +883,7 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	/* Set at each 32-bit syscall entry (arch/x86); the numbers overlap the native table. */
 	compat = !!(*(const __u32 *)(task + OFF_TASK_STRUCT_THREAD_INFO_STATUS) & TS_COMPAT);
 #endif
-	if (bpf_probe_read_kernel(r, sizeof(r), AT(regs, REGS_SPAN_BASE)))
-		return 0;
-	prot = REG(r, OFF_PT_REGS_DX);
+	prot = REG(regs, OFF_PT_REGS_DX);
 	if (!compat && nr == NR_MMAP) {
 		if (ret >= (__u64)-4095)	/* IS_ERR_VALUE: the mmap failed */
 			return 0;
@@ -919,8 +903,8 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		/* Past the number filter a native task may also be in chmod (90), capget (125)... */
 		if ((nr != NR_MPROTECT && nr != NR_PKEY_MPROTECT) || ret != 0 || !(prot & PROT_EXEC))
 			return 0;
-		start = REG(r, OFF_PT_REGS_DI);
-		len = REG(r, OFF_PT_REGS_SI);
+		start = REG(regs, OFF_PT_REGS_DI);
+		len = REG(regs, OFF_PT_REGS_SI);
 		origin = BUILDIDD_ORIGIN_MPROTECT;
 	} else if (nr == IA32_NR_MMAP2 || nr == IA32_NR_OLD_MMAP) {
 		if (ret >= (__u64)-4095)
@@ -932,8 +916,8 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 		prot &= 0xffffffff;
 		if ((nr != IA32_NR_MPROTECT && nr != IA32_NR_PKEY_MPROTECT) || ret != 0 || !(prot & PROT_EXEC))
 			return 0;
-		start = REG(r, OFF_PT_REGS_BX) & 0xffffffff;
-		len = REG(r, OFF_PT_REGS_CX) & 0xffffffff;
+		start = REG(regs, OFF_PT_REGS_BX) & 0xffffffff;
+		len = REG(regs, OFF_PT_REGS_CX) & 0xffffffff;
 		origin = BUILDIDD_ORIGIN_MPROTECT;
 	}
 	map_exit(task, start, len, prot, origin);

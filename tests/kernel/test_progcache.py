@@ -316,8 +316,11 @@ def test_every_program_verifies_in_well_under_the_verifier_limit(bpf, compiled_c
     kernel release that follows a few more states can push a program over the limit."""
     from buildidd.kernel import objload
     from buildidd.kernel.bpfsys import bpf as bpf_call
+    from buildidd.kernel.btf import Btf
     from buildidd.kernel.compiled import PROG_TYPES, CompiledObject
+    from buildidd.kernel.tracer import kernel_kfuncs
     d, _ = compiled_cache
+    kfunc_ids = dict(kernel_kfuncs(Btf.load()))
     seen = {}
     for name in os.listdir(d):
         obj = CompiledObject.from_json(json.loads((d / name).read_bytes())["object"])
@@ -326,7 +329,7 @@ def test_every_program_verifies_in_well_under_the_verifier_limit(bpf, compiled_c
             map_flags=m.flags, map_name=m.kernel_name.encode()[:15])) for m in obj.maps}
         try:
             for p in obj.programs:
-                code = p.relocated(fds)
+                code = p.relocated(fds, kfunc_ids)
                 insns = ctypes.create_string_buffer(code, len(code))
                 lic = ctypes.create_string_buffer(b"GPL")
                 log = ctypes.create_string_buffer(1 << 16)

@@ -21,11 +21,19 @@ it (imm: the callback's first instruction, relative to the next one).  The
 program's ``subprogs`` list where each callback starts, for the BTF
 func_info that kernel.objload hands the verifier.
 
-An LD_IMM64 with any other pseudo source (a map value, a BTF id), a call of a
-kernel function (BPF_PSEUDO_KFUNC_CALL, whose BTF id belongs to one kernel) or
-a map type outside :data:`MAP_TYPES` (map-in-map, storage and BTF-typed maps
-need more than BPF_MAP_CREATE's sizes) is not captured: it raises, and the
-source does not load (nothing else loads what BCC compiled).
+Kernel functions (kfuncs) are linked the same way: BCC cannot emit a call
+with src_reg BPF_PSEUDO_KFUNC_CALL, so the source calls helper number
+:data:`KFUNC_MAGIC` + k (bpf/kfuncs.h) for the k-th of LoadSpec.kfuncs, and the
+capture makes it a kfunc call with imm 0, its name in ``kfunc_refs``; the BTF
+id of the function, which belongs to one kernel build, is written in only when
+the program is loaded (:meth:`CompiledProgram.relocated`).  Only the kfuncs of
+:data:`KFUNCS` are linked: they read nothing and change nothing.
+
+An LD_IMM64 with any other pseudo source (a map value, a BTF id), any other
+kernel function call, or a map type outside :data:`MAP_TYPES` (map-in-map,
+storage and BTF-typed maps need more than BPF_MAP_CREATE's sizes) is not
+captured: it raises, and the source does not load (nothing else loads what BCC
+compiled).
 """
 
 from __future__ import annotations
@@ -55,6 +63,13 @@ CALLBACK_MAGIC = 0xB1DDCA11
 #: BPF_JMP | BPF_CALL, and the src_reg of a call of a kernel function (kfunc).
 CALL = 0x85
 PSEUDO_KFUNC_CALL = 2
+#: Helper number of the call of kfunc 0 in bpf/kfuncs.h (kfunc k: KFUNC_MAGIC + k).
+KFUNC_MAGIC = 0x0B1DDF00
+#: Kernel functions a program may call (by name; its vmlinux BTF id is written in at load):
+#: bpf_rdonly_cast (Linux 6.2) only retypes a pointer, and the verifier inlines it as a move.
+KFUNCS = frozenset({"bpf_rdonly_cast"})
+#: Most kfuncs one LoadSpec names (bounds the helper numbers taken as kfunc calls).
+MAX_KFUNCS = 16
 #: enum bpf_map_type values a CompiledMap can make again from its sizes and flags alone.
 MAP_TYPES = frozenset({MapType.HASH, MapType.ARRAY, MapType.PROG_ARRAY, MapType.PERF_EVENT_ARRAY,
                        MapType.PERCPU_HASH, MapType.PERCPU_ARRAY, MapType.LRU_HASH, MapType.LRU_PERCPU_HASH,
@@ -104,6 +119,8 @@ class CompiledProgram:
             function), else 0.  Valid for the kernel it was compiled on only.
         subprogs: (first instruction, C function) of each bpf_loop callback linked after the
             program's own instructions, in increasing order; empty when it calls none.
+        kfunc_refs: (instruction index, kernel function name) of each kfunc call (imm 0 until
+            relocated), names from :data:`KFUNCS`.
     """
 
     function: str
@@ -113,16 +130,20 @@ class CompiledProgram:
     expected_attach_type: int = 0
     attach_btf_id: int = 0
     subprogs: tuple[tuple[int, str], ...] = ()
+    kfunc_refs: tuple[tuple[int, str], ...] = ()
 
-    def relocated(self, map_fds: dict[str, int]) -> bytes:
-        """The instructions with map_fds[name] written into each map reference.
+    def relocated(self, map_fds: dict[str, int], kfunc_ids: dict[str, int] | None = None) -> bytes:
+        """The instructions with map_fds[name] written into each map reference and
+        kfunc_ids[name] (the function's vmlinux BTF id) into each kfunc call.
 
         Raises:
-            KeyError: a referenced map is not in map_fds.
+            KeyError: a referenced map or called kfunc is not in map_fds or kfunc_ids.
         """
         out = bytearray(self.insns)
         for index, name in self.map_refs:
             struct.pack_into("<i", out, index * 8 + 4, map_fds[name])
+        for index, name in self.kfunc_refs:
+            struct.pack_into("<i", out, index * 8 + 4, (kfunc_ids or {})[name])
         return bytes(out)
 
 
@@ -139,7 +160,7 @@ class CompiledObject:
                          for m in self.maps],
                 "programs": [[p.function, p.prog_type, base64.b64encode(p.insns).decode(),
                               [list(r) for r in p.map_refs], p.expected_attach_type, p.attach_btf_id,
-                              [list(x) for x in p.subprogs]]
+                              [list(x) for x in p.subprogs], [list(x) for x in p.kfunc_refs]]
                              for p in self.programs]}
         return {"body": body, "sha256": _digest(body)}
 
@@ -164,11 +185,12 @@ class CompiledObject:
             if any(m.type not in MAP_TYPES for m in maps):
                 raise ValueError("a map of a type that cannot be made again from its sizes")
             programs = []
-            for fn, kind, insns, refs, eat, btf_id, subs in body["programs"]:
+            for fn, kind, insns, refs, eat, btf_id, subs, kfuncs in body["programs"]:
                 code = base64.b64decode(_text(insns), validate=True)
                 programs.append(CompiledProgram(_text(fn), _text(kind), code,
                                                 tuple((_u32(i), _text(n)) for i, n in refs), _u32(eat), _u32(btf_id),
-                                                tuple((_u32(i), _text(n)) for i, n in subs)))
+                                                tuple((_u32(i), _text(n)) for i, n in subs),
+                                                tuple((_u32(i), _text(n)) for i, n in kfuncs)))
                 _check_program(programs[-1], names)
             return cls(maps, tuple(programs))
         except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
@@ -177,19 +199,25 @@ class CompiledObject:
 
 def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[int, str], *,
                     attach: tuple[int, int] = (0, 0),
-                    callbacks: dict[int, tuple[str, bytes]] | None = None) -> CompiledProgram:
+                    callbacks: dict[int, tuple[str, bytes]] | None = None,
+                    kfuncs: tuple[str, ...] = ()) -> CompiledProgram:
     """A CompiledProgram from the instructions BCC compiled (BPF.dump_func) in the child, with the
-    bpf_loop callbacks it names linked in (see the module docstring).
+    bpf_loop callbacks it names linked in and its kfunc calls recorded (see the module docstring).
 
     Args:
         fd_names: the child's map fd → BCC table name.
         attach: (expected_attach_type, attach_btf_id) of CompiledProgram.
         callbacks: k of BPF_CALLBACK(k) → (C function, its instructions from BPF.dump_func).
+        kfuncs: the kernel functions helper numbers KFUNC_MAGIC + k call, by k (LoadSpec.kfuncs).
     Raises:
         ProbeError: an LD_IMM64 whose source is not a map fd of fd_names or a known callback, a
-            kfunc call, a callback that names a callback, or a malformed array.
+            kfunc call other than KFUNC_MAGIC + k for a name of kfuncs in KFUNCS, a callback that
+            names a callback, or a malformed array.
     """
-    out, refs, links = _scan(function, insns, fd_names, callbacks is not None)
+    unknown = set(kfuncs) - KFUNCS
+    if unknown or len(kfuncs) > MAX_KFUNCS:
+        raise ProbeError(f"{function}: kernel functions {sorted(unknown)} are not linked (only {sorted(KFUNCS)})")
+    out, refs, links, calls = _scan(function, insns, fd_names, callbacks is not None, kfuncs)
     subprogs: list[tuple[int, str]] = []
     bases: dict[int, int] = {}
     for _, k in links:
@@ -198,24 +226,27 @@ def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[
         if not callbacks or k not in callbacks:
             raise ProbeError(f"{function}: BPF_CALLBACK({k}) names no callback")
         name, code = callbacks[k]
-        cb_out, cb_refs, cb_links = _scan(name, code, fd_names, False)
+        cb_out, cb_refs, _, cb_calls = _scan(name, code, fd_names, False, kfuncs)
         bases[k] = len(out) // 8
         subprogs.append((bases[k], name))
         refs += [(bases[k] + i, n) for i, n in cb_refs]
+        calls += [(bases[k] + i, n) for i, n in cb_calls]
         out += cb_out
     for i, k in links:
         code, regs, off, _imm = INSN.unpack_from(out, i * 8)
         INSN.pack_into(out, i * 8, code, (regs & 0x0F) | PSEUDO_FUNC << 4, off, bases[k] - (i + 1))
         INSN.pack_into(out, (i + 1) * 8, 0, 0, 0, 0)
-    prog = CompiledProgram(function, prog_type, bytes(out), tuple(refs), attach[0], attach[1], tuple(subprogs))
+    prog = CompiledProgram(function, prog_type, bytes(out), tuple(refs), attach[0], attach[1], tuple(subprogs),
+                           tuple(calls))
     _check_program(prog, set(fd_names.values()))
     return prog
 
 
-def _scan(function: str, insns: bytes, fd_names: dict[int, str],
-          linkable: bool) -> tuple[bytearray, list[tuple[int, str]], list[tuple[int, int]]]:
-    """insns with map fds zeroed, the (index, map name) references, and the (index, k) of each
-    BPF_CALLBACK(k) load (refused unless linkable).
+def _scan(function: str, insns: bytes, fd_names: dict[int, str], linkable: bool, kfuncs: tuple[str, ...]
+          ) -> tuple[bytearray, list[tuple[int, str]], list[tuple[int, int]], list[tuple[int, str]]]:
+    """insns with map fds zeroed and kfunc calls made (imm 0), the (index, map name) references,
+    the (index, k) of each BPF_CALLBACK(k) load (refused unless linkable), and the (index, name)
+    of each kfunc call.
 
     Raises:
         ProbeError: as capture_program.
@@ -225,12 +256,18 @@ def _scan(function: str, insns: bytes, fd_names: dict[int, str],
     out = bytearray(insns)
     refs: list[tuple[int, str]] = []
     links: list[tuple[int, int]] = []
+    calls: list[tuple[int, str]] = []
     count = len(insns) // 8
     i = 0
     while i < count:
         code, regs, _off, imm = INSN.unpack_from(insns, i * 8)
         if code == CALL and regs >> 4 == PSEUDO_KFUNC_CALL:
             raise ProbeError(f"{function}: instruction {i} calls a kernel function (not cached)")
+        if code == CALL and regs >> 4 == 0 and 0 <= imm - KFUNC_MAGIC < MAX_KFUNCS:
+            if imm - KFUNC_MAGIC >= len(kfuncs):
+                raise ProbeError(f"{function}: instruction {i} calls kfunc {imm - KFUNC_MAGIC}, which names none")
+            calls.append((i, kfuncs[imm - KFUNC_MAGIC]))
+            INSN.pack_into(out, i * 8, CALL, PSEUDO_KFUNC_CALL << 4, 0, 0)
         if code == LD_IMM64:
             src = regs >> 4
             high = INSN.unpack_from(insns, (i + 1) * 8)[3] & 0xFFFFFFFF if i + 1 < count else 0
@@ -246,7 +283,7 @@ def _scan(function: str, insns: bytes, fd_names: dict[int, str],
             i += 2
             continue
         i += 1
-    return out, refs, links
+    return out, refs, links, calls
 
 
 #: Longest C function name accepted (BTF and the kernel take far longer ones; this bounds the file).
@@ -261,8 +298,9 @@ def _name_ok(name: str) -> bool:
 def _check_program(p: CompiledProgram, map_names: set[str]) -> None:
     """Every instruction that names something outside the program is one the capture made: a map
     load at a map_refs index (imm 0 until relocated), a function load of a subprogram start
-    (each start named by one), no kfunc call; names are identifiers.  The file is read by root
-    and loaded into the kernel: nothing in it may reach another fd or function."""
+    (each start named by one), a kfunc call at a kfunc_refs index (imm 0 until relocated) of a
+    function of KFUNCS; names are identifiers.  The file is read by root and loaded into the
+    kernel: nothing in it may reach another fd or function."""
     if p.prog_type not in PROG_TYPES:
         raise ValueError(f"{p.function}: unknown program type {p.prog_type!r}")
     if not _name_ok(p.function) or any(not _name_ok(name) for _, name in p.subprogs):
@@ -275,16 +313,24 @@ def _check_program(p: CompiledProgram, map_names: set[str]) -> None:
         if name not in map_names:
             raise ValueError(f"{p.function}: references unknown map {name!r}")
         refs[index] = name
+    kcalls = {}
+    for index, name in p.kfunc_refs:
+        if name not in KFUNCS:
+            raise ValueError(f"{p.function}: calls kernel function {name!r}, not one of {sorted(KFUNCS)}")
+        kcalls[index] = name
     starts = [off for off, _ in p.subprogs]
     if starts != sorted(set(starts)) or any(not 0 < off < count for off in starts):
         raise ValueError(f"{p.function}: malformed subprogram list {list(p.subprogs)}")
     targets, loads = set(), set()
     i = 0
     while i < count:
-        code, regs, _off, imm = INSN.unpack_from(p.insns, i * 8)
+        code, regs, off, imm = INSN.unpack_from(p.insns, i * 8)
         src = regs >> 4
         if code == CALL and src == PSEUDO_KFUNC_CALL:
-            raise ValueError(f"{p.function}: instruction {i} calls a kernel function")
+            if i not in kcalls or imm != 0 or off != 0:
+                raise ValueError(f"{p.function}: instruction {i} calls a kernel function that is not a kfunc call "
+                                 "the capture made")
+            kcalls.pop(i)
         if code != LD_IMM64:
             i += 1
             continue
@@ -306,6 +352,8 @@ def _check_program(p: CompiledProgram, map_names: set[str]) -> None:
         i += 2
     if set(refs) - loads:
         raise ValueError(f"{p.function}: a map reference that is not a 64-bit load")
+    if kcalls:
+        raise ValueError(f"{p.function}: kfunc references {sorted(kcalls)} are not kfunc calls")
     if targets != set(starts):
         raise ValueError(f"{p.function}: a subprogram no instruction names")
 

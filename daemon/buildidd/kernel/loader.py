@@ -82,6 +82,9 @@ class LoadSpec:
         callbacks: the C functions of the source's ``bpf_loop`` callbacks; the k-th is the one
             ``BPF_CALLBACK(k)`` names (bpf/callbacks.h), and the compile defines
             ``CALLBACK_<function>`` as k (:meth:`compile_flags`).
+        kfuncs: (name, vmlinux BTF id) of the kernel functions the source may call (bpf/kfuncs.h);
+            the k-th is called as helper KFUNC_MAGIC + k, and the compile defines
+            ``KFUNC_<name>`` as k.  The ids are the running kernel's (Btf.func_id).
     """
 
     src_file: str
@@ -91,10 +94,13 @@ class LoadSpec:
     required_tracepoints: tuple[str, ...] = ()
     iterators: tuple[str, ...] = ()
     callbacks: tuple[str, ...] = ()
+    kfuncs: tuple[tuple[str, int], ...] = ()
 
     def compile_flags(self) -> list[str]:
-        """cflags, and ``-DCALLBACK_<function>=k`` for the k-th of callbacks."""
-        return [*self.cflags, *(f"-DCALLBACK_{fn}={k}" for k, fn in enumerate(self.callbacks))]
+        """cflags, ``-DCALLBACK_<function>=k`` for the k-th of callbacks and ``-DKFUNC_<name>=k``
+        for the k-th of kfuncs."""
+        return [*self.cflags, *(f"-DCALLBACK_{fn}={k}" for k, fn in enumerate(self.callbacks)),
+                *(f"-DKFUNC_{name}={k}" for k, (name, _) in enumerate(self.kfuncs))]
 
     @property
     def name(self) -> str:
@@ -108,7 +114,8 @@ class LoadSpec:
              "raw_tracepoints": [list(x) for x in self.raw_tracepoints],
              "tail_calls": [[t.table, t.index, t.function, t.prog_type] for t in self.tail_calls],
              "required_tracepoints": list(self.required_tracepoints),
-             "iterators": list(self.iterators), "callbacks": list(self.callbacks)}
+             "iterators": list(self.iterators), "callbacks": list(self.callbacks),
+             "kfuncs": [list(x) for x in self.kfuncs]}
         return json.dumps(d).encode()
 
     def digest(self) -> "hashlib._Hash":
@@ -134,7 +141,8 @@ class LoadSpec:
                    tuple((str(tp), str(fn)) for tp, fn in d["raw_tracepoints"]),
                    tuple(TailCall(str(t), int(i), str(f), str(p)) for t, i, f, p in d["tail_calls"]),
                    tuple(str(x) for x in d["required_tracepoints"]),
-                   tuple(str(x) for x in d["iterators"]), tuple(str(x) for x in d["callbacks"]))
+                   tuple(str(x) for x in d["iterators"]), tuple(str(x) for x in d["callbacks"]),
+                   tuple((str(n), int(i)) for n, i in d["kfuncs"]))
 
 
 @dataclass
@@ -379,7 +387,7 @@ def _capture(b, tables: list[tuple[str, int]], spec: LoadSpec) -> CompiledObject
                 print(f"iterator {fn} left out: {e}", file=sys.stderr)
                 continue
         programs.append(capture_program(fn, kind, b.dump_func(fn.encode()), fd_names, attach=(eat, btf_id),
-                                        callbacks=callbacks))
+                                        callbacks=callbacks, kfuncs=tuple(n for n, _ in spec.kfuncs)))
     return CompiledObject(tuple(maps), tuple(programs))
 
 

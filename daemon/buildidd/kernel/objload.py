@@ -103,7 +103,8 @@ def load_object(obj: CompiledObject, spec: LoadSpec) -> LoadedProgram:
         # Largest first: the verifier's time grows with the program, and two CPUs then share it evenly.
         order = sorted(obj.programs, key=lambda p: -len(p.insns))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(lambda p: _load_one(p, fds), order))
+            kfunc_ids = dict(spec.kfuncs)
+            results = list(pool.map(lambda p: _load_one(p, fds, kfunc_ids), order))
         for prog, result in zip(order, results):
             if not isinstance(result, BaseException):
                 loaded.progs[prog.function] = result
@@ -175,22 +176,22 @@ def _load_btf(blob: bytes) -> int:
         raise OSError(e.errno, f"BTF of callbacks: {e.strerror}; {' | '.join(tail)}") from e
 
 
-def _load_one(p: CompiledProgram, map_fds: dict[str, int]) -> int | BaseException:
+def _load_one(p: CompiledProgram, map_fds: dict[str, int], kfunc_ids: dict[str, int]) -> int | BaseException:
     """BPF_PROG_LOAD of p (the fd), or the error, whatever it is: returned, not raised, so that
     load_object collects every other thread's fd before it raises."""
     try:
-        return _load(p, map_fds)
+        return _load(p, map_fds, kfunc_ids)
     except Exception as e:  # noqa: BLE001 - handed to load_object, which raises it
         return e
 
 
-def _load(p: CompiledProgram, map_fds: dict[str, int]) -> int | BaseException:
+def _load(p: CompiledProgram, map_fds: dict[str, int], kfunc_ids: dict[str, int]) -> int | BaseException:
     """BPF_PROG_LOAD of p: the fd, or the kernel's refusal (OSError, returned).
 
     Raises:
-        KeyError: a map p references is not in map_fds.
+        KeyError: a map or kfunc p references is not in map_fds or kfunc_ids.
     """
-    code = p.relocated(map_fds)
+    code = p.relocated(map_fds, kfunc_ids)
     insns = ctypes.create_string_buffer(code, len(code))
     license_ = ctypes.create_string_buffer(b"GPL")
     attr = _ProgLoadAttr(prog_type=PROG_TYPES[p.prog_type], insn_cnt=len(code) // 8,

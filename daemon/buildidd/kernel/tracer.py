@@ -93,7 +93,7 @@ def syscall_regs_layout(btf: Btf, machine: str | None = None,
     SYSCALL_REGS says the layout is known: on_sys_exit (raw_syscalls:sys_exit)
     then handles mmap, mprotect and pkey_mprotect, native and i386, from the
     struct pt_regs the tracepoint hands over (offsets of orig_ax, ax, di, si,
-    dx, bx, cx from BTF, read in one span).  Without it the BPF side falls
+    dx, bx, cx from BTF, each read with KLD).  Without it the BPF side falls
     back to the syscalls tracepoints.  config (default: the running kernel's)
     says whether i386 syscalls exist (CONFIG_IA32_EMULATION).
     """
@@ -102,7 +102,6 @@ def syscall_regs_layout(btf: Btf, machine: str | None = None,
     config = kernel_config() if config is None else config
     names = ("orig_ax", "ax", "di", "si", "dx", "bx", "cx")
     out = {f"OFF_PT_REGS_{r.upper()}": btf.offsetof("pt_regs", r) for r in names}
-    out["REGS_SPAN_BASE"], out["REGS_SPAN_LEN"] = field_span(btf, "pt_regs", names)
     out["SYSCALL_REGS"] = 1
     out["NR_MMAP"] = 9          # arch/x86/entry/syscalls/syscall_64.tbl
     if config.get("CONFIG_IA32_EMULATION") == "y":
@@ -169,22 +168,13 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     ctime = inode_ctime_fields(btf)
     out["OFF_INODE_I_CTIME_SEC"] = btf.offsetof("inode", ctime[0])
     out["OFF_INODE_I_CTIME_NSEC"] = btf.offsetof("inode", ctime[1])
-    # Fields the BPF side fetches together, each group with one probe read.
-    out["INODE_SPAN_BASE"], out["INODE_SPAN_LEN"] = field_span(
-        btf, "inode", ("i_ino", "i_size", "i_generation", "i_nlink", "i_sb") + mtime + ctime)
-    out["DENTRY_SPAN_BASE"], out["DENTRY_SPAN_LEN"] = field_span(
-        btf, "dentry", ("d_parent", "d_name.len", "d_name.name"))
-    out["SB_SPAN_BASE"], out["SB_SPAN_LEN"] = field_span(btf, "super_block", ("s_dev", "s_magic"))
-    out["FILE_SPAN_BASE"], out["FILE_SPAN_LEN"] = field_span(
-        btf, "file", ("f_mode", "f_mapping", "f_inode", "f_path"))
     out["PATH_SPAN_BASE"], span = field_span(btf, "path", ("mnt", "dentry"))
     if span != 16:
         raise BtfError(f"struct path is {span} bytes, not two pointers")
     # overlayfs backing files (Linux 6.6+): the path the user opened.
     if btf.has_struct("backing_file"):
         out["OFF_BACKING_FILE_USER_PATH"] = btf.offsetof("backing_file", "user_path")
-    out["VMA_SPAN_BASE"], out["VMA_SPAN_LEN"] = field_span(
-        btf, "vm_area_struct", ("vm_start", "vm_end", "vm_flags", "vm_pgoff", "vm_file"))
+    out.update((f"BTF_ID_{name.upper()}", btf.struct_id(name)) for name in KLD_STRUCTS)
     out["MAPLE_NODE_SIZE"] = btf.sizeof("maple_node")
     if out["MAPLE_NODE_SIZE"] != 256:
         raise BtfError(f"struct maple_node is {out['MAPLE_NODE_SIZE']} bytes, not 256")
@@ -211,6 +201,23 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
 
 
 
+#: Structs bpf/buildidd.bpf.c reads with KLD (bpf/kfuncs.h): -DBTF_ID_<STRUCT>=<vmlinux type id>.
+KLD_STRUCTS = ("pt_regs", "vm_area_struct", "file", "inode", "super_block", "dentry", "mount", "vfsmount")
+#: The kernel functions bpf/buildidd.bpf.c calls (bpf/kfuncs.h).
+KFUNCS = ("bpf_rdonly_cast",)
+
+
+def kernel_kfuncs(btf: Btf) -> tuple[tuple[str, int], ...]:
+    """(name, vmlinux BTF id) of each of KFUNCS, for LoadSpec.kfuncs; () when this kernel lacks
+    one (bpf_rdonly_cast is Linux 6.2+): the BPF side is then compiled with -DNO_KFUNCS and
+    reads those fields with bpf_probe_read_kernel."""
+    try:
+        return tuple((name, btf.func_id(name)) for name in KFUNCS)
+    except BtfError as e:
+        log.warning("kernel functions not found in BTF (%s): fields are read with bpf_probe_read_kernel", e)
+        return ()
+
+
 #: Ring buffers at most (bpf/buildidd.bpf.c declares events0..events7).
 MAX_RINGS = 8
 #: bpf/buildidd.bpf.c's bpf_loop callbacks (bpf/callbacks.h): read_path's step and the page-cache
@@ -218,9 +225,11 @@ MAX_RINGS = 8
 CALLBACKS = ("path_step_live", "path_step_iter", "pc_step_live", "pc_step_iter")
 
 
-def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int) -> LoadSpec:
+def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int,
+              kfuncs: tuple[tuple[str, int], ...] = ()) -> LoadSpec:
     """What the loader compiles and attaches for a kernel layout (kernel_layout), rings of
-    ring_bytes each (a power-of-two number of pages), nrings of them.
+    ring_bytes each (a power-of-two number of pages), nrings of them, calling kfuncs
+    (kernel_kfuncs; empty: compiled with -DNO_KFUNCS).
 
     Raises:
         ProbeError: ring_bytes is not a power-of-two number of pages.
@@ -235,6 +244,8 @@ def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int) -> LoadSpec:
     cflags = [f"-D{k}={v}" for k, v in sorted(layout.items())]
     cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={nrings}",
                f"-DWAKE_BYTES={max(page, ring_bytes // 8 // sharing)}", f"-I{BPF_DIR}", "-Wno-unused-function"]
+    if not kfuncs:
+        cflags.append("-DNO_KFUNCS")
     raw = tuple((name, f"on_{name}") for kind, name in Tracer.PROGRAMS if kind == "raw_tracepoint")
     tracepoints: tuple[str, ...] = ()
     if "SYSCALL_REGS" in layout:
@@ -246,7 +257,8 @@ def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int) -> LoadSpec:
     # keeps alive by holding the program array's fd.
     return LoadSpec(os.path.join(BPF_DIR, "buildidd.bpf.c"), tuple(cflags), raw_tracepoints=raw,
                     tail_calls=(TailCall("exec_tail", 0, "exec_vmas"),),
-                    required_tracepoints=tracepoints, iterators=(synth.ITERATOR,), callbacks=CALLBACKS)
+                    required_tracepoints=tracepoints, iterators=(synth.ITERATOR,), callbacks=CALLBACKS,
+                    kfuncs=kfuncs)
 
 
 @dataclass
@@ -310,7 +322,7 @@ class Tracer:
         self.nrings = max(1, min(MAX_RINGS, os.cpu_count() or 1))
         #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
         self.compat = "TS_COMPAT" in self.layout and "SYSCALL_REGS" in self.layout
-        spec = load_spec(self.layout, ring_bytes, self.nrings)
+        spec = load_spec(self.layout, ring_bytes, self.nrings, kernel_kfuncs(btf))
         self.prog = load_program(spec, pin_root, cache_dir)
         #: seconds the child spent compiling and loading (BPF()).
         self.compile_s = self.prog.compile_s

@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Kernel functions (kfuncs) with BCC as the compiler, and KLD: a kernel
+ * struct field read as a load through a BTF pointer.
+ *
+ * A kfunc is called with src_reg BPF_PSEUDO_KFUNC_CALL and imm the
+ * function's vmlinux BTF id, which BCC cannot emit.  So the source calls
+ * helper number KFUNC_MAGIC + k, a plain call, and daemon/buildidd/kernel/
+ * compiled.py records it as a call of kfunc k (LoadSpec.kfuncs' k-th name,
+ * passed as -DKFUNC_<name>=k); kernel/objload.py writes the running kernel's
+ * BTF id of that function into it when it loads the program.
+ *
+ * bpf_rdonly_cast(obj, btf_id) (kernel/bpf/helpers.c, Linux 6.2) gives obj
+ * the type "untrusted pointer to vmlinux BTF type btf_id".  The verifier
+ * checks each load through it against that type's BTF layout (the running
+ * kernel's, never the headers': a load must fall on a member of the size
+ * loaded), turns it into a fault-safe load (BPF_PROBE_MEM: a bad address
+ * reads 0) and inlines the call itself as a register move.  Measured here:
+ * such a load costs ~0.5 ns where a bpf_probe_read_kernel call costs ~6 ns.
+ *
+ * KLD(p, T, off, type): the `type` at byte off of the struct at kernel
+ * address p, whose vmlinux BTF id is BTF_ID_<T> (-D from tracer.py), off a
+ * constant (the verifier refuses a variable offset into a BTF pointer).
+ * Compiled with -DNO_KFUNCS (a kernel without bpf_rdonly_cast) it is a
+ * bpf_probe_read_kernel of the same bytes.
+ */
+#ifndef BUILDIDD_KFUNCS_H
+#define BUILDIDD_KFUNCS_H
+
+/* KFUNC_MAGIC of kernel/compiled.py: no helper has a number near it. */
+#define KFUNC_MAGIC	0x0B1DDF00
+
+#ifndef NO_KFUNCS
+static void *(*bpf_rdonly_cast_)(const void *obj, __u32 btf_id) =
+	(void *)(KFUNC_MAGIC + KFUNC_bpf_rdonly_cast);
+
+#define KLD(p, T, off, type) \
+	(*(const type *)((const char *)bpf_rdonly_cast_((const void *)(p), BTF_ID_##T) + (off)))
+#else
+#define KLD(p, T, off, type) ({						\
+	type __kld_v = 0;						\
+	bpf_probe_read_kernel(&__kld_v, sizeof(__kld_v),		\
+			      (const char *)(p) + (off));		\
+	__kld_v;							\
+})
+#endif
+
+#endif /* BUILDIDD_KFUNCS_H */
