@@ -70,6 +70,26 @@ def test_hard_links_each_event_has_its_own_name(recorder, tmp_path):
         assert {r["build_id"] for r in recs} == {readelf_build_id(lib)}
 
 
+@pytest.mark.parametrize("kfuncs", [True, False], ids=["kld-loads", "probe-reads"])
+def test_identity_path_and_build_id_with_and_without_kfuncs(recorder, tmp_path, monkeypatch, kfuncs):
+    """KLD (bpf/kfuncs.h) reads the fields through bpf_rdonly_cast pointers; on a kernel without
+    that kfunc (here: a name BTF lacks) the same source is compiled with -DNO_KFUNCS and reads
+    them with bpf_probe_read_kernel.  Both give what stat(2) and readelf -n give."""
+    from buildidd.kernel import tracer
+    if not kfuncs:
+        monkeypatch.setattr(tracer, "KFUNCS", ("bpf_no_such_kfunc",))
+    lib = _lib(tmp_path)
+    st = os.stat(lib)
+    rec = recorder()
+    recs = _map_files(rec, [str(lib)], st.st_ino)
+    assert len(recs) == 1, recs
+    r = recs[0]
+    assert (r["path"], r["ino"], r["dev"], r["size"], r["mtime_ns"]) == (
+        str(lib), st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+    assert r["build_id"] == readelf_build_id(lib) and r["build_id_source"] == "kernel"
+    assert ("-DNO_KFUNCS" in rec.tracer.spec.cflags) is (not kfuncs)
+
+
 def test_a_60_component_path_is_whole_and_a_longer_one_says_truncated(recorder, tmp_path):
     deep = tmp_path.joinpath(*[f"c{i:02d}" for i in range(60)])
     deep.mkdir(parents=True)

@@ -238,6 +238,23 @@ def test_every_unique_struct_and_enum_matches_bpftool(kernel_btf, oracle):
     assert checked > 10000 and bitfields > 0
 
 
+def test_struct_and_kfunc_ids_match_bpftool(kernel_btf, oracle):
+    """The ids the BPF side casts to (bpf/kfuncs.h, BTF_ID_*) and calls (the kfunc's FUNC id)."""
+    from buildidd.kernel.tracer import KFUNCS, KLD_STRUCTS
+    for name in KLD_STRUCTS:
+        assert kernel_btf.struct_id(name) == oracle.struct_id(name)
+        assert oracle.types[kernel_btf.struct_id(name)].kind == "STRUCT"
+    for name in KFUNCS + ("vfs_read", "do_mmap"):
+        ids = oracle.by_name[("FUNC", name)]
+        assert len(ids) == 1 and kernel_btf.func_id(name) == ids[0]
+    with pytest.raises(BtfError, match="0 functions named 'bpf_no_such_kfunc'"):
+        kernel_btf.func_id("bpf_no_such_kfunc")
+    with pytest.raises(BtfError, match="0 functions named 'task_struct'"):     # a struct, not a FUNC
+        kernel_btf.func_id("task_struct")
+    with pytest.raises(BtfError, match="structs named 'maple_type'"):        # an enum
+        kernel_btf.struct_id("maple_type")
+
+
 def test_type_count_matches_bpftool(kernel_btf, oracle):
     assert kernel_btf.type_count == max(oracle.types)
 

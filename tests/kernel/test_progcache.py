@@ -310,6 +310,53 @@ def test_a_compiled_object_with_callbacks_round_trips_and_a_stray_function_load_
             CompiledObject.from_json(doc)
 
 
+def test_capture_makes_kfunc_calls_and_the_load_writes_the_kernels_btf_id():
+    """A call of helper KFUNC_MAGIC + k (bpf/kfuncs.h) becomes a BPF_PSEUDO_KFUNC_CALL of kfunc k
+    with imm 0, in the program and in a callback; relocated() writes the BTF id in."""
+    from buildidd.errors import ProbeError
+    from buildidd.kernel.compiled import KFUNC_MAGIC, PSEUDO_KFUNC_CALL, capture_program
+    call = _insn(0x85, imm=KFUNC_MAGIC)
+    cb_ref = _insn(0x18, 2, 0, 0, 0) + _insn(0, imm=0xB1DDCA11)
+    main = call + cb_ref + _insn(0x85, imm=181) + _insn(0xb7) + _insn(0x95)
+    cb = _insn(0xb7) + call + _insn(0x95)
+    p = capture_program("f", "raw_tracepoint", main, {}, callbacks={0: ("step", cb)}, kfuncs=("bpf_rdonly_cast",))
+    base = len(main) // 8
+    assert p.kfunc_refs == ((0, "bpf_rdonly_cast"), (base + 1, "bpf_rdonly_cast"))
+    for at, _ in p.kfunc_refs:
+        code, regs, off, imm = struct.unpack_from("<BBhi", p.insns, at * 8)
+        assert (code, regs >> 4, off, imm) == (0x85, PSEUDO_KFUNC_CALL, 0, 0)
+    code = p.relocated({}, {"bpf_rdonly_cast": 65486})
+    assert [struct.unpack_from("<i", code, at * 8 + 4)[0] for at, _ in p.kfunc_refs] == [65486, 65486]
+    with pytest.raises(KeyError):
+        p.relocated({})
+    with pytest.raises(ProbeError, match="names none"):                          # kfunc 1 of a list of 1
+        capture_program("f", "raw_tracepoint", _insn(0x85, imm=KFUNC_MAGIC + 1) + _insn(0x95), {},
+                        kfuncs=("bpf_rdonly_cast",))
+    with pytest.raises(ProbeError, match="not linked"):                          # only KFUNCS
+        capture_program("f", "raw_tracepoint", call + _insn(0x95), {}, kfuncs=("bpf_obj_drop_impl",))
+
+
+def test_a_cached_kfunc_call_must_be_one_the_capture_made():
+    """From disk: a kfunc call at no kfunc_refs index, with an id already in it, or of a function
+    outside KFUNCS, and a kfunc_refs index that is not a call, are refused."""
+    from buildidd.kernel.compiled import (KFUNC_MAGIC, CompiledMap, CompiledObject, CompiledProgram, _digest,
+                                          capture_program)
+    main = _insn(0x85, imm=KFUNC_MAGIC) + _insn(0xb7) + _insn(0x95)
+    p = capture_program("f", "raw_tracepoint", main, {}, kfuncs=("bpf_rdonly_cast",))
+    maps = (CompiledMap("m", 2, 4, 8, 1, 0, "m"),)
+    obj = CompiledObject(maps, (p,))
+    assert CompiledObject.from_json(json.loads(json.dumps(obj.to_json()))) == obj
+    with_id = _insn(0x85, 0, 2, 0, 1234) + p.insns[8:]
+    for insns, refs in ((p.insns, ()),                                       # a call nothing lists
+                        (with_id, ((0, "bpf_rdonly_cast"),)),                # an id from the file
+                        (p.insns, ((0, "bpf_task_release"),)),               # not in KFUNCS
+                        (p.insns, ((0, "bpf_rdonly_cast"), (1, "bpf_rdonly_cast")))):   # 1 is no call
+        doc = CompiledObject(maps, (CompiledProgram("f", "raw_tracepoint", insns, (), kfunc_refs=refs),)).to_json()
+        doc["sha256"] = _digest(doc["body"])
+        with pytest.raises(ValueError):
+            CompiledObject.from_json(doc)
+
+
 def test_every_program_verifies_in_well_under_the_verifier_limit(bpf, compiled_cache):
     """The verifier's own count (BPF_LOG_STATS) of each program of both sources stays under half of
     BPF_COMPLEXITY_LIMIT_INSNS (1,000,000): the path walk is a bpf_loop (bpf/callbacks.h), and no

@@ -322,8 +322,9 @@ class Tracer:
         self.nrings = max(1, min(MAX_RINGS, os.cpu_count() or 1))
         #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
         self.compat = "TS_COMPAT" in self.layout and "SYSCALL_REGS" in self.layout
-        spec = load_spec(self.layout, ring_bytes, self.nrings, kernel_kfuncs(btf))
-        self.prog = load_program(spec, pin_root, cache_dir)
+        #: what was compiled and loaded (kernel.loader.LoadSpec): with kfuncs, or -DNO_KFUNCS.
+        self.spec = load_spec(self.layout, ring_bytes, self.nrings, kernel_kfuncs(btf))
+        self.prog = load_program(self.spec, pin_root, cache_dir)
         #: seconds the child spent compiling and loading (BPF()).
         self.compile_s = self.prog.compile_s
         #: seconds the child spent attaching and filling the program array.
