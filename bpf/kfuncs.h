@@ -6,9 +6,9 @@
  * A kfunc is called with src_reg BPF_PSEUDO_KFUNC_CALL and imm the
  * function's vmlinux BTF id, which BCC cannot emit.  So the source calls
  * helper number KFUNC_MAGIC + k, a plain call, and daemon/buildidd/kernel/
- * compiled.py records it as a call of kfunc k (LoadSpec.kfuncs' k-th name,
- * passed as -DKFUNC_<name>=k); kernel/objload.py writes the running kernel's
- * BTF id of that function into it when it loads the program.
+ * compiled.py records it as a call of kfunc k (compiled.KFUNCS[k]);
+ * kernel/objload.py writes the running kernel's BTF id of that function
+ * into it when it loads the program.
  *
  * bpf_rdonly_cast(obj, btf_id) (kernel/bpf/helpers.c, Linux 6.2) gives obj
  * the type "untrusted pointer to vmlinux BTF type btf_id".  The verifier
@@ -29,6 +29,8 @@
 
 /* KFUNC_MAGIC of kernel/compiled.py: no helper has a number near it. */
 #define KFUNC_MAGIC	0x0B1DDF00
+/* k of each kfunc: its index in compiled.KFUNCS. */
+#define KFUNC_bpf_rdonly_cast	0
 
 #ifndef NO_KFUNCS
 static void *(*bpf_rdonly_cast_)(const void *obj, __u32 btf_id) =

@@ -240,19 +240,21 @@ def test_every_unique_struct_and_enum_matches_bpftool(kernel_btf, oracle):
 
 def test_struct_and_kfunc_ids_match_bpftool(kernel_btf, oracle):
     """The ids the BPF side casts to (bpf/kfuncs.h, BTF_ID_*) and calls (the kfunc's FUNC id)."""
-    from buildidd.kernel.tracer import KFUNCS, KLD_STRUCTS
+    from buildidd.kernel.btf_blob import KIND_ENUM, KIND_FUNC, KIND_STRUCT
+    from buildidd.kernel.compiled import KFUNCS
+    from buildidd.kernel.tracer import KLD_STRUCTS, btf_id
     for name in KLD_STRUCTS:
-        assert kernel_btf.struct_id(name) == oracle.struct_id(name)
-        assert oracle.types[kernel_btf.struct_id(name)].kind == "STRUCT"
+        assert btf_id(kernel_btf, KIND_STRUCT, name) == oracle.struct_id(name)
+        assert oracle.types[btf_id(kernel_btf, KIND_STRUCT, name)].kind == "STRUCT"
     for name in KFUNCS + ("vfs_read", "do_mmap"):
         ids = oracle.by_name[("FUNC", name)]
-        assert len(ids) == 1 and kernel_btf.func_id(name) == ids[0]
-    with pytest.raises(BtfError, match="0 functions named 'bpf_no_such_kfunc'"):
-        kernel_btf.func_id("bpf_no_such_kfunc")
-    with pytest.raises(BtfError, match="0 functions named 'task_struct'"):     # a struct, not a FUNC
-        kernel_btf.func_id("task_struct")
-    with pytest.raises(BtfError, match="structs named 'maple_type'"):        # an enum
-        kernel_btf.struct_id("maple_type")
+        assert len(ids) == 1 and kernel_btf.type_ids(KIND_FUNC, name) == ids
+    assert kernel_btf.type_ids(KIND_FUNC, "bpf_no_such_kfunc") == []
+    assert kernel_btf.type_ids(KIND_FUNC, "task_struct") == []              # a struct, not a FUNC
+    assert kernel_btf.type_ids(KIND_STRUCT, "maple_type") == []             # an enum
+    assert kernel_btf.type_ids(KIND_ENUM, "maple_type") == oracle.by_name[("ENUM", "maple_type")]
+    with pytest.raises(BtfError, match="0 BTF FUNC types named 'bpf_no_such_kfunc'"):
+        btf_id(kernel_btf, KIND_FUNC, "bpf_no_such_kfunc")
 
 
 def test_type_count_matches_bpftool(kernel_btf, oracle):

@@ -16,13 +16,11 @@ references is depth-capped, so a corrupt file raises
 
 from __future__ import annotations
 
-import bisect
-import struct
 from typing import Callable, TypeVar
 
 from buildidd.errors import BtfError
 from buildidd.kernel.btf_blob import (
-    BTF_ARRAY, BTF_ENUM, BTF_ENUM64, KIND_ARRAY, KIND_ENUM, KIND_ENUM64, KIND_FUNC, KIND_NAMES, KIND_PTR,
+    BTF_ARRAY, BTF_ENUM, BTF_ENUM64, KIND_ARRAY, KIND_ENUM, KIND_ENUM64, KIND_NAMES, KIND_PTR,
     KIND_STRUCT, KIND_UNION, MAX_BTF_BYTES, MAX_RESOLVE_DEPTH, NS_ENUM, NS_INT, NS_STRUCT,
     NS_TYPEDEF, VMLINUX_BTF_PATH, BtfBlob,
 )
@@ -30,8 +28,6 @@ from buildidd.kernel.btf_blob import (
 __all__ = ["Btf", "MAX_BTF_BYTES", "VMLINUX_BTF_PATH"]
 
 _T = TypeVar("_T")
-#: The first two fields of struct btf_type (include/uapi/linux/btf.h): name_off, info.
-_TYPE_HEAD = struct.Struct("<II")
 
 
 class Btf(BtfBlob):
@@ -141,47 +137,6 @@ class Btf(BtfBlob):
         raise self._fail(f"{what} is ambiguous: {len(ids)} definitions give {detail}")
 
     # -------------------------------------------------------------- queries
-
-    def struct_id(self, name: str) -> int:
-        """The type id of ``struct name`` (a STRUCT, not a union or typedef), as the verifier
-        takes it (e.g. bpf_rdonly_cast's btf_id argument).
-
-        Raises:
-            BtfError: no such struct, or more than one.
-        """
-        ids = [t for t in self._ids(NS_STRUCT, name) if self._record(t)[0] == KIND_STRUCT]
-        if len(ids) != 1:
-            raise self._fail(f"{len(ids)} structs named {name!r}, not one")
-        return ids[0]
-
-    def func_id(self, name: str) -> int:
-        """The type id of the FUNC ``name`` (a kernel function; a kfunc's is what a
-        BPF_PSEUDO_KFUNC_CALL names).  FUNC records are not indexed (there are ~60,000 in
-        vmlinux): the record is found by searching the type section for its first 8 bytes
-        (name offset, info) and checking it starts at a record boundary.
-
-        Raises:
-            BtfError: no such function, or more than one.
-        """
-        needle = name.encode() + b"\0"
-        data, start, end = self._data, self._str_start, self._str_start + self._str_len
-        lo, hi = self._offsets[1] if len(self._offsets) > 1 else 0, self._offsets[-1] + 12
-        found = []
-        pos = data.find(b"\0" + needle, start, end)
-        while pos >= 0 and not found:
-            name_off = pos + 1 - start
-            for linkage in range(3):        # static, global, extern (struct btf_type.info)
-                key = _TYPE_HEAD.pack(name_off, KIND_FUNC << 24 | linkage)
-                at = data.find(key, lo, hi)
-                while at >= 0:
-                    i = bisect.bisect_left(self._offsets, at)
-                    if i < len(self._offsets) and self._offsets[i] == at:
-                        found.append(i)
-                    at = data.find(key, at + 1, hi)
-            pos = data.find(b"\0" + needle, pos + 1, end)
-        if len(found) != 1:
-            raise self._fail(f"{len(found)} functions named {name!r}, not one")
-        return found[0]
 
     def has_struct(self, name: str) -> bool:
         """True when a struct or union tagged ``name`` exists (typedefs not followed)."""

@@ -24,6 +24,7 @@ Only little-endian BTF is read (x86_64 and arm64); big-endian BTF is rejected.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from typing import Self
 
@@ -408,6 +409,25 @@ class BtfBlob:
             return dup
         tid = self._index[ns].get(name)
         return [] if tid is None else [tid]
+
+    def type_ids(self, kind: int, name: str) -> list[int]:
+        """Ids of the records of ``kind`` (KIND_STRUCT, KIND_FUNC, ...) named ``name``.  A kind
+        not indexed (FUNC: ~60,000 in vmlinux) is found by searching the type section for the
+        record's name_off and info (vlen 0-2: a FUNC's linkage) at a record boundary."""
+        if kind in _INDEXED_NS:
+            return [t for t in self._ids(_INDEXED_NS[kind], name) if self._record(t)[0] == kind]
+        data, offsets, found = self._data, self._offsets, []
+        pos = data.find(b"\0" + name.encode() + b"\0", self._str_start, self._str_start + self._str_len)
+        if pos < 0 or len(offsets) < 2:
+            return found
+        for vlen in range(3):
+            key = _TYPE.pack(pos + 1 - self._str_start, kind << 24 | vlen, 0)[:8]
+            at = data.find(key, offsets[1], offsets[-1] + 8)
+            while at >= 0:
+                if offsets[bisect.bisect_left(offsets, at)] == at:
+                    found.append(bisect.bisect_left(offsets, at))
+                at = data.find(key, at + 1, offsets[-1] + 8)
+        return sorted(found)
 
     @property
     def type_count(self) -> int:

@@ -23,11 +23,11 @@ func_info that kernel.objload hands the verifier.
 
 Kernel functions (kfuncs) are linked the same way: BCC cannot emit a call
 with src_reg BPF_PSEUDO_KFUNC_CALL, so the source calls helper number
-:data:`KFUNC_MAGIC` + k (bpf/kfuncs.h) for the k-th of LoadSpec.kfuncs, and the
+:data:`KFUNC_MAGIC` + k (bpf/kfuncs.h) for kfunc k, and the
 capture makes it a kfunc call with imm 0, its name in ``kfunc_refs``; the BTF
 id of the function, which belongs to one kernel build, is written in only when
-the program is loaded (:meth:`CompiledProgram.relocated`).  Only the kfuncs of
-:data:`KFUNCS` are linked: they read nothing and change nothing.
+the program is loaded (:meth:`CompiledProgram.relocated`).  k indexes
+:data:`KFUNCS`, the only kfuncs linked: they read nothing and change nothing.
 
 An LD_IMM64 with any other pseudo source (a map value, a BTF id), any other
 kernel function call, or a map type outside :data:`MAP_TYPES` (map-in-map,
@@ -65,10 +65,11 @@ CALL = 0x85
 PSEUDO_KFUNC_CALL = 2
 #: Helper number of the call of kfunc 0 in bpf/kfuncs.h (kfunc k: KFUNC_MAGIC + k).
 KFUNC_MAGIC = 0x0B1DDF00
-#: Kernel functions a program may call (by name; its vmlinux BTF id is written in at load):
-#: bpf_rdonly_cast (Linux 6.2) only retypes a pointer, and the verifier inlines it as a move.
-KFUNCS = frozenset({"bpf_rdonly_cast"})
-#: Most kfuncs one LoadSpec names (bounds the helper numbers taken as kfunc calls).
+#: The kernel functions a program may call, kfunc k at index k (bpf/kfuncs.h: KFUNC_<name>); the
+#: vmlinux BTF id of each is written in at load.  bpf_rdonly_cast (Linux 6.2) only retypes a
+#: pointer, and the verifier inlines it as a move.
+KFUNCS = ("bpf_rdonly_cast",)
+#: Helper numbers from KFUNC_MAGIC up to this many more are taken as kfunc calls.
 MAX_KFUNCS = 16
 #: enum bpf_map_type values a CompiledMap can make again from its sizes and flags alone.
 MAP_TYPES = frozenset({MapType.HASH, MapType.ARRAY, MapType.PROG_ARRAY, MapType.PERF_EVENT_ARRAY,
@@ -199,8 +200,7 @@ class CompiledObject:
 
 def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[int, str], *,
                     attach: tuple[int, int] = (0, 0),
-                    callbacks: dict[int, tuple[str, bytes]] | None = None,
-                    kfuncs: tuple[str, ...] = ()) -> CompiledProgram:
+                    callbacks: dict[int, tuple[str, bytes]] | None = None) -> CompiledProgram:
     """A CompiledProgram from the instructions BCC compiled (BPF.dump_func) in the child, with the
     bpf_loop callbacks it names linked in and its kfunc calls recorded (see the module docstring).
 
@@ -208,16 +208,12 @@ def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[
         fd_names: the child's map fd → BCC table name.
         attach: (expected_attach_type, attach_btf_id) of CompiledProgram.
         callbacks: k of BPF_CALLBACK(k) → (C function, its instructions from BPF.dump_func).
-        kfuncs: the kernel functions helper numbers KFUNC_MAGIC + k call, by k (LoadSpec.kfuncs).
     Raises:
         ProbeError: an LD_IMM64 whose source is not a map fd of fd_names or a known callback, a
-            kfunc call other than KFUNC_MAGIC + k for a name of kfuncs in KFUNCS, a callback that
-            names a callback, or a malformed array.
+            kfunc call other than KFUNC_MAGIC + k for k in KFUNCS, a callback that names a
+            callback, or a malformed array.
     """
-    unknown = set(kfuncs) - KFUNCS
-    if unknown or len(kfuncs) > MAX_KFUNCS:
-        raise ProbeError(f"{function}: kernel functions {sorted(unknown)} are not linked (only {sorted(KFUNCS)})")
-    out, refs, links, calls = _scan(function, insns, fd_names, callbacks is not None, kfuncs)
+    out, refs, links, calls = _scan(function, insns, fd_names, callbacks is not None)
     subprogs: list[tuple[int, str]] = []
     bases: dict[int, int] = {}
     for _, k in links:
@@ -226,7 +222,7 @@ def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[
         if not callbacks or k not in callbacks:
             raise ProbeError(f"{function}: BPF_CALLBACK({k}) names no callback")
         name, code = callbacks[k]
-        cb_out, cb_refs, _, cb_calls = _scan(name, code, fd_names, False, kfuncs)
+        cb_out, cb_refs, _, cb_calls = _scan(name, code, fd_names, False)
         bases[k] = len(out) // 8
         subprogs.append((bases[k], name))
         refs += [(bases[k] + i, n) for i, n in cb_refs]
@@ -242,7 +238,7 @@ def capture_program(function: str, prog_type: str, insns: bytes, fd_names: dict[
     return prog
 
 
-def _scan(function: str, insns: bytes, fd_names: dict[int, str], linkable: bool, kfuncs: tuple[str, ...]
+def _scan(function: str, insns: bytes, fd_names: dict[int, str], linkable: bool
           ) -> tuple[bytearray, list[tuple[int, str]], list[tuple[int, int]], list[tuple[int, str]]]:
     """insns with map fds zeroed and kfunc calls made (imm 0), the (index, map name) references,
     the (index, k) of each BPF_CALLBACK(k) load (refused unless linkable), and the (index, name)
@@ -264,9 +260,9 @@ def _scan(function: str, insns: bytes, fd_names: dict[int, str], linkable: bool,
         if code == CALL and regs >> 4 == PSEUDO_KFUNC_CALL:
             raise ProbeError(f"{function}: instruction {i} calls a kernel function (not cached)")
         if code == CALL and regs >> 4 == 0 and 0 <= imm - KFUNC_MAGIC < MAX_KFUNCS:
-            if imm - KFUNC_MAGIC >= len(kfuncs):
+            if imm - KFUNC_MAGIC >= len(KFUNCS):
                 raise ProbeError(f"{function}: instruction {i} calls kfunc {imm - KFUNC_MAGIC}, which names none")
-            calls.append((i, kfuncs[imm - KFUNC_MAGIC]))
+            calls.append((i, KFUNCS[imm - KFUNC_MAGIC]))
             INSN.pack_into(out, i * 8, CALL, PSEUDO_KFUNC_CALL << 4, 0, 0)
         if code == LD_IMM64:
             src = regs >> 4

@@ -82,9 +82,9 @@ class LoadSpec:
         callbacks: the C functions of the source's ``bpf_loop`` callbacks; the k-th is the one
             ``BPF_CALLBACK(k)`` names (bpf/callbacks.h), and the compile defines
             ``CALLBACK_<function>`` as k (:meth:`compile_flags`).
-        kfuncs: (name, vmlinux BTF id) of the kernel functions the source may call (bpf/kfuncs.h);
-            the k-th is called as helper KFUNC_MAGIC + k, and the compile defines
-            ``KFUNC_<name>`` as k.  The ids are the running kernel's (Btf.func_id).
+        kfuncs: (name, vmlinux BTF id) of the kernel functions the source calls (bpf/kfuncs.h,
+            compiled.KFUNCS), written into its kfunc calls at load; the running kernel's
+            (Btf.func_id).
     """
 
     src_file: str
@@ -97,10 +97,8 @@ class LoadSpec:
     kfuncs: tuple[tuple[str, int], ...] = ()
 
     def compile_flags(self) -> list[str]:
-        """cflags, ``-DCALLBACK_<function>=k`` for the k-th of callbacks and ``-DKFUNC_<name>=k``
-        for the k-th of kfuncs."""
-        return [*self.cflags, *(f"-DCALLBACK_{fn}={k}" for k, fn in enumerate(self.callbacks)),
-                *(f"-DKFUNC_{name}={k}" for k, (name, _) in enumerate(self.kfuncs))]
+        """cflags, and ``-DCALLBACK_<function>=k`` for the k-th of callbacks."""
+        return [*self.cflags, *(f"-DCALLBACK_{fn}={k}" for k, fn in enumerate(self.callbacks))]
 
     @property
     def name(self) -> str:
@@ -387,7 +385,7 @@ def _capture(b, tables: list[tuple[str, int]], spec: LoadSpec) -> CompiledObject
                 print(f"iterator {fn} left out: {e}", file=sys.stderr)
                 continue
         programs.append(capture_program(fn, kind, b.dump_func(fn.encode()), fd_names, attach=(eat, btf_id),
-                                        callbacks=callbacks, kfuncs=tuple(n for n, _ in spec.kfuncs)))
+                                        callbacks=callbacks))
     return CompiledObject(tuple(maps), tuple(programs))
 
 

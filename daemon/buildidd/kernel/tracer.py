@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 from buildidd.kernel import synth
 from buildidd.kernel.btf import Btf
+from buildidd.kernel.btf_blob import KIND_FUNC, KIND_NAMES, KIND_STRUCT
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, DropTime
+from buildidd.kernel import compiled
 from buildidd.kernel.loader import LoadSpec, TailCall
 from buildidd.kernel.attach import ensure_tracefs
 from buildidd.kernel.progcache import load_program
@@ -174,7 +176,7 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     # overlayfs backing files (Linux 6.6+): the path the user opened.
     if btf.has_struct("backing_file"):
         out["OFF_BACKING_FILE_USER_PATH"] = btf.offsetof("backing_file", "user_path")
-    out.update((f"BTF_ID_{name.upper()}", btf.struct_id(name)) for name in KLD_STRUCTS)
+    out.update((f"BTF_ID_{name.upper()}", btf_id(btf, KIND_STRUCT, name)) for name in KLD_STRUCTS)
     out["MAPLE_NODE_SIZE"] = btf.sizeof("maple_node")
     if out["MAPLE_NODE_SIZE"] != 256:
         raise BtfError(f"struct maple_node is {out['MAPLE_NODE_SIZE']} bytes, not 256")
@@ -203,16 +205,25 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
 
 #: Structs bpf/buildidd.bpf.c reads with KLD (bpf/kfuncs.h): -DBTF_ID_<STRUCT>=<vmlinux type id>.
 KLD_STRUCTS = ("pt_regs", "vm_area_struct", "file", "inode", "super_block", "dentry", "mount", "vfsmount")
-#: The kernel functions bpf/buildidd.bpf.c calls (bpf/kfuncs.h).
-KFUNCS = ("bpf_rdonly_cast",)
+def btf_id(btf: Btf, kind: int, name: str) -> int:
+    """The one type id of kind (btf_blob.KIND_STRUCT, KIND_FUNC) named name in btf: what
+    bpf_rdonly_cast's btf_id argument and a kfunc call's imm name.
+
+    Raises:
+        BtfError: none, or more than one.
+    """
+    ids = btf.type_ids(kind, name)
+    if len(ids) != 1:
+        raise BtfError(f"{len(ids)} BTF {KIND_NAMES[kind]} types named {name!r}, not one")
+    return ids[0]
 
 
 def kernel_kfuncs(btf: Btf) -> tuple[tuple[str, int], ...]:
-    """(name, vmlinux BTF id) of each of KFUNCS, for LoadSpec.kfuncs; () when this kernel lacks
-    one (bpf_rdonly_cast is Linux 6.2+): the BPF side is then compiled with -DNO_KFUNCS and
-    reads those fields with bpf_probe_read_kernel."""
+    """(name, vmlinux BTF id) of each of compiled.KFUNCS, for LoadSpec.kfuncs; () when this
+    kernel lacks one (bpf_rdonly_cast is Linux 6.2+): the BPF side is then compiled with
+    -DNO_KFUNCS and reads those fields with bpf_probe_read_kernel."""
     try:
-        return tuple((name, btf.func_id(name)) for name in KFUNCS)
+        return tuple((name, btf_id(btf, KIND_FUNC, name)) for name in compiled.KFUNCS)
     except BtfError as e:
         log.warning("kernel functions not found in BTF (%s): fields are read with bpf_probe_read_kernel", e)
         return ()
