@@ -215,8 +215,9 @@ def _load(p: CompiledProgram, map_fds: dict[str, int], kfunc_ids: dict[str, int]
                 os.close(bpf(BPF_PROG_LOAD, attr))
             except OSError:
                 pass
-            tail = logbuf.value.decode(errors="replace").strip().splitlines()[-3:]
-            return OSError(e.errno, f"{p.function}: {e.strerror}; verifier: {' | '.join(tail)}")
+            text = logbuf.value.decode(errors="replace").strip()
+            log.debug("%s refused; the verifier's log:\n%s", p.function, text)
+            return OSError(e.errno, f"{p.function}: {e.strerror}; verifier: {' | '.join(text.splitlines()[-3:])}")
     except OSError as e:
         return e
     finally:
