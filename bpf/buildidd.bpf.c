@@ -286,8 +286,15 @@ static __always_inline void memo_count(__u32 stat)
 		*n += 1;
 }
 
+/*
+ * The current task's header.  comm is copied from task_struct.comm with two
+ * BTF loads (bpf_get_current_comm is a helper call): the kernel keeps comm
+ * NUL-terminated and padded (__set_task_comm: strscpy_pad), so a copy taken
+ * during a rename is a NUL-terminated name too, as perf's comm records are.
+ */
 static __always_inline void fill_header(struct event_header *h, __u32 type)
 {
+	const char *task = (const char *)bpf_get_current_task_btf();
 	__u64 id = bpf_get_current_pid_tgid();
 
 	h->type = type;
@@ -295,7 +302,9 @@ static __always_inline void fill_header(struct event_header *h, __u32 type)
 	h->tid = (__u32)id;
 	h->_pad0 = 0;
 	h->time_ns = bpf_ktime_get_boot_ns();
-	bpf_get_current_comm(h->comm, sizeof(h->comm));
+	_Static_assert(BUILDIDD_COMM_LEN == 16, "comm is copied as two words");
+	*(__u64 *)h->comm = BTF_LD(task, OFF_TASK_STRUCT_COMM, __u64);
+	*(__u64 *)(h->comm + 8) = BTF_LD(task, OFF_TASK_STRUCT_COMM + 8, __u64);
 }
 
 static __always_inline void fill_task_header(struct event_header *h, __u32 type,
