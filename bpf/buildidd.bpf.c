@@ -81,7 +81,7 @@ struct map_scratch {
 	struct map_event ev;
 	/* read_path's walk state */
 	const void *w_dentry, *w_mnt, *w_root;
-	__u32 w_off, w_done;		/* w_done: 1 at the root, 2 a read failed */
+	__u32 w_off, w_done;		/* w_done: 1 at the root, 2 a dentry read nothing */
 	__u32 w_flags;			/* BUILDIDD_PATH_TRUNCATED when the walk cut the path */
 	char buf[2 * BUILDIDD_PATH_MAX];	/* path assembled backwards from its end */
 };
@@ -288,9 +288,10 @@ static __always_inline void memo_count(__u32 stat)
 
 /*
  * The current task's header.  comm is copied from task_struct.comm with two
- * BTF loads (bpf_get_current_comm is a helper call): the kernel keeps comm
- * NUL-terminated and padded (__set_task_comm: strscpy_pad), so a copy taken
- * during a rename is a NUL-terminated name too, as perf's comm records are.
+ * BTF loads (bpf_get_current_comm is a helper call): the kernel keeps its
+ * last byte NUL (__set_task_comm: strscpy_pad), so a copy is a NUL-terminated
+ * name even when taken during a rename, as perf's comm records are; bytes
+ * after the first NUL may then be the old name's (user space stops at it).
  */
 static __always_inline void fill_header(struct event_header *h, __u32 type)
 {
@@ -372,8 +373,9 @@ static __always_inline int user_view(const void *file, struct user_view *u, __u3
 /*
  * Identity of the inode, as stat(2) would report it (struct inode's i_ino,
  * i_size, i_mtime, i_generation, i_ctime, i_nlink; super_block.s_dev).
- * *magic: the file system's super_block.s_magic (include/uapi/linux/magic.h),
- * 0 if unknown.
+ * *magic: the file system's super_block.s_magic (include/uapi/linux/magic.h).
+ * -1 when inode is NULL or reads nothing: a live inode's i_sb is never NULL,
+ * so a NULL i_sb is a load through a bad pointer (BPF_PROBE_MEM reads 0).
  */
 static __always_inline int read_file_id(const void *inode, struct file_id *id, __u64 *magic)
 {
@@ -392,12 +394,10 @@ static __always_inline int read_file_id(const void *inode, struct file_id *id, _
 	id->_pad = 0;
 	id->nlink = KLD(inode, INODE, OFF_INODE_I_NLINK, __u32);
 	sb = KLD(inode, INODE, OFF_INODE_I_SB, const void *);
-	id->dev = 0;
-	*magic = 0;
-	if (sb) {
-		id->dev = KLD(sb, SUPER_BLOCK, OFF_SUPER_BLOCK_S_DEV, __u32);
-		*magic = KLD(sb, SUPER_BLOCK, OFF_SUPER_BLOCK_S_MAGIC, __u64);
-	}
+	if (!sb)
+		return -1;
+	id->dev = KLD(sb, SUPER_BLOCK, OFF_SUPER_BLOCK_S_DEV, __u32);
+	*magic = KLD(sb, SUPER_BLOCK, OFF_SUPER_BLOCK_S_MAGIC, __u64);
 	return 0;
 }
 
@@ -425,14 +425,14 @@ static __always_inline int path_step(struct map_scratch *s)
 		s->w_root = KLD(mparent, MOUNT, OFF_MOUNT_MNT + OFF_VFSMOUNT_MNT_ROOT, const void *);
 		return 0;
 	}
-	if (!dentry) {
-		s->w_done = 2;
-		return 1;
-	}
-	/* A load through a bad dentry pointer reads 0 (BPF_PROBE_MEM): the walk ends, as at the root. */
-	parent = KLD(dentry, DENTRY, OFF_DENTRY_D_PARENT, const void *);
+	/*
+	 * A dentry's d_parent is never NULL (a root's is itself): NULL is a
+	 * load through a bad pointer (BPF_PROBE_MEM reads 0), and the path is
+	 * cut there (BUILDIDD_PATH_UNREACHABLE), as when a probe read failed.
+	 */
+	parent = dentry ? KLD(dentry, DENTRY, OFF_DENTRY_D_PARENT, const void *) : NULL;
 	if (!parent) {
-		s->w_done = 1;
+		s->w_done = 2;
 		return 1;
 	}
 	/*
@@ -488,8 +488,8 @@ int pc_step_iter(__u32 i) { return pc_step_slot(SLOT_ITER); }
  * backwards into s->buf[0..BUILDIDD_PATH_MAX) by walking dentry->d_parent
  * and, at a mount's root, struct mount->mnt_mountpoint (what d_path() does,
  * fs/d_path.c).  Returns the offset in s->buf where the path starts; it ends
- * at BUILDIDD_PATH_MAX.  d_parent and d_name come with one probe read per
- * dentry, the name with a second.  s is map_scratch's slot (SLOT_LIVE or
+ * at BUILDIDD_PATH_MAX.  d_parent and d_name are KLD loads, the name a
+ * probe read of its bytes.  s is map_scratch's slot (SLOT_LIVE or
  * SLOT_ITER, a constant): the walk is a bpf_loop of that slot's callback,
  * its state in s.
  */
@@ -517,8 +517,8 @@ static __always_inline __u32 read_path(const struct user_view *u, struct map_scr
 }
 
 /*
- * One maple node and one VMA, each fetched with a single probe read into
- * per-CPU scratch (a probe read costs more than the bytes it copies).
+ * A maple node is fetched with one probe read into per-CPU scratch (its
+ * pivots and slots are then plain reads); a VMA's fields are KLD loads.
  */
 #define MAPLE_NODE_WORDS (MAPLE_NODE_SIZE / 8)
 #define MAPLE_WORD_MASK	(MAPLE_NODE_WORDS - 1)
@@ -540,7 +540,7 @@ struct vma_info {
 };
 
 /* A bad vma pointer reads zeros (BPF_PROBE_MEM): an empty range, which no caller accepts. */
-static __always_inline int read_vma(const void *vma, struct walk_scratch *w, struct vma_info *v)
+static __always_inline int read_vma(const void *vma, struct vma_info *v)
 {
 	v->start = KLD(vma, VM_AREA_STRUCT, OFF_VM_AREA_STRUCT_VM_START, __u64);
 	v->end = KLD(vma, VM_AREA_STRUCT, OFF_VM_AREA_STRUCT_VM_END, __u64);
@@ -635,7 +635,7 @@ static __always_inline const void *find_vma(__u64 root, __u64 addr, struct walk_
 	if (idx < 0)
 		return NULL;
 	vma = (const void *)w->node[(MR64_SLOT_W + idx) & MAPLE_WORD_MASK];
-	if (!vma || read_vma(vma, w, v) || v->start > addr || v->end <= addr)
+	if (!vma || read_vma(vma, v) || v->start > addr || v->end <= addr)
 		return NULL;
 	return vma;
 }
@@ -727,6 +727,8 @@ static __always_inline void read_build_id(const struct user_view *u, __u64 magic
 		return;
 	if (ev->id_flags & BUILDIDD_FILE_BACKING) {
 		ms->confirmed = 0;	/* read every time, never remembered */
+		/* A probe read: as a KLD load, clang merges it with the load of ev->file.size below into one
+		 * instruction on two kinds of pointer, which the verifier refuses. */
 		size = rd64(AT(u->real_inode, OFF_INODE_I_SIZE));
 	} else {
 		if (memo_answer(u->inode, magic, ev, ms))
@@ -1184,7 +1186,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 
 		idx = addr ? maple_leaf(mm_root(st->mm), addr, w) : -1;
 		vma = idx >= 0 ? (const void *)w->node[(MR64_SLOT_W + idx) & MAPLE_WORD_MASK] : NULL;
-		if (!vma || read_vma(vma, w, &v) || v.start > addr || v.end <= addr || !v.file) {
+		if (!vma || read_vma(vma, &v) || v.start > addr || v.end <= addr || !v.file) {
 			if (addr)
 				count_drop(BUILDIDD_DROP_NO_VMA);
 			exec_next_file(ctx, st);
@@ -1226,7 +1228,7 @@ int exec_vmas(struct bpf_raw_tracepoint_args *ctx)
 			continue;	/* a gap between VMAs */
 		if (entry < KERNEL_MIN_ADDR)
 			break;		/* node metadata in the last slot */
-		if (read_vma((const void *)entry, w, &v) || v.file != st->file ||
+		if (read_vma((const void *)entry, &v) || v.file != st->file ||
 		    (j && v.start != prev + 1)) {
 			leaf_end = 0;	/* another file, anonymous memory, or a stale slot */
 			break;
@@ -1302,15 +1304,13 @@ int bpf_iter__task_vma(struct iter_task_vma_ctx *ctx)
 	void *seq = (void *)BTF_LD(ctx->meta, 0, void *);
 	const void *task = ctx->task, *vma = ctx->vma;
 	struct map_scratch *s;
-	struct walk_scratch *w;
 	struct vma_info v;
 	__u32 slot = SLOT_ITER, size;
 
 	if (!task || !vma)
 		return 0;
-	w = walk_scratch.lookup(&slot);
 	s = map_scratch.lookup(&slot);
-	if (!w || !s || read_vma(vma, w, &v) || !v.file || !(v.flags & VM_EXEC))
+	if (!s || read_vma(vma, &v) || !v.file || !(v.flags & VM_EXEC))
 		return 0;
 	fill_task_header(&s->ev.hdr, BUILDIDD_EV_MAP, task);
 	if (s->ev.hdr.pid != s->ev.hdr.tid)	/* a thread with its own files: its leader's mm was seen */

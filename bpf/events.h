@@ -36,7 +36,7 @@ enum buildidd_map_origin {
 
 /* map_event.id_flags / exec_event.id_flags (0x1 was "identity known, path not sent") */
 #define BUILDIDD_PATH_TRUNCATED 0x2	/* path longer than BUILDIDD_PATH_MAX - 1 bytes: its end is sent */
-#define BUILDIDD_PATH_UNREACHABLE 0x4	/* dentry walk hit its depth limit or a read failed */
+#define BUILDIDD_PATH_UNREACHABLE 0x4	/* dentry walk hit its depth limit or a dentry read nothing */
 #define BUILDIDD_FILE_BACKING 0x8	/* the mapped file is an overlayfs backing file: path and
 					 * identity are its user_path's (what the user opened) */
 #define BUILDIDD_BID_MEMO 0x10		/* map_event.bid came from the build-id memo: read from this
@@ -49,7 +49,8 @@ enum buildidd_drop_cause {
 	BUILDIDD_DROP_PENDING_FULL = 1,	/* no room to remember a syscall between enter and exit
 					 * (only without SYSCALL_REGS: the syscalls tracepoints) */
 	BUILDIDD_DROP_NO_VMA = 2,	/* the mapping's VMA was not found in the mm's maple tree */
-	BUILDIDD_DROP_READ_FAILED = 3,	/* a bpf_probe_read_kernel of a task/mm/file field failed */
+	BUILDIDD_DROP_READ_FAILED = 3,	/* a task/mm/file/inode field read nothing (a failed probe
+					 * read, or a KLD load of a bad pointer: 0) */
 	BUILDIDD_DROP_NCAUSES = 4,
 };
 
@@ -60,7 +61,7 @@ struct event_header {
 	__u32 tid;		/* pid of the task (the user-space "tid") */
 	__u32 _pad0;
 	__u64 time_ns;		/* bpf_ktime_get_boot_ns(): ns since boot, incl. suspend */
-	char comm[BUILDIDD_COMM_LEN];	/* task_struct.comm, NUL-padded */
+	char comm[BUILDIDD_COMM_LEN];	/* task_struct.comm, NUL-terminated (bytes after the NUL: undefined) */
 };
 
 /* Identity of a file, read from its inode at the moment of the event. */

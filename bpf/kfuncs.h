@@ -12,25 +12,31 @@
  *
  * bpf_rdonly_cast(obj, btf_id) (kernel/bpf/helpers.c, Linux 6.2) gives obj
  * the type "untrusted pointer to vmlinux BTF type btf_id".  The verifier
- * checks each load through it against that type's BTF layout (the running
- * kernel's, never the headers': a load must fall on a member of the size
- * loaded), turns it into a fault-safe load (BPF_PROBE_MEM: a bad address
- * reads 0) and inlines the call itself as a register move.  Measured here:
- * such a load costs ~0.5 ns where a bpf_probe_read_kernel call costs ~6 ns.
+ * walks each load through it in that type's BTF layout (the running
+ * kernel's, never the headers'): a load of a pointer member must be the
+ * member, whole, and gives another such pointer (to a struct) or memory; a
+ * load of a scalar is not held to the member's size (for an untrusted
+ * pointer the verifier skips that check), so the widths are checked by
+ * tests/kernel/test_tracer_layout.py against BTF.  Each load becomes a
+ * fault-safe load (BPF_PROBE_MEM: a bad address reads 0), and the call
+ * itself a register move.  Measured here: such a load costs ~0.5 ns where a
+ * bpf_probe_read_kernel call costs ~6 ns.
  *
  * KLD(p, T, off, type): the `type` at byte off of the struct at kernel
  * address p, whose vmlinux BTF id is BTF_ID_<T> (-D from tracer.py), off a
  * constant (the verifier refuses a variable offset into a BTF pointer).
- * Compiled with -DNO_KFUNCS (a kernel without bpf_rdonly_cast) it is a
- * bpf_probe_read_kernel of the same bytes.
+ * Compiled with -DNO_KFUNCS (a kernel without bpf_rdonly_cast or without a
+ * BTF id it needs) it is a bpf_probe_read_kernel of the same bytes: one
+ * helper call per field, slower than the spans read before KLD (not
+ * measured: this project's kernels have the kfunc).
  */
 #ifndef BUILDIDD_KFUNCS_H
 #define BUILDIDD_KFUNCS_H
 
-/* KFUNC_MAGIC of kernel/compiled.py: no helper has a number near it. */
-#define KFUNC_MAGIC	0x0B1DDF00
-/* k of each kfunc: its index in compiled.KFUNCS. */
-#define KFUNC_bpf_rdonly_cast	0
+/*
+ * KFUNC_MAGIC (no helper has a number near it) and KFUNC_<name>, k of each
+ * kfunc, come from compiled.py as -D flags (LoadSpec.compile_flags).
+ */
 
 #ifndef NO_KFUNCS
 static void *(*bpf_rdonly_cast_)(const void *obj, __u32 btf_id) =

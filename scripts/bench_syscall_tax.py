@@ -54,7 +54,8 @@ int main(int argc, char **argv) { long n = atol(argv[1]); for (long i = 0; i < n
 """
 #: A raw sys_exit program that does nothing: what any raw_syscalls hook costs at the least.
 EMPTY_PROG = "int on_exit(struct bpf_raw_tracepoint_args *ctx) { return 0; }"
-#: The same plus on_sys_exit's first step: one probe read of pt_regs->orig_ax (offset from BTF).
+#: The same plus a probe read of pt_regs->orig_ax (offset from BTF): on_sys_exit's first step
+#: until 2026-11-25, when it became a KLD load (bpf/kfuncs.h), which costs less.
 ORIG_AX_PROG = """
 int on_exit(struct bpf_raw_tracepoint_args *ctx)
 {

@@ -411,11 +411,12 @@ class BtfBlob:
         return [] if tid is None else [tid]
 
     def type_ids(self, kind: int, name: str) -> list[int]:
-        """Ids of the records of ``kind`` (KIND_STRUCT, KIND_FUNC, ...) named ``name``.  A kind
-        not indexed (FUNC: ~60,000 in vmlinux) is found by searching the type section for the
-        record's name_off and info (vlen 0-2: a FUNC's linkage) at a record boundary."""
+        """Ids of the ``kind`` records named ``name``: an indexed kind, or FUNC (not indexed: the type section is
+        searched for its name_off, the name's first copy, and info, vlen 0-2).  ValueError: another kind."""
         if kind in _INDEXED_NS:
             return [t for t in self._ids(_INDEXED_NS[kind], name) if self._record(t)[0] == kind]
+        if kind != KIND_FUNC:
+            raise ValueError(f"BTF records of kind {kind} are not looked up by name")
         data, offsets, found = self._data, self._offsets, []
         pos = data.find(b"\0" + name.encode() + b"\0", self._str_start, self._str_start + self._str_len)
         if pos < 0 or len(offsets) < 2:
@@ -424,8 +425,9 @@ class BtfBlob:
             key = _TYPE.pack(pos + 1 - self._str_start, kind << 24 | vlen, 0)[:8]
             at = data.find(key, offsets[1], offsets[-1] + 8)
             while at >= 0:
-                if offsets[bisect.bisect_left(offsets, at)] == at:
-                    found.append(bisect.bisect_left(offsets, at))
+                i = bisect.bisect_left(offsets, at)
+                if offsets[i] == at:
+                    found.append(i)
                 at = data.find(key, at + 1, offsets[-1] + 8)
         return sorted(found)
 

@@ -24,10 +24,12 @@ func_info that kernel.objload hands the verifier.
 Kernel functions (kfuncs) are linked the same way: BCC cannot emit a call
 with src_reg BPF_PSEUDO_KFUNC_CALL, so the source calls helper number
 :data:`KFUNC_MAGIC` + k (bpf/kfuncs.h) for kfunc k, and the
-capture makes it a kfunc call with imm 0, its name in ``kfunc_refs``; the BTF
-id of the function, which belongs to one kernel build, is written in only when
-the program is loaded (:meth:`CompiledProgram.relocated`).  k indexes
-:data:`KFUNCS`, the only kfuncs linked: they read nothing and change nothing.
+capture makes it a kfunc call with imm 0, its name in ``kfunc_refs``; the
+function's BTF id is written in only when the program is loaded
+(:meth:`CompiledProgram.relocated`), from the running kernel's BTF, so that a
+compiled object read from disk cannot choose which kernel function root calls.
+k indexes :data:`KFUNCS`, the only kfuncs linked: they read nothing and change
+nothing.
 
 An LD_IMM64 with any other pseudo source (a map value, a BTF id), any other
 kernel function call, or a map type outside :data:`MAP_TYPES` (map-in-map,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from buildidd.errors import ProbeError
 from buildidd.kernel.bpfsys import BPF_TRACE_ITER, MapRef, map_info
-from buildidd.kernel.compiled import MAP_TYPES, CompiledMap, CompiledObject, capture_program
+from buildidd.kernel.compiled import KFUNC_MAGIC, KFUNCS, MAP_TYPES, CompiledMap, CompiledObject, capture_program
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class LoadSpec:
             ``CALLBACK_<function>`` as k (:meth:`compile_flags`).
         kfuncs: (name, vmlinux BTF id) of the kernel functions the source calls (bpf/kfuncs.h,
             compiled.KFUNCS), written into its kfunc calls at load; the running kernel's
-            (Btf.func_id).
+            (kernel.tracer.kld_support).
     """
 
     src_file: str
@@ -97,8 +97,10 @@ class LoadSpec:
     kfuncs: tuple[tuple[str, int], ...] = ()
 
     def compile_flags(self) -> list[str]:
-        """cflags, and ``-DCALLBACK_<function>=k`` for the k-th of callbacks."""
-        return [*self.cflags, *(f"-DCALLBACK_{fn}={k}" for k, fn in enumerate(self.callbacks))]
+        """cflags, ``-DCALLBACK_<function>=k`` for the k-th of callbacks, and the kfunc
+        numbers of bpf/kfuncs.h: ``-DKFUNC_MAGIC`` and ``-DKFUNC_<name>=k`` for compiled.KFUNCS[k]."""
+        return [*self.cflags, *(f"-DCALLBACK_{fn}={k}" for k, fn in enumerate(self.callbacks)),
+                f"-DKFUNC_MAGIC={KFUNC_MAGIC:#x}", *(f"-DKFUNC_{name}={k}" for k, name in enumerate(KFUNCS))]
 
     @property
     def name(self) -> str:

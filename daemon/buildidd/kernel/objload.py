@@ -99,11 +99,11 @@ def load_object(obj: CompiledObject, spec: LoadSpec) -> LoadedProgram:
                 os.close(fd)
                 raise
         fds = {name: ref.fd for name, ref in loaded.maps.items()}
+        kfunc_ids = dict(spec.kfuncs)
         workers = max(1, min(len(obj.programs), os.cpu_count() or 1))
         # Largest first: the verifier's time grows with the program, and two CPUs then share it evenly.
         order = sorted(obj.programs, key=lambda p: -len(p.insns))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            kfunc_ids = dict(spec.kfuncs)
             results = list(pool.map(lambda p: _load_one(p, fds, kfunc_ids), order))
         for prog, result in zip(order, results):
             if not isinstance(result, BaseException):

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 __all__ = ["load_program", "load_compiled", "cache_key"]
 
 #: Bumped when the entry format changes (part of the key).
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 #: Largest entry read (the main program's is ~130 KB).
 MAX_ENTRY_BYTES = 16 << 20
 

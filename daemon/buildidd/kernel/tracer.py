@@ -1,8 +1,10 @@
 """The kernel side: bpf/buildidd.bpf.c compiled by BCC in a child (kernel.loader), its fds held here.
 
 Kernel struct offsets come from BTF (:mod:`buildidd.btf`) and reach the C code as
-``-DOFF_<STRUCT>_<FIELD>=<bytes>``; the installed kernel headers are used only by
-BCC's compiler for its own boilerplate, never for a struct layout.
+``-DOFF_<STRUCT>_<FIELD>=<bytes>``, the type ids of the structs it reads with
+KLD (bpf/kfuncs.h) as ``-DBTF_ID_<STRUCT>=<id>``; the installed kernel headers
+are used only by BCC's compiler for its own boilerplate, never for a struct
+layout.
 """
 
 from __future__ import annotations
@@ -176,7 +178,6 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     # overlayfs backing files (Linux 6.6+): the path the user opened.
     if btf.has_struct("backing_file"):
         out["OFF_BACKING_FILE_USER_PATH"] = btf.offsetof("backing_file", "user_path")
-    out.update((f"BTF_ID_{name.upper()}", btf_id(btf, KIND_STRUCT, name)) for name in KLD_STRUCTS)
     out["MAPLE_NODE_SIZE"] = btf.sizeof("maple_node")
     if out["MAPLE_NODE_SIZE"] != 256:
         raise BtfError(f"struct maple_node is {out['MAPLE_NODE_SIZE']} bytes, not 256")
@@ -201,10 +202,10 @@ def kernel_layout(btf: Btf) -> dict[str, int]:
     return out
 
 
-
-
 #: Structs bpf/buildidd.bpf.c reads with KLD (bpf/kfuncs.h): -DBTF_ID_<STRUCT>=<vmlinux type id>.
 KLD_STRUCTS = ("pt_regs", "vm_area_struct", "file", "inode", "super_block", "dentry", "mount", "vfsmount")
+
+
 def btf_id(btf: Btf, kind: int, name: str) -> int:
     """The one type id of kind (btf_blob.KIND_STRUCT, KIND_FUNC) named name in btf: what
     bpf_rdonly_cast's btf_id argument and a kfunc call's imm name.
@@ -218,15 +219,17 @@ def btf_id(btf: Btf, kind: int, name: str) -> int:
     return ids[0]
 
 
-def kernel_kfuncs(btf: Btf) -> tuple[tuple[str, int], ...]:
-    """(name, vmlinux BTF id) of each of compiled.KFUNCS, for LoadSpec.kfuncs; () when this
-    kernel lacks one (bpf_rdonly_cast is Linux 6.2+): the BPF side is then compiled with
-    -DNO_KFUNCS and reads those fields with bpf_probe_read_kernel."""
+def kld_support(btf: Btf) -> tuple[dict[str, int], tuple[tuple[str, int], ...]]:
+    """What KLD (bpf/kfuncs.h) needs of this kernel: the ``BTF_ID_<STRUCT>`` macros of
+    KLD_STRUCTS, and LoadSpec.kfuncs, (name, vmlinux BTF id) of each of compiled.KFUNCS.
+    ({}, ()) when BTF lacks one of them (bpf_rdonly_cast is Linux 6.2+): the BPF side is
+    then compiled with -DNO_KFUNCS and reads those fields with bpf_probe_read_kernel."""
     try:
-        return tuple((name, btf_id(btf, KIND_FUNC, name)) for name in compiled.KFUNCS)
+        ids = {f"BTF_ID_{name.upper()}": btf_id(btf, KIND_STRUCT, name) for name in KLD_STRUCTS}
+        return ids, tuple((name, btf_id(btf, KIND_FUNC, name)) for name in compiled.KFUNCS)
     except BtfError as e:
-        log.warning("kernel functions not found in BTF (%s): fields are read with bpf_probe_read_kernel", e)
-        return ()
+        log.warning("KLD loads are off (%s): kernel fields are read with bpf_probe_read_kernel", e)
+        return {}, ()
 
 
 #: Ring buffers at most (bpf/buildidd.bpf.c declares events0..events7).
@@ -240,7 +243,7 @@ def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int,
               kfuncs: tuple[tuple[str, int], ...] = ()) -> LoadSpec:
     """What the loader compiles and attaches for a kernel layout (kernel_layout), rings of
     ring_bytes each (a power-of-two number of pages), nrings of them, calling kfuncs
-    (kernel_kfuncs; empty: compiled with -DNO_KFUNCS).
+    (kld_support, whose BTF_ID_ macros layout then holds; empty: compiled with -DNO_KFUNCS).
 
     Raises:
         ProbeError: ring_bytes is not a power-of-two number of pages.
@@ -334,7 +337,8 @@ class Tracer:
         #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
         self.compat = "TS_COMPAT" in self.layout and "SYSCALL_REGS" in self.layout
         #: what was compiled and loaded (kernel.loader.LoadSpec): with kfuncs, or -DNO_KFUNCS.
-        self.spec = load_spec(self.layout, ring_bytes, self.nrings, kernel_kfuncs(btf))
+        kld_ids, kfuncs = kld_support(btf)
+        self.spec = load_spec({**self.layout, **kld_ids}, ring_bytes, self.nrings, kfuncs)
         self.prog = load_program(self.spec, pin_root, cache_dir)
         #: seconds the child spent compiling and loading (BPF()).
         self.compile_s = self.prog.compile_s
