@@ -22,6 +22,11 @@ of --reps:
   per mapping over nothing, for perf and buildidd, and the part of
   buildidd's excess over perf that the two syscalls' tax explains.
 
+An empty program is also attached to syscalls:sys_exit_mmap (a classic
+syscall tracepoint: the same slow path, but the kernel tests the syscall's
+number against a bitmap before it runs anything, where a raw_syscalls
+program runs at every syscall): the difference splits the floor into the
+slow path, which every syscall hook pays, and the raw program's dispatch.
 The empty program is also attached to maple_tree:ma_write, the one hook that
 fires only when a VMA tree changes (the alternative to a per-syscall hook
 for mmap; it runs about 3 times per mapping in this storm, sys_exit twice):
@@ -45,6 +50,7 @@ import build  # noqa: E402
 
 from bench import Buildidd  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
+from buildidd.kernel.attach import ensure_tracefs  # noqa: E402
 
 SYSLOOP_C = r"""
 #include <stdlib.h>
@@ -54,6 +60,8 @@ int main(int argc, char **argv) { long n = atol(argv[1]); for (long i = 0; i < n
 """
 #: A raw sys_exit program that does nothing: what any raw_syscalls hook costs at the least.
 EMPTY_PROG = "int on_exit(struct bpf_raw_tracepoint_args *ctx) { return 0; }"
+#: An empty program on one classic syscall tracepoint (BCC attaches it when it loads).
+EMPTY_SYSCALL_TP = "TRACEPOINT_PROBE(syscalls, sys_exit_mmap) { return 0; }"
 #: The same plus a probe read of pt_regs->orig_ax (offset from BTF): on_sys_exit's first step
 #: until 2026-11-25, when it became a KLD load (bpf/kfuncs.h), which costs less.
 ORIG_AX_PROG = """
@@ -88,6 +96,10 @@ class Attached:
         elif self.kind == "buildidd":
             self.h = Buildidd(self.workdir)
             time.sleep(0.3)
+        elif self.kind == "empty sys_exit_mmap":
+            from bcc import BPF
+            ensure_tracefs()
+            self.h = BPF(text=EMPTY_SYSCALL_TP)
         elif self.kind in ("empty prog", "orig_ax prog", "empty ma_write"):
             from bcc import BPF
             self.h = BPF(text=ORIG_AX_PROG if self.kind == "orig_ax prog" else EMPTY_PROG, cflags=self.cflags)
@@ -125,7 +137,7 @@ def main(argv=None) -> int:
         subprocess.run(["gcc", "-O2", "-o", str(sysloop), str(src)], check=True)
         w = build.build(work / "bin", n_libs=1)
         storm = [str(w["mmap_storm"]), str(w["lib0"]), str(args.mappings)]
-        kinds = ["nothing", "perf", "empty prog", "orig_ax prog", "empty ma_write", "buildidd"]
+        kinds = ["nothing", "perf", "empty prog", "orig_ax prog", "empty sys_exit_mmap", "empty ma_write", "buildidd"]
         loop: dict[str, list[float]] = {k: [] for k in kinds}
         maps: dict[str, list[float]] = {k: [] for k in ("nothing", "perf", "empty prog", "empty ma_write", "buildidd")}
         for _ in range(args.reps):
@@ -137,7 +149,7 @@ def main(argv=None) -> int:
         ns_call = {k: statistics.median(v) * 1e6 / args.syscalls for k, v in loop.items()}
         print(f"getppid loop, {args.syscalls} calls, task-clock median of {args.reps}:")
         for k in kinds:
-            print(f"    {k:<14} {ns_call[k]:6.1f} ns/syscall  (+{ns_call[k] - ns_call['nothing']:5.1f} over nothing)")
+            print(f"    {k:<19} {ns_call[k]:6.1f} ns/syscall  (+{ns_call[k] - ns_call['nothing']:5.1f} over nothing)")
         ns_map = {k: statistics.median(v) * 1e6 / args.mappings for k, v in maps.items()}
         over = {k: ns_map[k] - ns_map["nothing"] for k in ("perf", "buildidd")}
         tax = 2 * (ns_call["buildidd"] - ns_call["nothing"])
