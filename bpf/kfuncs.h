@@ -20,7 +20,7 @@
  * tests/kernel/test_tracer_layout.py against BTF.  Each load becomes a
  * fault-safe load (BPF_PROBE_MEM: a bad address reads 0), and the call
  * itself a register move.  Measured here: such a load costs ~0.5 ns where a
- * bpf_probe_read_kernel call costs ~6 ns.
+ * bpf_probe_read_kernel call costs ~6 ns (~50 ns on a VM twice as slow).
  *
  * KLD(p, T, off, type): the `type` at byte off of the struct at kernel
  * address p, whose vmlinux BTF id is BTF_ID_<T> (-D from tracer.py), off a

@@ -34,9 +34,8 @@ if mode == "bcc":
     out["compile_s"], out["attach_s"] = t.compile_s, t.attach_s
 elif mode == "loader":
     btf = Btf.load()
-    kld_ids, kfuncs = tracer.kld_support(btf)
-    spec = tracer.load_spec({**tracer.kernel_layout(btf), **kld_ids}, ring_bytes,
-                            max(1, min(tracer.MAX_RINGS, os.cpu_count() or 1)), kfuncs)
+    spec = tracer.load_spec(tracer.kernel_layout(btf), ring_bytes,
+                            max(1, min(tracer.MAX_RINGS, os.cpu_count() or 1)), tracer.kld_support(btf))
     t = load(spec)
     out["compile_s"], out["attach_s"], out["child_s"] = t.compile_s, t.attach_s, t.load_s
     out["maps"], out["links"] = len(t.maps), len(t.links)

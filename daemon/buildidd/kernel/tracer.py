@@ -17,12 +17,11 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from buildidd.kernel import synth
+from buildidd.kernel import compiled, synth
 from buildidd.kernel.btf import Btf
 from buildidd.kernel.btf_blob import KIND_FUNC, KIND_NAMES, KIND_STRUCT
 from buildidd.errors import BtfError, ProbeError
 from buildidd.kernel.events import BPF_DIR, N_DROP_CAUSES, DropCause, DropTime
-from buildidd.kernel import compiled
 from buildidd.kernel.loader import LoadSpec, TailCall
 from buildidd.kernel.attach import ensure_tracefs
 from buildidd.kernel.progcache import load_program
@@ -240,10 +239,10 @@ CALLBACKS = ("path_step_live", "path_step_iter", "pc_step_live", "pc_step_iter")
 
 
 def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int,
-              kfuncs: tuple[tuple[str, int], ...] = ()) -> LoadSpec:
+              kld: tuple[dict[str, int], tuple[tuple[str, int], ...]] = ({}, ())) -> LoadSpec:
     """What the loader compiles and attaches for a kernel layout (kernel_layout), rings of
-    ring_bytes each (a power-of-two number of pages), nrings of them, calling kfuncs
-    (kld_support, whose BTF_ID_ macros layout then holds; empty: compiled with -DNO_KFUNCS).
+    ring_bytes each (a power-of-two number of pages), nrings of them, with KLD as kld_support
+    gives it (its BTF_ID_ macros and kfunc ids; none: compiled with -DNO_KFUNCS).
 
     Raises:
         ProbeError: ring_bytes is not a power-of-two number of pages.
@@ -255,7 +254,8 @@ def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int,
     # A wake-up when a CPU has written an eighth of a ring since the last drain;
     # CPUs beyond MAX_RINGS share rings, and then each wakes at its share of that.
     sharing = -(-(os.cpu_count() or 1) // nrings)
-    cflags = [f"-D{k}={v}" for k, v in sorted(layout.items())]
+    kld_ids, kfuncs = kld
+    cflags = [f"-D{k}={v}" for k, v in sorted({**layout, **kld_ids}.items())]
     cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={nrings}",
                f"-DWAKE_BYTES={max(page, ring_bytes // 8 // sharing)}", f"-I{BPF_DIR}", "-Wno-unused-function"]
     if not kfuncs:
@@ -337,8 +337,7 @@ class Tracer:
         #: True when i386 (compat) syscalls are traced (raw_syscalls:sys_exit, see on_sys_exit).
         self.compat = "TS_COMPAT" in self.layout and "SYSCALL_REGS" in self.layout
         #: what was compiled and loaded (kernel.loader.LoadSpec): with kfuncs, or -DNO_KFUNCS.
-        kld_ids, kfuncs = kld_support(btf)
-        self.spec = load_spec({**self.layout, **kld_ids}, ring_bytes, self.nrings, kfuncs)
+        self.spec = load_spec(self.layout, ring_bytes, self.nrings, kld_support(btf))
         self.prog = load_program(self.spec, pin_root, cache_dir)
         #: seconds the child spent compiling and loading (BPF()).
         self.compile_s = self.prog.compile_s
