@@ -123,7 +123,12 @@ BPF_RINGBUF_OUTPUT(events6, RINGBUF_PAGES);
 #if NRINGS > 7
 BPF_RINGBUF_OUTPUT(events7, RINGBUF_PAGES);
 #endif
-BPF_PERCPU_ARRAY(drops, __u64, BUILDIDD_DROP_NCAUSES);
+/*
+ * Drops by cause: one counter for all CPUs, added to atomically (drops are
+ * rare), BPF_F_MMAPABLE so that user space reads them with loads from its
+ * mapping every drop_check_interval_s, not a bpf(2) lookup per cause.
+ */
+BPF_F_TABLE("array", int, __u64, drops, BUILDIDD_DROP_NCAUSES, BPF_F_MMAPABLE);
 /*
  * Wake-up accounting (see wake_flag): drain_gen counts the consumer's drains;
  * it is BPF_F_MMAPABLE, so user space bumps it with a plain store into its
@@ -280,13 +285,14 @@ static __always_inline void output_event(void *data, __u64 size)
 
 static __always_inline void count_drop(__u32 cause)
 {
-	__u64 *n = drops.lookup(&cause);
+	int key = cause;
+	__u64 *n = drops.lookup(&key);
 	__u32 zero = 0;
 	struct drop_time *t;
 	__u64 now;
 
 	if (n)
-		*n += 1;
+		__sync_fetch_and_add(n, 1);
 	t = drop_times.lookup(&zero);
 	if (t) {
 		now = bpf_ktime_get_boot_ns();

@@ -43,7 +43,7 @@ enum buildidd_map_origin {
 					 * inode's page cache at an earlier mapping, identity unchanged
 					 * since, no writer (bpf/buildid_memo.h) */
 
-/* Indexes of the per-CPU drop counters (map "drops"). */
+/* Indexes of the drop counters (map "drops", BPF_F_MMAPABLE: read by user space through its mapping). */
 enum buildidd_drop_cause {
 	BUILDIDD_DROP_RINGBUF_FULL = 0,	/* bpf_ringbuf_output failed: consumer too slow */
 	BUILDIDD_DROP_PENDING_FULL = 1,	/* no room to remember a syscall between enter and exit

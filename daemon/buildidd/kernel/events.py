@@ -60,7 +60,7 @@ class MapOrigin(enum.IntEnum):
 
 
 class DropCause(enum.IntEnum):
-    """Indexes of the BPF per-CPU "drops" counters (enum buildidd_drop_cause)."""
+    """Indexes of the BPF "drops" counters (enum buildidd_drop_cause; one u64 each, all CPUs')."""
 
     RINGBUF_FULL = 0
     PENDING_FULL = 1
