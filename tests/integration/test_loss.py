@@ -48,8 +48,13 @@ def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(rec
     bg = Background(rec)
     try:
         tid = bg.thread.native_id
-        time.sleep(0.3)
-        assert os.getpriority(os.PRIO_PROCESS, tid) == 0          # no backlog: the process's own
+        # No backlog: the process's own.  A burst elsewhere on the host (15 mappings fill 1/32 of
+        # this 128 KiB ring) may have raised it already: wait for the calm that lowers it.
+        deadline = time.monotonic() + rec.pacer.CALM_S + 3
+        while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != 0:
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, tid) == 0
+        boosts = rec.summary()["priority_boosts"]
         storm = subprocess.Popen([str(workloads["mmap_storm"]), str(workloads["lib0"]), "300000"],
                                  stdout=subprocess.DEVNULL)
         seen = set()
@@ -61,7 +66,7 @@ def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(rec
         while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != 0:
             time.sleep(0.05)
         assert os.getpriority(os.PRIO_PROCESS, tid) == 0          # calm again: back down
-        assert rec.summary()["priority_boosts"] >= 1
+        assert rec.summary()["priority_boosts"] > boosts
         assert os.getpriority(os.PRIO_PROCESS, 0) == 0            # the caller's thread: untouched
         assert not rec.last_errors
     finally:
