@@ -14,6 +14,13 @@ what is already running, as on a host where buildidd has been running: the
 workload's own DSOs are new to it (first sightings, in the first repetition).
 The "cold store" scenario gives every daemon an empty store instead (a host's
 first start: every running DSO is copied while the workload runs).
+
+--split adds, to the exec and dlopen storms, buildidd with its daemon stopped
+(SIGSTOP) while the workload runs: the kernel side's cost alone (its records
+wait in the rings, which hold these storms whole; a loss voids the figure),
+so that buildidd's excess over perf splits into the kernel's part and the
+daemon's.  Daemon and perf CPU are read from each process's CPUCLOCK_SCHED
+clock, to the ns.
 """
 
 from __future__ import annotations
@@ -152,6 +159,8 @@ class Rep:
     none_s: float = 0.0
     perf_s: float = 0.0
     bidd_s: float = 0.0
+    #: --split: buildidd with its daemon stopped (SIGSTOP) during the workload: the kernel side alone.
+    kern_s: float = 0.0
 
 
 def median_ci(sorted_vals: list[float], conf: float = 0.95) -> tuple[float, float]:
@@ -191,10 +200,14 @@ class Result:
         vals = [getattr(r, attr) / r.none_s for r in self.reps if r.none_s > 0 and getattr(r, attr) > 0]
         return statistics.median(vals) if vals else None
 
-    def paired(self) -> dict | None:
-        """buildidd against perf within each repetition (bidd_s / perf_s): median,
+    #: --split: records the BPF side could not deliver while the daemon was stopped (the kernel-only
+    #: figure is void unless 0: a full ring changes what the programs do).
+    kern_losses: int = 0
+
+    def paired(self, attr: str = "bidd_s") -> dict | None:
+        """buildidd against perf within each repetition (bidd_s / perf_s, or attr / perf_s): median,
         distribution-free 95% CI of the median, and in how many repetitions buildidd was faster."""
-        vals = sorted(r.bidd_s / r.perf_s for r in self.reps if r.perf_s > 0 and r.bidd_s > 0)
+        vals = sorted(getattr(r, attr) / r.perf_s for r in self.reps if r.perf_s > 0 and getattr(r, attr) > 0)
         if not vals:
             return None
         lo, hi = median_ci(vals)
@@ -209,6 +222,7 @@ class Result:
                        "buildidd": med([r.bidd_s for r in self.reps])},
             "overhead_ratio": {"perf": self.ratio("perf_s"), "buildidd": self.ratio("bidd_s")},
             "buildidd_over_perf": self.paired(),
+            "kernel_only_over_perf": self.paired("kern_s"), "kernel_only_losses": self.kern_losses,
             "cpu_us_per_event": {"buildidd": med(self.bidd_cpu_us_per_event), "perf": med(self.perf_cpu_us_per_event)},
             "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
             "buildidd_events": med(self.bidd_events),
@@ -245,14 +259,35 @@ def warm_store(workdir: Path) -> Path:
 
 
 def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, workdir: Path,
-                 env: dict | None = None, store: Path | None = None) -> Result:
-    """The three modes alternating for reps repetitions, then completeness; store None: each daemon a fresh one."""
+                 env: dict | None = None, store: Path | None = None, split: bool = False) -> Result:
+    """The three modes alternating for reps repetitions, then completeness; store None: each daemon a fresh one.
+
+    split: a fourth mode, buildidd with its daemon stopped (SIGSTOP) while the workload runs and
+    continued after: what the kernel side (BPF programs, the syscall hook) costs the workload
+    alone, the daemon's share being the rest of buildidd's.  Valid only while the rings hold
+    the whole workload's records (kern_losses 0).
+    """
     res = Result(name)
-    modes = ["none", "perf", "buildidd"]
+    modes = ["none", "perf", "buildidd"] + (["kernel-only"] if split else [])
     for i in range(reps):
         rep = Rep()
-        order = modes[i % 3:] + modes[:i % 3]
+        k = i % len(modes)
+        order = modes[k:] + modes[:k]
         for mode in order:
+            if mode == "kernel-only":
+                d = Buildidd(workdir, store=store)
+                time.sleep(SETTLE_S)
+                os.kill(d.proc.pid, signal.SIGSTOP)
+                try:
+                    t = time.monotonic()
+                    subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+                    rep.kern_s = time.monotonic() - t
+                finally:
+                    os.kill(d.proc.pid, signal.SIGCONT)
+                time.sleep(0.2)
+                res.kern_losses += _lost(d.stop())
+                d.cleanup()
+                continue
             if mode == "none":
                 t = time.monotonic()
                 subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
@@ -298,7 +333,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 d.cleanup()
         res.reps.append(rep)
         print(f"  {name} rep {i + 1}/{reps}: none {rep.none_s:.3f}s perf {rep.perf_s:.3f}s "
-              f"buildidd {rep.bidd_s:.3f}s", flush=True)
+              f"buildidd {rep.bidd_s:.3f}s" + (f" kernel-only {rep.kern_s:.3f}s" if split else ""), flush=True)
     # Completeness: both attached at once.
     perf = PerfRecorder(workdir / "perf.data")
     d = Buildidd(workdir, store=store)
@@ -482,6 +517,11 @@ def fmt_table(results: list[Result]) -> str:
         if p:
             lines.append(f"  {r.name:<24} median {p['median']:.3f}  95% CI [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]"
                          f"  buildidd faster in {p['reps_buildidd_faster']}/{p['reps']} repetitions")
+        k = r.paired("kern_s")
+        if k:
+            void = f"  VOID: {r.kern_losses} records lost while stopped" if r.kern_losses else ""
+            lines.append(f"  {'  kernel side alone':<24} median {k['median']:.3f}  95% CI [{k['ci95'][0]:.3f}, "
+                         f"{k['ci95'][1]:.3f}]  (daemon stopped during the workload){void}")
     return "\n".join(lines)
 
 
@@ -504,6 +544,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fp-procs", default="500,2000,5000", help="--footprint: running processes")
     ap.add_argument("--fp-dsos", default="100,1000,10000", help="--footprint: distinct DSOs dlopen'd")
     ap.add_argument("--fp-rates", default="50000,100000,200000,0", help="--footprint: RATE[xPROCS],... (0 = max)")
+    ap.add_argument("--split", action="store_true",
+                    help="exec and dlopen storms: also run buildidd with its daemon stopped during the "
+                         "workload, splitting its cost into the kernel side's and the daemon's")
     ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,profile",
                     help="comma-separated subset of exec,dlopen,mmap,dlopen-cold,procs,ramp,profile")
     args = ap.parse_args(argv)
@@ -533,11 +576,11 @@ def main(argv=None) -> int:
         if "exec" in want:
             results.append(run_scenario(f"exec storm N={args.exec_n}",
                                         [str(w["storm"]), str(args.exec_n), str(w["child"])],
-                                        {"bidd_child", "bidd_storm"}, args.reps, workdir, store=store))
+                                        {"bidd_child", "bidd_storm"}, args.reps, workdir, store=store, split=args.split))
         if "dlopen" in want:
             results.append(run_scenario(f"dlopen storm M={args.dlopen_libs}x{args.dlopen_rounds}",
                                         [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"},
-                                        args.reps, workdir, store=store))
+                                        args.reps, workdir, store=store, split=args.split))
         if "mmap" in want:
             results.append(run_scenario(f"mmap storm N={args.mmap_n}", [str(w["mmap_storm"]), libs[0], str(args.mmap_n)],
                                         {"bidd_mmap"}, args.reps, workdir, store=store))
