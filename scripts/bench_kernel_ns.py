@@ -1,6 +1,6 @@
 """Kernel ns per event of buildidd's BPF programs (bpf_stats), per storm, for one source tree.
 
-Run as root:  .venv/bin/python scripts/bench_kernel_ns.py [--tree DIR] [--reps N] [--perf]
+Run as root:  .venv/bin/python scripts/bench_kernel_ns.py [--tree DIR] [--reps N] [--perf] [--no-kfuncs]
 
 For each storm of scripts/workloads (exec, dlopen, mmap; the sizes scripts/bench.py
 uses by default) it starts ``buildidd run`` from DIR/daemon (default: this
@@ -105,9 +105,19 @@ def link_bpf_sources(tree: Path) -> None:
         print(f"made {link} -> ../../bpf (the tree's own BPF sources)", flush=True)
 
 
-def measure(tree: Path, argv: list[str], comms: set[str], workdir: Path) -> dict:
-    """One daemon run from tree around one workload run: per-program and total ns per event."""
-    env = {"PYTHONPATH": str(tree / "daemon")}
+#: --no-kfuncs: a sitecustomize for the daemon's interpreter that makes tracer.kld_support answer
+#: "no kfuncs", as on a kernel before 6.2: the BPF side is compiled with -DNO_KFUNCS and every
+#: KLD load is a bpf_probe_read_kernel (bpf/kfuncs.h).
+NO_KFUNCS_SITE = """
+import buildidd.kernel.tracer as _tracer
+_tracer.kld_support = lambda btf: ({}, ())
+"""
+
+
+def measure(tree: Path, argv: list[str], comms: set[str], workdir: Path, site: Path | None = None) -> dict:
+    """One daemon run from tree around one workload run: per-program and total ns per event.
+    site: a directory put first on the daemon's PYTHONPATH (its sitecustomize runs first)."""
+    env = {"PYTHONPATH": os.pathsep.join(([str(site)] if site else []) + [str(tree / "daemon")])}
     d = Buildidd(workdir, env=env)
     try:
         time.sleep(0.3)
@@ -146,6 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mmap-n", type=int, default=200_000)
     ap.add_argument("--perf", action="store_true", help="also the workload's CPU time with perf / nothing attached")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-kfuncs", action="store_true",
+                    help="the fallback of kernels without bpf_rdonly_cast: compiled with -DNO_KFUNCS")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_kernel_ns: must run as root", file=sys.stderr)
@@ -159,10 +171,16 @@ def main(argv=None) -> int:
     out = {"tree": str(args.tree), "load_avg": os.getloadavg(), "scenarios": {}}
     try:
         w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
+        site = None
+        if args.no_kfuncs:
+            site = workdir / "site"
+            site.mkdir()
+            (site / "sitecustomize.py").write_text(NO_KFUNCS_SITE)
+            out["no_kfuncs"] = True
         for name, (cmd, comms) in storms(w, args).items():
             if name not in args.scenarios.split(","):
                 continue
-            runs = [measure(args.tree, cmd, comms, workdir) for _ in range(args.reps)]
+            runs = [measure(args.tree, cmd, comms, workdir, site) for _ in range(args.reps)]
             row = {"runs": runs, "kernel_ns_per_event": statistics.median(r["kernel_ns_per_event"] or 0 for r in runs)}
             events = statistics.median(r["events"] for r in runs)
             if args.perf and events:
