@@ -132,8 +132,9 @@ BPF_F_TABLE("array", int, __u64, drops, BUILDIDD_DROP_NCAUSES, BPF_F_MMAPABLE);
 /*
  * Wake-up accounting (see wake_flag): drain_gen counts the consumer's drains;
  * it is BPF_F_MMAPABLE, so user space bumps it with a plain store into its
- * mapping (Tracer.reset_wakeups), not a bpf(2) call per drain (measured in
- * an exec storm on 2 CPUs: ~45 µs each, against ~1 µs on an idle host).
+ * mapping (Tracer.reset_wakeups), not a bpf(2) call per drain (~1 µs each
+ * on an idle host; no change of the daemon's CPU in an exec storm could be
+ * shown, interleaved against the bpf(2) version, 2026-11-26).
  * wake_state is per CPU: the bytes written since the consumer's last drain or
  * this CPU's last wake-up, and the drain_gen they count from.
  */

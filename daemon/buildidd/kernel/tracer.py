@@ -349,9 +349,8 @@ class Tracer:
         self._drop_totals = [0] * N_DROP_CAUSES
         #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
         self.ring_maps = [(self.prog.maps[f"events{i}"].fd, ring_bytes) for i in range(self.nrings)]
-        # BPF_F_MMAPABLE arrays, read and written with loads and stores, no bpf(2) call on the
-        # recording thread's path: each such call cost ~45-60 µs of its CPU during an exec storm
-        # on 2 CPUs, against ~1-3 µs on an idle host (see reset_wakeups, drops).
+        # BPF_F_MMAPABLE arrays, read and written with loads and stores: no bpf(2) call on the
+        # recording thread's path at each drain and drop check (~1-3 µs each on an idle host).
         self._mapped = [mmap.mmap(self.prog.maps[name].fd, page, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0) for name in ("drain_gen", "drops")]
         self._drain_words, self._drop_words = (memoryview(m).cast("Q") for m in self._mapped)
@@ -368,8 +367,7 @@ class Tracer:
 
         One store into the mmap'ed BPF_F_MMAPABLE array drain_gen (u64 at offset 0): each CPU's
         wake_state starts from zero at its next record when the generation it holds differs
-        (bpf/buildidd.bpf.c wake_flag).  A bpf(2) map update per drain cost ~45 µs of the
-        recording thread's CPU in an exec storm on 2 CPUs (~1 µs on an idle host).
+        (bpf/buildidd.bpf.c wake_flag), instead of a bpf(2) map update per drain.
         """
         words = self._drain_words
         words[0] = (words[0] + 1) & 0xFFFF_FFFF_FFFF_FFFF
