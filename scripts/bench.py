@@ -195,14 +195,13 @@ class Result:
     bidd_ready_s: list[float] = field(default_factory=list)
     perf_ready_s: list[float] = field(default_factory=list)
     completeness: dict = field(default_factory=dict)
+    #: --split: records the BPF side could not deliver while the daemon was stopped (the kernel-only
+    #: figure is void unless 0: a full ring changes what the programs do).
+    kern_losses: int = 0
 
     def ratio(self, attr: str) -> float | None:
         vals = [getattr(r, attr) / r.none_s for r in self.reps if r.none_s > 0 and getattr(r, attr) > 0]
         return statistics.median(vals) if vals else None
-
-    #: --split: records the BPF side could not deliver while the daemon was stopped (the kernel-only
-    #: figure is void unless 0: a full ring changes what the programs do).
-    kern_losses: int = 0
 
     def paired(self, attr: str = "bidd_s") -> dict | None:
         """buildidd against perf within each repetition (bidd_s / perf_s, or attr / perf_s): median,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import time
@@ -92,13 +91,12 @@ def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, worklo
     assert rec.rings.wait(0.5) is False
     assert time.monotonic() - t0 >= 0.45
     assert rec.step() >= 20
-    # The drain bumped drain_gen through its mapping, and the BPF side reads that very value
-    # (bpf(2) lookup): every CPU counts from zero again, the next wake-up needs WAKE_BYTES more.
+    # A drain bumps drain_gen through its mapping, and the BPF side reads that very value
+    # (bpf(2) lookup): every CPU counts from zero at its next record, so the next wake-up needs
+    # WAKE_BYTES more (what the burst below shows).
     gen = rec.tracer.drain_generation()
     rec.tracer.reset_wakeups()
     assert rec.tracer.drain_generation() == gen + 1
-    for cpu_state in rec.tracer.prog.maps["wake_state"].lookup(ctypes.c_int(0)):
-        assert int.from_bytes(cpu_state[8:16], "little") <= gen      # no CPU wrote since: not restarted yet
     # A burst of 2,000 (~450 KiB, three and a half eighths of the ring): woken at once.
     storm = subprocess.Popen([str(workloads["mmap_storm"]), lib0, "2000"], stdout=subprocess.DEVNULL)
     try:
