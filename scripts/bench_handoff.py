@@ -47,6 +47,9 @@ class _Feed:
     def forget(self, ident, kdev):
         pass
 
+    def reset_wakeups(self):
+        pass
+
 
 def _map_raw(ident, path: bytes, pid: int, t: int) -> bytes:
     ev = MapEvent()
