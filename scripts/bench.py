@@ -244,6 +244,18 @@ def _lost(records) -> int:
     return sum(sum(r["counts"].values()) for r in records if r.get("type") == "lost")
 
 
+def page_touch_cost(w: dict) -> dict[int, int]:
+    """ns of CPU per page read after the thread slept, by ms asleep (workloads/pagetouch.c): the machine's.
+
+    On the VMs of 2026-11-26 the host took back idle guest memory (1,900 ns per page after
+    50 ms asleep, 20,000 after 1 s, against 36 after 1 ms): every daemon step after a
+    sleep then costs in proportion to the pages it touches, so buildidd's CPU per event
+    (and perf's) means little without this line beside it.
+    """
+    out = subprocess.run([str(w["pagetouch"])], check=True, capture_output=True, text=True).stdout
+    return {int(ms): int(ns) for ms, ns in (line.split() for line in out.splitlines())}
+
+
 def warm_store(workdir: Path) -> Path:
     """A store holding what a running daemon would have snapshotted already (returned path)."""
     store = workdir / "store"
@@ -567,6 +579,9 @@ def main(argv=None) -> int:
         libs = [str(w[f"lib{i}"]) for i in range(args.dlopen_libs)]
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         print(f"buildidd bench, {started}, {os.cpu_count()} CPUs, kernel {os.uname().release}", flush=True)
+        touch = page_touch_cost(w)
+        print("memory after a sleep (this machine, workloads/pagetouch.c): ns per page read after "
+              + ", ".join(f"{ms} ms {ns}" for ms, ns in touch.items()), flush=True)
         want = set(args.scenarios.split(","))
         store = warm_store(workdir)
         if args.footprint:
@@ -611,6 +626,7 @@ def main(argv=None) -> int:
         print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
         print("\n".join("  " + line for line in prof))
         out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release,
+               "page_touch_ns_after_sleep_ms": touch,
                "scenarios": [r.as_dict() for r in results], "ramp": ramp_rows, "profile": prof}
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))

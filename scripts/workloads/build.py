@@ -1,7 +1,7 @@
 """Build the C workloads of the tests and benchmarks with gcc, at run time.
 
 build(dest, n_libs) → dict of name → Path: child, storm, dlopen_storm,
-mmap_storm, idle (linked with libm, libz-free libs: libdl and libpthread are in
+mmap_storm, pagetouch (the machine's cost of memory after a sleep), idle (linked with libm, libz-free libs: libdl and libpthread are in
 libc on Debian 12, so idle links libm and n_libs of our own libraries), and
 lib0..lib{n_libs-1}.so (distinct build-ids).
 """
@@ -33,6 +33,7 @@ def build(dest: str | Path, n_libs: int = 8) -> dict[str, Path]:
     out["storm"] = _gcc(dest / "bidd_storm", str(HERE / "storm.c"))
     out["dlopen_storm"] = _gcc(dest / "bidd_dlopen", str(HERE / "dlopen_storm.c"), "-ldl")
     out["mmap_storm"] = _gcc(dest / "bidd_mmap", str(HERE / "mmap_storm.c"))
+    out["pagetouch"] = _gcc(dest / "bidd_pagetouch", str(HERE / "pagetouch.c"))
     libs = [f"-lbidd{i}" for i in range(min(n_libs, 4))]
     out["idle"] = _gcc(dest / "bidd_idle", str(HERE / "idle.c"), f"-L{dest}", f"-Wl,-rpath,{dest}",
                        "-Wl,--no-as-needed", *libs, "-lm")

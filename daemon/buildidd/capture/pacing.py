@@ -1,14 +1,19 @@
 """Pacing of the recording thread: how long it sleeps between steps, and its priority.
 
-Steps come every Config.poll_interval_s while events arrive in batches of
-SMALL_BATCH or more; after smaller batches the pause doubles up to
-SMALL_BATCH_POLL_S, and while none arrive up to Config.idle_poll_interval_s
-(the rings absorb far more than that pause's worth of events), so an idle
-host costs little and a busy one pays the per-step cost less often.  A burst
-does not wait for the pause to end: the BPF side wakes the recorder every
-WAKE_BYTES a CPU writes (capture.rings.Rings.wait).  While
-the rings fill faster than the thread drains them it runs at
-Config.recording_nice (see Pacer.adjust_priority).
+Both follow how fast the rings fill, measured at each drain: the fullest
+ring's share found occupied (Rings.fill) over the time since the previous
+drain, in rings per second.  The pause is what lets that ring fill to
+TARGET_FILL, between Config.poll_interval_s and Config.idle_poll_interval_s;
+while no events come it doubles up to the latter (the rings absorb far more
+than that pause's worth of events).  Each step costs the recorder far more
+than its events when it starts cold: measured on these VMs (2026-11-26),
+Python work after a 50 ms sleep took 4-6 times the CPU it took warm, with
+or without other load, and an idle step ~1.7 ms.  So a steady stream is
+drained in few large steps, not many small ones; a burst does not wait for
+the pause to end: the BPF side wakes the recorder every WAKE_BYTES a CPU
+writes (capture.rings.Rings.wait).  While a ring fills fast enough to
+overflow soon, the thread runs at Config.recording_nice (see
+Pacer.adjust_priority).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from buildidd.kernel import sched
 
 
 class Pacer:
-    """Poll interval back-off and the nice boost of the recording thread.
+    """Poll interval and the nice boost of the recording thread, from the rings' fill rate.
 
     Args:
         config: the Config (poll_interval_s, idle_poll_interval_s: taken at
@@ -32,48 +37,69 @@ class Pacer:
         last_errors: where a refused nice change is noted (a bounded deque of dicts).
     """
 
-    #: A step that drains fewer events than SMALL_BATCH lets the next one
-    #: wait up to SMALL_BATCH_POLL_S: each step costs ~70 µs of CPU besides
-    #: its events (measured: a 1,000 events/s trickle costs 16 ms/s), and in
-    #: the exec storm 20 ms steps took 0.04 s of daemon CPU against 0.07 s
-    #: for 5 ms steps.  Bursts of SMALL_BATCH or more go back to
-    #: poll_interval_s.
-    SMALL_BATCH = 1024
-    SMALL_BATCH_POLL_S = 0.02
+    #: The share of a ring a step should find occupied in a steady stream:
+    #: 128 KiB of the default 2 MiB rings.  The exec storm of scripts/bench
+    #: (~2,000 execs/s on 2 CPUs, ~1 MB/s per ring) is then drained every
+    #: idle_poll_interval_s (50 ms) instead of every 20 ms: 2026-11-26,
+    #: interleaved, the daemon's CPU per exec fell from 47.7 to 37.7 µs.
+    TARGET_FILL = 1 / 16
 
-    #: A drain that finds a ring at least this full (share of its bytes:
-    #: 64 KiB of the default 2 MiB rings, ~250 mappings: ~50k/s at the 5 ms
-    #: poll interval) raises the recording thread's priority; below
-    #: CALM_FILL (16 KiB, ~60 mappings per drain) for CALM_S seconds, it goes
-    #: back to the process's own.
-    BOOST_FILL = 1 / 32
-    CALM_FILL = 1 / 128
+    #: Fill rates (rings per second) at or above which the recording thread
+    #: is raised: a ring full within 1/BOOST_RATE s (160 ms) at the rate of
+    #: the last interval, or a drain that finds one BOOST_FILL full (the
+    #: thread came late: a full WAKE_BYTES was waiting).  Below CALM_RATE
+    #: (a ring in 640 ms) for CALM_S seconds, it goes back to the process's own.
+    #: Two unpaced mmap storms fill a 2 MiB ring in ~50 ms (~20 rings/s);
+    #: the exec storm ~0.5 rings/s, which a recorder at the workload's own
+    #: priority keeps up with.
+    BOOST_RATE = 6.25
+    BOOST_FILL = 1 / 8
+    CALM_RATE = 1.5625
     CALM_S = 2.0
+
+    #: Rates are taken over at least this long (seconds): two drains in a
+    #: row (after a wake-up) would otherwise divide a few bytes by ~0.
+    MIN_RATE_SPAN_S = 0.002
 
     def __init__(self, config: Config, stats: Stats, last_errors: collections.deque):
         self.config = config
         self.stats = stats
         self.last_errors = last_errors
         self.interval_s = self._base_s = self._idle_max_s = config.poll_interval_s
+        self.rate = 0.0
         self._base_nice = 0
         self._boosted = False
         self._calm_since: float | None = None
+        self._last_drain: float | None = None
 
     def begin(self) -> None:
         """Called on the recording thread before its first step: its own nice is the base."""
         self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.interval_s = self._base_s = self.config.poll_interval_s
         self._idle_max_s = max(self._base_s, self.config.idle_poll_interval_s)
+        self._last_drain = None
 
-    def next_interval(self, n: int) -> float:
-        """Seconds from the start of a step that drained n events to the start of the next."""
-        base = self._base_s
-        if n >= self.SMALL_BATCH:
+    def drained(self, n: int, fill: float, now: float) -> None:
+        """Take a step's drain into account: n events, the fullest ring's share fill (0..1), at now.
+
+        now: time.monotonic() when the drain began.  Sets rate (rings per
+        second since the previous drain; 0.0 for the first) and interval_s,
+        and raises or lowers the thread's priority (adjust_priority).
+        """
+        last, self._last_drain = self._last_drain, now
+        span = None if last is None else max(now - last, self.MIN_RATE_SPAN_S)
+        self.rate = fill / span if span else 0.0
+        base, top = self._base_s, self._idle_max_s
+        if n == 0:
+            self.interval_s = min(top, self.interval_s * 2)
+        elif self.rate > 0:
+            self.interval_s = min(top, max(base, self.TARGET_FILL / self.rate))
+        else:                   # the first drain: no rate yet
             self.interval_s = base
-        elif n:
-            self.interval_s = min(max(base, self.SMALL_BATCH_POLL_S), self.interval_s * 2)
-        else:
-            self.interval_s = min(self._idle_max_s, self.interval_s * 2)
+        self.adjust_priority(fill, now)
+
+    def next_interval(self) -> float:
+        """Seconds from the start of the last step to the start of the next (set by drained())."""
         return self.interval_s
 
     def woken(self) -> None:
@@ -81,7 +107,7 @@ class Pacer:
         self.interval_s = self._base_s
 
     def adjust_priority(self, fill: float, now: float) -> None:
-        """Raise the recording thread to Config.recording_nice while a backlog builds up.
+        """Raise the recording thread to Config.recording_nice while a ring would soon overflow.
 
         fill: the fullest ring's share of its bytes at the last drain; now:
         time.monotonic().  At its own priority the recorder yields the CPU to
@@ -89,19 +115,19 @@ class Pacer:
         workload.  But CPU-bound work on every core can hold it off long
         enough for a ring to overflow (measured here: two unpaced mmap storms
         on 2 CPUs lost 13-59% of their events at nice 0, none at nice -3 to
-        -10), so a drain that finds a ring BOOST_FILL full raises it until the
-        rings stay near empty again (auditd's priority_boost, applied only
-        when needed).  A storm that the raised thread keeps up with still
-        leaves more than CALM_FILL per drain, so the boost lasts as long as
-        the storm.
+        -10), so a fill rate of BOOST_RATE, or a drain that finds a ring
+        BOOST_FILL full, raises it until the rings fill slower than CALM_RATE
+        again (auditd's priority_boost, applied only when needed).  A storm
+        that the raised thread keeps up with still fills them faster than
+        that, so the boost lasts as long as the storm.
         """
-        if fill >= self.BOOST_FILL:
+        if self.rate >= self.BOOST_RATE or fill >= self.BOOST_FILL:
             self._calm_since = None
             if not self._boosted and self.config.recording_nice < self._base_nice:
                 self._set_nice(self.config.recording_nice)
                 self._boosted = True
                 self.stats.priority_boosts += 1
-        elif self._boosted and fill < self.CALM_FILL:
+        elif self._boosted and self.rate < self.CALM_RATE:
             if self._calm_since is None:
                 self._calm_since = now
             elif now - self._calm_since >= self.CALM_S:

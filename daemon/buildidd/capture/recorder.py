@@ -170,7 +170,7 @@ class Recorder:
         """Step until should_stop() returns True; on_tick runs after each step.
 
         The calling thread records, paced by pacing.Pacer: the pause between
-        steps follows the batch sizes, the thread's priority the rings' fill.
+        steps and the thread's priority follow how fast the rings fill.
         A step that raises is counted (LoopGuard); LoopGuard.FAILURES_MAX in a
         row end the loop.  Raises BuildiddError then (close() writes the
         reason into the ``end`` record).
@@ -185,10 +185,10 @@ class Recorder:
             except Exception as e:          # the loop's own failure: counted, bounded
                 self.guard.step_failed(e)   # raises once too many failed in a row
                 n = 0
-            pacer.adjust_priority(self.rings.fill, t)
+            pacer.drained(n, self.rings.fill, t)
             if on_tick is not None:
                 on_tick()
-            left = pacer.next_interval(n) - (time.monotonic() - t)
+            left = pacer.next_interval() - (time.monotonic() - t)
             if left > 0 and self.rings.wait(left):
                 pacer.woken()
 
