@@ -45,17 +45,18 @@ def test_a_steady_stream_is_drained_at_the_target_fill_within_the_bounds():
     p = _pacer(poll_interval_s=0.005, idle_poll_interval_s=0.05)
     p.drained(100, 0.001, 10.0)                 # the first drain: no rate yet
     assert p.rate == 0.0 and p.next_interval() == 0.005
+    p.drained(100, 0.0005, 10.005)              # the rate is now measured over busy spans
     # The exec storm: 1.2% of a ring per 20 ms (0.6 rings/s): the target 1/16 is
     # 104 ms away, so the pause is the latency bound, idle_poll_interval_s.
-    p.drained(200, 0.012, 10.020)
+    p.drained(200, 0.012, 10.025)
     assert p.rate == pytest.approx(0.6)
     assert p.next_interval() == 0.05
     # 5 rings/s: 1/16 in 12.5 ms.
-    p.drained(2000, 0.25, 10.070)
+    p.drained(2000, 0.25, 10.075)
     assert p.rate == pytest.approx(5.0)
     assert p.next_interval() == pytest.approx(0.0125)
     # An unpaced storm (20 rings/s): never faster than poll_interval_s.
-    p.drained(9000, 0.1, 10.075)
+    p.drained(9000, 0.1, 10.080)
     assert p.next_interval() == 0.005
 
 
@@ -70,6 +71,25 @@ def test_no_events_double_the_pause_up_to_the_idle_bound_and_a_wakeup_resets_it(
     assert pauses == [0.01, 0.02, 0.04, 0.05, 0.05, 0.05]
     p.woken()
     assert p.next_interval() == 0.005
+
+
+def test_a_burst_after_a_pause_is_polled_fast_whatever_the_rate_over_the_pause():
+    """A span that began in an idle pause underrates the burst that ended it."""
+    p = _pacer(poll_interval_s=0.005, idle_poll_interval_s=0.05)
+    p.drained(0, 0.0, 1.0)
+    # The BPF side's wake-up: an eighth of a ring written, 50 ms after the last drain.
+    p.woken()
+    p.drained(30000, 0.13, 1.05)
+    assert p.rate == pytest.approx(2.6)         # would mean a 24 ms pause
+    assert p.next_interval() == 0.005
+    p.drained(9000, 0.1, 1.055)                 # over 5 ms of the storm: 20 rings/s
+    assert p.next_interval() == 0.005
+    # A drain of nothing, then events: the first pause after them is poll_interval_s too.
+    p.drained(0, 0.0, 2.0)
+    p.drained(50, 0.001, 2.05)
+    assert p.next_interval() == 0.005
+    p.drained(50, 0.001, 2.055)                 # 0.2 rings/s, measured over a busy span
+    assert p.next_interval() == 0.05
 
 
 def test_two_drains_in_a_row_do_not_divide_by_zero():
