@@ -73,8 +73,8 @@ class Pacer:
         self._last_drain: float | None = None
         # False while the span since the last drain may hold a pause the rings spent
         # empty (an idle step, a wake-up): its rate then underrates a burst that began
-        # inside it (measured: a 50 ms idle span made a 650k/s mmap storm look like
-        # 2.5 rings/s, the next pause 25 ms, and 15,582 events were lost).
+        # inside it (a 50 ms idle span ended by the wake-up at 1/8 of a ring reads as
+        # 2.5 rings/s, and would set a 25 ms pause before a ring that fills in 15 ms).
         self._rate_trusted = False
 
     def begin(self) -> None:
