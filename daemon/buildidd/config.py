@@ -128,15 +128,19 @@ class Config:
                            "in 5 of 5 runs, 1 MiB lost 2,598 of 2.4 M in 1 of 5, 512 KiB 807-4,638 "
                            "in every run, 256 KiB 7-62%.")
     poll_interval_s: float = _key(0.005, "seconds",
-                                  "the ring buffers are drained this often while events arrive, and at once "
-                                  "when a CPU has written an eighth of its ring since the last drain (the "
-                                  "BPF side's wake-up, see bpf/buildidd.bpf.c); in (0, 1].")
-    idle_poll_interval_s: float = _key(0.05, "seconds", "... and at most this often while none do.")
+                                  "while events arrive the ring buffers are drained at the pace that lets the "
+                                  "fullest fill to a sixteenth, but at most this often, and at once when a CPU "
+                                  "has written an eighth of its ring since the last drain (the BPF side's "
+                                  "wake-up, see bpf/buildidd.bpf.c); in (0, 1].")
+    idle_poll_interval_s: float = _key(0.05, "seconds",
+                                       "... and at least this often: the longest a record waits in a ring "
+                                       "(also the pause while none arrive).")
     drop_check_interval_s: float = _key(0.25, "seconds", "how often the kernel's drop counters are read.")
     recording_nice: int = _key(-5, "nice value, -20..19",
-                               "nice value the thread that drains the rings switches to while they fill faster "
-                               "than it drains them, so that CPU-bound work on every core cannot starve it "
-                               "into losing events; never lower than the process's own.")
+                               "nice value the thread that drains the rings switches to while one would fill "
+                               "within 160 ms at the rate of the last step (or a drain found one an eighth "
+                               "full), so that CPU-bound work on every core cannot starve it into losing "
+                               "events; never lower than the process's own.")
     identity_cache_entries: int = _key(65536, "entries",
                                        "file identities whose build-id answer is kept (LRU); also the size of "
                                        "the kernel's known_ids map; at least 16.")

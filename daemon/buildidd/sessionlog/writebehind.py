@@ -15,8 +15,9 @@ window below (2026-11-25).
 So, as each segment grows, every :data:`WINDOW_BYTES` the range written
 before it is handed to one background thread, which starts its writeback and
 waits for it (``sync_file_range(2)`` WAIT_BEFORE | WRITE | WAIT_AFTER: data
-only, no journal commit) and then drops it (``posix_fadvise`` DONTNEED; the
-kernel drops clean pages only).  The pages freed are the ones the next
+only, no journal commit) and then drops it, with the segment's earlier synced
+ranges again (``posix_fadvise`` DONTNEED; the kernel drops clean pages only,
+and skips some it cannot take at that moment: see release_range).  The pages freed are the ones the next
 writes reuse.  The recording thread only compares two integers and, once per
 window, dups the fd and queues the range.  What this costs is disk writes
 a little earlier than writeback would have made them; a range that cannot
@@ -53,9 +54,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 
 
-def release_range(fd: int, start: int, length: int) -> None:
-    """Write [start, start + length) of fd's file to disk, wait for it, and drop those pages
-    from the page cache.
+def release_range(fd: int, start: int, length: int, drop_from: int | None = None) -> None:
+    """Write [start, start + length) of fd's file to disk, wait for it, and drop the pages of
+    [drop_from, start + length) from the page cache (drop_from: start when None).
+
+    drop_from lets a caller cover its earlier synced ranges again: DONTNEED
+    skips a page it cannot take at that moment, and measured here
+    (2026-11-26, ext4, 8 MiB written in 256 KiB windows) about 80 pages of
+    the ranges just synced stayed cached after it, every time, all of which a
+    second call dropped.  The second pass walks the pages still cached, not
+    the whole range.
 
     Raises:
         OSError: sync_file_range or posix_fadvise failed (the pages then stay cached).
@@ -64,7 +72,8 @@ def release_range(fd: int, start: int, length: int) -> None:
     if _libc.sync_file_range(fd, start, length, flags) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"sync_file_range: {os.strerror(err)}")
-    os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
+    first = start if drop_from is None else drop_from
+    os.posix_fadvise(fd, first, start + length - first, os.POSIX_FADV_DONTNEED)
 
 
 def drop_cached_file(path) -> None:
@@ -152,12 +161,16 @@ class WriteBehind:
 
     def _loop(self) -> None:
         make_current_thread_background()
+        synced_from = 0     # the open segment's bytes from here to the last range are on disk
         while (item := self._queue.get()) is not None:
             fd, start, length = item
+            if start == 0:  # a new segment (each one's first range starts at 0)
+                synced_from = 0
             try:
-                release_range(fd, start, length)
+                release_range(fd, start, length, drop_from=synced_from)
                 self.released_bytes += length
             except OSError as e:
+                synced_from = start + length    # never drop a range that did not reach the disk
                 self.errors += 1
                 if self.errors == 1:
                     log.warning("session log pages not released (they stay in the page cache): %s", e)
