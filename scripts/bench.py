@@ -21,6 +21,12 @@ wait in the rings, which hold these storms whole; a loss voids the figure),
 so that buildidd's excess over perf splits into the kernel's part and the
 daemon's.  Daemon and perf CPU are read from each process's CPUCLOCK_SCHED
 clock, to the ns.
+
+--against DIR adds, to every storm, buildidd run from another source tree
+(DIR/daemon: a ``git worktree`` of an earlier commit with its fast path built
+in place, ``setup.py build_ext --inplace``), alternating with the other modes:
+a change's effect on the workload and on the daemon's CPU, measured in one
+interleaved run (sequential runs on these VMs differ by more than most changes).
 """
 
 from __future__ import annotations
@@ -161,6 +167,8 @@ class Rep:
     bidd_s: float = 0.0
     #: --split: buildidd with its daemon stopped (SIGSTOP) during the workload: the kernel side alone.
     kern_s: float = 0.0
+    #: --against: buildidd run from the other source tree.
+    against_s: float = 0.0
 
 
 def median_ci(sorted_vals: list[float], conf: float = 0.95) -> tuple[float, float]:
@@ -198,6 +206,9 @@ class Result:
     #: --split: records the BPF side could not deliver while the daemon was stopped (the kernel-only
     #: figure is void unless 0: a full ring changes what the programs do).
     kern_losses: int = 0
+    #: --against: the other tree's daemon CPU per mapping event and its losses.
+    against_cpu_us_per_event: list[float] = field(default_factory=list)
+    against_losses: int = 0
 
     def ratio(self, attr: str) -> float | None:
         vals = [getattr(r, attr) / r.none_s for r in self.reps if r.none_s > 0 and getattr(r, attr) > 0]
@@ -222,6 +233,8 @@ class Result:
             "overhead_ratio": {"perf": self.ratio("perf_s"), "buildidd": self.ratio("bidd_s")},
             "buildidd_over_perf": self.paired(),
             "kernel_only_over_perf": self.paired("kern_s"), "kernel_only_losses": self.kern_losses,
+            "against_over_perf": self.paired("against_s"), "against_losses": self.against_losses,
+            "against_cpu_us_per_event": med(self.against_cpu_us_per_event),
             "cpu_us_per_event": {"buildidd": med(self.bidd_cpu_us_per_event), "perf": med(self.perf_cpu_us_per_event)},
             "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
             "buildidd_events": med(self.bidd_events),
@@ -269,17 +282,58 @@ def warm_store(workdir: Path) -> Path:
     return store
 
 
+@dataclass
+class Attached:
+    """One workload run with a buildidd attached: wall seconds, daemon CPU per mapping event (None
+    without events), mapping events recorded, losses, memory (bytes) and READY seconds."""
+    wall_s: float
+    cpu_us_per_event: float | None
+    events: int
+    losses: int
+    rss_steady: int
+    rss_peak: int
+    uss: int
+    ready_s: float
+
+
+def run_attached(workload: list[str], workdir: Path, env: dict | None, store: Path | None,
+                 daemon_env: dict | None = None) -> Attached:
+    """Start buildidd (daemon_env: e.g. PYTHONPATH of another tree), run the workload once, stop it."""
+    d = Buildidd(workdir, store=store, env=daemon_env)
+    try:
+        time.sleep(SETTLE_S)
+        c0 = d.cpu_s()
+        t = time.monotonic()
+        subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+        wall = time.monotonic() - t
+        time.sleep(0.2)   # let it drain
+        c1 = d.cpu_s()
+        steady, uss = d.rss.last, d.uss()
+        records = d.stop()
+        n = len(_mmap_records(records))
+        return Attached(wall, (c1 - c0) * 1e6 / n if n else None, n, _lost(records), steady, d.rss.peak, uss,
+                        d.ready_s)
+    finally:
+        if d.proc.poll() is None:       # the workload failed: do not leave the daemon attached
+            d.proc.kill()
+            d.proc.wait()
+        d.cleanup()
+
+
 def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, workdir: Path,
-                 env: dict | None = None, store: Path | None = None, split: bool = False) -> Result:
+                 env: dict | None = None, store: Path | None = None, split: bool = False,
+                 against: Path | None = None) -> Result:
     """The three modes alternating for reps repetitions, then completeness; store None: each daemon a fresh one.
 
     split: a fourth mode, buildidd with its daemon stopped (SIGSTOP) while the workload runs and
     continued after: what the kernel side (BPF programs, the syscall hook) costs the workload
     alone, the daemon's share being the rest of buildidd's.  Valid only while the rings hold
     the whole workload's records (kern_losses 0).
+    against: another mode, buildidd run from that source tree (its daemon/ first on PYTHONPATH).
     """
     res = Result(name)
-    modes = ["none", "perf", "buildidd"] + (["kernel-only"] if split else [])
+    modes = (["none", "perf", "buildidd"] + (["kernel-only"] if split else [])
+             + (["against"] if against is not None else []))
     for i in range(reps):
         rep = Rep()
         k = i % len(modes)
@@ -298,8 +352,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 time.sleep(0.2)
                 res.kern_losses += _lost(d.stop())
                 d.cleanup()
-                continue
-            if mode == "none":
+            elif mode == "none":
                 t = time.monotonic()
                 subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
                 rep.none_s = time.monotonic() - t
@@ -322,29 +375,27 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 n = sum(1 for m in maps if not m.synthesized)
                 if n:
                     res.perf_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
+            elif mode == "against":
+                a = run_attached(workload, workdir, env, store, {"PYTHONPATH": str(against / "daemon")})
+                rep.against_s = a.wall_s
+                if a.cpu_us_per_event is not None:
+                    res.against_cpu_us_per_event.append(a.cpu_us_per_event)
+                res.against_losses += a.losses
             else:
-                d = Buildidd(workdir, store=store)
-                res.bidd_ready_s.append(d.ready_s)
-                time.sleep(SETTLE_S)
-                c0 = d.cpu_s()
-                t = time.monotonic()
-                subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
-                rep.bidd_s = time.monotonic() - t
-                time.sleep(0.2)   # let it drain
-                c1 = d.cpu_s()
-                res.rss_steady.append(d.rss.last)
-                res.uss.append(d.uss())
-                records = d.stop()
-                n = len(_mmap_records(records))
-                res.bidd_events.append(n)
-                if n:
-                    res.bidd_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
-                res.rss_peak.append(d.rss.peak)
-                res.losses += _lost(records)
-                d.cleanup()
+                a = run_attached(workload, workdir, env, store)
+                rep.bidd_s = a.wall_s
+                res.bidd_ready_s.append(a.ready_s)
+                res.rss_steady.append(a.rss_steady)
+                res.uss.append(a.uss)
+                res.bidd_events.append(a.events)
+                if a.cpu_us_per_event is not None:
+                    res.bidd_cpu_us_per_event.append(a.cpu_us_per_event)
+                res.rss_peak.append(a.rss_peak)
+                res.losses += a.losses
         res.reps.append(rep)
         print(f"  {name} rep {i + 1}/{reps}: none {rep.none_s:.3f}s perf {rep.perf_s:.3f}s "
-              f"buildidd {rep.bidd_s:.3f}s" + (f" kernel-only {rep.kern_s:.3f}s" if split else ""), flush=True)
+              f"buildidd {rep.bidd_s:.3f}s" + (f" kernel-only {rep.kern_s:.3f}s" if split else "")
+              + (f" against {rep.against_s:.3f}s" if against is not None else ""), flush=True)
     # Completeness: both attached at once.
     perf = PerfRecorder(workdir / "perf.data")
     d = Buildidd(workdir, store=store)
@@ -528,6 +579,16 @@ def fmt_table(results: list[Result]) -> str:
         if p:
             lines.append(f"  {r.name:<24} median {p['median']:.3f}  95% CI [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]"
                          f"  buildidd faster in {p['reps_buildidd_faster']}/{p['reps']} repetitions")
+        o = r.paired("against_s")
+        if o:
+            mine = [r2.bidd_s / r2.against_s for r2 in r.reps if r2.against_s > 0 and r2.bidd_s > 0]
+            lo, hi = median_ci(sorted(mine))
+            med = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
+            lines.append(f"  {'  --against tree':<24} median {o['median']:.3f}  95% CI [{o['ci95'][0]:.3f}, "
+                         f"{o['ci95'][1]:.3f}]; this tree / that one {statistics.median(mine):.3f} "
+                         f"[{lo:.3f}, {hi:.3f}]; daemon µs CPU per event {med(r.bidd_cpu_us_per_event):.2f} "
+                         f"against {med(r.against_cpu_us_per_event):.2f}; lost {r.losses} against "
+                         f"{r.against_losses}")
         k = r.paired("kern_s")
         if k:
             void = f"  VOID: {r.kern_losses} records lost while stopped" if r.kern_losses else ""
@@ -555,6 +616,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fp-procs", default="500,2000,5000", help="--footprint: running processes")
     ap.add_argument("--fp-dsos", default="100,1000,10000", help="--footprint: distinct DSOs dlopen'd")
     ap.add_argument("--fp-rates", default="50000,100000,200000,0", help="--footprint: RATE[xPROCS],... (0 = max)")
+    ap.add_argument("--against", type=Path, metavar="TREE",
+                    help="storms: also run buildidd from this source tree (a git worktree with its fast path "
+                         "built in place), alternating, and compare")
     ap.add_argument("--split", action="store_true",
                     help="exec and dlopen storms: also run buildidd with its daemon stopped during the "
                          "workload, splitting its cost into the kernel side's and the daemon's")
@@ -565,6 +629,10 @@ def main(argv=None) -> int:
         print("bench: must run as root", file=sys.stderr)
         return 2
     require_quiet_host("bench")
+    if args.against is not None:
+        import bench_kernel_ns
+        args.against = args.against.resolve()
+        bench_kernel_ns.link_bpf_sources(args.against)
     if args.smoke:
         # The unpaced mmap storm is sized so that its records (~280 bytes each) fit in one default
         # 2 MiB ring even if the daemon drained nothing while it ran: its loss check then tests
@@ -595,14 +663,16 @@ def main(argv=None) -> int:
         if "exec" in want:
             results.append(run_scenario(f"exec storm N={args.exec_n}",
                                         [str(w["storm"]), str(args.exec_n), str(w["child"])],
-                                        {"bidd_child", "bidd_storm"}, args.reps, workdir, store=store, split=args.split))
+                                        {"bidd_child", "bidd_storm"}, args.reps, workdir, store=store, split=args.split,
+                                        against=args.against))
         if "dlopen" in want:
             results.append(run_scenario(f"dlopen storm M={args.dlopen_libs}x{args.dlopen_rounds}",
                                         [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"},
-                                        args.reps, workdir, store=store, split=args.split))
+                                        args.reps, workdir, store=store, split=args.split,
+                                        against=args.against))
         if "mmap" in want:
             results.append(run_scenario(f"mmap storm N={args.mmap_n}", [str(w["mmap_storm"]), libs[0], str(args.mmap_n)],
-                                        {"bidd_mmap"}, args.reps, workdir, store=store))
+                                        {"bidd_mmap"}, args.reps, workdir, store=store, against=args.against))
         if "dlopen-cold" in want:
             results.append(run_scenario("dlopen storm, cold store",
                                         [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"},
