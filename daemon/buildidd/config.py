@@ -129,7 +129,7 @@ class Config:
                            "in every run, 256 KiB 7-62%.")
     poll_interval_s: float = _key(0.005, "seconds",
                                   "while events arrive the ring buffers are drained at the pace that lets the "
-                                  "fullest fill to a sixteenth, but at most this often, and at once when a CPU "
+                                  "fullest fill to a tenth, but at most this often, and at once when a CPU "
                                   "has written an eighth of its ring since the last drain (the BPF side's "
                                   "wake-up, see bpf/buildidd.bpf.c); in (0, 1].")
     idle_poll_interval_s: float = _key(0.05, "seconds",

@@ -46,17 +46,18 @@ def test_a_steady_stream_is_drained_at_the_target_fill_within_the_bounds():
     p.drained(100, 0.001, 10.0)                 # the first drain: no rate yet
     assert p.rate == 0.0 and p.next_interval() == 0.005
     p.drained(100, 0.0005, 10.005)              # the rate is now measured over busy spans
-    # The exec storm: 1.2% of a ring per 20 ms (0.6 rings/s): the target 1/16 is
-    # 104 ms away, so the pause is the latency bound, idle_poll_interval_s.
+    # The exec storm: 1.2% of a ring per 20 ms (0.6 rings/s): the target is over
+    # 100 ms away, so the pause is the latency bound, idle_poll_interval_s.
     p.drained(200, 0.012, 10.025)
     assert p.rate == pytest.approx(0.6)
     assert p.next_interval() == 0.05
-    # 5 rings/s: 1/16 in 12.5 ms.
+    # 5 rings/s (the dlopen storm): the target in 20 ms.
     p.drained(2000, 0.25, 10.075)
     assert p.rate == pytest.approx(5.0)
-    assert p.next_interval() == pytest.approx(0.0125)
-    # An unpaced storm (20 rings/s): never faster than poll_interval_s.
-    p.drained(9000, 0.1, 10.080)
+    assert Pacer.TARGET_FILL < Pacer.BOOST_FILL     # a steady stream is not woken by the BPF side
+    assert p.next_interval() == pytest.approx(Pacer.TARGET_FILL / 5.0) == pytest.approx(0.02)
+    # An unpaced storm (40 rings/s): never faster than poll_interval_s.
+    p.drained(9000, 0.2, 10.080)
     assert p.next_interval() == 0.005
 
 

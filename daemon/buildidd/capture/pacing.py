@@ -38,11 +38,15 @@ class Pacer:
     """
 
     #: The share of a ring a step should find occupied in a steady stream:
-    #: 128 KiB of the default 2 MiB rings.  The exec storm of scripts/bench
-    #: (~2,000 execs/s on 2 CPUs, ~1 MB/s per ring) is then drained every
-    #: idle_poll_interval_s (50 ms) instead of every 20 ms: 2026-11-26,
-    #: interleaved, the daemon's CPU per exec fell from 47.7 to 37.7 µs.
-    TARGET_FILL = 1 / 16
+    #: ~205 KiB of the default 2 MiB rings, below the BPF side's wake-up at
+    #: an eighth.  The exec storm of scripts/bench (~2,000 execs/s on 2 CPUs,
+    #: ~1 MB/s per ring) is then drained every idle_poll_interval_s (50 ms)
+    #: instead of every 20 ms (2026-11-26, interleaved, the daemon's CPU per
+    #: mapping event 16.4 -> 13.2 µs), the dlopen storm (~5 rings/s) every
+    #: 20 ms as before: at 1/16 (12.5 ms) its daemon spent 7% more CPU per
+    #: event and the storm took 2-3% longer (`scripts/bench --against`, 9 and
+    #: 15 repetitions).
+    TARGET_FILL = 1 / 10
 
     #: Fill rates (rings per second) at or above which the recording thread
     #: is raised: a ring full within 1/BOOST_RATE s (160 ms) at the rate of
