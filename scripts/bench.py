@@ -128,6 +128,8 @@ class Buildidd:
             try:
                 msg = self.sock.recv(4096).decode()
             except socket.timeout:
+                self.proc.kill()            # never leave a half-started daemon attached
+                self.proc.wait()
                 raise RuntimeError("buildidd did not become READY in 60 s: "
                                    + self.proc.stderr.read1(4000).decode(errors="replace"))
             if "READY=1" in msg:
@@ -317,6 +319,8 @@ def run_attached(workload: list[str], workdir: Path, env: dict | None, store: Pa
         if d.proc.poll() is None:       # the workload failed: do not leave the daemon attached
             d.proc.kill()
             d.proc.wait()
+            d.rss.stop()
+            d.sock.close()
         d.cleanup()
 
 
@@ -376,7 +380,10 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 if n:
                     res.perf_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
             elif mode == "against":
-                a = run_attached(workload, workdir, env, store, {"PYTHONPATH": str(against / "daemon")})
+                a = run_attached(workload, workdir, env, store,
+                                 {"PYTHONPATH": os.pathsep.join([str(against / "daemon")]
+                                                                + ([os.environ["PYTHONPATH"]]
+                                                                   if os.environ.get("PYTHONPATH") else []))})
                 rep.against_s = a.wall_s
                 if a.cpu_us_per_event is not None:
                     res.against_cpu_us_per_event.append(a.cpu_us_per_event)
@@ -632,6 +639,10 @@ def main(argv=None) -> int:
     if args.against is not None:
         import bench_kernel_ns
         args.against = args.against.resolve()
+        if not list((args.against / "daemon" / "buildidd" / "capture").glob("_fastpath*.so")):
+            print(f"bench: {args.against} has no built fast path: run `setup.py build_ext --inplace` there "
+                  "(or copy daemon/buildidd/capture/_fastpath*.so when _fastpath.c is the same)", file=sys.stderr)
+            return 2
         bench_kernel_ns.link_bpf_sources(args.against)
     if args.smoke:
         # The unpaced mmap storm is sized so that its records (~280 bytes each) fit in one default

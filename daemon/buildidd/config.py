@@ -134,7 +134,7 @@ class Config:
                                   "wake-up, see bpf/buildidd.bpf.c); in (0, 1].")
     idle_poll_interval_s: float = _key(0.05, "seconds",
                                        "... and at least this often: the longest a record waits in a ring "
-                                       "(also the pause while none arrive).")
+                                       "(also the pause while none arrive); in [poll_interval_s, 1].")
     drop_check_interval_s: float = _key(0.25, "seconds", "how often the kernel's drop counters are read.")
     recording_nice: int = _key(-5, "nice value, -20..19",
                                "nice value the thread that drains the rings switches to while one would fill "
@@ -213,6 +213,9 @@ class Config:
             raise ConfigError("segment_max_age_s must be positive")
         if not 0 < self.poll_interval_s <= 1:
             raise ConfigError("poll_interval_s must be in (0, 1]")
+        if not self.poll_interval_s <= self.idle_poll_interval_s <= 1:
+            raise ConfigError("idle_poll_interval_s must be in [poll_interval_s, 1]: it bounds how long "
+                              "a record waits in a ring")
         if self.store_root:
             store, sessions = os.path.abspath(self.store_root), os.path.abspath(self.session_root)
             if store == sessions or store.startswith(sessions.rstrip("/") + "/"):

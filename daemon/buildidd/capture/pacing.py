@@ -31,8 +31,8 @@ class Pacer:
     """Poll interval and the nice boost of the recording thread, from the rings' fill rate.
 
     Args:
-        config: the Config (poll_interval_s, idle_poll_interval_s: taken at
-            begin(); recording_nice: read when applied, so a reload changes it).
+        config: the Config (poll_interval_s, idle_poll_interval_s and
+            recording_nice: read at each step, so a reload applies at once).
         stats: counts priority_boosts.
         last_errors: where a refused nice change is noted (a bounded deque of dicts).
     """
@@ -69,7 +69,7 @@ class Pacer:
         self.config = config
         self.stats = stats
         self.last_errors = last_errors
-        self.interval_s = self._base_s = self._idle_max_s = config.poll_interval_s
+        self.interval_s = config.poll_interval_s
         self.rate = 0.0
         self._base_nice = 0
         self._boosted = False
@@ -84,8 +84,7 @@ class Pacer:
     def begin(self) -> None:
         """Called on the recording thread before its first step: its own nice is the base."""
         self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
-        self.interval_s = self._base_s = self.config.poll_interval_s
-        self._idle_max_s = max(self._base_s, self.config.idle_poll_interval_s)
+        self.interval_s = self.config.poll_interval_s
         self._last_drain = None
         self._rate_trusted = False
 
@@ -102,7 +101,8 @@ class Pacer:
         last, self._last_drain = self._last_drain, now
         span = None if last is None else max(now - last, self.MIN_RATE_SPAN_S)
         self.rate = fill / span if span else 0.0
-        base, top = self._base_s, self._idle_max_s
+        base = self.config.poll_interval_s       # read at each step: a reload applies at once
+        top = max(base, self.config.idle_poll_interval_s)
         if n == 0:
             self.interval_s = min(top, self.interval_s * 2)
         elif self._rate_trusted and self.rate > 0:
@@ -122,7 +122,7 @@ class Pacer:
         The step that follows waits poll_interval_s whatever the rate over its
         span, which may have begun before the burst.
         """
-        self.interval_s = self._base_s
+        self.interval_s = self.config.poll_interval_s
         self._rate_trusted = False
 
     def adjust_priority(self, fill: float, now: float) -> None:

@@ -179,13 +179,15 @@ class Recorder:
         pacer.begin()
         while not should_stop():
             t = time.monotonic()
+            fill = 0.0
             try:
                 n = self.step()
+                fill = self.rings.fill
                 self.guard.step_done()
             except Exception as e:          # the loop's own failure: counted, bounded
                 self.guard.step_failed(e)   # raises once too many failed in a row
-                n = 0
-            pacer.drained(n, self.rings.fill, t)
+                n = 0                       # (and no fill: the last drain's may be stale)
+            pacer.drained(n, fill, t)
             if on_tick is not None:
                 on_tick()
             left = pacer.next_interval() - (time.monotonic() - t)

@@ -56,7 +56,7 @@ _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, 
 
 def release_range(fd: int, start: int, length: int, drop_from: int | None = None) -> None:
     """Write [start, start + length) of fd's file to disk, wait for it, and drop the pages of
-    [drop_from, start + length) from the page cache (drop_from: start when None).
+    [drop_from, start + length) from the page cache (drop_from: start when None; at most start).
 
     drop_from lets a caller cover its earlier synced ranges again: DONTNEED
     skips a page it cannot take at that moment, and measured here
@@ -72,7 +72,7 @@ def release_range(fd: int, start: int, length: int, drop_from: int | None = None
     if _libc.sync_file_range(fd, start, length, flags) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"sync_file_range: {os.strerror(err)}")
-    first = start if drop_from is None else drop_from
+    first = start if drop_from is None else min(max(drop_from, 0), start)
     os.posix_fadvise(fd, first, start + length - first, os.POSIX_FADV_DONTNEED)
 
 
@@ -109,7 +109,9 @@ class WriteBehind:
         self.skipped = 0
         self.errors = 0
         self._mark = 0                # bytes of the open segment already handed over
-        self._queue: queue.Queue[tuple[int, int, int] | None] = queue.Queue(MAX_QUEUED)
+        self._drop_from = 0           # first byte of the run of ranges handed over without a gap
+        self._segment = 0             # which segment a range belongs to (the thread's synced_from)
+        self._queue: queue.Queue[tuple[int, int, int, int, int] | None] = queue.Queue(MAX_QUEUED)
         self._thread: threading.Thread | None = None
 
     def set_window(self, window_bytes: int) -> None:
@@ -126,6 +128,8 @@ class WriteBehind:
         """The open segment was closed (the writer, under its lock): the next one starts at 0.
         (Its fd number is no identity: the next segment usually gets the same one.)"""
         self._mark = 0
+        self._drop_from = 0
+        self._segment += 1
 
     def written(self, fd: int, size_bytes: int) -> None:
         """The segment open as fd now holds size_bytes bytes (the writer, under its lock).
@@ -140,12 +144,14 @@ class WriteBehind:
             dup = os.dup(fd)
         except OSError:
             self.errors += 1
+            self._drop_from = end     # [start, end) is not synced: no later drop covers it
             return
         try:
-            self._queue.put_nowait((dup, start, end - start))
+            self._queue.put_nowait((dup, start, end - start, self._drop_from, self._segment))
         except queue.Full:
             os.close(dup)
             self.skipped += 1
+            self._drop_from = end
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="buildidd-sessionlog-writebehind",
@@ -161,16 +167,18 @@ class WriteBehind:
 
     def _loop(self) -> None:
         make_current_thread_background()
-        synced_from = 0     # the open segment's bytes from here to the last range are on disk
+        segment, failed_end = -1, 0     # the end of the segment's last range whose sync failed
         while (item := self._queue.get()) is not None:
-            fd, start, length = item
-            if start == 0:  # a new segment (each one's first range starts at 0)
-                synced_from = 0
+            fd, start, length, drop_from, item_segment = item
+            if item_segment != segment:
+                segment, failed_end = item_segment, 0
             try:
-                release_range(fd, start, length, drop_from=synced_from)
+                # From the first byte of the ranges synced without a gap (a range skipped
+                # when the queue was full, or one whose sync failed, is never dropped).
+                release_range(fd, start, length, drop_from=min(start, max(drop_from, failed_end)))
                 self.released_bytes += length
             except OSError as e:
-                synced_from = start + length    # never drop a range that did not reach the disk
+                failed_end = start + length
                 self.errors += 1
                 if self.errors == 1:
                     log.warning("session log pages not released (they stay in the page cache): %s", e)
