@@ -380,7 +380,9 @@ class Tracer:
         """Kernel-side drops since the previous call (the map drops, read through its mapping;
         drop_times with bpf(2) only when a count moved)."""
         report = DropReport()
-        words = self._drop_words
+        words = self._drop_words[:N_DROP_CAUSES].tolist()
+        if words == self._drop_totals:      # the common case, without a loop over DropCause
+            return report
         for cause in DropCause:
             total = words[cause]
             delta = total - self._drop_totals[cause]
