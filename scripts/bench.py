@@ -380,10 +380,8 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 if n:
                     res.perf_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
             elif mode == "against":
-                a = run_attached(workload, workdir, env, store,
-                                 {"PYTHONPATH": os.pathsep.join([str(against / "daemon")]
-                                                                + ([os.environ["PYTHONPATH"]]
-                                                                   if os.environ.get("PYTHONPATH") else []))})
+                path = [str(against / "daemon"), *filter(None, [os.environ.get("PYTHONPATH")])]
+                a = run_attached(workload, workdir, env, store, {"PYTHONPATH": os.pathsep.join(path)})
                 rep.against_s = a.wall_s
                 if a.cpu_us_per_event is not None:
                     res.against_cpu_us_per_event.append(a.cpu_us_per_event)

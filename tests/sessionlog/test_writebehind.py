@@ -9,6 +9,7 @@ import time
 import pytest
 
 from buildidd.sessionlog import SessionWriter, read_session
+from buildidd.sessionlog.writebehind import release_range
 
 WINDOW = 256 << 10
 LINE = b'{"type":"mmap","pad":"' + b"x" * 400 + b'"}'
@@ -121,3 +122,22 @@ def test_a_final_segment_keeps_no_page_cache(tmp_path, compress):
     assert final.name.endswith(".zst") == compress
     assert _resident_bytes(final) == 0
     assert len(list(read_session(tmp_path / "s"))) == 2000
+
+
+def test_release_range_drops_from_drop_from_and_never_before_it(tmp_path):
+    """DONTNEED drops whole folios: a range's own drop may leave a large folio that straddles
+    its start; a drop from the first synced byte takes it (writebehind's second pass)."""
+    if _fs_is_tmpfs(tmp_path):
+        pytest.skip("tmpfs pages cannot be dropped")
+    for name, drop_from, kept in (("own", None, 768 << 10), ("from-0", 0, 0), ("clamped", 2 << 20, 768 << 10)):
+        path = tmp_path / name
+        with open(path, "wb") as f:
+            f.write(b"x" * (1 << 20))
+            f.flush()
+            release_range(f.fileno(), 768 << 10, 256 << 10, drop_from=drop_from)
+            resident = _resident_bytes(path)
+        if kept:
+            assert resident >= kept, (name, resident)      # nothing before the drop's start goes
+        else:
+            assert resident == 0, (name, resident)         # every folio of [0, 1 MiB) synced and dropped
+        assert path.read_bytes() == b"x" * (1 << 20)

@@ -17,7 +17,8 @@ before it is handed to one background thread, which starts its writeback and
 waits for it (``sync_file_range(2)`` WAIT_BEFORE | WRITE | WAIT_AFTER: data
 only, no journal commit) and then drops it, with the segment's earlier synced
 ranges again (``posix_fadvise`` DONTNEED; the kernel drops clean pages only,
-and skips some it cannot take at that moment: see release_range).  The pages freed are the ones the next
+and whole folios only, so one straddling a range's start waits for the
+next: see release_range).  The pages freed are the ones the next
 writes reuse.  The recording thread only compares two integers and, once per
 window, dups the fd and queues the range.  What this costs is disk writes
 a little earlier than writeback would have made them; a range that cannot
@@ -59,11 +60,13 @@ def release_range(fd: int, start: int, length: int, drop_from: int | None = None
     [drop_from, start + length) from the page cache (drop_from: start when None; at most start).
 
     drop_from lets a caller cover its earlier synced ranges again: DONTNEED
-    skips a page it cannot take at that moment, and measured here
-    (2026-11-26, ext4, 8 MiB written in 256 KiB windows) about 80 pages of
-    the ranges just synced stayed cached after it, every time, all of which a
-    second call dropped.  The second pass walks the pages still cached, not
-    the whole range.
+    drops whole folios only, and a large folio (ext4 makes them on 6.18) that
+    straddles start stays cached.  Measured here (2026-11-26): dropping
+    [768 KiB, 1 MiB) of a 1 MiB file just written and synced dropped
+    nothing, [0, 1 MiB) all of it; writing 8 MiB in 256 KiB windows, ~80
+    pages of the ranges synced stayed cached every time, all of which a pass
+    from the segment's first synced byte dropped.  That pass walks the folios
+    still cached, not the whole range.
 
     Raises:
         OSError: sync_file_range or posix_fadvise failed (the pages then stay cached).
@@ -110,7 +113,7 @@ class WriteBehind:
         self.errors = 0
         self._mark = 0                # bytes of the open segment already handed over
         self._drop_from = 0           # first byte of the run of ranges handed over without a gap
-        self._segment = 0             # which segment a range belongs to (the thread's synced_from)
+        self._segment = 0             # which segment a range belongs to (the thread's failed_end is per segment)
         self._queue: queue.Queue[tuple[int, int, int, int, int] | None] = queue.Queue(MAX_QUEUED)
         self._thread: threading.Thread | None = None
 
@@ -175,7 +178,7 @@ class WriteBehind:
             try:
                 # From the first byte of the ranges synced without a gap (a range skipped
                 # when the queue was full, or one whose sync failed, is never dropped).
-                release_range(fd, start, length, drop_from=min(start, max(drop_from, failed_end)))
+                release_range(fd, start, length, drop_from=max(drop_from, failed_end))
                 self.released_bytes += length
             except OSError as e:
                 failed_end = start + length
