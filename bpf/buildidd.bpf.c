@@ -142,7 +142,15 @@ struct wake_state {
 	__u64 bytes;
 	__u64 gen;
 };
-BPF_F_TABLE("array", int, __u64, drain_gen, 1, BPF_F_MMAPABLE);
+/*
+ * drain_gen[DRAIN_GEN_SLEEPING] is non-zero while the consumer sleeps
+ * without polling (a quiet wait, capture/loop.py): records then go in with
+ * the ring's own adaptive wake-up (flags 0: bpf_ringbuf_commit wakes the
+ * consumer when the record is the first it has not read), so the first
+ * record after an idle spell wakes it, and none after it until it drains.
+ */
+#define DRAIN_GEN_SLEEPING 1
+BPF_F_TABLE("array", int, __u64, drain_gen, 2, BPF_F_MMAPABLE);
 BPF_PERCPU_ARRAY(wake_state, struct wake_state, 1);
 BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
 /*
@@ -254,10 +262,13 @@ static __always_inline long ring_output(void *data, __u64 size, __u64 flags)
 
 static __always_inline __u64 wake_flag(__u64 size)
 {
-	int zero = 0;
+	int zero = 0, sleeping_key = DRAIN_GEN_SLEEPING;
 	struct wake_state *w = wake_state.lookup(&zero);
 	__u64 *gen = drain_gen.lookup(&zero), g;
+	__u64 *sleeping = drain_gen.lookup(&sleeping_key);
 
+	if (sleeping && *(volatile __u64 *)sleeping)
+		return 0;		/* adaptive: wakes a consumer that has read everything */
 	if (!w || !gen)
 		return BPF_RB_NO_WAKEUP;
 	g = *(volatile __u64 *)gen;

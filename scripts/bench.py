@@ -524,6 +524,51 @@ def ramp(w: dict, workdir: Path, rates: list[tuple[int, int]], seconds: float, s
     return out
 
 
+def _wakeups(pid: int) -> int:
+    """Voluntary context switches of all of pid's threads so far: how often they slept and woke."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", f.read(), re.M).group(1))
+        except (OSError, AttributeError):
+            pass
+    return total
+
+
+def idle_cost(workdir: Path, store: Path | None, reps: int, seconds: float,
+              against: Path | None = None) -> dict:
+    """What each tracer costs a host where nothing maps anything: CPU (ms per second) and wake-ups
+    per second over `seconds`, after a second to settle, buildidd and perf alternating for reps
+    repetitions (medians).  On these VMs a wake-up is dear (the page-touch line above)."""
+    modes = ["buildidd", "perf"] + (["against"] if against else [])
+    got: dict[str, dict[str, list[float]]] = {m: {"cpu_ms_per_s": [], "wakeups_per_s": []} for m in modes}
+    for _ in range(reps):
+        for mode in modes:
+            if mode == "perf":
+                perf = PerfRecorder(workdir / "idle-perf.data")
+                pid, stop = perf.pid(), perf.finish
+            else:
+                env = {"PYTHONPATH": f"{against / 'daemon'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"} \
+                    if mode == "against" else None
+                d = Buildidd(workdir, store=store, env=env)
+                pid = d.proc.pid
+
+                def stop(d=d):
+                    d.stop(read=False)
+                    d.cleanup()
+            try:
+                time.sleep(1.0)
+                c0, w0, t0 = cpu_s_of(pid), _wakeups(pid), time.monotonic()
+                time.sleep(seconds)
+                c1, w1, t1 = cpu_s_of(pid), _wakeups(pid), time.monotonic()
+            finally:
+                stop()
+            got[mode]["cpu_ms_per_s"].append((c1 - c0) * 1e3 / (t1 - t0))
+            got[mode]["wakeups_per_s"].append((w1 - w0) / (t1 - t0))
+    return {m: {k: round(statistics.median(v), 2) for k, v in vals.items()} for m, vals in got.items()}
+
+
 def perf_stats(data: Path) -> tuple[int, int]:
     """(MMAP2 records, lost records) of a perf.data file, from `perf report --stats`."""
     r = subprocess.run(["perf", "report", "--stats", "-i", str(data)], capture_output=True, text=True)
@@ -627,8 +672,9 @@ def main(argv=None) -> int:
     ap.add_argument("--split", action="store_true",
                     help="exec and dlopen storms: also run buildidd with its daemon stopped during the "
                          "workload, splitting its cost into the kernel side's and the daemon's")
-    ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,profile",
-                    help="comma-separated subset of exec,dlopen,mmap,dlopen-cold,procs,ramp,profile")
+    ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,idle,profile",
+                    help="comma-separated subset of exec,dlopen,mmap,dlopen-cold,procs,ramp,idle,profile")
+    ap.add_argument("--idle-seconds", type=float, default=10.0, help="idle: seconds measured per daemon and repetition")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench: must run as root", file=sys.stderr)
@@ -650,6 +696,7 @@ def main(argv=None) -> int:
         # Bursts that need the daemon to keep up: tests/integration/test_loss.py, the full bench.
         args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 10, 3
         args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 5_000, 50, "50000x2", 1.0
+        args.idle_seconds = 1.0
     workdir = Path(tempfile.mkdtemp(prefix="buildidd-bench-"))
     try:
         w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
@@ -690,6 +737,8 @@ def main(argv=None) -> int:
             results.append(many_processes(args.procs, w, workdir, max(1, min(args.reps, 3)), store))
         rates = parse_ramp(args.ramp)
         ramp_rows = ramp(w, workdir, rates, args.ramp_seconds, store) if "ramp" in want else []
+        idle = idle_cost(workdir, store, max(1, min(args.reps, 3)), args.idle_seconds, args.against) \
+            if "idle" in want else {}
         prof = profile(w, workdir, args.mmap_n, store) if "profile" in want else []
         print()
         print(fmt_table(results))
@@ -702,11 +751,15 @@ def main(argv=None) -> int:
             line += (f" | perf: achieved {row['perf_achieved_per_s']}/s, {row['perf_cpu_us_per_event']:.2f} µs/ev, "
                      f"MMAP2 {row['perf_mmap2']}, lost {row['perf_lost']}")
             print(line)
+        if idle:
+            print(f"\nidle host ({args.idle_seconds:g} s each, median of {max(1, min(args.reps, 3))}): "
+                  + " | ".join(f"{m} {v['cpu_ms_per_s']:.2f} ms CPU/s, {v['wakeups_per_s']:.1f} wake-ups/s"
+                               for m, v in idle.items()))
         print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
         print("\n".join("  " + line for line in prof))
         out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release,
                "page_touch_ns_after_sleep_ms": touch,
-               "scenarios": [r.as_dict() for r in results], "ramp": ramp_rows, "profile": prof}
+               "scenarios": [r.as_dict() for r in results], "ramp": ramp_rows, "idle": idle, "profile": prof}
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
         failures = []

@@ -134,7 +134,8 @@ class Config:
                                   "wake-up, see bpf/buildidd.bpf.c); in (0, 1].")
     idle_poll_interval_s: float = _key(0.05, "seconds",
                                        "... and at least this often: the longest a record waits in a ring "
-                                       "(also the pause while none arrive); in [poll_interval_s, 1].")
+                                       "while they arrive (when none do, `buildidd run` sleeps until the "
+                                       "first one wakes it: capture/loop.py); in [poll_interval_s, 1].")
     drop_check_interval_s: float = _key(0.25, "seconds", "how often the kernel's drop counters are read.")
     recording_nice: int = _key(-5, "nice value, -20..19",
                                "nice value the thread that drains the rings switches to while one would fill "

@@ -26,3 +26,5 @@ def test_bench_smoke(bpf, tmp_path):
         assert s["ready_s"]["buildidd"] is not None
     assert data["ramp"] and all(row["losses"] == 0 for row in data["ramp"])
     assert data["profile"], "no profile summary"
+    idle = data["idle"]
+    assert set(idle) == {"buildidd", "perf"} and all(v["cpu_ms_per_s"] >= 0 for v in idle.values()), idle

@@ -16,9 +16,13 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "events.h"
 
@@ -122,6 +126,155 @@ out:
 	if (PyErr_Occurred())
 		return NULL;
 	return Py_BuildValue("(lK)", n, consumed);
+}
+
+/* ---- the quiet wait ------------------------------------------------------ */
+
+/* quiet_wait()'s results: why it returned (capture/rings.py QuietEnd mirrors them). */
+enum quiet_end { QUIET_TIMEOUT = 0, QUIET_RECORDS = 1, QUIET_WOKEN = 2, QUIET_DROPS = 3 };
+
+PyDoc_STRVAR(quiet_wait_doc,
+"quiet_wait(epfd, rings, drops, drops_seen, sleeping, wake_fd, poll_s, max_s) -> int\n\n"
+"Sleep, without running any Python, until there is something to record;\n"
+"returns why it stopped: 0 max_s seconds passed, 1 a ring holds a record\n"
+"(producer_pos != consumer_pos), 2 the epoll instance epfd reported an event\n"
+"(a ring's wake-up, or wake_fd: another thread's kick, a signal), 3 a kernel\n"
+"drop counter differs from drops_seen.\n"
+"rings: a tuple of buffers, for each ring its consumer page then its producer\n"
+"page (read_ring's cons and data; only the first u64 of each, the position,\n"
+"is read).  drops: a buffer of the drops map's counters (u64 each);\n"
+"drops_seen: bytes of the same length, the totals last reported.  sleeping:\n"
+"a writable u64 buffer (the mapped drain_gen[DRAIN_GEN_SLEEPING]) set to 1\n"
+"for the wait and back to 0 after it: meanwhile the BPF side commits records\n"
+"with the ring's adaptive wake-up, which wakes epfd at the first record.  A\n"
+"program that read the flag before it was set may still commit a record\n"
+"without waking: the first sleep is therefore at most poll_s, the checks are\n"
+"made again after it, and only then does the thread sleep until the next\n"
+"event or max_s.  wake_fd (-1 for none): a non-blocking pipe's read end in\n"
+"epfd (written by signal.set_wakeup_fd and by other threads), read dry when\n"
+"it is ready.  Pending signal handlers run before each check and after a\n"
+"wake-up; the GIL is released while asleep.\n"
+"Raises OSError (epoll_wait failed), ValueError (a buffer too small), or what\n"
+"a signal handler raises.");
+
+static double mono_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+#define QUIET_RINGS_MAX 64
+
+/* The first reason among a ring holding a record and moved drop counters; -1 for none. */
+static int quiet_reason(const Py_buffer *bufs, Py_ssize_t nbuf, const Py_buffer *drops, const char *seen)
+{
+	for (Py_ssize_t i = 0; i + 1 < nbuf; i += 2) {
+		uint64_t c = __atomic_load_n((const uint64_t *)bufs[i].buf, __ATOMIC_RELAXED);
+		uint64_t p = __atomic_load_n((const uint64_t *)bufs[i + 1].buf, __ATOMIC_ACQUIRE);
+
+		if (p != c)
+			return QUIET_RECORDS;
+	}
+	if (memcmp((const void *)drops->buf, seen, (size_t)drops->len) != 0)
+		return QUIET_DROPS;
+	return -1;
+}
+
+static PyObject *quiet_wait(PyObject *self, PyObject *args)
+{
+	PyObject *rings, *drops_obj, *sleeping_obj;
+	const char *seen;
+	Py_ssize_t seen_len, nbuf = 0;
+	int epfd, wake_fd, rc = -1, polls = 0, have_drops = 0, have_sleeping = 0;
+	double poll_s, max_s, deadline;
+	Py_buffer bufs[QUIET_RINGS_MAX], drops, sleeping;
+	uint64_t *flag = NULL;
+
+	if (!PyArg_ParseTuple(args, "iO!Oy#Oidd", &epfd, &PyTuple_Type, &rings, &drops_obj, &seen, &seen_len,
+			      &sleeping_obj, &wake_fd, &poll_s, &max_s))
+		return NULL;
+	if (PyTuple_GET_SIZE(rings) % 2 || PyTuple_GET_SIZE(rings) > QUIET_RINGS_MAX) {
+		PyErr_SetString(PyExc_ValueError, "rings: a consumer and a producer buffer per ring");
+		return NULL;
+	}
+	if (PyObject_GetBuffer(drops_obj, &drops, PyBUF_SIMPLE) < 0)
+		goto out;
+	have_drops = 1;
+	if (PyObject_GetBuffer(sleeping_obj, &sleeping, PyBUF_WRITABLE) < 0)
+		goto out;
+	have_sleeping = 1;
+	if (drops.len != seen_len || sleeping.len < 8) {
+		PyErr_SetString(PyExc_ValueError, "drops and drops_seen differ in length, or sleeping is not a u64");
+		goto out;
+	}
+	for (; nbuf < PyTuple_GET_SIZE(rings); nbuf++) {
+		if (PyObject_GetBuffer(PyTuple_GET_ITEM(rings, nbuf), &bufs[nbuf], PyBUF_SIMPLE) < 0)
+			goto out;
+		if (bufs[nbuf].len < 8) {
+			nbuf++;
+			PyErr_SetString(PyExc_ValueError, "a ring page smaller than its position");
+			goto out;
+		}
+	}
+	flag = (uint64_t *)sleeping.buf;
+	/* seq_cst: the flag is visible before the positions are read below */
+	__atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
+	deadline = mono_s() + max_s;
+	for (;;) {
+		struct epoll_event ev[4];
+		double left;
+		int n, err;
+
+		if (PyErr_CheckSignals() < 0)
+			goto out;
+		rc = quiet_reason(bufs, nbuf, &drops, seen);
+		if (rc >= 0)
+			break;
+		left = deadline - mono_s();
+		if (left <= 0) {
+			rc = QUIET_TIMEOUT;
+			break;
+		}
+		if (polls++ == 0 && left > poll_s)
+			left = poll_s;
+		Py_BEGIN_ALLOW_THREADS
+		n = epoll_wait(epfd, ev, 4, left > 86400 ? 86400000 : (int)(left * 1000) + 1);
+		err = errno;
+		Py_END_ALLOW_THREADS
+		if (n < 0 && err != EINTR) {
+			errno = err;
+			PyErr_SetFromErrno(PyExc_OSError);
+			goto out;
+		}
+		for (int i = 0; i < n; i++) {
+			if (wake_fd >= 0 && ev[i].data.fd == wake_fd) {
+				char sink[256];
+
+				while (read(wake_fd, sink, sizeof(sink)) > 0)
+					;
+			}
+		}
+		if (n > 0) {
+			rc = QUIET_WOKEN;
+			if (PyErr_CheckSignals() < 0)	/* what woke it may be a signal: its handler first */
+				goto out;
+			break;
+		}
+	}
+out:
+	if (flag != NULL)
+		__atomic_store_n(flag, 0, __ATOMIC_RELEASE);
+	while (nbuf > 0)
+		PyBuffer_Release(&bufs[--nbuf]);
+	if (have_sleeping)
+		PyBuffer_Release(&sleeping);
+	if (have_drops)
+		PyBuffer_Release(&drops);
+	if (PyErr_Occurred())
+		return NULL;
+	return PyLong_FromLong(rc);
 }
 
 struct timed {
@@ -1133,6 +1286,7 @@ static PyObject *run(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
 	{"read_ring", read_ring, METH_VARARGS, read_ring_doc},
 	{"sort_by_time", sort_by_time, METH_O, sort_by_time_doc},
+	{"quiet_wait", quiet_wait, METH_VARARGS, quiet_wait_doc},
 	{"configure", configure, METH_VARARGS, configure_doc},
 	{"run", run, METH_VARARGS, run_doc},
 	{NULL, NULL, 0, NULL},

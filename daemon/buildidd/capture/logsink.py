@@ -13,6 +13,7 @@ import collections
 import logging
 import threading
 from pathlib import Path
+from typing import Callable
 
 from buildidd import clock
 from buildidd.capture.tables import Stats, Tables
@@ -88,11 +89,18 @@ class LogSink:
                 self.stats.log_write_errors += 1
                 self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"rotate: {e}"})
 
-    def request_rotate(self, timeout_s: float) -> bool:
-        """Ask the recording thread to rotate at its next step; True once done (any thread)."""
+    def request_rotate(self, timeout_s: float, wake: Callable[[], None] | None = None) -> bool:
+        """Ask the recording thread to rotate at its next step (wake: ends its quiet wait, called
+        once asked); True once done (any thread)."""
         self._rotate_done.clear()
         self._rotate_wanted.set()
+        if wake is not None:
+            wake()
         return self._rotate_done.wait(timeout_s)
+
+    def rotate_pending(self) -> bool:
+        """True when another thread asked for a rotation that has not happened yet."""
+        return self._rotate_wanted.is_set()
 
     def rotate_if_requested(self) -> None:
         """On the recording thread, after a step: rotate when another thread asked."""

@@ -116,6 +116,12 @@ class Pacer:
         """Seconds from the start of the last step to the start of the next (set by drained())."""
         return self.interval_s
 
+    def idle(self) -> bool:
+        """True when the last steps found the rings empty (the pause has grown to
+        idle_poll_interval_s) and the thread is at its own priority."""
+        return not self._boosted and self.interval_s >= max(self.config.poll_interval_s,
+                                                            self.config.idle_poll_interval_s)
+
     def woken(self) -> None:
         """A ring's wake-up (a burst: WAKE_BYTES written on one CPU) ended the pause: poll fast again.
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from buildidd import __version__, clock, memo
-from buildidd.capture import _fastpath
+from buildidd.capture import _fastpath, loop
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.follow import FollowFilter
 from buildidd.capture.housekeeping import retention_without_store
@@ -166,33 +166,28 @@ class Recorder:
             raise ValueError("follow() needs a Recorder made with follow=True")
         self.tracked.add(pid)
 
-    def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None] | None = None) -> None:
-        """Step until should_stop() returns True; on_tick runs after each step.
+    def run(self, should_stop: Callable[[], bool], on_tick: Callable[[], None] | None = None,
+            quiet_s: Callable[[], float] | None = None) -> None:
+        """Step until should_stop() returns True, paced by pacing.Pacer, with quiet waits while
+        idle when quiet_s is given: see loop.run (which raises BuildiddError after
+        LoopGuard.FAILURES_MAX failed steps in a row)."""
+        loop.run(self, should_stop, on_tick, quiet_s)
 
-        The calling thread records, paced by pacing.Pacer: the pause between
-        steps and the thread's priority follow how fast the rings fill.
-        A step that raises is counted (LoopGuard); LoopGuard.FAILURES_MAX in a
-        row end the loop.  Raises BuildiddError then (close() writes the
-        reason into the ``end`` record).
-        """
-        pacer = self.pacer
-        pacer.begin()
-        while not should_stop():
-            t = time.monotonic()
-            fill = 0.0
-            try:
-                n = self.step()
-                fill = self.rings.fill
-                self.guard.step_done()
-            except Exception as e:          # the loop's own failure: counted, bounded
-                self.guard.step_failed(e)   # raises once too many failed in a row
-                n = 0                       # (and no fill: the last drain's may be stale)
-            pacer.drained(n, fill, t)
-            if on_tick is not None:
-                on_tick()
-            left = pacer.next_interval() - (time.monotonic() - t)
-            if left > 0 and self.rings.wait(left):
-                pacer.woken()
+    def wake_on_signals(self) -> None:
+        """From start() on, a signal ends the recording thread's sleep at once (main thread only:
+        Rings.wake_on_signals)."""
+        self.rings.wake_on_signals()
+
+    def wake(self) -> None:
+        """End the recording thread's sleep now (any thread): Rings.kick."""
+        if self.rings is not None:
+            self.rings.kick()
+
+    def idle(self) -> bool:
+        """True when nothing but the next record waits for the recording thread: no line left to
+        write, no held exec, no late resolution owed (Enricher.idle), no rotation asked."""
+        tables = self.tables
+        return not (tables.lines or tables.held) and self.enricher.idle() and not self.log.rotate_pending()
 
     def step(self) -> int:
         """Drain the ring buffers once, record what they held; returns the number of events.
@@ -282,7 +277,7 @@ class Recorder:
 
     def request_rotate(self, timeout_s: float) -> bool:
         """Ask the recording thread to rotate at its next step; True once done (any thread)."""
-        return self.log.request_rotate(timeout_s)
+        return self.log.request_rotate(timeout_s, self.wake)
 
     def current_segment(self) -> str | None:
         """Path of the segment being written, or None."""

@@ -7,9 +7,13 @@ the C fast path's read_ring, then merges the per-ring runs by time.
 
 from __future__ import annotations
 
+import enum
+import os
 import select
+import signal
 
 from buildidd.capture import _fastpath
+from buildidd.kernel.tracer import QuietWatch
 
 
 class RingReader:
@@ -49,6 +53,14 @@ class RingReader:
         self._data.close()
 
 
+class QuietEnd(enum.IntEnum):
+    """Why Rings.quiet_wait returned (_fastpath.c enum quiet_end)."""
+    TIMEOUT = 0     #: max_s passed
+    RECORDS = 1     #: a ring holds a record
+    WOKEN = 2       #: a ring's wake-up, a kick (Rings.kick) or a signal (Rings.wake_on_signals)
+    DROPS = 3       #: a kernel drop counter moved
+
+
 class Rings:
     """Every ring buffer of a Tracer, drained together.
 
@@ -64,6 +76,11 @@ class Rings:
     def __init__(self, ring_maps: list[tuple[int, int]]):
         self.rings: list[RingReader] = []
         self._epoll: select.epoll | None = None
+        #: the wake-up pipe: its read end in the epoll set, written by kick() and, after
+        #: wake_on_signals(), by the interpreter's signal handler (-1 until made)
+        self._wake_fd = self._wake_w = -1
+        self._signals = False
+        self._positions: tuple = ()
         try:
             for fd, size in ring_maps:
                 self.rings.append(RingReader(fd, size))
@@ -77,20 +94,69 @@ class Rings:
             # A ring holding records when registered is reported ready once: taken
             # here, so that wait() reports wake-ups only (the first drain reads them).
             self._epoll.poll(0)
+            self._wake_fd, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._epoll.register(self._wake_fd, select.EPOLLIN | select.EPOLLET)
         except OSError:
             self.close()
             raise
         self.fill = 0.0
         self.wakeups = 0
+        #: per ring, the consumer page then the producer page (and data): their positions
+        self._positions = tuple(m for ring in self.rings for m in (ring._cons, ring._data))
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep up to timeout_s (seconds), or until the BPF side wakes a ring; True when woken."""
         if self._epoll is None:
             return False
-        woken = bool(self._epoll.poll(timeout_s))      # EINTR: retried by Python (PEP 475)
-        if woken:
+        events = self._epoll.poll(timeout_s)      # EINTR: retried by Python (PEP 475)
+        if self._wake_fd >= 0 and any(fd == self._wake_fd for fd, _ in events):
+            self._drain_wake_fd()
+        if events:
             self.wakeups += 1
-        return woken
+        return bool(events)
+
+    def quiet_wait(self, watch: QuietWatch, poll_s: float, max_s: float) -> QuietEnd:
+        """Sleep until a ring holds a record or wakes, another thread kicks (kick()), a signal
+        comes (wake_on_signals), a drop counter moves from watch.drops_seen
+        (kernel.tracer.Tracer.quiet_watch), or max_s seconds pass.
+
+        What an idle step costs is replaced by one sleep: while it lasts, the BPF
+        side commits records with the ring's adaptive wake-up (watch.sleeping), so
+        the first record wakes it at once, and nothing runs in between (no poll
+        every idle_poll_interval_s).  Only the first sleep is bounded by poll_s,
+        for a record whose program read the flag before it was set.  The
+        checks run in C (_fastpath.quiet_wait).
+        Raises OSError (epoll_wait) or what a signal handler raises.
+        """
+        if self._epoll is None:
+            return QuietEnd.TIMEOUT
+        end = QuietEnd(_fastpath.quiet_wait(self._epoll.fileno(), self._positions, watch.drops, watch.drops_seen,
+                                            watch.sleeping, self._wake_fd, poll_s, max_s))
+        if end is QuietEnd.WOKEN:
+            self.wakeups += 1
+        return end
+
+    def kick(self) -> None:
+        """End the current or next wait()/quiet_wait() (any thread): a byte into the wake-up pipe."""
+        try:
+            os.write(self._wake_w, b"k")
+        except (BlockingIOError, OSError):      # full: a wake-up is pending already; closed: no wait
+            pass
+
+    def wake_on_signals(self) -> None:
+        """Make every signal end wait() and quiet_wait() at once, its handler run first
+        (signal.set_wakeup_fd on the wake-up pipe): otherwise one delivered to another thread
+        waits for the sleep's end.  Main thread only (raises ValueError elsewhere)."""
+        if self._wake_w >= 0 and not self._signals:
+            signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+            self._signals = True
+
+    def _drain_wake_fd(self) -> None:
+        try:
+            while os.read(self._wake_fd, 256):
+                pass
+        except BlockingIOError:
+            pass
 
     def drain(self) -> list[bytes]:
         """Consume every record now in the ring buffers; returns them as raw bytes, in time order.
@@ -115,9 +181,20 @@ class Rings:
 
     def close(self) -> None:
         """Unmap every ring."""
+        if self._signals:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:          # not the main thread: the process is ending anyway
+                pass
+            self._signals = False
+        if self._wake_fd >= 0:
+            os.close(self._wake_fd)
+            os.close(self._wake_w)
+            self._wake_fd = self._wake_w = -1
         if self._epoll is not None:
             self._epoll.close()
             self._epoll = None
+        self._positions = ()
         for ring in self.rings:
             ring.close()
         self.rings = []

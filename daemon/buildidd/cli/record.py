@@ -29,11 +29,13 @@ def cmd_run(args) -> int:
     if cfg.control_socket and (pid := listening_pid(cfg.control_socket)) is not None:
         raise BuildiddError(f"another buildidd (pid {pid}) already listens on {cfg.control_socket}; stop it "
                             "first (systemctl stop buildidd), or give this one --control-socket PATH or ''")
+    from buildidd.capture.loop import QUIET_MAX_S
     from buildidd.capture.recorder import Recorder
     signals = Signals()
     rec = Recorder(cfg, session_dir=args.session_dir)
     log.info("loading BPF programs and synthesizing running processes ...")
     rec.start()
+    rec.wake_on_signals()
     server = None
     if cfg.control_socket:
         from buildidd.control.handlers import make_handlers
@@ -73,13 +75,21 @@ def cmd_run(args) -> int:
         return signals.stop or (args.duration is not None
                                 and time.monotonic() - rec.started_mono >= args.duration)
 
+    def quiet_s():
+        """How long an idle loop may wait without a step: the watchdog's ping interval at most,
+        and not past --duration."""
+        bound = min(QUIET_MAX_S, wd_s or QUIET_MAX_S)
+        if args.duration is not None:
+            bound = min(bound, args.duration - (time.monotonic() - rec.started_mono))
+        return bound
+
     profiler = None
     if args.profile:
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
     try:
-        rec.run(should_stop, tick)
+        rec.run(should_stop, tick, quiet_s)
     finally:
         notify("STOPPING=1")
         if server is not None:

@@ -9,6 +9,7 @@ layout.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
 import gzip
@@ -296,6 +297,30 @@ class DropReport:
         return sum(self.counts.values())
 
 
+#: drain_gen's word that says the consumer sleeps without polling (bpf/buildidd.bpf.c DRAIN_GEN_SLEEPING).
+DRAIN_GEN_SLEEPING = 1
+
+
+@dataclass
+class QuietWatch:
+    """Views into the mapped BPF maps that a quiet wait reads and sets (Tracer.quiet_watch).
+
+    Attributes:
+        drops: the drops map's counters, one u64 per DropCause.
+        drops_seen: those counters as Tracer.drops() last reported them (bytes, native u64s).
+        sleeping: drain_gen[DRAIN_GEN_SLEEPING] (one u64): non-zero while the consumer sleeps.
+    """
+
+    drops: memoryview
+    drops_seen: bytes
+    sleeping: memoryview
+
+    def release(self) -> None:
+        """Release the views (the maps cannot be unmapped while one is held)."""
+        self.drops.release()
+        self.sleeping.release()
+
+
 class Tracer:
     """The loaded and attached BPF programs and their ring buffers.
 
@@ -397,6 +422,14 @@ class Tracer:
             report.last_ns = max((t.last_ns for t in per_cpu), default=0)
             times.update(ctypes.c_int(0), DropTime())  # one value for every CPU
         return report
+
+    def quiet_watch(self) -> QuietWatch:
+        """What a quiet wait (capture.rings.Rings.quiet_wait) reads and sets, as views of the
+        mapped maps: the drops counters with their totals as drops() last reported, and the
+        consumer's sleeping flag (drain_gen[1], bpf/buildidd.bpf.c DRAIN_GEN_SLEEPING).
+        Release the views (QuietWatch.release) before close()."""
+        return QuietWatch(self._drop_words[:N_DROP_CAUSES], array.array("Q", self._drop_totals).tobytes(),
+                          self._drain_words[DRAIN_GEN_SLEEPING:DRAIN_GEN_SLEEPING + 1])
 
     def memo_stats(self) -> dict[str, int]:
         """Counters of the kernel's build-id memo (bpf/buildid_memo.h, enum bid_memo_stat), summed

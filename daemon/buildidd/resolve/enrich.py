@@ -225,6 +225,11 @@ class Enricher:
             out.append((ident, res))
         return out
 
+    def idle(self) -> bool:
+        """True when no resolution past its deadline is still owed to the log: none in flight
+        (their answers are written as ``resolution`` records) and none finished unread."""
+        return not self._pending and not self.pool.has_late()
+
     def status(self) -> dict:
         """Worker pool and deadline counters (JSON-ready)."""
         now = time.monotonic()

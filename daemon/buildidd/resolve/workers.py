@@ -129,6 +129,10 @@ class WorkerPool:
             self.stats["timed_out"] += 1
             return False
 
+    def has_late(self) -> bool:
+        """True when a late job has finished and waits for take_late (any thread may call)."""
+        return bool(self._late)
+
     def take_late(self) -> list[Job]:
         """The late jobs finished since the last call (their result or error is set)."""
         if not self._late:

@@ -1,0 +1,201 @@
+"""Quiet waits: an idle recorder sleeps without steps, and wakes for a record, a kick, a drop or a signal.
+
+The first tests drive _fastpath.quiet_wait itself, with the ring positions,
+drop counters and flags in plain buffers (what it reads of the mapped BPF
+maps is one u64 each) and a real epoll instance.  The others run a real
+Recorder: the BPF side wakes a quiet consumer at the first record
+(bpf/buildidd.bpf.c wake_flag, drain_gen[DRAIN_GEN_SLEEPING]), which a
+process run while the recorder sleeps shows; without it the record would
+wait for the quiet wait's end (30 s here).
+"""
+
+import os
+import select
+import signal
+import struct
+import subprocess
+import threading
+import time
+
+from buildidd.capture import _fastpath
+from buildidd.capture.rings import QuietEnd
+
+from tests.conftest import session_records
+
+
+class Buffers:
+    """Two rings' positions, four drop counters and the sleeping flag; a wake-up pipe in an epoll."""
+
+    def __init__(self):
+        self.positions = tuple(bytearray(8) for _ in range(4))   # cons0, prod0, cons1, prod1
+        self.drops = bytearray(32)
+        self.sleeping = bytearray(8)
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.epoll = select.epoll()
+        self.epoll.register(self.r, select.EPOLLIN | select.EPOLLET)
+
+    def wait(self, poll_s: float = 0.05, max_s: float = 5.0, wake_fd: int | None = None) -> tuple[QuietEnd, float]:
+        t = time.monotonic()
+        end = _fastpath.quiet_wait(self.epoll.fileno(), self.positions, self.drops, bytes(32), self.sleeping,
+                                   self.r if wake_fd is None else wake_fd, poll_s, max_s)
+        return QuietEnd(end), time.monotonic() - t
+
+    def close(self):
+        self.epoll.close()
+        os.close(self.r)
+        os.close(self.w)
+
+
+def _later(delay_s: float, fn) -> threading.Thread:
+    t = threading.Thread(target=lambda: (time.sleep(delay_s), fn()), daemon=True)
+    t.start()
+    return t
+
+
+def test_quiet_wait_sleeps_to_its_end_and_sets_the_sleeping_flag_meanwhile():
+    b = Buffers()
+    try:
+        seen = []
+        _later(0.1, lambda: seen.append(struct.unpack("Q", b.sleeping)[0]))
+        end, took = b.wait(max_s=0.4)
+        assert end is QuietEnd.TIMEOUT and 0.38 <= took < 2.0
+        assert seen == [1]                                   # set while it slept
+        assert struct.unpack("Q", b.sleeping)[0] == 0        # and cleared after
+    finally:
+        b.close()
+
+
+def test_quiet_wait_returns_at_once_for_a_record_or_a_drop():
+    b = Buffers()
+    try:
+        b.positions[3][:] = struct.pack("Q", 64)             # ring 1: producer ahead of the consumer
+        assert b.wait()[0] is QuietEnd.RECORDS
+        b.positions[2][:] = struct.pack("Q", 64)
+        b.drops[8:16] = struct.pack("Q", 1)                  # one more drop of cause 1 than reported
+        end, took = b.wait()
+        assert end is QuietEnd.DROPS and took < 0.5
+    finally:
+        b.close()
+
+
+def test_quiet_wait_ends_when_another_thread_writes_the_wake_pipe_and_reads_it_dry():
+    b = Buffers()
+    try:
+        _later(0.3, lambda: os.write(b.w, b"x" * 300))
+        end, took = b.wait(poll_s=0.05, max_s=10.0)
+        assert end is QuietEnd.WOKEN and 0.25 <= took < 2.0  # long after its first poll
+        try:
+            os.read(b.r, 1)
+            assert False, "the wake fd was not read dry"
+        except BlockingIOError:
+            pass
+        # Written before the wait began: it returns at once.
+        os.write(b.w, b"k")
+        end, took = b.wait(poll_s=0.05, max_s=10.0)
+        assert end is QuietEnd.WOKEN and took < 0.5
+    finally:
+        b.close()
+
+
+def test_after_its_first_poll_a_quiet_wait_sleeps_until_woken():
+    """The first sleep is at most poll_s (a record committed without a wake-up is found then);
+    after it, a position that moves without an event is found only at the end."""
+    b = Buffers()
+    try:
+        _later(0.05, lambda: b.positions[1].__setitem__(slice(0, 8), struct.pack("Q", 8)))
+        end, took = b.wait(poll_s=0.3, max_s=10.0)
+        assert end is QuietEnd.RECORDS and 0.25 <= took < 2.0
+        b.positions[0][:] = struct.pack("Q", 8)
+        _later(0.5, lambda: b.positions[1].__setitem__(slice(0, 8), struct.pack("Q", 16)))
+        end, took = b.wait(poll_s=0.1, max_s=1.5)
+        assert end is QuietEnd.RECORDS and took >= 1.4
+    finally:
+        b.close()
+
+
+def test_a_signal_ends_a_quiet_wait_after_its_handler_ran():
+    """signal.set_wakeup_fd's pipe in the epoll set (Rings.wake_on_signals): a signal wakes the
+    wait whichever thread it hit, and its Python handler has run when the wait returns."""
+    b = Buffers()
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, _frame: got.append(signum))
+    old_fd = signal.set_wakeup_fd(b.w, warn_on_full_buffer=False)
+    try:
+        _later(0.3, lambda: os.kill(os.getpid(), signal.SIGUSR1))
+        end, took = b.wait(poll_s=0.05, max_s=10.0)
+        assert end is QuietEnd.WOKEN and took < 2.0
+        assert got == [signal.SIGUSR1]
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGUSR1, old)
+        b.close()
+
+
+class QuietBackground:
+    """Recorder.run with quiet waits (at most quiet_s s) in a thread, counting steps, until stop()."""
+
+    def __init__(self, rec, quiet_s: float | None):
+        self.rec = rec
+        self.steps = 0
+        step = rec.step
+
+        def counted():
+            self.steps += 1
+            return step()
+
+        rec.step = counted
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=rec.run, args=(self._stop.is_set, None,
+                                                             None if quiet_s is None else lambda: quiet_s),
+                                       daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self.rec.wake()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+
+def _steps_while_idle(bg: QuietBackground, seconds: float) -> int:
+    time.sleep(0.5)                      # the pacer reaches its idle pause
+    before = bg.steps
+    time.sleep(seconds)
+    return bg.steps - before
+
+
+def test_an_idle_recorder_sleeps_and_the_first_record_wakes_it(recorder, workloads):
+    rec = recorder()
+    bg = QuietBackground(rec, quiet_s=30.0)
+    try:
+        idle_steps = _steps_while_idle(bg, 2.0)
+        # Without quiet waits a step runs every idle_poll_interval_s (50 ms): ~40 in 2 s
+        # (the next test).  Others' mappings on the host may wake it a few times.
+        assert idle_steps <= 8, idle_steps
+        before = rec.stats.events.get("exec", 0)
+        t0 = time.monotonic()
+        subprocess.run([str(workloads["child"])], check=True)
+        while rec.stats.events.get("exec", 0) == before and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        # Woken by the ring at the record, not at the end of the 30 s wait.
+        assert took < 2.0, took
+        # A rotation asked meanwhile (control socket: any thread) is done at once.
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        assert rec.request_rotate(timeout_s=10.0)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        bg.stop()
+    execs = [r for r in session_records(rec.session_dir) if r["type"] == "exec"]
+    assert any(r["filename"] == str(workloads["child"]) for r in execs)
+
+
+def test_without_quiet_waits_an_idle_recorder_steps_every_idle_poll(recorder):
+    rec = recorder()
+    bg = QuietBackground(rec, quiet_s=None)
+    try:
+        idle_steps = _steps_while_idle(bg, 2.0)
+    finally:
+        bg.stop()
+    assert idle_steps >= 25, idle_steps
