@@ -78,12 +78,12 @@ def test_quiet_wait_returns_at_once_for_a_record_or_a_drop():
         b.close()
 
 
-def test_quiet_wait_ends_when_another_thread_writes_the_wake_pipe_and_reads_it_dry():
+def test_quiet_wait_ends_when_the_wake_pipe_or_a_ring_fd_is_ready_and_reads_the_pipe_dry():
     b = Buffers()
     try:
         _later(0.3, lambda: os.write(b.w, b"x" * 300))
         end, took = b.wait(poll_s=0.05, max_s=10.0)
-        assert end is QuietEnd.WOKEN and 0.25 <= took < 2.0  # long after its first poll
+        assert end is QuietEnd.KICKED and 0.25 <= took < 2.0  # long after its first poll
         try:
             os.read(b.r, 1)
             assert False, "the wake fd was not read dry"
@@ -92,7 +92,17 @@ def test_quiet_wait_ends_when_another_thread_writes_the_wake_pipe_and_reads_it_d
         # Written before the wait began: it returns at once.
         os.write(b.w, b"k")
         end, took = b.wait(poll_s=0.05, max_s=10.0)
-        assert end is QuietEnd.WOKEN and took < 0.5
+        assert end is QuietEnd.KICKED and took < 0.5
+        # Any other fd of the set that becomes ready is a ring's wake-up.
+        r2, w2 = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            b.epoll.register(r2, select.EPOLLIN | select.EPOLLET)
+            _later(0.2, lambda: os.write(w2, b"r"))
+            end, took = b.wait(poll_s=0.05, max_s=10.0)
+            assert end is QuietEnd.WOKEN and took < 2.0
+        finally:
+            os.close(r2)
+            os.close(w2)
     finally:
         b.close()
 
@@ -123,7 +133,7 @@ def test_a_signal_ends_a_quiet_wait_after_its_handler_ran():
     try:
         _later(0.3, lambda: os.kill(os.getpid(), signal.SIGUSR1))
         end, took = b.wait(poll_s=0.05, max_s=10.0)
-        assert end is QuietEnd.WOKEN and took < 2.0
+        assert end is QuietEnd.KICKED and took < 2.0
         assert got == [signal.SIGUSR1]
     finally:
         signal.set_wakeup_fd(old_fd)

@@ -131,15 +131,15 @@ out:
 /* ---- the quiet wait ------------------------------------------------------ */
 
 /* quiet_wait()'s results: why it returned (capture/rings.py QuietEnd mirrors them). */
-enum quiet_end { QUIET_TIMEOUT = 0, QUIET_RECORDS = 1, QUIET_WOKEN = 2, QUIET_DROPS = 3 };
+enum quiet_end { QUIET_TIMEOUT = 0, QUIET_RECORDS = 1, QUIET_WOKEN = 2, QUIET_DROPS = 3, QUIET_KICKED = 4 };
 
 PyDoc_STRVAR(quiet_wait_doc,
 "quiet_wait(epfd, rings, drops, drops_seen, sleeping, wake_fd, poll_s, max_s) -> int\n\n"
 "Sleep, without running any Python, until there is something to record;\n"
 "returns why it stopped: 0 max_s seconds passed, 1 a ring holds a record\n"
-"(producer_pos != consumer_pos), 2 the epoll instance epfd reported an event\n"
-"(a ring's wake-up, or wake_fd: another thread's kick, a signal), 3 a kernel\n"
-"drop counter differs from drops_seen.\n"
+"(producer_pos != consumer_pos), 2 the epoll instance epfd reported a ring's\n"
+"wake-up, 3 a kernel drop counter differs from drops_seen, 4 only wake_fd\n"
+"was ready (another thread's kick, a signal).\n"
 "rings: a tuple of buffers, for each ring its consumer page then its producer\n"
 "page (read_ring's cons and data; only the first u64 of each, the position,\n"
 "is read).  drops: a buffer of the drops map's counters (u64 each);\n"
@@ -248,20 +248,22 @@ static PyObject *quiet_wait(PyObject *self, PyObject *args)
 			PyErr_SetFromErrno(PyExc_OSError);
 			goto out;
 		}
+		if (n <= 0)
+			continue;	/* timed out or interrupted: check again */
+		rc = QUIET_KICKED;
 		for (int i = 0; i < n; i++) {
 			if (wake_fd >= 0 && ev[i].data.fd == wake_fd) {
 				char sink[256];
 
 				while (read(wake_fd, sink, sizeof(sink)) > 0)
 					;
+			} else {
+				rc = QUIET_WOKEN;
 			}
 		}
-		if (n > 0) {
-			rc = QUIET_WOKEN;
-			if (PyErr_CheckSignals() < 0)	/* what woke it may be a signal: its handler first */
-				goto out;
-			break;
-		}
+		if (PyErr_CheckSignals() < 0)	/* what woke it may be a signal: its handler first */
+			goto out;
+		break;
 	}
 out:
 	if (flag != NULL)

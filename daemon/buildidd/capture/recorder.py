@@ -5,8 +5,9 @@ the session record and synthesizes the executable mappings of every running
 process (like ``perf record`` synthesizing existing tasks: one pass of the BPF
 task_vma iterator, kernel.synth, its records going through the same paths as
 live events); from then on every mapping is recordable (READY).  :meth:`Recorder.step` drains the ring buffers
-once; :meth:`Recorder.run` steps until told to stop; :meth:`Recorder.close`
-drains what is left and closes the session with an ``end`` record.
+once; :meth:`Recorder.run` steps until told to stop (loop.py: paced steps,
+and quiet waits while idle); :meth:`Recorder.close` drains what is left and
+closes the session with an ``end`` record.
 
 Its parts: the C fast path (_fastpath.c) records the common events and
 slowpath.py the rest; the exec join (execjoin.py) holds execs until their

@@ -11,6 +11,7 @@ import enum
 import os
 import select
 import signal
+import threading
 
 from buildidd.capture import _fastpath
 from buildidd.kernel.tracer import QuietWatch
@@ -57,8 +58,9 @@ class QuietEnd(enum.IntEnum):
     """Why Rings.quiet_wait returned (_fastpath.c enum quiet_end)."""
     TIMEOUT = 0     #: max_s passed
     RECORDS = 1     #: a ring holds a record
-    WOKEN = 2       #: a ring's wake-up, a kick (Rings.kick) or a signal (Rings.wake_on_signals)
+    WOKEN = 2       #: a ring's wake-up
     DROPS = 3       #: a kernel drop counter moved
+    KICKED = 4      #: a kick (Rings.kick) or a signal (Rings.wake_on_signals)
 
 
 class Rings:
@@ -79,6 +81,7 @@ class Rings:
         #: the wake-up pipe: its read end in the epoll set, written by kick() and, after
         #: wake_on_signals(), by the interpreter's signal handler (-1 until made)
         self._wake_fd = self._wake_w = -1
+        self._kick_lock = threading.Lock()
         self._signals = False
         self._positions: tuple = ()
         try:
@@ -105,13 +108,14 @@ class Rings:
         self._positions = tuple(m for ring in self.rings for m in (ring._cons, ring._data))
 
     def wait(self, timeout_s: float) -> bool:
-        """Sleep up to timeout_s (seconds), or until the BPF side wakes a ring; True when woken."""
+        """Sleep up to timeout_s (seconds), or until the BPF side wakes a ring or a kick() or signal
+        comes; True when woken (wakeups counts the rings')."""
         if self._epoll is None:
             return False
         events = self._epoll.poll(timeout_s)      # EINTR: retried by Python (PEP 475)
-        if self._wake_fd >= 0 and any(fd == self._wake_fd for fd, _ in events):
+        if any(fd == self._wake_fd for fd, _ in events):
             self._drain_wake_fd()
-        if events:
+        if any(fd != self._wake_fd for fd, _ in events):
             self.wakeups += 1
         return bool(events)
 
@@ -138,10 +142,13 @@ class Rings:
 
     def kick(self) -> None:
         """End the current or next wait()/quiet_wait() (any thread): a byte into the wake-up pipe."""
-        try:
-            os.write(self._wake_w, b"k")
-        except (BlockingIOError, OSError):      # full: a wake-up is pending already; closed: no wait
-            pass
+        with self._kick_lock:           # never a write to the fd number after close() freed it
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"k")
+            except BlockingIOError:     # full: a wake-up is pending already
+                pass
 
     def wake_on_signals(self) -> None:
         """Make every signal end wait() and quiet_wait() at once, its handler run first
@@ -187,10 +194,11 @@ class Rings:
             except ValueError:          # not the main thread: the process is ending anyway
                 pass
             self._signals = False
-        if self._wake_fd >= 0:
-            os.close(self._wake_fd)
-            os.close(self._wake_w)
-            self._wake_fd = self._wake_w = -1
+        with self._kick_lock:
+            fds, self._wake_fd, self._wake_w = (self._wake_fd, self._wake_w), -1, -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
         if self._epoll is not None:
             self._epoll.close()
             self._epoll = None
