@@ -113,12 +113,12 @@ def test_after_its_first_poll_a_quiet_wait_sleeps_until_woken():
     b = Buffers()
     try:
         _later(0.05, lambda: b.positions[1].__setitem__(slice(0, 8), struct.pack("Q", 8)))
-        end, took = b.wait(poll_s=0.3, max_s=10.0)
-        assert end is QuietEnd.RECORDS and 0.25 <= took < 2.0
+        end, took = b.wait(poll_s=1.0, max_s=10.0)
+        assert end is QuietEnd.RECORDS and 0.95 <= took < 3.0
         b.positions[0][:] = struct.pack("Q", 8)
-        _later(0.5, lambda: b.positions[1].__setitem__(slice(0, 8), struct.pack("Q", 16)))
-        end, took = b.wait(poll_s=0.1, max_s=1.5)
-        assert end is QuietEnd.RECORDS and took >= 1.4
+        _later(0.3, lambda: b.positions[1].__setitem__(slice(0, 8), struct.pack("Q", 16)))
+        end, took = b.wait(poll_s=0.1, max_s=2.0)
+        assert end is QuietEnd.RECORDS and took >= 1.95
     finally:
         b.close()
 
@@ -128,13 +128,14 @@ def test_a_signal_ends_a_quiet_wait_after_its_handler_ran():
     wait whichever thread it hit, and its Python handler has run when the wait returns."""
     b = Buffers()
     got = []
-    old = signal.signal(signal.SIGUSR1, lambda signum, _frame: got.append(signum))
+    # The handler sees the sleeping flag still set: it ran inside the wait, not after it.
+    old = signal.signal(signal.SIGUSR1, lambda signum, _frame: got.append((signum, bytes(b.sleeping))))
     old_fd = signal.set_wakeup_fd(b.w, warn_on_full_buffer=False)
     try:
         _later(0.3, lambda: os.kill(os.getpid(), signal.SIGUSR1))
         end, took = b.wait(poll_s=0.05, max_s=10.0)
         assert end is QuietEnd.KICKED and took < 2.0
-        assert got == [signal.SIGUSR1]
+        assert got == [(signal.SIGUSR1, struct.pack("Q", 1))]
     finally:
         signal.set_wakeup_fd(old_fd)
         signal.signal(signal.SIGUSR1, old)
@@ -181,7 +182,7 @@ def test_an_idle_recorder_sleeps_and_the_first_record_wakes_it(recorder, workloa
         idle_steps = _steps_while_idle(bg, 2.0)
         # Without quiet waits a step runs every idle_poll_interval_s (50 ms): ~40 in 2 s
         # (the next test).  Others' mappings on the host may wake it a few times.
-        assert idle_steps <= 8, idle_steps
+        assert idle_steps <= 12, idle_steps
         before = rec.stats.events.get("exec", 0)
         t0 = time.monotonic()
         subprocess.run([str(workloads["child"])], check=True)
@@ -209,3 +210,26 @@ def test_without_quiet_waits_an_idle_recorder_steps_every_idle_poll(recorder):
     finally:
         bg.stop()
     assert idle_steps >= 25, idle_steps
+
+
+def test_what_keeps_a_recorder_from_going_quiet(recorder):
+    """Recorder.idle: each of these waits for the recording thread, through the real paths."""
+    from buildidd.kernel.tracer import DropReport
+
+    rec = recorder()
+    rec.step()
+    assert rec.idle()
+    rec.tables.emit(b'{"type":"note"}')                 # a line not yet written
+    assert not rec.idle()
+    rec.step()
+    assert rec.idle()
+    rec.recovery.on_drops(DropReport(counts={"no_vma": 1}))   # rescans at once, the next in 5 s
+    rec.recovery.on_drops(DropReport(counts={"no_vma": 1}))   # so this one's rescan waits
+    assert rec.recovery.rescan_pending and not rec.idle()
+    asker = threading.Thread(target=rec.request_rotate, args=(0.5,))
+    asker.start()
+    time.sleep(0.1)
+    assert not rec.idle()                                # asked, not yet done
+    asker.join()
+    rec.step()                                           # the step rotates
+    assert not rec.log.rotate_pending()

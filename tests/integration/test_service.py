@@ -67,6 +67,42 @@ def test_notify_ready_watchdog_stopping_and_complete_last_segment(bpf, tmp_path)
     assert list(sdir.glob("segment-*.jsonl.zst")) and not list(sdir.glob("segment-*.jsonl"))
 
 
+def test_watchdog_pings_keep_their_pace_while_the_recorder_sleeps_between_records(bpf, tmp_path):
+    """WATCHDOG_USEC=1 s: a ping every 0.5 s, however the quiet waits of an idle recorder and the
+    steps of records arriving at odd moments fall; a gap of WatchdogSec would get it killed."""
+    import random
+
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    env = {**os.environ, "NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "1000000"}
+    env.pop("WATCHDOG_PID", None)
+    p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--session-root", str(tmp_path / "s"),
+                          "--store-root", "", "--control-socket", ""], env=env, stderr=subprocess.PIPE)
+    pings = []
+    try:
+        _recv_until(sock, "READY=1", 60)
+        rng = random.Random(7)
+        deadline = time.monotonic() + 8.0
+        next_exec = time.monotonic()
+        sock.settimeout(0.02)
+        while time.monotonic() < deadline:
+            if time.monotonic() >= next_exec:       # records at odd moments: steps between pings
+                subprocess.run(["/bin/true"])
+                next_exec = time.monotonic() + rng.uniform(0.05, 0.9)
+            try:
+                if "WATCHDOG=1" in sock.recv(4096).decode():
+                    pings.append(time.monotonic())
+            except socket.timeout:
+                pass
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+    gaps = [b - a for a, b in zip(pings, pings[1:])]
+    assert len(pings) >= 10, pings
+    assert max(gaps) < 0.8, gaps          # half of WATCHDOG_USEC, and some slack
+
+
 def test_sighup_rotates(bpf, tmp_path):
     root = tmp_path / "sessions"
     p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--session-root", str(root), "--store-root", str(tmp_path / "store"),

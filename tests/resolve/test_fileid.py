@@ -105,6 +105,8 @@ def test_go_reader_is_bounded_on_hostile_headers(tmp_path):
 
 def test_worker_pool_hands_a_late_job_back_and_counts_it():
     pool = WorkerPool(PoolPolicy(workers=1, max_threads=2, queue_max=2, stuck_after_s=0.0))
+    told = []                   # on_late: how the recorder's quiet wait learns of a late answer
+    pool.on_late = lambda: told.append(pool.has_late())
     gate = threading.Event()
     slow = pool.submit(lambda _: gate.wait(30) and "late answer", None)
     assert not pool.wait(slow, 0.01) and slow.late
@@ -116,14 +118,15 @@ def test_worker_pool_hands_a_late_job_back_and_counts_it():
     # Both threads busy or stuck, queue bounded: extra jobs are refused and counted.
     blockers = [pool.submit(lambda _: gate.wait(30), None) for _ in range(4)]
     assert None in blockers and pool.status()["queue_dropped"] >= 1
-    assert pool.take_late() == []
+    assert pool.take_late() == [] and not pool.has_late()
     gate.set()
     assert pool.wait(quick, 1)
     for _ in range(500):
-        late = pool.take_late()
-        if late:
+        if told:
             break
         threading.Event().wait(0.01)
+    assert told == [True]       # called once, for the late job only, after it was queued
+    late = pool.take_late()
     assert late == [slow] and slow.result == "late answer"
     assert pool.status()["late_completed"] == 1 and pool.status()["timed_out"] == 1
 

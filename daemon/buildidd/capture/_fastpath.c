@@ -187,8 +187,8 @@ static PyObject *quiet_wait(PyObject *self, PyObject *args)
 	PyObject *rings, *drops_obj, *sleeping_obj;
 	const char *seen;
 	Py_ssize_t seen_len, nbuf = 0;
-	int epfd, wake_fd, rc = -1, polls = 0, have_drops = 0, have_sleeping = 0;
-	double poll_s, max_s, deadline;
+	int epfd, wake_fd, rc = -1, have_drops = 0, have_sleeping = 0;
+	double poll_s, max_s, deadline, recheck;
 	Py_buffer bufs[QUIET_RINGS_MAX], drops, sleeping;
 	uint64_t *flag = NULL;
 
@@ -222,9 +222,10 @@ static PyObject *quiet_wait(PyObject *self, PyObject *args)
 	/* seq_cst: the flag is visible before the positions are read below */
 	__atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
 	deadline = mono_s() + max_s;
+	recheck = deadline - max_s + poll_s;	/* the one check after the flag is surely seen */
 	for (;;) {
 		struct epoll_event ev[4];
-		double left;
+		double now, left;
 		int n, err;
 
 		if (PyErr_CheckSignals() < 0)
@@ -232,13 +233,14 @@ static PyObject *quiet_wait(PyObject *self, PyObject *args)
 		rc = quiet_reason(bufs, nbuf, &drops, seen);
 		if (rc >= 0)
 			break;
-		left = deadline - mono_s();
+		now = mono_s();
+		left = deadline - now;
 		if (left <= 0) {
 			rc = QUIET_TIMEOUT;
 			break;
 		}
-		if (polls++ == 0 && left > poll_s)
-			left = poll_s;
+		if (now < recheck && left > recheck - now)
+			left = recheck - now;	/* an EINTR before it does not skip it */
 		Py_BEGIN_ALLOW_THREADS
 		n = epoll_wait(epfd, ev, 4, left > 86400 ? 86400000 : (int)(left * 1000) + 1);
 		err = errno;

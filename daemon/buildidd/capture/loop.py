@@ -3,13 +3,13 @@
 Each pass runs one Recorder.step (drain the rings, record, write), then
 sleeps for the pacer's interval.  When a step found the rings empty, the
 pacer has reached its idle pause and nothing else waits for the recording
-thread (Recorder.idle: no pending line, held exec, late resolution or
-rotation), the sleep becomes a quiet wait (Rings.quiet_wait): the same
-polls every idle_poll_interval_s, run in C without the step's Python, until
-a record, a ring's wake-up, a drop, a kick (Recorder.wake: a rotation
-request), a signal (Rings.wake_on_signals) or quiet_s() seconds.  A trickle of records is then still
-found within one idle poll, as before; what an idle host costs is the polls'
-few pages instead of a step's whole Python every 50 ms.
+thread (Recorder.idle: no pending line, held exec, late answer, rescan or
+rotation), the sleep becomes a quiet wait (Rings.quiet_wait): one sleep in C,
+without the step's Python, until the first record (the BPF side wakes a
+sleeping consumer: bpf/buildidd.bpf.c wake_flag), a kick (Recorder.wake: a
+rotation request, a late answer), a signal (Rings.wake_on_signals), a drop
+counter that moved, or quiet_s() seconds.  What an idle host costs is then
+that sleep, instead of a step's whole Python every idle_poll_interval_s.
 """
 
 from __future__ import annotations
@@ -54,14 +54,26 @@ def run(rec: Recorder, should_stop: Callable[[], bool], on_tick: Callable[[], No
         if on_tick is not None:
             on_tick()
         if quiet_s is not None and n == 0 and pacer.idle() and rec.idle():
-            watch = rec.tracer.quiet_watch()
-            try:
-                end = rec.rings.quiet_wait(watch, pacer.next_interval(), quiet_s())
-            finally:
-                watch.release()
+            end = _quiet_wait(rec, pacer.next_interval(), quiet_s())
             if end is QuietEnd.WOKEN:
                 pacer.woken()
-            continue
+            elif end is QuietEnd.DROPS:
+                rec.recovery.next_check = 0.0       # the next step reports them
+            if end is not None:
+                continue
         left = pacer.next_interval() - (time.monotonic() - t)
         if left > 0 and rec.rings.wait(left):
             pacer.woken()
+
+
+def _quiet_wait(rec: Recorder, poll_s: float, max_s: float) -> QuietEnd | None:
+    """rec's quiet wait; None when it failed (counted by the LoopGuard like a failed step: the
+    loop then sleeps as it would without quiet waits, so a failure cannot make it spin)."""
+    watch = rec.tracer.quiet_watch()
+    try:
+        return rec.rings.quiet_wait(watch, poll_s, max_s)
+    except Exception as e:
+        rec.guard.step_failed(e)
+        return None
+    finally:
+        watch.release()

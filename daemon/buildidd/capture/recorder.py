@@ -137,6 +137,7 @@ class Recorder:
         self.kernel_path = None      # kernelpath.KernelPath once started
         self._rate_window: collections.deque = collections.deque(maxlen=12)
         self.guard = LoopGuard()
+        self.enricher.pool.on_late = self.wake      # a late answer ends a quiet wait
 
     def start(self) -> None:
         """Load BPF, open the session, synthesize running processes. Returns at READY."""
@@ -186,9 +187,11 @@ class Recorder:
 
     def idle(self) -> bool:
         """True when nothing but the next record waits for the recording thread: no line left to
-        write, no held exec, no late resolution owed (Enricher.idle), no rotation asked."""
+        write, no held exec, no late answer to write (Enricher.idle), no rescan after drops
+        pending, no rotation asked."""
         tables = self.tables
-        return not (tables.lines or tables.held) and self.enricher.idle() and not self.log.rotate_pending()
+        return (not (tables.lines or tables.held) and self.enricher.idle() and not self.recovery.rescan_pending
+                and not self.log.rotate_pending())
 
     def step(self) -> int:
         """Drain the ring buffers once, record what they held; returns the number of events.

@@ -60,6 +60,11 @@ class LossRecovery:
         self._rescan_pending = False
         self._next_rescan = 0.0
 
+    @property
+    def rescan_pending(self) -> bool:
+        """True when drops were reported and their rescan waits for RESCAN_MIN_INTERVAL_S."""
+        return self._rescan_pending
+
     def on_drops(self, report: DropReport) -> None:
         """Record what the BPF side dropped since the last check; rescan /proc when due."""
         now = time.monotonic()

@@ -70,7 +70,7 @@ class Rings:
         ring_maps: (map fd, size in bytes) per ring (kernel.tracer.Tracer.ring_maps).
     Attributes:
         fill: the largest share (0..1) of a ring that the last drain found occupied.
-        wakeups: how many wait() calls a ring's wake-up ended before their timeout.
+        wakeups: how many wait() and quiet_wait() calls a ring's wake-up ended.
     Raises:
         OSError: mapping a ring or making the epoll instance failed.
     """
@@ -90,7 +90,8 @@ class Rings:
             # Edge-triggered: a ring map's poll says "readable" while it holds
             # any record, but its wait queue is woken only by the BPF side's
             # BPF_RB_FORCE_WAKEUP (every WAKE_BYTES, bpf/buildidd.bpf.c), so
-            # wait() sleeps through the trickle and wakes for a burst.
+            # wait() sleeps through the trickle and wakes for a burst; during a
+            # quiet wait, also by the first record (the ring's adaptive wake-up).
             self._epoll = select.epoll()
             for fd, _size in ring_maps:
                 self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
@@ -109,15 +110,16 @@ class Rings:
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep up to timeout_s (seconds), or until the BPF side wakes a ring or a kick() or signal
-        comes; True when woken (wakeups counts the rings')."""
+        comes; True when a ring woke it."""
         if self._epoll is None:
             return False
         events = self._epoll.poll(timeout_s)      # EINTR: retried by Python (PEP 475)
         if any(fd == self._wake_fd for fd, _ in events):
             self._drain_wake_fd()
-        if any(fd != self._wake_fd for fd, _ in events):
+        woken = any(fd != self._wake_fd for fd, _ in events)
+        if woken:
             self.wakeups += 1
-        return bool(events)
+        return woken
 
     def quiet_wait(self, watch: QuietWatch, poll_s: float, max_s: float) -> QuietEnd:
         """Sleep until a ring holds a record or wakes, another thread kicks (kick()), a signal

@@ -76,11 +76,14 @@ def cmd_run(args) -> int:
                                 and time.monotonic() - rec.started_mono >= args.duration)
 
     def quiet_s():
-        """How long an idle loop may wait without a step: the watchdog's ping interval at most,
-        and not past --duration."""
-        bound = min(QUIET_MAX_S, wd_s or QUIET_MAX_S)
+        """How long an idle loop may wait without a step: not past the next WATCHDOG=1 (sent by
+        the tick after a step) nor --duration."""
+        now = time.monotonic()
+        bound = QUIET_MAX_S
+        if wd_s is not None:
+            bound = min(bound, watchdog.next - now)
         if args.duration is not None:
-            bound = min(bound, args.duration - (time.monotonic() - rec.started_mono))
+            bound = min(bound, args.duration - (now - rec.started_mono))
         return bound
 
     profiler = None

@@ -226,9 +226,9 @@ class Enricher:
         return out
 
     def idle(self) -> bool:
-        """True when no resolution past its deadline is still owed to the log: none in flight
-        (their answers are written as ``resolution`` records) and none finished unread."""
-        return not self._pending and not self.pool.has_late()
+        """True when no late answer waits to be written (as a ``resolution`` record): one still in
+        flight is not waited for, its worker calls pool.on_late when it finishes."""
+        return not self.pool.has_late()
 
     def status(self) -> dict:
         """Worker pool and deadline counters (JSON-ready)."""

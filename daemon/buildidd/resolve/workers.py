@@ -88,6 +88,8 @@ class WorkerPool:
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()   # C: no Python-level wake-up cost
         self._queued = 0
         self._late: collections.deque[Job] = collections.deque()
+        #: called (on the worker's thread) after a late job finished: e.g. to wake the recorder
+        self.on_late: Callable[[], None] | None = None
         self._running: dict[int, Job] = {}      # thread ident -> its job
         self._threads = 0
         self._idle = 0
@@ -202,6 +204,9 @@ class WorkerPool:
                 self._idle += 1
                 self.stats["completed"] += 1
                 job._done.release()
-                if job.late:
+                late = job.late
+                if late:
                     self.stats["late_completed"] += 1
                     self._late.append(job)
+            if late and self.on_late is not None:
+                self.on_late()
