@@ -32,7 +32,7 @@ def run(rec: Recorder, should_stop: Callable[[], bool], on_tick: Callable[[], No
     """Step rec until should_stop() returns True; on_tick runs after each step.
 
     quiet_s: seconds the next quiet wait may last at most (called before each;
-    e.g. half the systemd watchdog interval, or what is left of a --duration),
+    e.g. until the next systemd watchdog ping is due, or what is left of a --duration),
     None for no quiet waits (a step every idle_poll_interval_s while idle).
     A step that raises is counted (LoopGuard); LoopGuard.FAILURES_MAX in a row
     end the loop, raising BuildiddError (close() writes the reason into the
