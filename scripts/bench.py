@@ -146,6 +146,14 @@ class Buildidd:
     def cpu_s(self) -> float:
         return cpu_s_of(self.proc.pid)
 
+    def kill_if_running(self) -> None:
+        """SIGKILL a daemon that was not stopped (a workload or check failed): never leave one attached."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            self.rss.stop()
+            self.sock.close()
+
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         if self.own_store:
@@ -316,11 +324,7 @@ def run_attached(workload: list[str], workdir: Path, env: dict | None, store: Pa
         return Attached(wall, (c1 - c0) * 1e6 / n if n else None, n, _lost(records), steady, d.rss.peak, uss,
                         d.ready_s)
     finally:
-        if d.proc.poll() is None:       # the workload failed: do not leave the daemon attached
-            d.proc.kill()
-            d.proc.wait()
-            d.rss.stop()
-            d.sock.close()
+        d.kill_if_running()             # the workload failed: do not leave the daemon attached
         d.cleanup()
 
 
@@ -345,17 +349,20 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
         for mode in order:
             if mode == "kernel-only":
                 d = Buildidd(workdir, store=store)
-                time.sleep(SETTLE_S)
-                os.kill(d.proc.pid, signal.SIGSTOP)
                 try:
-                    t = time.monotonic()
-                    subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
-                    rep.kern_s = time.monotonic() - t
+                    time.sleep(SETTLE_S)
+                    os.kill(d.proc.pid, signal.SIGSTOP)
+                    try:
+                        t = time.monotonic()
+                        subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+                        rep.kern_s = time.monotonic() - t
+                    finally:
+                        os.kill(d.proc.pid, signal.SIGCONT)
+                    time.sleep(0.2)
+                    res.kern_losses += _lost(d.stop())
                 finally:
-                    os.kill(d.proc.pid, signal.SIGCONT)
-                time.sleep(0.2)
-                res.kern_losses += _lost(d.stop())
-                d.cleanup()
+                    d.kill_if_running()
+                    d.cleanup()
             elif mode == "none":
                 t = time.monotonic()
                 subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
@@ -403,11 +410,20 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
               + (f" against {rep.against_s:.3f}s" if against is not None else ""), flush=True)
     # Completeness: both attached at once.
     perf = PerfRecorder(workdir / "perf.data")
-    d = Buildidd(workdir, store=store)
-    subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
-    time.sleep(0.3)
-    maps = perf.stop()
-    records = d.stop()
+    try:
+        d = Buildidd(workdir, store=store)
+    except BaseException:
+        perf.finish()
+        raise
+    try:
+        subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+        time.sleep(0.3)
+        maps = perf.stop()
+        records = d.stop()
+    finally:
+        if perf.proc.poll() is None:
+            perf.finish()
+        d.kill_if_running()
     c = compare(maps, records, comms=comms)
     res.completeness = c.as_dict()
     res.losses += _lost(records)
@@ -435,12 +451,15 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int, store: Path | None
             res.perf_rss_peak.append(prss.peak)
             perf_maps = perf.stop()
             d = Buildidd(workdir, store=store)
-            res.bidd_ready_s.append(d.ready_s)
-            time.sleep(SETTLE_S)
-            res.rss_steady.append(d.rss.last)
-            res.rss_peak.append(d.rss.peak)
-            res.uss.append(d.uss())
-            records = d.stop()
+            try:
+                res.bidd_ready_s.append(d.ready_s)
+                time.sleep(SETTLE_S)
+                res.rss_steady.append(d.rss.last)
+                res.rss_peak.append(d.rss.peak)
+                res.uss.append(d.uss())
+                records = d.stop()
+            finally:
+                d.kill_if_running()
             synth = [r for r in records if r.get("type") == "mmap" and r.get("pid") in pids]
             res.bidd_events.append(len(synth))
             ours = {(r["pid"], r["start"]): r["build_id"] for r in synth}
@@ -555,8 +574,11 @@ def idle_cost(workdir: Path, store: Path | None, reps: int, seconds: float,
                 pid = d.proc.pid
 
                 def stop(d=d):
-                    d.stop(read=False)
-                    d.cleanup()
+                    try:
+                        d.stop(read=False)
+                    finally:
+                        d.kill_if_running()
+                        d.cleanup()
             try:
                 time.sleep(1.0)
                 c0, w0, t0 = cpu_s_of(pid), _wakeups(pid), time.monotonic()
