@@ -183,6 +183,8 @@ def test_an_idle_recorder_sleeps_and_the_first_record_wakes_it(recorder, workloa
         # Without quiet waits a step runs every idle_poll_interval_s (50 ms): ~40 in 2 s
         # (the next test).  Others' mappings on the host may wake it a few times.
         assert idle_steps <= 12, idle_steps
+        quiet = rec.status()["quiet"]                   # what the control socket's status shows
+        assert quiet["waits"] >= 1 and quiet["asleep_s"] > 0.1, quiet
         before = rec.stats.events.get("exec", 0)
         t0 = time.monotonic()
         subprocess.run([str(workloads["child"])], check=True)

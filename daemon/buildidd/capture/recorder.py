@@ -297,7 +297,8 @@ class Recorder:
         """What the daemon is doing (JSON-ready; read by the control socket's thread).
 
         Besides summary(): "caches" gives every bounded cache's {entries, capacity, hits,
-        misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats().
+        misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats();
+        "quiet" Rings.quiet_status() (an idle recorder sleeps: last_step_s_ago grows meanwhile).
         """
         now = time.monotonic()
         out = {"session": self.session_dir.name, "session_dir": str(self.session_dir),
@@ -308,6 +309,7 @@ class Recorder:
                "resolve": self.enricher.status(), "loop_errors": dict(self.guard.loop_errors),
                "last_step_s_ago": round(now - self.guard.last_progress, 3),
                "ring_wakeups": self.rings.wakeups if self.rings is not None else 0,
+               "quiet": self.rings.quiet_status() if self.rings is not None else None,
                "kernel_build_id_path": self.kernel_path.as_dict() if self.kernel_path else None,
                "kernel_build_id_memo": self.tracer.memo_stats() if self.tracer is not None else None,
                "caches": {**memo.shared_stats(), self.enricher.cache.name: self.enricher.cache.stats()}}

@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import threading
+import time
 
 from buildidd.capture import _fastpath
 from buildidd.kernel.tracer import QuietWatch
@@ -71,6 +72,8 @@ class Rings:
     Attributes:
         fill: the largest share (0..1) of a ring that the last drain found occupied.
         wakeups: how many wait() and quiet_wait() calls a ring's wake-up ended.
+        quiet_waits: quiet_wait() calls so far; quiet_since: time.monotonic() when the one
+            in progress began, or None (read by other threads: status).
     Raises:
         OSError: mapping a ring or making the epoll instance failed.
     """
@@ -105,6 +108,8 @@ class Rings:
             raise
         self.fill = 0.0
         self.wakeups = 0
+        self.quiet_waits = 0
+        self.quiet_since: float | None = None
         #: per ring, the consumer page then the producer page (and data): their positions
         self._positions = tuple(m for ring in self.rings for m in (ring._cons, ring._data))
 
@@ -136,11 +141,21 @@ class Rings:
         """
         if self._epoll is None:
             return QuietEnd.TIMEOUT
-        end = QuietEnd(_fastpath.quiet_wait(self._epoll.fileno(), self._positions, watch.drops, watch.drops_seen,
-                                            watch.sleeping, self._wake_fd, poll_s, max_s))
+        self.quiet_waits += 1
+        self.quiet_since = time.monotonic()
+        try:
+            end = QuietEnd(_fastpath.quiet_wait(self._epoll.fileno(), self._positions, watch.drops,
+                                                watch.drops_seen, watch.sleeping, self._wake_fd, poll_s, max_s))
+        finally:
+            self.quiet_since = None
         if end is QuietEnd.WOKEN:
             self.wakeups += 1
         return end
+
+    def quiet_status(self) -> dict:
+        """{"waits": quiet waits so far, "asleep_s": seconds the current one has lasted (0: none)}."""
+        since = self.quiet_since
+        return {"waits": self.quiet_waits, "asleep_s": round(time.monotonic() - since, 3) if since else 0.0}
 
     def kick(self) -> None:
         """End the current or next wait()/quiet_wait() (any thread): a byte into the wake-up pipe."""
