@@ -13,8 +13,10 @@ Its parts: the C fast path (_fastpath.c) records the common events and
 slowpath.py the rest; the exec join (execjoin.py) holds execs until their
 executable's mapping; loss recovery (rescan.py) turns drops into ``lost``
 records and rescans /proc; pacing (pacing.py) sets the poll interval and the
-thread's priority; logsink.py writes the lines and rotates; follow mode
-(follow.py) filters a process tree.  They share tables.Tables.
+thread's priority; loop.py steps, and sleeps while idle; logsink.py writes
+the lines and rotates; follow mode (follow.py) filters a process tree;
+report.py says what it did (status, STATUS=, the end record's totals).
+They share tables.Tables.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from buildidd import __version__, clock, memo
-from buildidd.capture import _fastpath, loop
+from buildidd import __version__, clock
+from buildidd.capture import _fastpath, loop, report
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.follow import FollowFilter
 from buildidd.capture.housekeeping import retention_without_store
@@ -135,7 +137,8 @@ class Recorder:
         self.started_mono = time.monotonic()
         self.ready_s: float | None = None
         self.kernel_path = None      # kernelpath.KernelPath once started
-        self._rate_window: collections.deque = collections.deque(maxlen=12)
+        #: (time.monotonic(), events by type so far), one a second at most: status's events_per_s
+        self.rate_window: collections.deque = collections.deque(maxlen=12)
         self.guard = LoopGuard()
         self.enricher.pool.on_late = self.wake      # a late answer ends a quiet wait
 
@@ -219,8 +222,8 @@ class Recorder:
         if now >= self.recovery.next_check:
             self.recovery.next_check = now + self.config.drop_check_interval_s
             self.recovery.on_drops(self.tracer.drops())
-            if not self._rate_window or now - self._rate_window[-1][0] >= 1.0:
-                self._rate_window.append((now, dict(self.stats.events)))
+            if not self.rate_window or now - self.rate_window[-1][0] >= 1.0:
+                self.rate_window.append((now, dict(self.stats.events)))
         self.log.flush()
         self.log.rotate_if_requested()
         return len(raws)
@@ -292,53 +295,18 @@ class Recorder:
         self.config = self.pacer.config = config
         self.log.set_limits(config)
 
-    # -- status ------------------------------------------------------------
+    # -- status (report.py) --------------------------------------------------
     def status(self) -> dict:
-        """What the daemon is doing (JSON-ready; read by the control socket's thread).
-
-        Besides summary(): "caches" gives every bounded cache's {entries, capacity, hits,
-        misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats();
-        "quiet" Rings.quiet_status() (an idle recorder sleeps: last_step_s_ago grows meanwhile).
-        """
-        now = time.monotonic()
-        out = {"session": self.session_dir.name, "session_dir": str(self.session_dir),
-               "uptime_s": round(now - self.started_mono, 1), "ready_s": self.ready_s,
-               "events_per_s": _rates(list(self._rate_window)), "last_errors": list(self.last_errors),
-               "log": self.log.stats_or_none(),
-               "snapshots": self.snapshotter.status() if self.snapshotter is not None else None,
-               "resolve": self.enricher.status(), "loop_errors": dict(self.guard.loop_errors),
-               "last_step_s_ago": round(now - self.guard.last_progress, 3),
-               "ring_wakeups": self.rings.wakeups if self.rings is not None else 0,
-               "quiet": self.rings.quiet_status() if self.rings is not None else None,
-               "kernel_build_id_path": self.kernel_path.as_dict() if self.kernel_path else None,
-               "kernel_build_id_memo": self.tracer.memo_stats() if self.tracer is not None else None,
-               "caches": {**memo.shared_stats(), self.enricher.cache.name: self.enricher.cache.stats()}}
-        out.update(self.summary())
-        return out
+        """What the daemon is doing (JSON-ready; read by the control socket's thread): report.status."""
+        return report.status(self)
 
     def status_line(self) -> str:
         """One line for systemd's STATUS=."""
-        ev = self.stats.events
-        e = self.enricher
-        return (f"{sum(ev.values())} events ({ev.get('mmap', 0)} mmap, {ev.get('exec', 0)} exec), "
-                f"{e.resolved} build-ids, {sum(e.missing.values())} missing, "
-                f"{sum(self.stats.lost.values())} lost")
+        return report.status_line(self)
 
     def summary(self) -> dict:
-        """Totals of the session so far (JSON-ready)."""
-        e = self.enricher
-        lookups = e.hits + e.misses
-        return {"events": dict(self.stats.events), "lost": dict(self.stats.lost),
-                "decode_errors": self.stats.decode_errors, "recovered": self.stats.recovered,
-                "synthesized": self.stats.synthesized, "synth_skipped": self.stats.synth_skipped,
-                "build_ids_resolved": e.resolved, "build_ids_missing": dict(e.missing),
-                "identity_cache": {"entries": len(e.cache), "hits": e.hits, "misses": e.misses,
-                                   "hit_rate": round(e.hits / lookups, 4) if lookups else None},
-                "log_write_errors": self.stats.log_write_errors,
-                "log_lines_dropped": self.stats.log_lines_dropped,
-                "priority_boosts": self.stats.priority_boosts,
-                "event_errors": dict(self.stats.event_errors), "resolve_timeouts": e.timeouts,
-                "live_pids_dropped": self.stats.live_pids_dropped}
+        """Totals of the session so far (JSON-ready): report.summary."""
+        return report.summary(self)
 
     def _on_build_id(self, ident: Identity, res: Resolution, fd: int) -> None:
         if self.snapshotter is not None:
@@ -346,14 +314,6 @@ class Recorder:
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
-
-
-def _rates(window: list[tuple[float, dict]]) -> dict[str, float]:
-    """Events per second by type over window: (time.monotonic(), counts so far) samples, oldest first."""
-    if len(window) < 2:
-        return {}
-    (t0, c0), (t1, c1) = window[0], window[-1]
-    return {k: round((v - c0.get(k, 0)) / (t1 - t0), 1) for k, v in c1.items()}
 
 
 def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path: KernelPath) -> dict:

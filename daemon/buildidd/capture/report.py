@@ -1,0 +1,73 @@
+"""What a Recorder reports: ``status`` (the control socket), ``STATUS=`` (systemd), the session's totals.
+
+Read by other threads (the control socket's) while the recording thread
+runs: every value is a counter or a copy taken under the GIL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from buildidd import memo
+
+if TYPE_CHECKING:
+    from buildidd.capture.recorder import Recorder
+
+
+def status(rec: Recorder) -> dict:
+    """What the daemon is doing (JSON-ready; read by the control socket's thread).
+
+    Besides summary(): "caches" gives every bounded cache's {entries, capacity, hits,
+    misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats();
+    "quiet" Rings.quiet_status() (an idle recorder sleeps: last_step_s_ago grows meanwhile).
+    """
+    now = time.monotonic()
+    out = {"session": rec.session_dir.name, "session_dir": str(rec.session_dir),
+           "uptime_s": round(now - rec.started_mono, 1), "ready_s": rec.ready_s,
+           "events_per_s": _rates(list(rec.rate_window)), "last_errors": list(rec.last_errors),
+           "log": rec.log.stats_or_none(),
+           "snapshots": rec.snapshotter.status() if rec.snapshotter is not None else None,
+           "resolve": rec.enricher.status(), "loop_errors": dict(rec.guard.loop_errors),
+           "last_step_s_ago": round(now - rec.guard.last_progress, 3),
+           "ring_wakeups": rec.rings.wakeups if rec.rings is not None else 0,
+           "quiet": rec.rings.quiet_status() if rec.rings is not None else None,
+           "kernel_build_id_path": rec.kernel_path.as_dict() if rec.kernel_path else None,
+           "kernel_build_id_memo": rec.tracer.memo_stats() if rec.tracer is not None else None,
+           "caches": {**memo.shared_stats(), rec.enricher.cache.name: rec.enricher.cache.stats()}}
+    out.update(summary(rec))
+    return out
+
+
+def status_line(rec: Recorder) -> str:
+    """One line for systemd's STATUS=."""
+    ev = rec.stats.events
+    e = rec.enricher
+    return (f"{sum(ev.values())} events ({ev.get('mmap', 0)} mmap, {ev.get('exec', 0)} exec), "
+            f"{e.resolved} build-ids, {sum(e.missing.values())} missing, "
+            f"{sum(rec.stats.lost.values())} lost")
+
+
+def summary(rec: Recorder) -> dict:
+    """Totals of the session so far (JSON-ready)."""
+    e = rec.enricher
+    lookups = e.hits + e.misses
+    return {"events": dict(rec.stats.events), "lost": dict(rec.stats.lost),
+            "decode_errors": rec.stats.decode_errors, "recovered": rec.stats.recovered,
+            "synthesized": rec.stats.synthesized, "synth_skipped": rec.stats.synth_skipped,
+            "build_ids_resolved": e.resolved, "build_ids_missing": dict(e.missing),
+            "identity_cache": {"entries": len(e.cache), "hits": e.hits, "misses": e.misses,
+                               "hit_rate": round(e.hits / lookups, 4) if lookups else None},
+            "log_write_errors": rec.stats.log_write_errors,
+            "log_lines_dropped": rec.stats.log_lines_dropped,
+            "priority_boosts": rec.stats.priority_boosts,
+            "event_errors": dict(rec.stats.event_errors), "resolve_timeouts": e.timeouts,
+            "live_pids_dropped": rec.stats.live_pids_dropped}
+
+
+def _rates(window: list[tuple[float, dict]]) -> dict[str, float]:
+    """Events per second by type over window: (time.monotonic(), counts so far) samples, oldest first."""
+    if len(window) < 2:
+        return {}
+    (t0, c0), (t1, c1) = window[0], window[-1]
+    return {k: round((v - c0.get(k, 0)) / (t1 - t0), 1) for k, v in c1.items()}
