@@ -306,6 +306,12 @@ class Attached:
     ready_s: float
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that runs buildidd from another source tree: its daemon/ first on PYTHONPATH."""
+    path = [str(tree / "daemon"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(path)}
+
+
 def run_attached(workload: list[str], workdir: Path, env: dict | None, store: Path | None,
                  daemon_env: dict | None = None) -> Attached:
     """Start buildidd (daemon_env: e.g. PYTHONPATH of another tree), run the workload once, stop it."""
@@ -387,8 +393,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 if n:
                     res.perf_cpu_us_per_event.append((c1 - c0) * 1e6 / n)
             elif mode == "against":
-                path = [str(against / "daemon"), *filter(None, [os.environ.get("PYTHONPATH")])]
-                a = run_attached(workload, workdir, env, store, {"PYTHONPATH": os.pathsep.join(path)})
+                a = run_attached(workload, workdir, env, store, tree_env(against))
                 rep.against_s = a.wall_s
                 if a.cpu_us_per_event is not None:
                     res.against_cpu_us_per_event.append(a.cpu_us_per_event)
@@ -568,9 +573,7 @@ def idle_cost(workdir: Path, store: Path | None, reps: int, seconds: float,
                 perf = PerfRecorder(workdir / "idle-perf.data")
                 pid, stop = perf.pid(), perf.finish
             else:
-                env = {"PYTHONPATH": f"{against / 'daemon'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"} \
-                    if mode == "against" else None
-                d = Buildidd(workdir, store=store, env=env)
+                d = Buildidd(workdir, store=store, env=tree_env(against) if mode == "against" else None)
                 pid = d.proc.pid
 
                 def stop(d=d):

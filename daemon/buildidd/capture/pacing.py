@@ -102,7 +102,7 @@ class Pacer:
         span = None if last is None else max(now - last, self.MIN_RATE_SPAN_S)
         self.rate = fill / span if span else 0.0
         base = self.config.poll_interval_s       # read at each step: a reload applies at once
-        top = max(base, self.config.idle_poll_interval_s)
+        top = self._top()
         if n == 0:
             self.interval_s = min(top, self.interval_s * 2)
         elif self._rate_trusted and self.rate > 0:
@@ -119,8 +119,11 @@ class Pacer:
     def idle(self) -> bool:
         """True when the last steps found the rings empty (the pause has grown to
         idle_poll_interval_s) and the thread is at its own priority."""
-        return not self._boosted and self.interval_s >= max(self.config.poll_interval_s,
-                                                            self.config.idle_poll_interval_s)
+        return not self._boosted and self.interval_s >= self._top()
+
+    def _top(self) -> float:
+        """The longest pause (s): idle_poll_interval_s, never below poll_interval_s."""
+        return max(self.config.poll_interval_s, self.config.idle_poll_interval_s)
 
     def woken(self) -> None:
         """A ring's wake-up (a burst: WAKE_BYTES written on one CPU) ended the pause: poll fast again.
