@@ -283,16 +283,30 @@ static __always_inline __u64 wake_flag(__u64 size)
 	return BPF_RB_FORCE_WAKEUP;
 }
 
-static __always_inline void output_event(void *data, __u64 size)
+/*
+ * urgent: a record user space must act on while its process lives (a file
+ * met for the first time: BUILDIDD_BID_NEW, whose hand-over pins it) wakes
+ * the consumer at once instead of waiting for its next paced drain.  Such
+ * records are few: one per inode the build-id memo had not met.
+ */
+static __always_inline void output_event_wake(void *data, __u64 size, int urgent)
 {
 	__u64 flags = wake_flag(size);
 	int i;
+
+	if (urgent && flags == BPF_RB_NO_WAKEUP)
+		flags = BPF_RB_FORCE_WAKEUP;
 
 	for (i = 0; i < OUTPUT_TRIES; i++) {
 		if (!ring_output(data, size, flags))
 			return;
 	}
 	count_drop(BUILDIDD_DROP_RINGBUF_FULL);
+}
+
+static __always_inline void output_event(void *data, __u64 size)
+{
+	output_event_wake(data, size, 0);
 }
 
 static __always_inline void count_drop(__u32 cause)
@@ -736,6 +750,7 @@ static __always_inline void memo_learn(const void *inode, struct map_event *ev, 
 	__builtin_memcpy(ms->build_id, ev->bid.build_id, PC_BUILD_ID_MAX);
 	bid_memo.update(&key, ms);
 	memo_count(BID_MEMO_FILL);
+	ev->id_flags |= BUILDIDD_BID_NEW;
 }
 
 /*
@@ -811,7 +826,7 @@ static __always_inline void submit_map_event(struct map_scratch *s)
 {
 	__u32 size = offsetof(struct map_event, path) + (s->ev.path_len & PATH_MASK);
 
-	output_event(&s->ev, size);
+	output_event_wake(&s->ev, size, s->ev.id_flags & BUILDIDD_BID_NEW);
 }
 
 static __always_inline __u32 vm_flags_to_prot(__u64 vm_flags)

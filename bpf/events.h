@@ -42,6 +42,10 @@ enum buildidd_map_origin {
 #define BUILDIDD_BID_MEMO 0x10		/* map_event.bid came from the build-id memo: read from this
 					 * inode's page cache at an earlier mapping, identity unchanged
 					 * since, no writer (bpf/buildid_memo.h) */
+#define BUILDIDD_BID_NEW 0x20		/* the build-id memo made an entry at this mapping (an inode, or
+					 * an identity or build-id, it had not met): user space may want
+					 * the file while its process still lives, so the record forced
+					 * a wake-up of the consumer (output_event) */
 
 /* Indexes of the drop counters (map "drops", BPF_F_MMAPABLE: read by user space through its mapping). */
 enum buildidd_drop_cause {

@@ -187,7 +187,19 @@ class Config:
                                      "archive and serve store entries marked private (a file other users could "
                                      "not read at its source, or a memfd).")
     snapshot_rate_bytes_per_s: int = _key(50 << 20, "bytes per second",
-                                          "copy bandwidth for snapshots (0: unlimited).")
+                                          "copy bandwidth for snapshots (0: unlimited; lifted while "
+                                          "stopping, see snapshot_stop_budget_s).")
+    snapshot_stop_budget_s: float = _key(10.0, "seconds",
+                                         "on SIGTERM, queued copies are made at full speed for at most this "
+                                         "long; what is left is named in the end record (reason shutdown).  "
+                                         "Keep it well inside the unit's TimeoutStopSec; at most 60.")
+    pin_max_files: int = _key(1024, "files",
+                              "executed files held open from their exec (fanotify FAN_OPEN_EXEC) until "
+                              "their copy is queued, at most; beyond it the oldest pin is closed and "
+                              "counted (file_cap); 0: no exec pins.")
+    pin_ttl_s: float = _key(30.0, "seconds",
+                            "how long an exec pin nobody took is held (a file whose build-id was "
+                            "handed over before at that path); in [1, 600].")
     session_max_age_s: float = _key(30 * 86400.0, "seconds", "sessions older than this are deleted (0: kept).")
     session_max_total_bytes: int = _key(5 << 30, "bytes",
                                         "the oldest sessions are deleted while all together exceed this "
@@ -235,6 +247,12 @@ class Config:
             raise ConfigError("resolve_workers must be in 1..64")
         if not 0 < self.store_uid_share <= 1:
             raise ConfigError("store_uid_share must be in (0, 1]")
+        if self.snapshot_stop_budget_s > 60:
+            raise ConfigError("snapshot_stop_budget_s must be at most 60 (inside the unit's TimeoutStopSec=90)")
+        if not 0 <= self.pin_max_files <= 65536:
+            raise ConfigError("pin_max_files must be in 0..65536")
+        if not 1 <= self.pin_ttl_s <= 600:
+            raise ConfigError("pin_ttl_s must be in [1, 600]")
 
 
 def _coerce(key: str, value, want: type):

@@ -173,7 +173,8 @@ def test_a_sighting_of_a_build_id_stored_trusted_opens_no_file(recorder, public_
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         rec.step()
-        if Store(store_root).contains(new_bid) and rec.enricher.status()["handovers_settled"] >= 1:
+        if (Store(store_root).contains(new_bid) and rec.enricher.status()["handovers_settled"] >= 1
+                and rec.snapshotter.status()["already_present"] >= 1):    # queued behind the bulk
             break
         time.sleep(0.05)
     status = rec.enricher.status()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import os
+import resource
 import time
 from pathlib import Path
 from typing import Callable
@@ -46,16 +47,17 @@ from buildidd.kernel.events import Identity, file_key
 from buildidd.kernel.tracer import Tracer
 from buildidd.resolve import host
 from buildidd.resolve.enrich import Enricher, Offload, Resolution
-from buildidd.resolve.routes import Routes
+from buildidd.resolve.execpins import ExecPins, PinPolicy
+from buildidd.resolve.routes import HandOver, Routes
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
 from buildidd.sessionlog import seal_unclosed_sessions
 from buildidd.sessionlog.segments import DIR_MODE
 
 __all__ = ["Recorder", "Stats", "new_session_dir"]
 
-#: Seconds close() gives the snapshotter to stop (it may be copying from a
-#: slow file system): SIGTERM must end the daemon within 2 s.
-SNAPSHOT_STOP_S = 1.0
+#: Seconds close() adds to Config.snapshot_stop_budget_s before it leaves the
+#: snapshotter behind (it may be stuck copying from a slow file system).
+SNAPSHOT_STOP_GRACE_S = 1.0
 #: The counters of _fastpath.run's result (tables.RunCounts), summed by _record_raws.
 RUN_COUNTS = ("mmap", "resolved", "fork", "exit", "comm", "exec")
 
@@ -124,6 +126,7 @@ class Recorder:
                                  on_build_id=self._on_build_id if config.store_root else None,
                                  offload=Offload.from_config(config))
         self.snapshotter = None
+        self.pins = None             # resolve.execpins.ExecPins once started (with a store)
         self.last_errors: collections.deque = collections.deque(maxlen=10)
         self.tables = Tables(missing=self.enricher.missing)
         self.log = LogSink(self.tables, self.stats, self.last_errors)
@@ -155,6 +158,9 @@ class Recorder:
         if self.config.store_root:
             self.snapshotter = start_snapshots(self.config, self.session_dir, record.get("kernel_build_id"),
                                                self.last_errors, self.enricher.routes)
+            self.slow.named = self.snapshotter.coverage.named
+            raise_nofile(self.config.pin_max_files + self.snapshotter.max_fds + NOFILE_SPARE)
+            self.pins = start_pins(self.config, self.enricher.routes, self.last_errors)
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         if self.tracked is None:
@@ -261,15 +267,22 @@ class Recorder:
             except Exception as e:          # the end record is still written
                 self.guard.step_failed(e)
         self.join.release(everything=True)
+        budget_end = time.monotonic() + self.config.snapshot_stop_budget_s
+        if self.snapshotter is not None:     # hand-overs still queued reach the snapshotter first
+            for pool in (self.enricher.handovers, self.enricher.bulk_handovers):
+                pool.drain(max(0.0, budget_end - time.monotonic()))
         abandoned = self.enricher.close()
         if self.snapshotter is not None:
-            call_within(lambda: self.snapshotter.stop(drain_timeout_s=SNAPSHOT_STOP_S / 2), SNAPSHOT_STOP_S,
+            left = max(0.0, budget_end - time.monotonic())
+            call_within(lambda: self.snapshotter.stop(budget_s=left), left + SNAPSHOT_STOP_GRACE_S,
                         "snapshotter stop")
+        if self.pins is not None:
+            self.pins.close()
         if self.log.writer is not None:
             self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(),
                                         "reason": self.guard.end_reason or "stopped",
                                         "resolutions_abandoned": abandoned, **self.summary(),
-                                        **({"store": self.snapshotter.status()} if self.snapshotter else {})}))
+                                        **report.store_totals(self)}))
             self.log.close()
         if self.rings is not None:
             self.rings.close()
@@ -308,9 +321,9 @@ class Recorder:
         """Totals of the session so far (JSON-ready): report.summary."""
         return report.summary(self)
 
-    def _on_build_id(self, ident: Identity, res: Resolution, fd: int) -> None:
+    def _on_build_id(self, ident: Identity, res: Resolution, fd: int | None, urgency: HandOver) -> None:
         if self.snapshotter is not None:
-            self.snapshotter.submit(res.build_id, res.path, ident, fd)
+            self.snapshotter.submit(res.build_id, res.path, ident, fd, priority=urgency)
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
@@ -360,4 +373,41 @@ def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
                               housekeeping=Housekeeping(store, retention))
     snapshotter.start()
     routes.settled = snapshotter.settled
+    routes.on_gap = lambda bid, path, reason: snapshotter.coverage.outcome(bid, reason, path)
     return snapshotter
+
+
+#: Descriptors the daemon needs besides pins and queued copies (rings, maps, workers, sockets, segments).
+NOFILE_SPARE = 1024
+
+
+def raise_nofile(need: int) -> int:
+    """Raise RLIMIT_NOFILE's soft limit to need (within the hard limit) when it is lower: pins and
+    queued copies hold descriptors (Config.pin_max_files, SnapshotPolicy.max_fds).  Returns the soft
+    limit in force; a refused raise leaves it (the caps then count what does not fit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return want
+        except (ValueError, OSError):
+            return soft
+    return soft
+
+
+def start_pins(cfg: Config, routes: Routes, last_errors: collections.deque) -> ExecPins | None:
+    """Exec pins (resolve.execpins) for the hand-overs of routes, started; None when
+    Config.pin_max_files is 0 or fanotify cannot be had here (noted in last_errors: the
+    hand-overs then reach files by their routes only)."""
+    if cfg.pin_max_files <= 0:
+        return None
+    pins = ExecPins(PinPolicy(max_files=cfg.pin_max_files, ttl_s=cfg.pin_ttl_s))
+    try:
+        pins.start()
+    except OSError as e:
+        last_errors.append({"time_ns": clock.boot_ns(), "error": f"exec pins: {e}"})
+        pins.close()
+        return None
+    routes.pins = pins
+    return pins

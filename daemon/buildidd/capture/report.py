@@ -28,6 +28,7 @@ def status(rec: Recorder) -> dict:
            "events_per_s": _rates(list(rec.rate_window)), "last_errors": list(rec.last_errors),
            "log": rec.log.stats_or_none(),
            "snapshots": rec.snapshotter.status() if rec.snapshotter is not None else None,
+           "exec_pins": rec.pins.status() if rec.pins is not None else None,
            "resolve": rec.enricher.status(), "loop_errors": dict(rec.guard.loop_errors),
            "last_step_s_ago": round(now - rec.guard.last_progress, 3),
            "ring_wakeups": rec.rings.wakeups if rec.rings is not None else 0,
@@ -63,6 +64,17 @@ def summary(rec: Recorder) -> dict:
             "priority_boosts": rec.stats.priority_boosts,
             "event_errors": dict(rec.stats.event_errors), "resolve_timeouts": e.timeouts,
             "live_pids_dropped": rec.stats.live_pids_dropped}
+
+
+def store_totals(rec: Recorder) -> dict:
+    """The end record's store part: ``store`` (Snapshotter.status), ``exec_pins`` (ExecPins.status)
+    and ``store_coverage`` (Coverage.report, final: every build-id the session named that the
+    store lacks, with its reason); {} without a store."""
+    snap = rec.snapshotter
+    if snap is None:
+        return {}
+    return {"store": snap.status(), "exec_pins": rec.pins.status() if rec.pins is not None else None,
+            "store_coverage": snap.coverage.report(snap.store.contains, final=True)}
 
 
 def _rates(window: list[tuple[float, dict]]) -> dict[str, float]:

@@ -9,6 +9,8 @@ fast path writes (tests/capture/test_fastpath.py).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from buildidd import clock
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.tables import FastEntry, Stats, Tables
@@ -48,6 +50,8 @@ class SlowPath:
         self.enricher = enricher
         self.join = join
         self._kernel_keys: dict[bytes, None] = {}
+        #: named(build_id_hex, path): told of every build-id recorded (store.coverage.Coverage.named)
+        self.named: Callable[[str, str], None] | None = None
 
     def record(self, raw: bytes) -> None:
         """Record one raw ring record the fast path left to Python (any record type)."""
@@ -83,6 +87,8 @@ class SlowPath:
         """
         self.enricher.count(res)
         self.stats.count("mmap")
+        if res.build_id and self.named is not None:
+            self.named(res.build_id, ev.path)
         key = file_key(ev.identity)
         self.tables.add_live(ev.pid, ev.start, key)
         fast = self.tables.fast

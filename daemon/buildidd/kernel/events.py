@@ -89,6 +89,7 @@ class PcStatus(enum.IntEnum):
 PC_BUILD_ID_MAX = 64    #: the longest build-id the kernel side takes, bytes
 PATH_TRUNCATED, PATH_UNREACHABLE, FILE_BACKING = 0x2, 0x4, 0x8
 BID_MEMO = 0x10         #: map_event.bid came from the kernel's build-id memo (bpf/buildid_memo.h)
+BID_NEW = 0x20          #: the memo met this file first at this mapping; the record forced a wake-up
 #: id_flags bits that mean the path was not read whole (the record's "path_truncated").
 PATH_CUT = PATH_TRUNCATED | PATH_UNREACHABLE
 

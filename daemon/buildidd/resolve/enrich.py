@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from buildidd.config import Config
-from buildidd.kernel.events import KERNEL_FINAL, Identity, RawEvent
+from buildidd.kernel.events import KERNEL_FINAL, Identity, MapOrigin, RawEvent
 from buildidd.memo import LruCache
 from buildidd.resolve.procfs import Source
 from buildidd.resolve.reasons import MissReason
-from buildidd.resolve.routes import Request, Resolution, Routes, kernel_resolution, make_resolution
+from buildidd.resolve.routes import OnBuildId, Request, Resolution, Routes, kernel_resolution, make_resolution
 from buildidd.resolve.workers import Job, PoolPolicy, WorkerPool
 
 __all__ = ["Enricher", "Offload", "Resolution", "kernel_resolution"]
@@ -72,16 +72,16 @@ class Enricher:
         on_resolved: called with (identity, Resolution) when an identity gets a
             final answer (the tracer then stops sending its path); recording thread.
         on_evicted: called with an identity dropped from the cache; recording thread.
-        on_build_id: called with (identity, Resolution, fd) when a build-id was
-            just read from fd (still open: the callee may dup it, e.g. to
-            snapshot the exact inode).  Called on a worker thread.
+        on_build_id: called with (identity, Resolution, fd, routes.HandOver) when a
+            build-id was just read from fd (still open: the callee may dup it, e.g.
+            to snapshot the exact inode).  Called on a worker thread.
         offload: the deadline and the pool's sizes.
     """
 
     def __init__(self, cache_entries: int = 65536,
                  on_resolved: Callable[[Identity, Resolution], None] | None = None,
                  on_evicted: Callable[[Identity], None] | None = None,
-                 on_build_id: Callable[[Identity, Resolution, int], None] | None = None,
+                 on_build_id: OnBuildId | None = None,
                  offload: Offload | None = None):
         self.cache: LruCache[Identity, Resolution] = LruCache("identity", cache_entries,
                                                               on_evict=self._evicted)
@@ -90,7 +90,8 @@ class Enricher:
         self.routes = Routes(self.cache, on_build_id)
         self.offload = offload or Offload()
         self.pool = WorkerPool(self.offload.pool)
-        self.handovers = self._handover_pool()
+        self.handovers = self._handover_pool("buildidd-handover")
+        self.bulk_handovers = self._handover_pool("buildidd-handover-bulk")
         self.resolved = 0
         self.missing: dict[str, int] = {}
         self.timeouts = 0
@@ -101,12 +102,13 @@ class Enricher:
         self._handed: LruCache[tuple[str, str], bool] = LruCache("kernel_handed", cache_entries)
         self.handovers_dropped = 0
 
-    def _handover_pool(self) -> WorkerPool:
-        """The hand-overs' own workers: a burst of them (every DSO of every process synthesized at
-        start) never queues ahead of a resolution the recording thread waits for."""
+    def _handover_pool(self, name: str) -> WorkerPool:
+        """Hand-overs' own workers, apart from resolutions the recording thread waits for.  Two
+        pools: live sightings, and the bulk of the start-up synthesis (every DSO of every running
+        process), so that the bulk never queues ahead of a live first sighting."""
         p = self.offload.pool
         return WorkerPool(PoolPolicy(workers=1, max_threads=max(2, p.max_threads // 4), queue_max=p.queue_max,
-                                     stuck_after_s=p.stuck_after_s), name="buildidd-handover")
+                                     stuck_after_s=p.stuck_after_s), name=name)
 
     # -- cache -------------------------------------------------------------
     @property
@@ -155,13 +157,8 @@ class Enricher:
             res = kernel_resolution(ev)
             while self.routes.unreached:     # hand-overs that found no route: the next sighting tries again
                 self._handed.pop(self.routes.unreached.popleft())
-            seen = (res.build_id, ev.path)
-            if res.build_id and self.routes.on_build_id is not None and seen not in self._handed:
-                # First sighting of a build-id at this path (the kernel read it): the store still
-                # wants the file, and a root-owned copy met after a user's must reach it too.
-                self._handed.put(seen, True)
-                if self.handovers.submit(self.routes.hand_over, (_request(ev, ev.path), res)) is None:
-                    self.handovers_dropped += 1
+            if res.build_id and self.routes.on_build_id is not None:
+                self._hand_over(ev, res)
             return res
         ident = ev.identity
         res = self.cache.peek(ident)
@@ -179,6 +176,24 @@ class Enricher:
             self.timeouts += 1
             return self._store(ident, make_resolution(ident, None, Source.NONE, MissReason.TIMEOUT, ev.path))
         return self._store(ident, got)
+
+    def _hand_over(self, ev: RawEvent, res: Resolution) -> None:
+        """The first sighting of a build-id at a path (the kernel read it) goes to a hand-over
+        worker: the store still wants the file, and a root-owned copy met after a user's must
+        reach it too.  A later one lets the file's exec pin go (Routes.pins)."""
+        seen = (res.build_id, ev.path)
+        if seen in self._handed:
+            if self.routes.pins is not None:
+                self.routes.pins.release(ev.identity)
+            return
+        self._handed.put(seen, True)
+        req = _request(ev, ev.path)
+        pool = self.bulk_handovers if req.bulk else self.handovers
+        if pool.submit(self.routes.hand_over, (req, res)) is None:
+            self.handovers_dropped += 1
+            self._handed.pop(seen)
+            if self.routes.on_gap is not None:
+                self.routes.on_gap(res.build_id, ev.path, "handover_dropped")
 
     def resolve_scanned(self, pid: int, vma: tuple[int, int], path: str) -> tuple[Identity, Resolution] | None:
         """Open pid's mapping vma = (vm_start, vm_end) through map_files (on a worker): (identity, Resolution).
@@ -237,11 +252,12 @@ class Enricher:
                 "suspect_devices": sum(1 for t in self._suspect.values() if t > now),
                 "deadline_s": self.offload.deadline_s, "handovers_dropped": self.handovers_dropped,
                 "handovers_settled": self.routes.settled_handovers,
-                "handover_pool": self.handovers.status()}
+                "handover_pool": self.handovers.status(), "bulk_handover_pool": self.bulk_handovers.status()}
 
     def close(self) -> int:
         """Stop the workers (blocked ones are left behind); the number of resolutions abandoned."""
         self.handovers.close()
+        self.bulk_handovers.close()
         return self.pool.close()
 
     def _offload(self, ident: Identity | None, fn: Callable, arg):
@@ -274,4 +290,5 @@ class Enricher:
 
 
 def _request(ev: RawEvent, path: str) -> Request:
-    return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity, ev.time_ns)
+    return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity, ev.time_ns,
+                   ev.origin == MapOrigin.SYNTHESIZED)

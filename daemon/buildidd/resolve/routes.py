@@ -11,6 +11,7 @@ own page-cache read (no file opened) into the same answer.
 
 from __future__ import annotations
 
+import enum
 import errno
 import json
 import os
@@ -23,12 +24,14 @@ from buildidd.errors import ElfError, FileRefusedError
 from buildidd.kernel.events import Identity, PcStatus, RawEvent
 from buildidd.memo import LruCache
 from buildidd.resolve.buildid import read_build_id_fd
+from buildidd.resolve.execpins import ExecPins
 from buildidd.resolve.fileid import file_id, read_go_build_id
 from buildidd.resolve.procfs import (Source, changed_near, coarse_tick_ns, open_identified, open_route,
                                      open_scanned)
 from buildidd.resolve.reasons import MissReason
 
-__all__ = ["PAGE", "Request", "Resolution", "Routes", "kernel_resolution", "make_resolution"]
+__all__ = ["PAGE", "HandOver", "OnBuildId", "OnGap", "Request", "Resolution", "Routes", "kernel_resolution",
+           "make_resolution"]
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -87,7 +90,9 @@ class Request:
     Attributes:
         pid: tgid; start, length: the VMA (bytes; 0 for an exec record);
         path: the event's path; nlink: 0 when the file was deleted; identity: the kernel's;
-        time_ns: the event's time, ns since boot (0: unknown).
+        time_ns: the event's time, ns since boot (0: unknown);
+        bulk: the mapping was synthesized at start (a process already running): its hand-over
+            and copy wait behind live ones.
     """
 
     pid: int
@@ -97,6 +102,26 @@ class Request:
     nlink: int
     identity: Identity
     time_ns: int = 0
+    bulk: bool = False
+
+
+class HandOver(enum.IntEnum):
+    """How urgent a file handed to on_build_id is (the store's snapshot priority, same order)."""
+
+    #: Only the descriptor reaches it now (its process is gone, or it has no name left).
+    AT_RISK = 0
+    #: Its process lives.
+    LIVE = 1
+    #: Synthesized at start.
+    BULK = 2
+
+
+OnBuildId = Callable[[Identity, "Resolution", "int | None", HandOver], None]
+"""``on_build_id(identity, resolution, fd, urgency)``: a build-id was just read from fd (still open:
+the callee may dup it; None when the store is settled for it), called on a worker thread."""
+
+OnGap = Callable[[str, str, str], None]
+"""``on_gap(build_id_hex, path, reason)``: a hand-over reached no file (reason as store.coverage's)."""
 
 
 class Routes:
@@ -109,11 +134,15 @@ class Routes:
     Args:
         cache: the Enricher's identity cache.
         on_build_id: as Enricher's (fd None when the store is settled, see hand_over).
+    Attributes set by the recorder once it has them: ``pins`` (resolve.execpins.ExecPins: the
+    files pinned at exec, tried before any path), ``on_gap`` (a hand-over that reached nothing).
     """
 
-    def __init__(self, cache: LruCache, on_build_id: Callable[[Identity, Resolution, int], None] | None):
+    def __init__(self, cache: LruCache, on_build_id: OnBuildId | None):
         self.cache = cache
         self.on_build_id = on_build_id
+        self.pins: ExecPins | None = None
+        self.on_gap: OnGap | None = None
         #: (build-id, path) of hand-overs that reached no file (appended on workers, drained by the
         #: recording thread, which then hands the next sighting over again; deque appends are atomic).
         self.unreached: deque[tuple[str, str]] = deque(maxlen=4096)
@@ -135,7 +164,7 @@ class Routes:
         if bid is not None:
             res = make_resolution(ident, bid.hex, source, None, path)
             if self.on_build_id is not None:
-                self.on_build_id(ident, res, fd)
+                self.on_build_id(ident, res, fd, HandOver.LIVE)
             return res
         try:
             keys = (read_go_build_id(fd) if reason is None else None, file_id(fd))
@@ -169,40 +198,77 @@ class Routes:
     def hand_over(self, arg: tuple[Request, Resolution]) -> bool:
         """Give on_build_id an fd of the file whose build-id the kernel read (a worker job).
 
-        The kernel's read needs no file, but the store copies one: the mapped
-        file is opened by the routes of :meth:`_routes_of` (for an exec event,
-        which has no vma, /proc/PID/exe first: the executable's own inode
-        however its path was replaced since), is accepted only with the
-        event's identity and the kernel's build-id, and is closed after
-        on_build_id returns.  False when no route reaches it; its (build-id,
-        path) then goes to :attr:`unreached`, so a later mapping of it (with a
-        vma) is handed over again.
+        The kernel's read needs no file, but the store copies one.  The file
+        pinned at its exec (:attr:`pins`) is taken first: it reaches the exact
+        inode however soon its process exited and its path was replaced.
+        Otherwise the mapped file is opened by the routes of :meth:`_routes_of`
+        (for an exec event, which has no vma, /proc/PID/exe first: the
+        executable's own inode however its path was replaced since).  A
+        descriptor is accepted only with the event's identity and the
+        kernel's build-id, and is closed after on_build_id returns.  False
+        when nothing reaches it: on_gap then gets the reason
+        (``replaced_before_pin``, ``process_gone`` or ``unreachable``) and its
+        (build-id, path) goes to :attr:`unreached`, so a later mapping of it
+        (with a vma) is handed over again.
         """
         req, res = arg
+        pins = self.pins
         if self.settled is not None and self.settled(res.build_id):
             # A trusted copy is stored already: the sighting only touches it, no file is opened
             # (on a restart, every DSO of every running process would be read again).
             self.settled_handovers += 1
-            self.on_build_id(req.identity, res, None)
+            if pins is not None:
+                pins.release(req.identity)
+            self.on_build_id(req.identity, res, None, HandOver.BULK if req.bulk else HandOver.LIVE)
             return True
+        if pins is not None:
+            fd = pins.take(req.identity, req.nlink != 0)
+            if fd is not None:
+                try:
+                    if self._give(req, res, fd):
+                        pins.ignore(fd)
+                        return True
+                finally:
+                    os.close(fd)
+            pins.mark_exe_of(req.pid, req.identity.dev)
+        replaced = False
         for pfd in self._routes_of(req):
             try:
                 fd = open_identified(pfd, req.identity, req.nlink != 0)
-            except (OSError, FileRefusedError):
+            except FileRefusedError:
+                replaced = True
+                continue
+            except OSError:
                 continue
             finally:
                 os.close(pfd)
             try:
-                bid = read_build_id_fd(fd)
-                if bid is not None and bid.hex == res.build_id:
-                    self.on_build_id(req.identity, res, fd)
+                if self._give(req, res, fd):
                     return True
-            except (OSError, ElfError):
-                continue
             finally:
                 os.close(fd)
         self.unreached.append((res.build_id, req.path))
+        if self.on_gap is not None:
+            gone = not os.path.exists(f"/proc/{req.pid}")
+            reason = ("replaced_before_pin" if replaced else "process_gone") if gone else "unreachable"
+            self.on_gap(res.build_id, req.path, reason)
         return False
+
+    def _give(self, req: Request, res: Resolution, fd: int) -> bool:
+        """on_build_id(fd) when fd's build-id is the kernel's; its urgency: AT_RISK when req's
+        process is gone (only this descriptor reaches the file now), BULK for a synthesized one."""
+        try:
+            bid = read_build_id_fd(fd)
+        except (OSError, ElfError):
+            return False
+        if bid is None or bid.hex != res.build_id:
+            return False
+        if not os.path.exists(f"/proc/{req.pid}"):
+            urgency = HandOver.AT_RISK
+        else:
+            urgency = HandOver.BULK if req.bulk else HandOver.LIVE
+        self.on_build_id(req.identity, res, fd, urgency)
+        return True
 
     @staticmethod
     def _routes_of(req: Request):

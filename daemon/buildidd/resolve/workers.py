@@ -152,6 +152,23 @@ class WorkerPool:
             return {**self.stats, "threads": self._threads, "idle": self._idle, "stuck": stuck,
                     "queued": self._queued, "queue_max": self.policy.queue_max}
 
+    def drain(self, timeout_s: float, stall_s: float = 2.0) -> bool:
+        """Wait until no job is queued or running (True), for at most timeout_s seconds, and no
+        longer than stall_s seconds without a job finishing (a worker stuck on a slow file
+        system is not waited for): False then.  Any thread but a worker's."""
+        deadline = time.monotonic() + timeout_s
+        done, progress = self.stats["completed"], time.monotonic()
+        while True:
+            with self._lock:
+                if not self._queued and not self._running:
+                    return True
+                now = time.monotonic()
+                if self.stats["completed"] != done:
+                    done, progress = self.stats["completed"], now
+            if now >= deadline or now - progress >= stall_s:
+                return False
+            time.sleep(0.01)
+
     def close(self) -> int:
         """Stop taking jobs; idle threads exit, busy ones are left (daemon threads).  Jobs abandoned: queued + running."""
         with self._lock:

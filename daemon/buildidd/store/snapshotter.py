@@ -2,13 +2,21 @@
 
 The recorder hands over every build-id it resolves for the first time, with a
 duplicate of the descriptor it read the build-id from when it has one (the
-exact mapped inode, which stays readable even if the file is deleted or
+exact mapped inode, pinned: it stays readable even if the file is deleted or
 replaced before the copy).  One worker thread copies, rate-limited in bytes/s,
-binaries whose path no longer names the mapped inode first: that is the moment
-they can still be saved.  The same thread runs housekeeping every
-``housekeeping_interval_s``: a callable the caller gives (the capture stage's
-session retention and store quota, which must not delete what a retained
-session references; the store cannot read sessions itself).
+by risk (:class:`~buildidd.resolve.routes.HandOver`): first the files that can no longer be reached
+any other way (no name left, the process gone), then those of live
+processes, last the start-up synthesis' bulk of files that running processes
+map.  Descriptors are held within a budget, most of it kept for live
+sightings (the bulk may hold a quarter).  The same thread runs housekeeping
+every ``housekeeping_interval_s``: a callable the caller gives (the capture
+stage's session retention and store quota, which must not delete what a
+retained session references; the store cannot read sessions itself).
+
+Every outcome goes into the session's :class:`~buildidd.store.coverage.Coverage`
+ledger: held, or the reason the store lacks it.  :meth:`Snapshotter.stop`
+copies what is queued within a budget, at full speed, and names what it
+abandons (``shutdown``).
 
 The recording thread only queues (:meth:`Snapshotter.submit` makes no file
 system call on the user's path: whether the file is already gone is read from
@@ -29,9 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from buildidd.resolve import procfs
+from buildidd.resolve.routes import HandOver
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_background
+from buildidd.store.coverage import HELD, Coverage
 from buildidd.store.origin import origin_of_fd
 from buildidd.store.store import Store
 
@@ -65,7 +75,8 @@ class SnapshotPolicy:
         rate_bytes_per_s: copy bandwidth limit, bytes/s (0: unlimited).
         max_queue: jobs kept; more are dropped and counted (``dropped``).
         max_fds: duplicated descriptors held by queued jobs at most; beyond
-            it, jobs keep only path + identity.
+            it, jobs keep only path + identity.  Bulk jobs (HandOver.BULK) hold a
+            quarter of it at most.
         max_seen: build-ids remembered as submitted this session; beyond it a
             build-id is still queued but not remembered (``seen_full``), so it
             may be queued again and is not protected by housekeeping.
@@ -74,7 +85,7 @@ class SnapshotPolicy:
 
     rate_bytes_per_s: int = 50 << 20
     max_queue: int = 8192
-    max_fds: int = 256
+    max_fds: int = 1024
     housekeeping_interval_s: float = 600.0
     max_seen: int = 1 << 20
 
@@ -96,70 +107,93 @@ class Snapshotter:
         store: the Store to fill; its ``throttle`` is set to the policy's rate.
         policy: rates and bounds (:class:`SnapshotPolicy`).
         housekeeping: run every ``policy.housekeeping_interval_s``; ``None``: nothing is.
+        coverage: the session's ledger of build-ids (a new one when None).
     """
 
     def __init__(self, store: Store, policy: SnapshotPolicy = SnapshotPolicy(), *,
-                 housekeeping: Housekeeping | None = None):
+                 housekeeping: Housekeeping | None = None, coverage: Coverage | None = None):
         self.store = store
-        self.store.throttle = TokenBucket(policy.rate_bytes_per_s)
+        self.bucket = TokenBucket(policy.rate_bytes_per_s)
+        self.store.throttle = self.bucket
         self.max_queue = policy.max_queue
         self.max_fds = policy.max_fds
         self.max_seen = policy.max_seen
         self.housekeeping_interval_s = policy.housekeeping_interval_s
+        self.coverage = coverage if coverage is not None else Coverage()
         self._housekeeping = housekeeping
         self._heap: list = []
         self._seq = itertools.count()
-        self._fds = 0
+        self._fds = [0, 0, 0]                 # descriptors held by queued jobs, by HandOver
         self._cv = threading.Condition()
         self._stop = False
         self._seen: set[str] = set()          # build-ids submitted this session
         self._seen_paths: set[tuple[str, str]] = set()   # (build-id, path) pairs submitted this session
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
-                      "gone": 0, "retention_removed": 0, "quota_removed": 0, "seen_full": 0}
+                      "bulk": 0, "no_fd": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
+                      "quota_removed": 0, "seen_full": 0}
         self.skipped: dict[str, int] = {}     # StoreRefusedError.reason → count
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._run, name="buildidd-snapshot", daemon=True)
 
-    # -- producer side (the recorder's thread) -----------------------------
-    def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
+    # -- producer side (hand-over workers) ------------------------------------
+    def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None, *,
+               priority: HandOver = HandOver.LIVE) -> None:
         """Queue a copy of the file with build_id (first sighting of this build-id at this path); fd is dup'ed.
 
         The same build-id at another path is queued again: it may be the
         trusted copy of a build-id a user's file claimed first (the worker
         skips it when the stored copy is trusted and public already).
 
-        No call on path: a job is urgent when the file has no name left
-        (``fstat(fd).st_nlink == 0``: deleted or replaced by a rename, or a
-        memfd) or its path is not absolute.
+        Args:
+            build_id: lower-case hex.
+            path: the mapping's path (the store's origin facts come from it).
+            ident: the mapped file's identity; fd: a descriptor of it (None: only the path).
+            priority: LIVE, or AT_RISK when the caller knows no other route is left, or BULK for
+                the start-up synthesis.  A job is made AT_RISK here too when the file has no name
+                left (``fstat(fd).st_nlink == 0``: deleted or replaced by a rename, or a memfd) or
+                its path is not absolute; no call is made on path.
         """
         if (build_id, path) in self._seen_paths:
             return
-        urgent = not path.startswith("/") or path.endswith(" (deleted)")
-        if fd is not None and not urgent:
+        if not path.startswith("/") or path.endswith(" (deleted)"):
+            priority = HandOver.AT_RISK
+        if fd is not None and priority != HandOver.AT_RISK:
             try:
-                urgent = os.fstat(fd).st_nlink == 0
+                if os.fstat(fd).st_nlink == 0:
+                    priority = HandOver.AT_RISK
             except OSError:
-                urgent = True
+                priority = HandOver.AT_RISK
         dup = None
         with self._cv:
             if len(self._heap) >= self.max_queue:
                 self.stats["dropped"] += 1
+                self.coverage.outcome(build_id, "queue_full", path)
                 return
-            if fd is not None and self._fds < self.max_fds:
+            if fd is not None and self._fd_allowed(priority):
                 try:
                     dup = os.dup(fd)
-                    self._fds += 1
+                    self._fds[priority] += 1
                 except OSError:
                     dup = None
+            if fd is not None and dup is None:
+                self.stats["no_fd"] += 1
             if len(self._seen_paths) < self.max_seen:
                 self._seen.add(build_id)
                 self._seen_paths.add((build_id, path))
             else:
                 self.stats["seen_full"] += 1
-            if urgent:
+            if priority == HandOver.AT_RISK:
                 self.stats["urgent"] += 1
-            heapq.heappush(self._heap, (0 if urgent else 1, next(self._seq), build_id, path, ident, dup))
+            elif priority == HandOver.BULK:
+                self.stats["bulk"] += 1
+            heapq.heappush(self._heap, (int(priority), next(self._seq), build_id, path, ident, dup))
             self._cv.notify()
+
+    def _fd_allowed(self, priority: HandOver) -> bool:
+        """A descriptor may be held: within max_fds, bulk jobs within a quarter of it (lock held)."""
+        if sum(self._fds) >= self.max_fds:
+            return False
+        return priority != HandOver.BULK or self._fds[HandOver.BULK] < self.max_fds // 4
 
     def queued(self) -> int:
         """Jobs waiting."""
@@ -170,29 +204,45 @@ class Snapshotter:
         """Start the worker thread."""
         self._thread.start()
 
-    def stop(self, drain_timeout_s: float = 10.0) -> None:
-        """Finish the queue (up to drain_timeout_s), then stop the thread and close held fds."""
-        deadline = time.monotonic() + drain_timeout_s
-        while self._heap and time.monotonic() < deadline and self._thread.is_alive():
-            time.sleep(0.05)
+    def stop(self, budget_s: float = 10.0, stall_s: float = 5.0) -> int:
+        """Copy what is queued within budget_s seconds, at full speed (the rate limit is lifted),
+        then stop the thread and close held descriptors; returns the jobs abandoned (each named
+        ``shutdown`` in the coverage ledger, counted ``abandoned``).  A copy that makes the
+        queue no shorter for stall_s seconds (a slow file system) ends the wait early."""
+        deadline = time.monotonic() + budget_s
+        self.bucket.rate = 0
+        left, progress = len(self._heap), time.monotonic()
+        while self._heap and self._thread.is_alive():
+            now = time.monotonic()
+            if len(self._heap) != left:
+                left, progress = len(self._heap), now
+            if now >= deadline or now - progress >= stall_s:
+                break
+            time.sleep(0.02)
         with self._cv:
             self._stop = True
             self._cv.notify()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
         with self._cv:
-            for job in self._heap:
-                if job[5] is not None:
-                    os.close(job[5])
+            left_jobs = list(self._heap)
             self._heap.clear()
+        for job in left_jobs:
+            if job[5] is not None:
+                os.close(job[5])
+            self.coverage.outcome(job[2], "shutdown", job[3])
+        self.stats["abandoned"] += len(left_jobs)
+        return len(left_jobs)
 
     def status(self) -> dict:
-        """Counters for `buildidd status`."""
+        """Counters for `buildidd status`; ``coverage`` is Coverage.report (not final) without its list."""
         c = self.store.counters
+        cov = self.coverage.report(self.store.contains, final=False)
+        cov.pop("missing")
         return {**self.stats, "queued": len(self._heap), "store_bytes": self.store.size_bytes(),
                 "store_disk_bytes": self.store.disk_bytes(),
                 "quota_bytes": self.store.quota_bytes, "store": str(self.store.root),
-                "skipped": dict(self.skipped),
+                "skipped": dict(self.skipped), "fds_held": sum(self._fds), "coverage": cov,
                 "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
                 "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
                 "last_error": self.last_error}
@@ -210,13 +260,11 @@ class Snapshotter:
                 if self._stop:
                     return
                 job = heapq.heappop(self._heap) if self._heap else None
+                if job is not None and job[5] is not None:
+                    self._fds[job[0]] = max(0, self._fds[job[0]] - 1)
             if job is not None:
-                held = job[5] is not None
-                if held:
-                    with self._cv:
-                        self._fds = max(0, self._fds - 1)
                 self._copy(*job[2:])
-            if time.monotonic() >= next_housekeeping:
+            if time.monotonic() >= next_housekeeping and not self._stop:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
                 self.housekeeping()
 
@@ -235,26 +283,32 @@ class Snapshotter:
             if self.settled(build_id):
                 self.store.touch(build_id)   # nothing another file could improve
                 self.stats["already_present"] += 1
+                self.coverage.outcome(build_id, HELD, path)
                 return
             if fd is None:
                 fd = self._open_by_path(path, ident)
                 if fd is None:
                     self.stats["gone"] += 1
+                    self.coverage.outcome(build_id, "gone", path)
                     return
             res = self.store.add_from_fd(fd, path, build_id, identity=ident, origin=origin_of_fd(fd, path))
             self.stats["stored" if res.added else "already_present"] += 1
+            self.coverage.outcome(build_id, HELD, path)
             if not res.added:
                 self.store.touch(build_id)
         except StoreRefusedError as e:
             self.skipped[e.reason] = self.skipped.get(e.reason, 0) + 1
             self.last_error = str(e)
+            self.coverage.outcome(build_id, e.reason, path)
             log.info("snapshot of %s (%s) skipped: %s", path, build_id, e)
         except StoreError as e:
             self.stats["failed"] += 1
             self.last_error = str(e)
+            self.coverage.outcome(build_id, "failed", path)
             log.warning("snapshot of %s (%s) failed: %s", path, build_id, e)
         except OSError as e:
             self.stats["failed"] += 1
+            self.coverage.outcome(build_id, "failed", path)
             self.last_error = f"{path}: {e}"
         finally:
             if fd is not None:
