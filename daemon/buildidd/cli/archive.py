@@ -124,17 +124,36 @@ def cmd_sessions(args) -> int:
     from buildidd.offline.sessions import list_sessions
 
     cfg = roots_from_args(args)
-    infos = list_sessions(cfg.session_root)
+    infos = list_sessions(cfg.session_root, holds=_store_holds(cfg.store_root))
     if args.json:
         for info in infos:
             print(json.dumps(info.to_json()))
         return 0
     print(f"{'NAME':<34} {'HOST':<16} {'FIRST':<20} {'LAST':<20} {'BYTES':>10} {'RECORDS':>8} "
-          f"{'BUILDIDS':>8} {'LOST':>6} CLOSED")
+          f"{'BUILDIDS':>8} {'STORED':>7} {'LOST':>6} CLOSED")
     for i in infos:
+        stored = "-" if i.build_ids_stored is None else i.build_ids_stored
         print(f"{i.name:<34} {(i.host or '-'):<16} {_time(i, i.first_time_ns):<20} {_time(i, i.last_time_ns):<20} "
-              f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {i.lost:>6} {_closed(i)}")
+              f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {stored:>7} {i.lost:>6} "
+              f"{_closed(i)}")
     return 0
+
+
+def _store_holds(store_root: str):
+    """Store.contains of the store at store_root, or None when there is none to ask (no root, not
+    a directory, unreadable): the listing then shows no STORED count."""
+    from buildidd.store import Store
+
+    if not store_root or not os.path.isdir(store_root) or not os.access(store_root, os.R_OK | os.X_OK):
+        return None
+    store = Store(store_root)
+
+    def holds(bid: str) -> bool:
+        try:
+            return store.contains(bid)
+        except (OSError, ValueError):
+            return False
+    return holds
 
 
 def register(sub) -> None:
@@ -162,8 +181,8 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("sessions", help="list the recorded sessions",
-                       description="List sessions: name, host, time range (UTC), size, records, build-ids, "
-                                   "lost events, and how each was closed (clean; sealed: the daemon was killed "
+                       description="List sessions: name, host, time range (UTC), size, records, build-ids "
+                                   "(and how many the store holds: STORED), lost events, and how each was closed (clean; sealed: the daemon was killed "
                                    "or crashed and the next start sealed it; open: live or not sealed yet).")
     p.add_argument("--json", action="store_true", help="one JSON object per session and line")
     add_roots_options(p)

@@ -13,6 +13,8 @@ paths), never with the number of records.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import json
 import os
 import stat
@@ -52,6 +54,7 @@ class SessionInfo:
         size_bytes: sum of the segment files' sizes (compressed as stored).
         records: record count by ``type``.
         build_ids: distinct build-ids referenced (mappings, execs, kernel, modules).
+        build_ids_stored: how many of them the store holds (None: no store was asked).
         lost: events the kernel side dropped (sum of the ``lost`` records' counts).
         torn_lines: lines skipped as torn or corrupt while reading.
         closed: the session has an ``end`` record, or its directory the closed
@@ -78,6 +81,7 @@ class SessionInfo:
     size_bytes: int = 0
     records: dict[str, int] = field(default_factory=dict)
     build_ids: int = 0
+    build_ids_stored: int | None = None
     lost: int = 0
     torn_lines: int = 0
     closed: bool = False
@@ -98,7 +102,7 @@ class SessionInfo:
                 "first_time_ns": self.first_time_ns, "last_time_ns": self.last_time_ns,
                 "first_wall_ns": self.wall_ns(self.first_time_ns), "last_wall_ns": self.wall_ns(self.last_time_ns),
                 "size_bytes": self.size_bytes, "records": dict(self.records), "build_ids": self.build_ids,
-                "lost": self.lost, "torn_lines": self.torn_lines, "closed": self.closed, "clean": self.clean,
+                "build_ids_stored": self.build_ids_stored, "lost": self.lost, "torn_lines": self.torn_lines, "closed": self.closed, "clean": self.clean,
                 "sealed": self.sealed}
 
 
@@ -293,7 +297,8 @@ def _apply_marker(info: SessionInfo, marker: dict | None) -> None:
         info.sealed = not info.clean and "sealed_at_ns" in marker
 
 
-def _scan(session_dir: str | os.PathLike, with_uses: bool) -> SessionFacts:
+def _scan(session_dir: str | os.PathLike, with_uses: bool,
+          holds: Callable[[str], bool] | None = None) -> SessionFacts:
     directory = Path(session_dir)
     scan = _Scan(SessionInfo(name=directory.name, path=directory), with_uses)
 
@@ -305,6 +310,8 @@ def _scan(session_dir: str | os.PathLike, with_uses: bool) -> SessionFacts:
     info = scan.facts.info
     info.records = dict(scan.counts)
     info.build_ids = len(scan.ids)
+    if holds is not None:
+        info.build_ids_stored = sum(1 for bid in scan.ids if holds(bid))
     info.size_bytes = _segments_size(directory)
     _apply_marker(info, read_marker(directory))
     return scan.facts
@@ -326,17 +333,20 @@ def session_facts(session_dir: str | os.PathLike) -> SessionFacts:
     return _scan(session_dir, with_uses=True)
 
 
-def session_info(session_dir: str | os.PathLike) -> SessionInfo:
-    """The listing facts of one session (:class:`SessionInfo`); paths are not kept.
+def session_info(session_dir: str | os.PathLike, holds: Callable[[str], bool] | None = None) -> SessionInfo:
+    """The listing facts of one session (:class:`SessionInfo`); paths are not kept.  holds: True
+    when the store holds a build-id (Store.contains), to count ``build_ids_stored``.
 
     Raises:
         SessionLogError: the session or a segment cannot be read.
     """
-    return _scan(session_dir, with_uses=False).info
+    return _scan(session_dir, with_uses=False, holds=holds).info
 
 
-def list_sessions(session_root: str | os.PathLike) -> list[SessionInfo]:
-    """Every session under session_root, in name order (names start with their UTC start time).
+def list_sessions(session_root: str | os.PathLike,
+                  holds: Callable[[str], bool] | None = None) -> list[SessionInfo]:
+    """Every session under session_root, in name order (names start with their UTC start time);
+    holds as :func:`session_info`'s.
 
     A session is a subdirectory (not hidden, not a symlink) holding at least
     one segment.  A missing root is an empty list.
@@ -354,5 +364,5 @@ def list_sessions(session_root: str | os.PathLike) -> list[SessionInfo]:
         d = root / name
         if name.startswith(".") or d.is_symlink() or not d.is_dir() or not list_segments(d):
             continue
-        out.append(session_info(d))
+        out.append(session_info(d, holds))
     return out
