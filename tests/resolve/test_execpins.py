@@ -101,15 +101,30 @@ def test_a_pin_is_refused_for_another_identity_and_an_ignore_mark_stops_repeats(
     assert p.take(ident) is None                   # prog's execs made no pin
 
 
-def test_pins_are_bounded_and_expire(pins, tmp_path):
-    p = pins(max_files=3, ttl_s=1)
-    for i in range(6):
+def _run_variants(tmp_path, n):
+    idents = []
+    for i in range(n):
         prog = tmp_path / f"prog{i}"
         shutil.copy("/bin/true", prog)
         with open(prog, "ab") as f:
             f.write(bytes([i]))                    # each its own inode and contents
+        idents.append(_ident(prog))
         subprocess.run([str(prog)], check=True)
-    assert _wait(lambda: p.status()["file_cap"] >= 1)
+    return idents
+
+
+def test_pins_are_bounded(pins, tmp_path):
+    p = pins(max_files=3, ttl_s=30)
+    idents = _run_variants(tmp_path, 6)
+    assert _wait(lambda: p.status()["file_cap"] >= 3)
     assert p.status()["held"] <= 3
-    assert _wait(lambda: p.status()["held"] == 0, timeout_s=5)
-    assert p.status()["expired"] >= 1
+    assert all(p.take(i) is None for i in idents[:3])       # the oldest were closed at the cap
+
+
+def test_a_pin_nobody_takes_expires(pins, tmp_path):
+    p = pins(max_files=64, ttl_s=1)
+    (ident,) = _run_variants(tmp_path, 1)
+    assert _wait(lambda: p.status()["pinned"] >= 1)
+    time.sleep(2.5)                                          # ttl_s, and the reader's 1 s poll
+    assert p.take(ident) is None
+    assert p.status()["expired"] >= 1 and p.status()["file_cap"] == 0

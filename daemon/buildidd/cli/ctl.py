@@ -57,6 +57,17 @@ def _human_status(s: dict) -> str:
         lines.append(f"snapshots {snap.get('stored', 0)} stored, {snap.get('queued', 0)} queued, "
                      f"{snap.get('failed', 0)} failed; store {snap.get('store_bytes', 0) / 2**20:.1f} MiB"
                      f" of {snap.get('quota_bytes') and snap['quota_bytes'] / 2**20 or 'unlimited'} MiB")
+        cov = snap.get("coverage")
+        if cov:
+            gaps = cov.get("gaps") or {}
+            lines.append(f"coverage  the store holds {cov.get('held', 0)} of the {cov.get('named', 0)} build-ids "
+                         f"this session named" + (f"; lacking: {', '.join(f'{k} {v}' for k, v in sorted(gaps.items()))}"
+                                                  if gaps else ""))
+    pins = s.get("exec_pins")
+    if pins:
+        lines.append(f"exec pins {pins.get('held', 0)} held of {pins.get('max_files', 0)} (pin_max_files), "
+                     f"{pins.get('taken', 0)} taken, {pins.get('file_cap', 0)} closed at the cap, "
+                     f"{pins.get('overflow', 0)} queue overflows; {pins.get('marked', 0)} file systems marked")
     for e in s.get("last_errors") or []:
         lines.append(f"error     {e.get('error')}")
     return "\n".join(lines)

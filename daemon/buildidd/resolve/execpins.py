@@ -282,6 +282,7 @@ class ExecPins:
         self.mountinfo = mountinfo
         self.group: FanotifyGroup | None = None
         self._lock = threading.Lock()
+        self._reading = threading.Lock()         # one reader of the group's queue at a time
         self._pins: collections.OrderedDict[tuple[int, int], _Pin] = collections.OrderedDict()
         self._released: collections.deque[tuple[int, int]] = collections.deque(maxlen=65536)
         self._stop = threading.Event()
@@ -341,9 +342,13 @@ class ExecPins:
         The pin is matched by (dev, inode) and accepted only when the descriptor's
         identity agrees with ident (resolve.procfs.mismatch; named_at_event as
         procfs.stat_identity's).  A pin that disagrees stays (another exec may
-        be of it).  Any thread.
+        be of it).  When none is held and ident's file system is marked, the
+        group's queue is read first (the exec's event may still wait in it: the
+        reader thread and the recording thread run apart).  Any thread.
         """
         key = (ident.dev, ident.ino)
+        if key not in self._pins and self.group is not None and ident.dev in self.group.marked:
+            self._read_events()
         with self._lock:
             pin = self._pins.get(key)
             if pin is None:
@@ -413,6 +418,12 @@ class ExecPins:
             ep.close()
 
     def _read_events(self) -> None:
+        """Read what the group's queue holds (the reader thread, or a hand-over that found no pin:
+        one at a time)."""
+        with self._reading:
+            self._read_events_locked()
+
+    def _read_events_locked(self) -> None:
         try:
             for mask, fd, pid in self.group.events():
                 self.stats["events"] += 1
