@@ -105,7 +105,8 @@ def run_buildidd(store: Path, work: Path, script: str, py: str) -> dict:
     named = {r["build_id"] for r in records if r.get("type") == "mmap" and r.get("build_id")}
     unnamed = sum(1 for b in named if b not in listed and not st.contains(b))
     return {"stop_s": stop_s, "named": cov.get("named"), "held": cov.get("held"), "gaps": cov.get("gaps"),
-            "unnamed": unnamed, "pins": end.get("exec_pins", {})}
+            "unnamed": unnamed, "pins": end.get("exec_pins", {}),
+            "last_error": (end.get("store") or {}).get("last_error")}
 
 
 def run_perf(cache: Path, work: Path, script: str) -> None:
@@ -169,6 +170,8 @@ def main() -> int:
         print(f"{r['mode']:<28} {ex:>14} {dl:>14} {r.get('unnamed', '-')!s:>13} {gaps:>24} "
               f"{r['stop_s'] if 'stop_s' in r else float('nan'):>7.2f}")
     for r in rows:
+        if r.get("gaps") and r.get("last_error"):
+            print(f"({r['mode']}: the store's last error: {r['last_error']})")
         if "cache_entries" in r:
             print(f"({r['mode']}: its cache holds {r['cache_entries']} build-ids, each read by path at the end)")
     if args.json:
