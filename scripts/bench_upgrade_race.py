@@ -33,49 +33,9 @@ from pathlib import Path
 from buildidd.sessionlog import read_session
 from buildidd.store import Store
 
-PROG = "int main(void) { return 0; }\n"
-LIB = "int libfn(void) { return 1; }\n"
-DLMAIN = r"""
-#include <dlfcn.h>
-#include <stdlib.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    if (!dlopen(argv[1], RTLD_NOW)) return 1;
-    usleep(atoi(argv[2]) * 1000);
-    return 0;
-}
-"""
-
-
-def _gcc(*args: str) -> None:
-    subprocess.run(["gcc", *args], check=True, capture_output=True)
-
-
-def build_workload(d: Path, programs: int, libs: int) -> dict[str, list[str]]:
-    """Programs, libraries and their replacements under d: {"exec": [build-id], "dlopen": [build-id]}."""
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "p.c").write_text(PROG)
-    (d / "l.c").write_text(LIB)
-    (d / "dlmain.c").write_text(DLMAIN)
-    _gcc("-O1", "-c", "-o", str(d / "p.o"), str(d / "p.c"))
-    _gcc("-O1", "-fPIC", "-c", "-o", str(d / "l.o"), str(d / "l.c"))
-    _gcc("-O1", "-o", str(d / "dlmain"), str(d / "dlmain.c"), "-ldl")
-    out: dict[str, list[str]] = {"exec": [], "dlopen": []}
-    for kind, n, obj, flags in (("exec", programs, "p.o", []), ("dlopen", libs, "l.o", ["-shared"])):
-        for i in range(n):
-            for name in (f"{kind}{i}", f"{kind}.new{i}"):
-                bid = os.urandom(20).hex()
-                _gcc(*flags, "-o", str(d / name), str(d / obj), f"-Wl,--build-id=0x{bid}")
-                if "." not in name:
-                    out[kind].append(bid)
-    return out
-
-
-def race_script(d: Path, programs: int, libs: int, life_ms: int) -> str:
-    return (f"set -e; cd {d}\n"
-            f"i=0; while [ $i -lt {programs} ]; do ./exec$i; mv -f exec.new$i exec$i; i=$((i+1)); done\n"
-            f"i=0; while [ $i -lt {libs} ]; do ./dlmain {d}/dlopen$i {life_ms}; mv -f dlopen.new$i dlopen$i; "
-            f"i=$((i+1)); done\n")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "workloads"))
+from upgrade import build_race, race_script  # noqa: E402
 
 
 def run_buildidd(store: Path, work: Path, script: str, py: str) -> dict:
@@ -145,7 +105,7 @@ def main() -> int:
             modes.append(("perf record --buildid-all", "perf"))
         for label, mode in modes:
             work = tmp / f"work-{mode}"
-            bids = build_workload(work, args.programs, args.libs)
+            bids = build_race(work, args.programs, args.libs)
             script = race_script(work, args.programs, args.libs, args.life_ms)
             extra: dict = {}
             if mode == "perf":

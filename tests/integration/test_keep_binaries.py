@@ -24,20 +24,10 @@ import pytest
 from buildidd.store import Store
 from buildidd.store.coverage import GAP_REASONS
 
-from conftest import as_user, gcc, readelf_build_id, session_records
+from conftest import as_user, readelf_build_id, session_records
 
-PROG = "int main(void) { return 0; }\n"
-LIB = "int libfn(void) { return 1; }\n"
-DLMAIN = r"""
-#include <dlfcn.h>
-#include <stdlib.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    if (!dlopen(argv[1], RTLD_NOW)) return 1;
-    usleep(atoi(argv[2]) * 1000);
-    return 0;
-}
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "workloads"))
+from upgrade import build_race, link_variant, objects, race_script  # noqa: E402
 
 
 class Daemon:
@@ -85,27 +75,6 @@ def daemon(bpf, tmp_path):
         d.kill()
 
 
-def _variants(obj: Path, out: Path, prefix: str, n: int, *flags: str) -> dict[str, Path]:
-    """n links of obj as out/<prefix><i>, each with its own random build-id: {build-id: path}."""
-    made = {}
-    for i in range(n):
-        bid = os.urandom(20).hex()
-        dest = out / f"{prefix}{i}"
-        r = subprocess.run(["gcc", *flags, "-o", str(dest), str(obj), f"-Wl,--build-id=0x{bid}"],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        made[bid] = dest
-    return made
-
-
-def _object(d: Path, src: str, *flags: str) -> Path:
-    c = d / f"src{len(flags)}.c"
-    c.write_text(src)
-    obj = c.with_suffix(".o")
-    subprocess.run(["gcc", "-O1", *flags, "-c", "-o", str(obj), str(c)], check=True)
-    return obj
-
-
 def _coverage_names_every_gap(records: list[dict], store: Store) -> dict:
     """The end record's store_coverage, checked: every build-id of the session's mapping
     records is held by the store or listed with a known reason; the counts add up."""
@@ -126,20 +95,16 @@ def test_programs_renamed_over_at_exit_and_short_lived_dlopens_are_all_kept(daem
                                                                           tmp_path):
     uid, gid, _ = attacker
     work = public_tmp_factory()
-    obj, libobj = _object(tmp_path, PROG), _object(tmp_path, LIB, "-fPIC")
-    progs = _variants(obj, work, "prog", 40)                  # run, then replaced by ...
-    _variants(obj, work, "prog.new", 40)                      # ... these, 0 ms after each exits
-    libs = _variants(libobj, work, "lib", 10, "-shared")      # dlopen'd by a 10 ms process, then
-    _variants(libobj, work, "lib.new", 10, "-shared")         # replaced
-    gcc(DLMAIN, work / "dlmain", "-ldl")
+    race = build_race(work, programs=40, libs=10)
+    prog_o, _ = objects(tmp_path / "obj")
     # The user's own private program (in a 0700 directory) and one that claims the build-id of a
     # trusted system library the warm store holds (libc, which every running process maps).
     private = work / "private"
     private.mkdir(mode=0o700)
-    (priv_bid, _), = _variants(obj, private, "prog", 1).items()
+    priv_bid = link_variant(prog_o, private / "prog")
     libc = next(Path(line.split()[-1]) for line in open("/proc/self/maps") if "/libc.so" in line)
     libc_bid = readelf_build_id(libc)
-    subprocess.run(["gcc", "-o", str(work / "forged"), str(obj), f"-Wl,--build-id=0x{libc_bid}"], check=True)
+    link_variant(prog_o, work / "forged", build_id_hex=libc_bid)
     for p in [work, *work.rglob("*")]:
         os.chown(p, uid, gid)
 
@@ -149,20 +114,17 @@ def test_programs_renamed_over_at_exit_and_short_lived_dlopens_are_all_kept(daem
     assert store.contains(libc_bid) and store.origin(libc_bid).trusted
 
     d = daemon(store_root)
-    script = (f"set -e; cd {work}\n"
-              "for i in $(seq 0 39); do ./prog$i; mv -f prog.new$i prog$i; done\n"
-              f"for i in $(seq 0 9); do ./dlmain {work}/lib$i 10; mv -f lib.new$i lib$i; done\n"
-              "./private/prog0; ./forged\n")
+    script = race_script(work, programs=40, libs=10, life_ms=10) + "./private/prog; ./forged\n"
     r = as_user(attacker, ["sh", "-c", script])
     assert r.returncode == 0, r.stderr
     time.sleep(1.0)
     records = d.stop()
 
-    missing_progs = [b for b in progs if not store.contains(b)]
-    missing_libs = [b for b in libs if not store.contains(b)]
+    missing_progs = [b for b in race["exec"] if not store.contains(b)]
+    missing_libs = [b for b in race["dlopen"] if not store.contains(b)]
     assert not missing_progs, f"{len(missing_progs)} of 40 programs renamed over at exit not stored"
     assert not missing_libs, f"{len(missing_libs)} of 10 libraries of 10 ms processes not stored"
-    for bid in list(progs)[:3]:
+    for bid in race["exec"][:3]:
         o = store.origin(bid)
         assert o.uid == uid and not o.trusted and not o.private, o
     assert store.origin(priv_bid).private                  # private stays private
@@ -181,13 +143,12 @@ def test_programs_renamed_over_at_exit_and_short_lived_dlopens_are_all_kept(daem
 
 def test_a_stop_with_copies_queued_names_each_build_id_it_abandons(daemon, public_tmp_factory, tmp_path):
     work = public_tmp_factory()
-    obj = _object(tmp_path, PROG)
-    progs = _variants(obj, work, "prog", 20)
+    race = build_race(work, programs=20, libs=0)
     store_root = tmp_path / "store"
     # 64 KiB/s and no stop budget: the start-up bulk (every DSO of every process) cannot be copied.
     d = daemon(store_root, "snapshot_rate_bytes_per_s = 65536", "snapshot_stop_budget_s = 0")
-    for p in progs.values():
-        subprocess.run([str(p)], check=True)
+    for i in range(len(race["exec"])):
+        subprocess.run([str(work / f"exec{i}")], check=True)
     time.sleep(1.0)
     records = d.stop()
     store = Store(store_root)

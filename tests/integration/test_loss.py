@@ -82,10 +82,14 @@ def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, worklo
     pause (50 ms; smoke bench of 2026-11-25: 2,125 of 20,000 lost before).
     """
     rec = recorder(ring_bytes=1 << 20)
-    rec.step()
-    rec.tracer.reset_wakeups()          # what a drain of any record does
     lib0 = str(workloads["lib0"])
-    # A trickle: 20 mappings (~5 KiB) are far below 128 KiB: no wake-up.
+    # Files the build-id memo meets for the first time force a wake-up each (BUILDIDD_BID_NEW):
+    # a first trickle makes the storm's files known.
+    subprocess.run([str(workloads["mmap_storm"]), lib0, "20"], check=True, stdout=subprocess.DEVNULL)
+    rec.step()
+    rec.rings.wait(0.01)                # takes the wake-ups that trickle forced (edge-triggered)
+    rec.tracer.reset_wakeups()          # what a drain of any record does
+    # A trickle of known files: 20 mappings (~5 KiB) are far below 128 KiB: no wake-up.
     subprocess.run([str(workloads["mmap_storm"]), lib0, "20"], check=True, stdout=subprocess.DEVNULL)
     t0 = time.monotonic()
     assert rec.rings.wait(0.5) is False
@@ -108,5 +112,5 @@ def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, worklo
         storm.wait()
     rec.step()
     records = [r for r in session_records(rec.session_dir) if r["type"] == "mmap" and r["path"] == lib0]
-    assert len(records) == 2020
+    assert len(records) == 2040
     assert rec.summary()["lost"] == {}
