@@ -132,9 +132,7 @@ BPF_F_TABLE("array", int, __u64, drops, BUILDIDD_DROP_NCAUSES, BPF_F_MMAPABLE);
 /*
  * Wake-up accounting (see wake_flag): drain_gen counts the consumer's drains;
  * it is BPF_F_MMAPABLE, so user space bumps it with a plain store into its
- * mapping (Tracer.reset_wakeups), not a bpf(2) call per drain (~1 µs each
- * on an idle host; no change of the daemon's CPU in an exec storm could be
- * shown, interleaved against the bpf(2) version, 2026-11-26).
+ * mapping (Tracer.reset_wakeups), not a bpf(2) call per drain.
  * wake_state is per CPU: the bytes written since the consumer's last drain or
  * this CPU's last wake-up, and the drain_gen they count from.
  */
@@ -238,10 +236,10 @@ static __always_inline long ring_output(void *data, __u64 size, __u64 flags)
 
 /*
  * Output to this CPU's ring, retried: a reservation on 6.18 sometimes fails
- * for a few consecutive attempts (~0.5 µs each) with the ring nearly empty.
- * Measured over 20 s of mixed storms on 2 CPUs: one shared ring lost 7 events
- * even with 16 tries; one ring per CPU lost 73 with 4 tries, 0-1 with 16.  A
- * full ring fails every try: only then is the event counted as dropped.
+ * for a few consecutive attempts with the ring nearly empty (contention on
+ * the ring's lock between CPUs' producers: kernel/bpf/ringbuf.c
+ * __bpf_ringbuf_reserve can fail without the ring being full).  A full ring
+ * fails every try: only then is the event counted as dropped.
  */
 #define OUTPUT_TRIES 64
 

@@ -19,17 +19,16 @@
  * pointer the verifier skips that check), so the widths are checked by
  * tests/kernel/test_tracer_layout.py against BTF.  Each load becomes a
  * fault-safe load (BPF_PROBE_MEM: a bad address reads 0), and the call
- * itself a register move.  Measured here: such a load costs ~0.5 ns where a
- * bpf_probe_read_kernel call costs ~6 ns (~50 ns on a VM twice as slow).
+ * itself a register move: a load, where bpf_probe_read_kernel is a helper
+ * call per field.
  *
  * KLD(p, T, off, type): the `type` at byte off of the struct at kernel
  * address p, whose vmlinux BTF id is BTF_ID_<T> (-D from tracer.py), off a
  * constant (the verifier refuses a variable offset into a BTF pointer).
  * Compiled with -DNO_KFUNCS (a kernel without bpf_rdonly_cast or without a
  * BTF id it needs) it is a bpf_probe_read_kernel of the same bytes: one
- * helper call per field, slower than the spans read before KLD: kernel ns
- * per event +22-25% in the exec and dlopen storms and +70-80% in the mmap
- * storm against KLD (scripts/bench_kernel_ns.py --no-kfuncs, 2026-11-26).
+ * helper call per field, slower than KLD (scripts/bench_kernel_ns.py
+ * --no-kfuncs measures by how much).
  */
 #ifndef BUILDIDD_KFUNCS_H
 #define BUILDIDD_KFUNCS_H

@@ -6,8 +6,7 @@
  * file they lie.  Nothing is read from disk: a page that is not cached ends
  * the read with PC_NOT_CACHED and its index.
  *
- * How a file page is found (measured on Linux 6.18, see
- * ../shared/ENVIRONMENT.md "Reading the page cache from BPF"):
+ * How a file page is found (Linux 6.18's structures):
  *   file->f_mapping->i_pages is an xarray (lib/xarray.c, include/linux/xarray.h):
  *   xa_head; an internal entry ((e & 3) == 2) above 4096 is a node (node =
  *   e - 2) with xa_node.shift and slots[XA_CHUNK_SIZE]; an internal entry

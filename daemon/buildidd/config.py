@@ -123,10 +123,9 @@ class Config:
     ring_bytes: int = _key(2 << 20, "bytes",
                            "size of each BPF ring buffer, a power-of-two number of pages; one ring per "
                            "CPU, at most 8 (CPU n uses ring n mod 8).  The daemon maps each twice, so "
-                           "its RSS holds 2 x rings x ring_bytes.  scripts/bench_rings.py, 2026-11-24, "
-                           "unpaced mmap storms on 2 CPUs (~140k/s; ~240k/s with two): 2 MiB lost 0 "
-                           "in 5 of 5 runs, 1 MiB lost 2,598 of 2.4 M in 1 of 5, 512 KiB 807-4,638 "
-                           "in every run, 256 KiB 7-62%.")
+                           "its RSS holds 2 x rings x ring_bytes.  A ring must hold what the host maps "
+                           "while the daemon is off the CPU: scripts/bench_rings.py measures losses by "
+                           "size under unpaced mmap storms (docs/benchmarks.md).")
     poll_interval_s: float = _key(0.005, "seconds",
                                   "while events arrive the ring buffers are drained at the pace that lets the "
                                   "fullest fill to a tenth, but at most this often, and at once when a CPU "

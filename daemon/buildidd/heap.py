@@ -15,12 +15,11 @@ up in steps that never come back (mallopt(3), malloc_trim(3)):
 dynamic adjustment off) at :data:`MMAP_THRESHOLD_BYTES`; :func:`trim` runs
 malloc_trim(0), which gives back whole free pages in the middle of every arena
 too (madvise MADV_DONTNEED, glibc >= 2.8), every :data:`TRIM_INTERVAL_S`.
-Measured (scripts/soak, one hour at 50k events/s): without them RSS grew
-2.7 MiB in one step at ten minutes and kept it; with them +0.7 MiB.
+Without them a long-running daemon's RSS grows in steps and keeps what it
+grew (scripts/soak shows it over an hour).
 The threshold is not glibc's 128 KiB: a step's joined lines (hundreds of KiB)
-would then be mmapped, faulted in and unmapped at every step; measured with
-two unpaced mmap storms, that cost 0.92 µs of daemon CPU per event and 18,584
-lost events, against 0.51 µs and none at 4 MiB (scripts/bench, ramp).
+would then be mmapped, faulted in and unmapped at every step, which costs
+daemon CPU per event and, under storms, lost events (scripts/bench's ramp).
 
 Both are no-ops (returning False) where the C library is not glibc.
 """

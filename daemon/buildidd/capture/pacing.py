@@ -6,9 +6,10 @@ drain, in rings per second.  The pause is what lets that ring fill to
 TARGET_FILL, between Config.poll_interval_s and Config.idle_poll_interval_s;
 while no events come it doubles up to the latter (the rings absorb far more
 than that pause's worth of events).  Each step costs the recorder far more
-than its events when it starts cold: measured on these VMs (2026-11-26),
-Python work after a 50 ms sleep took 4-6 times the CPU it took warm, with
-or without other load, and an idle step ~1.7 ms.  So a steady stream is
+than its events when it starts cold (after a sleep, its Python work finds
+caches and, on a guest with free page reporting, its memory cold: several
+times the CPU it takes warm; scripts/bench prints the machine's cost of
+touching memory after a sleep).  So a steady stream is
 drained in few large steps, not many small ones; a burst does not wait for
 the pause to end: the BPF side wakes the recorder every WAKE_BYTES a CPU
 writes (capture.rings.Rings.wait).  While a ring fills fast enough to
@@ -38,14 +39,11 @@ class Pacer:
     """
 
     #: The share of a ring a step should find occupied in a steady stream:
-    #: ~205 KiB of the default 2 MiB rings, below the BPF side's wake-up at
-    #: an eighth.  The exec storm of scripts/bench (~2,000 execs/s on 2 CPUs,
-    #: ~1 MB/s per ring) is then drained every idle_poll_interval_s (50 ms)
-    #: instead of every 20 ms (2026-11-26, interleaved, the daemon's CPU per
-    #: mapping event 16.4 -> 13.2 µs), the dlopen storm (~5 rings/s) every
-    #: 20 ms as before: at 1/16 (12.5 ms) its daemon spent 7% more CPU per
-    #: event and the storm took 2-3% longer (`scripts/bench --against`, 9 and
-    #: 15 repetitions).
+    #: a tenth, below the BPF side's wake-up at an eighth.  A slow stream is
+    #: then drained every idle_poll_interval_s and a fast one in few large
+    #: steps; a smaller share means more steps and more daemon CPU per event
+    #: (the A/B runs of `scripts/bench --against` that chose it are in
+    #: docs/performance-history.md).
     TARGET_FILL = 1 / 10
 
     #: Fill rates (rings per second) at or above which the recording thread
@@ -141,9 +139,8 @@ class Pacer:
         time.monotonic().  At its own priority the recorder yields the CPU to
         the workload and catches up when the CPU is free: the cheapest for the
         workload.  But CPU-bound work on every core can hold it off long
-        enough for a ring to overflow (measured here: two unpaced mmap storms
-        on 2 CPUs lost 13-59% of their events at nice 0, none at nice -3 to
-        -10), so a fill rate of BOOST_RATE, or a drain that finds a ring
+        enough for a ring to overflow (two unpaced mmap storms on every CPU
+        do: scripts/bench's ramp), so a fill rate of BOOST_RATE, or a drain that finds a ring
         BOOST_FILL full, raises it until the rings fill slower than CALM_RATE
         again (auditd's priority_boost, applied only when needed).  A storm
         that the raised thread keeps up with still fills them faster than

@@ -4,12 +4,10 @@ The recording thread must never wait behind background work (segment
 fsync and compression, snapshot copies, housekeeping).  Background threads
 run Python, so they share the GIL with the recording thread: one preempted
 while it holds the GIL stops the recording thread until it runs again.
-Under SCHED_IDLE (their policy until 2026-11-24) that could be never while
-the workload kept every core busy: measured here, two unpaced mmap storms on
-2 CPUs starved a SCHED_IDLE thread holding the GIL, the recording thread
-waited for it 0.4-1.3 s, and 2 MiB rings lost 38,808-204,751 of 1.2 M
-events; with the background threads at the normal policy, 0 in 3 runs,
-and under SCHED_BATCH 0 in 2 more.  So they run under SCHED_BATCH (sched(7): the process's own nice and
+Under SCHED_IDLE that can be never while the workload keeps every core
+busy: a SCHED_IDLE thread holding the GIL is starved, the recording thread
+waits for it, and the rings overflow (docs/performance-history.md has the
+storms that showed it).  So they run under SCHED_BATCH (sched(7): the process's own nice and
 fair share, but no wakeup preemption of the workload), and in the idle I/O
 class (ioprio_set(2), IOPRIO_CLASS_IDLE): their reads, writes and fsyncs go
 to the disk only when nothing else waits for it (honoured by the bfq

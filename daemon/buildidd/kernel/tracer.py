@@ -375,7 +375,7 @@ class Tracer:
         #: (map fd, size in bytes) of each BPF_MAP_TYPE_RINGBUF, consumed by capture.rings.
         self.ring_maps = [(self.prog.maps[f"events{i}"].fd, ring_bytes) for i in range(self.nrings)]
         # BPF_F_MMAPABLE arrays, read and written with loads and stores: no bpf(2) call on the
-        # recording thread's path at each drain and drop check (~1-3 µs each on an idle host).
+        # recording thread's path at each drain and drop check.
         self._mapped = [mmap.mmap(self.prog.maps[name].fd, page, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0) for name in ("drain_gen", "drops")]
         self._drain_words, self._drop_words = (memoryview(m).cast("Q") for m in self._mapped)

@@ -132,8 +132,8 @@ def changed_near(want: Identity, wall_ns: int, tick_ns: int, nlink: int = 1) -> 
     """True when want's ctime is not older than one coarse tick before wall_ns (ns since the epoch).
 
     Inode times come from the coarse clock: a rewrite in place within the
-    tick of the last change leaves ctime (and mtime) as they were (measured
-    here: 1 time in 30, ../shared/ENVIRONMENT.md).  A file changed within a
+    tick of the last change leaves ctime (and mtime) as they were
+    (current_time() is ktime_get_coarse_real_ts64, fs/inode.c).  A file changed within a
     tick before the mapping may thus have been rewritten after it with no
     trace in its identity, so its bytes read now cannot be trusted to be
     the ones mapped.  An unknown ctime (0) is not judged, nor one more than a

@@ -278,9 +278,8 @@ class Routes:
         /proc/PID/map_files, then at its path here: the caller accepts a descriptor only with the
         event's identity, so each route reaches the same inode or is refused, and the path inside
         the process's root takes no mmap_lock of the process (only its task_lock, briefly).  A map_files lookup takes the
-        process's mmap_lock for reading (fs/proc/base.c, proc_map_files_lookup): measured here,
-        the hand-overs of a dlopen storm's first sighting of 50 libraries made the workload block
-        on it 36 more times and cost it 8% of its run, map_files first.  An exec event (no vma)
+        process's mmap_lock for reading (fs/proc/base.c, proc_map_files_lookup), which a
+        workload that maps and unmaps in a loop then waits for.  An exec event (no vma)
         starts with /proc/PID/exe, the executable's own inode.
         """
         path_ok = req.path and "\0" not in req.path and not req.path.startswith("/memfd:")

@@ -185,8 +185,7 @@ class WorkerPool:
 
         _thread.start_new_thread, not threading.Thread.start: start() waits
         until the new thread has run, which it may only do after the GIL and a
-        CPU came its way (measured: 12 ms of the recording thread's time in a
-        storm on 2 CPUs, enough for a 2 MiB ring to overflow at 800k mappings/s).
+        CPU came its way: in a storm, long enough for a ring to overflow.
         Workers are daemon threads either way: the process exits without them.
         """
         try:

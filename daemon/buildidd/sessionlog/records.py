@@ -36,7 +36,7 @@ exact bytes follow in ``path_bytes``/``filename_bytes``/``comm_bytes``
 could not read whole (longer than 4095 bytes or about 1000 components, or a
 read failed): what is given is its end.
 Mapping, exec, fork, exit and comm records are bytes templates around pre-encoded
-fragments: they are the hot path, and json.dumps costs several µs per record.
+fragments: they are the hot path, where a json.dumps per record would be its largest cost.
 The templates below are the one definition of those lines: the recorder's C
 fast path (_fastpath.c) is given them at import and fills them the way
 ``%`` does here (tests/test_fastpath.py compares the two byte for byte).

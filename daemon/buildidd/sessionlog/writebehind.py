@@ -5,12 +5,10 @@ in the page cache until memory pressure evicts it: a recording daemon would
 grow the host's page cache by the whole session (crowding out the cache of
 the programs it records) and keep up to the kernel's dirty limit of it
 unwritten.  Worse for its own cost: each new page-cache page is memory not
-touched recently.  On the development VMs (free page reporting,
-page_reporting_order=11 on the kernel command line) such a page costs a
-fault in the host on first use: writing the log into fresh pages took 53%
-of the daemon's CPU in an unpaced mmap storm (perf record of the daemon:
-copy_folio_from_iter_atomic), 1.0-1.1 µs per event against 0.43 with the
-window below (2026-11-25).
+touched recently, and on a guest with free page reporting
+(page_reporting_order on the kernel command line) such a page costs a fault
+in the host on first use: writing the log into fresh pages then dominates the
+daemon's CPU (copy_folio_from_iter_atomic in a profile of the daemon).
 
 So, as each segment grows, every :data:`WINDOW_BYTES` the range written
 before it is handed to one background thread, which starts its writeback and
@@ -60,12 +58,10 @@ def release_range(fd: int, start: int, length: int, drop_from: int | None = None
     [drop_from, start + length) from the page cache (drop_from: start when None; at most start).
 
     drop_from lets a caller cover its earlier synced ranges again: DONTNEED
-    drops whole folios only, and a large folio (ext4 makes them on 6.18) that
-    straddles start stays cached.  Measured here (2026-11-26): dropping
-    [768 KiB, 1 MiB) of a 1 MiB file just written and synced dropped
-    nothing, [0, 1 MiB) all of it; writing 8 MiB in 256 KiB windows, ~80
-    pages of the ranges synced stayed cached every time, all of which a pass
-    from the segment's first synced byte dropped.  That pass walks the folios
+    drops whole folios only (mm/fadvise.c: invalidate_mapping_pages skips a
+    folio that is not wholly inside the range), and a large folio (ext4 makes
+    them since 6.x) that straddles start stays cached until a later pass from
+    the segment's first synced byte covers it.  That pass walks the folios
     still cached, not the whole range.
 
     Raises:

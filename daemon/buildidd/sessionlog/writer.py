@@ -167,7 +167,7 @@ class SessionWriter:
                 only on a short write), into one segment.
             trusted: the caller guarantees the line rules (its records are
                 JSON-encoded, so no raw newline, and bounded), so the per-byte
-                checks are skipped; they cost ~1 µs per record on the hot path.
+                checks are skipped (a per-byte scan of every record on the hot path).
 
         Rotates first when the open segment holds at least
         ``max_segment_bytes`` bytes or is ``max_segment_age_s`` seconds old
