@@ -1,4 +1,4 @@
-"""Per-pid state of processes whose exit was lost stays bounded (issue 15)."""
+"""Per-pid state of processes whose exit was lost stays bounded."""
 
 from __future__ import annotations
 

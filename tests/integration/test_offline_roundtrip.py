@@ -1,4 +1,4 @@
-"""Issue 14's round trip: record with the daemon, replace one binary and delete another, archive, import into
+"""The offline round trip: record with the daemon, replace one binary and delete another, archive, import into
 empty directories, then symbolize with perf, gdb and debuginfod-find (against ``buildidd serve``) from the import."""
 
 from __future__ import annotations

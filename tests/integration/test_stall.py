@@ -1,4 +1,4 @@
-"""A user cannot stall the recording: FIFOs put at mapped paths (issue 15, "Never stall the recording").
+"""A user cannot stall the recording: FIFOs put at mapped paths.
 
 A real unprivileged user (conftest ``attacker``) maps files of its own
 executable, with their pages evicted so that user space has to read them,
