@@ -1,0 +1,397 @@
+"""``buildidd inject``: a perf.data profile rewritten so every mapping carries its exact build-id.
+
+Like ``perf inject --buildid-all``, but the build-ids come from the session
+buildidd recorded (read from the very file each process mapped), not from
+the paths as they are when inject runs.  Three streaming passes, memory
+bounded by the profile's mappings, never by its size:
+
+1. :class:`~buildidd.offline.perffile.PerfFile` checks the header, and the
+   data section is read once to collect the (pid, start, pgoff) of every
+   PERF_RECORD_MMAP/MMAP2 (a corrupt record stops inject here, before any
+   output is written);
+2. the session's matching ``mmap`` records are loaded
+   (:class:`~buildidd.offline.injectmatch.SessionIndex`);
+3. the data section is copied record by record to a temporary file beside
+   OUT, renamed into place at the end (the input is only read).
+
+Each user-space MMAP or MMAP2 the session matches is written as a
+PERF_RECORD_MMAP2 with PERF_RECORD_MISC_MMAP_BUILD_ID (perf_event.h: ``u8
+build_id_size, res; u16 res; u8 build_id[20]`` in place of maj/min/ino/
+ino_generation; an MMAP becomes an MMAP2 with prot ``PROT_READ|PROT_EXEC``,
+``PROT_READ`` for PERF_RECORD_MISC_MMAP_DATA, and flags ``MAP_PRIVATE``).  A
+record that already carries a build-id keeps it: when the session's
+differs, that is a disagreement, counted and shown, never overwritten.
+Everything else is copied byte for byte.  The HEADER_BUILD_ID feature is
+rewritten to agree (:func:`build_id_section`); the other features are copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from buildidd.errors import AnalysisError
+from buildidd.offline.injectcover import Coverage, SampleLayout
+from buildidd.offline.injectmatch import TOO_LONG, PerfMapping, SessionIndex
+from buildidd.offline.perfdata import (BUILD_ID_ENTRY, HOST_KERNEL_ID, MAX_BUILD_ID_BYTES, MMAP2_BUILD_ID,
+                                       PERF_RECORD_MISC_BUILD_ID_SIZE, PERF_RECORD_MISC_KERNEL,
+                                       PERF_RECORD_MISC_MMAP_BUILD_ID, build_id_entry, user_build_id_entries)
+from buildidd.offline.perffile import (CLOCK_BOOTTIME, EVENT_HEADER, FILE_HEADER, HEADER_BUILD_ID,
+                                       PERF_RECORD_FINISHED_ROUND, PERF_RECORD_FORK, PERF_RECORD_MMAP,
+                                       PERF_RECORD_MMAP2, PERF_RECORD_SAMPLE, SECTION, PerfDataError, PerfFile)
+from buildidd.store import KALLSYMS_DSO
+
+MMAP_HEAD = struct.Struct("<IIQQQ")             # pid, tid, start, len, pgoff (after perf_event_header)
+MMAP2_ID = struct.Struct("<IIQQ")               # maj, min, ino, ino_generation
+PROT_FLAGS = struct.Struct("<II")
+MMAP_NAME_AT = EVENT_HEADER.size + MMAP_HEAD.size                                     # 40
+MMAP2_NAME_AT = MMAP_NAME_AT + MMAP2_ID.size + PROT_FLAGS.size                        # 72
+PERF_RECORD_MISC_CPUMODE_MASK, PERF_RECORD_MISC_GUEST_KERNEL = 7, 4
+PERF_RECORD_MISC_MMAP_DATA = 1 << 13
+PROT_READ, PROT_EXEC, MAP_PRIVATE = 1, 4, 2
+HEADER_HOSTNAME, HEADER_OSRELEASE = 3, 4
+#: Largest HEADER_BUILD_ID section read from the input (bytes).
+MAX_BUILD_ID_SECTION = 256 << 20
+#: Distinct mappings (pid, start, pgoff) a profile may have.
+MAX_MAPPINGS = 1 << 23
+#: Disagreements shown in the summary (all are counted).
+MAX_EXAMPLES = 20
+COPY_CHUNK = 1 << 20
+
+
+@dataclass
+class InjectStats:
+    """What :func:`inject` did.
+
+    Attributes:
+        records: data records read.  mmap_records: PERF_RECORD_MMAP and MMAP2 among them.
+        kernel_mmaps: kernel and module mappings (not the session's concern; copied).
+        matched: user-space mappings given the session's build-id.
+        agreed: mappings that carried a build-id equal to the session's.
+        perf_only: mappings that carried a build-id the session has no answer for (kept).
+        disagreements: mappings whose build-id differs from the session's (perf's kept);
+            examples: the first :data:`MAX_EXAMPLES` of them.
+        not_matched: reason → user-space mappings left without a build-id (injectmatch reasons,
+            or the session's error for the file).
+        samples: Coverage counts (injectcover).
+        clock: how time joins the match ("boottime": used; "perf_clock": not used).
+        header: HEADER_BUILD_ID entries: written, kept_from_perf, dropped_from_perf, kernel_added.
+        warnings: facts the analyst should see (another host, another kernel).
+        bytes_in, bytes_out: file sizes; seconds: wall time of the three passes.
+    """
+
+    records: int = 0
+    mmap_records: int = 0
+    kernel_mmaps: int = 0
+    matched: int = 0
+    agreed: int = 0
+    perf_only: int = 0
+    disagreements: int = 0
+    examples: list[dict] = field(default_factory=list)
+    not_matched: Counter = field(default_factory=Counter)
+    samples: dict = field(default_factory=dict)
+    clock: str = "perf_clock"
+    header: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    session_records_skipped: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        """The summary as ``inject --json`` prints it."""
+        user = self.mmap_records - self.kernel_mmaps
+        return {"records": self.records, "mmap_records": self.mmap_records, "user_mappings": user,
+                "kernel_mappings": self.kernel_mmaps, "matched": self.matched, "agreed": self.agreed,
+                "perf_only": self.perf_only, "disagreements": self.disagreements,
+                "disagreement_examples": self.examples, "not_matched": dict(self.not_matched.most_common()),
+                "samples": self.samples, "clock": self.clock, "header_build_ids": self.header,
+                "warnings": self.warnings, "session_records_skipped": self.session_records_skipped,
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "seconds": round(self.seconds, 3),
+                "records_per_s": round(self.records / self.seconds) if self.seconds else None}
+
+
+def parse_mmap(pf: PerfFile, rtype: int, rec: memoryview) -> tuple[PerfMapping, bytes | None, int]:
+    """A PERF_RECORD_MMAP/MMAP2's identity, the build-id it carries (or ``None``), and where its name ends.
+
+    Raises:
+        PerfDataError: the record is too short for its fields and trailer.
+    """
+    name_at = MMAP_NAME_AT if rtype == PERF_RECORD_MMAP else MMAP2_NAME_AT
+    trailer_at = len(rec) - pf.id_hdr_size
+    if trailer_at < name_at:
+        raise PerfDataError(f"{pf.path}: a PERF_RECORD_MMAP{'2' if rtype != PERF_RECORD_MMAP else ''} of "
+                            f"{len(rec)} bytes, too short for its fields")
+    pid, _tid, start, _len, pgoff = MMAP_HEAD.unpack_from(rec, EVENT_HEADER.size)
+    misc = EVENT_HEADER.unpack_from(rec)[1]
+    dev = ino = gen = bid = None
+    if rtype == PERF_RECORD_MMAP2:
+        if misc & PERF_RECORD_MISC_MMAP_BUILD_ID:
+            size = min(rec[MMAP_NAME_AT], MAX_BUILD_ID_BYTES)
+            bid = bytes(rec[MMAP_NAME_AT + 4:MMAP_NAME_AT + 4 + size])
+        else:
+            maj, mnr, ino, gen = MMAP2_ID.unpack_from(rec, MMAP_NAME_AT)
+            dev = (maj, mnr)
+    t = struct.unpack_from("<Q", rec, trailer_at + pf.time_at)[0] if pf.time_at is not None else None
+    name = bytes(rec[name_at:trailer_at]).split(b"\0", 1)[0]
+    return PerfMapping(pid, start, pgoff, t, dev, ino, gen, name), bid, trailer_at
+
+
+def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer_at: int) -> bytes:
+    """rec (MMAP or MMAP2) as an MMAP2 carrying bid (at most 20 bytes), name and trailer unchanged.
+
+    Raises:
+        PerfDataError: the new record would exceed 65535 bytes.
+    """
+    misc = EVENT_HEADER.unpack_from(rec)[1] | PERF_RECORD_MISC_MMAP_BUILD_ID
+    union = MMAP2_BUILD_ID.pack(len(bid), 0, 0, bid)
+    if rtype == PERF_RECORD_MMAP:
+        prot = PROT_READ if misc & PERF_RECORD_MISC_MMAP_DATA else PROT_READ | PROT_EXEC
+        body = bytes(rec[EVENT_HEADER.size:MMAP_NAME_AT]) + union + PROT_FLAGS.pack(prot, MAP_PRIVATE) \
+            + bytes(rec[MMAP_NAME_AT:])
+    else:
+        body = bytes(rec[EVENT_HEADER.size:MMAP_NAME_AT]) + union + bytes(rec[MMAP_NAME_AT + 24:])
+    size = EVENT_HEADER.size + len(body)
+    if size > 0xFFFF:
+        raise PerfDataError(f"{pf.path}: a mapping record of {size} bytes does not fit perf's u16 size")
+    return EVENT_HEADER.pack(PERF_RECORD_MMAP2, misc, size) + body
+
+
+def _is_kernel(misc: int, pid: int) -> bool:
+    mode = misc & PERF_RECORD_MISC_CPUMODE_MASK
+    return mode in (PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_GUEST_KERNEL) or pid == 0xFFFFFFFF
+
+
+class _Rewriter:
+    """Pass 3: records in, records out; the build-ids the output's mappings carry."""
+
+    def __init__(self, pf: PerfFile, index: SessionIndex, stats: InjectStats):
+        self.pf, self.index, self.stats = pf, index, stats
+        self.cover = Coverage(SampleLayout.of(pf.attrs))
+        self.carried: dict[tuple[str, str], int] = {}     # (build-id, path) -> first pid
+        self.unmatched_paths: set[str] = set()
+
+    def run(self, src, out) -> None:
+        st, cover = self.stats, self.cover
+        write = out.write
+        for _off, rtype, misc, rec in self.pf.records(src):
+            st.records += 1
+            if rtype == PERF_RECORD_SAMPLE:
+                cover.sample(rec, misc)
+            elif rtype in (PERF_RECORD_MMAP, PERF_RECORD_MMAP2):
+                write(self.mapping(rtype, misc, rec))
+                continue
+            elif rtype == PERF_RECORD_FORK:
+                cover.fork(rec)
+            elif rtype == PERF_RECORD_FINISHED_ROUND:
+                cover.flush()
+            write(rec)
+        cover.flush()
+        st.samples = cover.counts()
+
+    def mapping(self, rtype: int, misc: int, rec: memoryview) -> bytes | memoryview:
+        st = self.stats
+        st.mmap_records += 1
+        m, had, trailer_at = parse_mmap(self.pf, rtype, rec)
+        if _is_kernel(misc, m.pid):
+            st.kernel_mmaps += 1
+            return rec
+        ours, why = self.index.match(m)
+        path = m.filename.decode("utf-8", "surrogateescape")
+        length = MMAP_HEAD.unpack_from(rec, EVENT_HEADER.size)[3]
+        if had is not None:
+            if ours is None:
+                st.perf_only += 1
+            elif bytes.fromhex(ours) == had:
+                st.agreed += 1
+            else:
+                st.disagreements += 1
+                if len(st.examples) < MAX_EXAMPLES:
+                    st.examples.append({"pid": m.pid, "start": f"{m.start:#x}", "pgoff": m.pgoff, "path": path,
+                                        "perf": had.hex(), "session": ours})
+            self._carry(had.hex(), path, m.pid)
+            self.cover.map(m.pid, m.start, length, True)
+            return rec
+        if ours is None or len(ours) > 2 * MAX_BUILD_ID_BYTES:
+            st.not_matched[why or TOO_LONG] += 1
+            self.unmatched_paths.add(path)
+            self.cover.map(m.pid, m.start, length, False)
+            return rec
+        st.matched += 1
+        self._carry(ours, path, m.pid)
+        self.cover.map(m.pid, m.start, length, True)
+        return with_build_id(self.pf, rtype, rec, bytes.fromhex(ours), trailer_at)
+
+    def _carry(self, bid: str, path: str, pid: int) -> None:
+        self.carried.setdefault((bid, path), pid)
+
+
+def parse_build_id_section(pf: PerfFile, raw: bytes) -> list[tuple[int, int, str, str, bytes]]:
+    """HEADER_BUILD_ID entries as (misc, pid, build-id hex, filename, entry bytes) (header.c
+    ``perf_header__read_build_ids``: a build-id of ``size`` bytes with PERF_RECORD_MISC_BUILD_ID_SIZE, else 20).
+
+    Raises:
+        PerfDataError: an entry with a size under 36 bytes or past the section's end.
+    """
+    out, at = [], 0
+    while at < len(raw):
+        if len(raw) - at < BUILD_ID_ENTRY.size:
+            raise PerfDataError(f"{pf.path}: HEADER_BUILD_ID ends inside an entry")
+        _t, misc, size, pid, bid, bsize, _r1, _r2 = BUILD_ID_ENTRY.unpack_from(raw, at)
+        if size < BUILD_ID_ENTRY.size or size > len(raw) - at:
+            raise PerfDataError(f"{pf.path}: HEADER_BUILD_ID entry of {size} bytes at {at} of {len(raw)}")
+        n = bsize if misc & PERF_RECORD_MISC_BUILD_ID_SIZE and bsize <= MAX_BUILD_ID_BYTES else MAX_BUILD_ID_BYTES
+        name = raw[at + BUILD_ID_ENTRY.size:at + size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        out.append((misc, pid, bid[:n].hex(), name, raw[at:at + size]))
+        at += size
+    return out
+
+
+def build_id_section(perf_entries: list, rw: _Rewriter, kernel_bid: str | None, header: dict) -> bytes:
+    """The new HEADER_BUILD_ID: perf's kernel and module entries; perf's user-space entries for paths whose
+    every mapping carries a build-id only when theirs is among those (the others are dropped: perf read the
+    path after the profile, and the path held another build by then); then one entry per (build-id, path)
+    the output's MMAP2 records carry.  The host kernel's from the session when perf wrote none."""
+    kernel, user = [], []
+    have = {(bid, path) for bid, path in rw.carried}
+    carried_paths = {path for _bid, path in rw.carried}
+    for misc, pid, bid, name, raw in perf_entries:
+        if misc & PERF_RECORD_MISC_CPUMODE_MASK in (PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_GUEST_KERNEL):
+            kernel.append(raw)
+        elif (bid, name) in have:
+            continue                          # written below, with ours
+        elif name in carried_paths and name not in rw.unmatched_paths:
+            header["dropped_from_perf"] += 1
+        else:
+            header["kept_from_perf"] += 1
+            user.append((bid, name, pid))
+    if kernel_bid and not kernel and len(kernel_bid) <= 2 * MAX_BUILD_ID_BYTES:
+        kernel.append(build_id_entry(kernel_bid, KALLSYMS_DSO, True, HOST_KERNEL_ID))
+        header["kernel_added"] = True
+    user += [(bid, path, pid) for (bid, path), pid in rw.carried.items()]
+    entries = kernel + user_build_id_entries(user)
+    header["written"] = len(entries)
+    return b"".join(entries)
+
+
+def inject(profile: str | os.PathLike, session_dir: str | os.PathLike, out_path: str | os.PathLike) -> InjectStats:
+    """Write profile with the session's build-ids to out_path (see the module doc); the summary.
+
+    Raises:
+        PerfDataError: the profile is not a perf.data file inject reads, or is truncated or corrupt.
+        AnalysisError: out_path is the profile, or cannot be written.
+        SessionLogError: the session cannot be read.
+    """
+    t0 = time.monotonic()
+    stats = InjectStats()
+    profile, out_path = os.fspath(profile), os.fspath(out_path)
+    if os.path.isdir(profile):
+        raise PerfDataError(f"{profile}: a directory (perf record --threads); not supported")
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.samefile(profile, out_path):
+            raise AnalysisError(f"{out_path}: is the input; inject never writes over its input")
+    with open(profile, "rb") as src:
+        pf = PerfFile.open(profile, src)
+        stats.bytes_in = pf.size
+        boottime = pf.clockid == CLOCK_BOOTTIME
+        stats.clock = "boottime" if boottime else "perf_clock"
+        keys = _mapping_keys(pf, src)
+        index = SessionIndex.load(session_dir, keys, boottime)
+        stats.session_records_skipped = index.skipped
+        _check_host(pf, src, index.session, stats)
+        rw = _Rewriter(pf, index, stats)
+        perf_entries = parse_build_id_section(pf, pf.read_feature(src, HEADER_BUILD_ID, MAX_BUILD_ID_SECTION) or b"")
+        stats.bytes_out = _write(pf, src, out_path, rw, perf_entries, index.session.get("kernel_build_id"))
+    stats.seconds = time.monotonic() - t0
+    return stats
+
+
+def _mapping_keys(pf: PerfFile, src) -> set[tuple[int, int, int]]:
+    """Pass 1: every user-space mapping's (pid, start, pgoff); checks every record's size on the way."""
+    keys = set()
+    for _off, rtype, misc, rec in pf.records(src):
+        if rtype in (PERF_RECORD_MMAP, PERF_RECORD_MMAP2):
+            m = parse_mmap(pf, rtype, rec)[0]
+            if not _is_kernel(misc, m.pid):
+                keys.add((m.pid, m.start, m.pgoff))
+                if len(keys) > MAX_MAPPINGS:
+                    raise PerfDataError(f"{pf.path}: more than {MAX_MAPPINGS} distinct mappings")
+    return keys
+
+
+def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> None:
+    """Warnings when the profile's HEADER_HOSTNAME / HEADER_OSRELEASE differ from the session's."""
+    for bit, key in ((HEADER_HOSTNAME, "host"), (HEADER_OSRELEASE, "kernel_release")):
+        raw = pf.read_feature(src, bit, 1 << 16)
+        if raw is None or len(raw) < 4 or not session.get(key):
+            continue
+        text = raw[4:4 + struct.unpack_from("<I", raw)[0]].split(b"\0", 1)[0].decode("utf-8", "replace")
+        if text != session[key]:
+            stats.warnings.append(f"the profile's {key} is {text!r}, the session's {session[key]!r}")
+
+
+def _write(pf: PerfFile, src, out_path: str, rw: _Rewriter, perf_entries: list, kernel_bid) -> int:
+    """Pass 3 into a temporary file beside out_path, renamed into place; its size."""
+    d = os.path.dirname(os.path.abspath(out_path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".inject-", suffix=".tmp", dir=d)
+    except OSError as e:
+        raise AnalysisError(f"{out_path}: cannot write: {e.strerror}") from e
+    try:
+        with os.fdopen(fd, "wb", buffering=COPY_CHUNK) as out:
+            _copy(src, out, 0, pf.data_offset)
+            rw.run(src, out)
+            data_size = out.tell() - pf.data_offset
+            header = {"written": 0, "kept_from_perf": 0, "dropped_from_perf": 0, "kernel_added": False}
+            bid_section = build_id_section(perf_entries, rw, kernel_bid, header)
+            rw.stats.header = header
+            bits = sorted(set(pf.features) | {HEADER_BUILD_ID})
+            sizes = {b: len(bid_section) if b == HEADER_BUILD_ID else pf.features[b][1] for b in bits}
+            at = out.tell() + SECTION.size * len(bits)
+            for b in bits:
+                out.write(SECTION.pack(at, sizes[b]))
+                at += sizes[b]
+            for b in bits:
+                if b == HEADER_BUILD_ID:
+                    out.write(bid_section)
+                else:
+                    _copy(src, out, *pf.features[b])
+            size = out.tell()
+            out.seek(0)
+            head = bytearray(_read(pf, src, 0, FILE_HEADER.size))
+            struct.pack_into("<Q", head, 48, data_size)
+            bitmap = list(struct.unpack_from("<4Q", head, 72))
+            bitmap[HEADER_BUILD_ID // 64] |= 1 << (HEADER_BUILD_ID % 64)
+            struct.pack_into("<4Q", head, 72, *bitmap)
+            out.write(head)
+        os.rename(tmp, out_path)
+        return size
+    except OSError as e:
+        raise AnalysisError(f"{out_path}: cannot write: {e.strerror}") from e
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _read(pf: PerfFile, src, off: int, n: int) -> bytes:
+    src.seek(off)
+    data = src.read(n)
+    if len(data) != n:
+        raise pf.fail(off, "file shrank while inject read it")
+    return data
+
+
+def _copy(src, out, off: int, n: int) -> None:
+    """n bytes of src from off to out, a chunk at a time."""
+    src.seek(off)
+    while n > 0:
+        chunk = src.read(min(COPY_CHUNK, n))
+        if not chunk:
+            raise PerfDataError(f"{src.name}: file shrank while inject read it")
+        out.write(chunk)
+        n -= len(chunk)
