@@ -74,6 +74,8 @@ class InjectStats:
         matched: user-space mappings given the session's build-id.
         agreed: mappings that carried a build-id equal to the session's.
         perf_only: mappings that carried a build-id the session has no answer for (kept).
+        flag_without_build_id: MMAP2 records flagged as carrying a build-id that hold a dev/inode
+            (:func:`flag_without_build_id`): given ours, or their flag cleared.
         disagreements: mappings whose build-id differs from the session's (perf's kept);
             examples: the first :data:`MAX_EXAMPLES` of them.
         not_matched: reason → user-space mappings left without a build-id (injectmatch reasons,
@@ -91,6 +93,7 @@ class InjectStats:
     matched: int = 0
     agreed: int = 0
     perf_only: int = 0
+    flag_without_build_id: int = 0
     disagreements: int = 0
     examples: list[dict] = field(default_factory=list)
     not_matched: Counter = field(default_factory=Counter)
@@ -108,7 +111,8 @@ class InjectStats:
         user = self.mmap_records - self.kernel_mmaps
         return {"records": self.records, "mmap_records": self.mmap_records, "user_mappings": user,
                 "kernel_mappings": self.kernel_mmaps, "matched": self.matched, "agreed": self.agreed,
-                "perf_only": self.perf_only, "disagreements": self.disagreements,
+                "perf_only": self.perf_only, "flag_without_build_id": self.flag_without_build_id,
+                "disagreements": self.disagreements,
                 "disagreement_examples": self.examples, "not_matched": dict(self.not_matched.most_common()),
                 "samples": self.samples, "clock": self.clock, "header_build_ids": self.header,
                 "warnings": self.warnings, "session_records_skipped": self.session_records_skipped,
@@ -131,15 +135,25 @@ def parse_mmap(pf: PerfFile, rtype: int, rec: memoryview) -> tuple[PerfMapping, 
     misc = EVENT_HEADER.unpack_from(rec)[1]
     dev = ino = gen = bid = None
     if rtype == PERF_RECORD_MMAP2:
-        if misc & PERF_RECORD_MISC_MMAP_BUILD_ID:
-            size = min(rec[MMAP_NAME_AT], MAX_BUILD_ID_BYTES)
+        size = rec[MMAP_NAME_AT]
+        if misc & PERF_RECORD_MISC_MMAP_BUILD_ID and 0 < size <= MAX_BUILD_ID_BYTES:
             bid = bytes(rec[MMAP_NAME_AT + 4:MMAP_NAME_AT + 4 + size])
-        else:
+        else:       # see flag_without_build_id()
             maj, mnr, ino, gen = MMAP2_ID.unpack_from(rec, MMAP_NAME_AT)
             dev = (maj, mnr)
     t = struct.unpack_from("<Q", rec, trailer_at + pf.time_at)[0] if pf.time_at is not None else None
     name = bytes(rec[name_at:trailer_at]).split(b"\0", 1)[0]
     return PerfMapping(pid, start, pgoff, t, dev, ino, gen, name), bid, trailer_at
+
+
+def flag_without_build_id(rtype: int, misc: int, rec: memoryview) -> bool:
+    """Whether an MMAP2 has PERF_RECORD_MISC_MMAP_BUILD_ID but a build_id_size of 0 or over 20: then its union
+    holds maj/min/ino/ino_generation.  The kernel (kernel/events/core.c perf_event_mmap_output) sets the flag
+    in the mmap event it shares between all perf events and never clears it, so while one perf session records
+    with --buildid-mmap, another one's MMAP2 records get the flag over their dev/inode (seen here: a size byte
+    of 254, the low byte of the disk's major; perf report then fails an assertion and aborts)."""
+    return rtype == PERF_RECORD_MMAP2 and bool(misc & PERF_RECORD_MISC_MMAP_BUILD_ID) and \
+        not 0 < rec[MMAP_NAME_AT] <= MAX_BUILD_ID_BYTES
 
 
 def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer_at: int) -> bytes:
@@ -217,10 +231,15 @@ class _Rewriter:
             self._carry(had.hex(), path, m.pid)
             self.cover.map(m.pid, m.start, length, True)
             return rec
+        bogus = flag_without_build_id(rtype, misc, rec)
+        st.flag_without_build_id += bogus
         if ours is None or len(ours) > 2 * MAX_BUILD_ID_BYTES:
             st.not_matched[why or TOO_LONG] += 1
             self.unmatched_paths.add(path)
             self.cover.map(m.pid, m.start, length, False)
+            if bogus:       # what the kernel wrote is a dev/inode: say so
+                return EVENT_HEADER.pack(rtype, misc & ~PERF_RECORD_MISC_MMAP_BUILD_ID, len(rec)) + \
+                    bytes(rec[EVENT_HEADER.size:])
             return rec
         st.matched += 1
         self._carry(ours, path, m.pid)
