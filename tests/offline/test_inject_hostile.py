@@ -1,0 +1,190 @@
+"""buildidd inject on truncated, corrupt and hostile perf.data files: a clear error, a bounded run, no output,
+the input untouched.  The inputs are real perf.data files written by perf record, then cut or altered."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from buildidd.errors import AnalysisError
+from buildidd.offline.inject import inject
+from buildidd.offline.perffile import FILE_HEADER, SECTION, PerfDataError, PerfFile
+
+from conftest import need
+
+BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    """A small real profile: perf record -e cpu-clock -g of a shell pipeline (build-ids in its header)."""
+    need(shutil.which("perf") is not None, "perf missing")
+    d = tmp_path_factory.mktemp("inject-hostile")
+    (d / "bid").mkdir()
+    out = d / "perf.data"
+    r = subprocess.run(["perf", "--buildid-dir", str(d / "bid"), "record", "-q", "-N", "-e", "cpu-clock", "-g",
+                        "-o", str(out), "--", "sh", "-c", "ls -R /usr/lib >/dev/null; cat /dev/null"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture
+def session(tmp_path) -> Path:
+    """A session log with its session record and no mappings (the real reader reads it)."""
+    s = tmp_path / "session"
+    s.mkdir()
+    (s / "segment-000001.jsonl").write_text(json.dumps({"type": "session", "time_ns": 1, "host": "elsewhere"}) + "\n")
+    return s
+
+
+def _digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _refused(src: Path, session: Path, out: Path, match: str | None = None) -> str:
+    before = _digest(src)
+    t0 = time.monotonic()
+    with pytest.raises(PerfDataError, match=match) as e:
+        inject(src, session, out)
+    assert time.monotonic() - t0 < 5
+    assert not out.exists() and not list(out.parent.glob(".inject-*"))
+    assert _digest(src) == before
+    return str(e.value)
+
+
+def _header(data: bytes) -> list:
+    return list(FILE_HEADER.unpack_from(data))
+
+
+def test_truncated_anywhere_is_refused(profile, session, tmp_path):
+    data = profile.read_bytes()
+    h = _header(data)
+    data_offset, data_size = h[5], h[6]
+    cuts = [0, 7, 60, 103, 104, 200, data_offset + 5, data_offset + data_size // 2, data_offset + data_size - 3,
+            data_offset + data_size + 8, len(data) - 1]
+    for cut in cuts:
+        bad = tmp_path / f"cut{cut}.data"
+        bad.write_bytes(data[:cut])
+        msg = _refused(bad, session, tmp_path / "out.data")
+        assert str(bad) in msg and ("truncated" in msg or "corrupt" in msg or "not a perf.data" in msg), (cut, msg)
+
+
+def _first_record_at(data: bytes) -> int:
+    return _header(data)[5]
+
+
+def test_corrupt_sizes_and_counts_are_refused(profile, session, tmp_path):
+    data = bytearray(profile.read_bytes())
+    h = _header(data)
+    d_off = h[5]
+
+    def variant(name: str, edit) -> Path:
+        b = bytearray(data)
+        edit(b)
+        p = tmp_path / f"{name}.data"
+        p.write_bytes(b)
+        return p
+
+    cases = {
+        "record size 0": (lambda b: struct.pack_into("<H", b, d_off + 6, 0), "size 0"),
+        "record past the end": (lambda b: struct.pack_into("<H", b, d_off + 6, 0xFFF8), "data section ends"),
+        "data size absurd": (lambda b: struct.pack_into("<Q", b, 48, 1 << 62), "outside the file"),
+        "attr_size absurd": (lambda b: struct.pack_into("<Q", b, 16, 1 << 40), "attr_size"),
+        "attrs count absurd": (lambda b: struct.pack_into("<Q", b, 32, h[2] * (1 << 30)), "attrs section"),
+        "big-endian magic": (lambda b: b.__setitem__(slice(0, 8), b"2ELIFREP"), "big-endian"),
+        "pipe header": (lambda b: struct.pack_into("<Q", b, 8, 16), "pipe-mode"),
+        "feature offset absurd": (lambda b: struct.pack_into("<Q", b, h[5] + h[6], 1 << 60), "feature"),
+    }
+    for name, (edit, match) in cases.items():
+        _refused(variant(name.replace(" ", "_"), edit), session, tmp_path / "out.data", match)
+
+
+def test_a_build_id_section_with_a_bad_entry_is_refused(profile, session, tmp_path):
+    data = bytearray(profile.read_bytes())
+    with open(profile, "rb") as f:
+        pf = PerfFile.open(profile, f)
+    assert 2 in pf.features, "perf record wrote no HEADER_BUILD_ID"
+    off, _size = pf.features[2]
+    struct.pack_into("<H", data, off + 6, 3)        # the first entry's size: 3 bytes
+    bad = tmp_path / "bad-build-id.data"
+    bad.write_bytes(data)
+    _refused(bad, session, tmp_path / "out.data", "HEADER_BUILD_ID")
+
+
+def test_random_damage_gives_an_error_or_a_readable_file_in_bounded_time(profile, session, tmp_path):
+    data = profile.read_bytes()
+    d_off = _header(data)[5]
+    rng = random.Random(32)
+    outcomes = {"refused": 0, "written": 0}
+    for i in range(150):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            at = rng.randrange(0, d_off + 4096) if rng.random() < 0.6 else rng.randrange(len(b))
+            b[at] = rng.randrange(256)
+        p = tmp_path / "fuzz.data"
+        p.write_bytes(b)
+        out = tmp_path / "fuzz.out"
+        t0 = time.monotonic()
+        try:
+            inject(p, session, out)
+        except (PerfDataError, AnalysisError):
+            outcomes["refused"] += 1
+            assert not out.exists()
+        else:
+            outcomes["written"] += 1
+            with open(out, "rb") as f:          # what was written reads back whole
+                pf = PerfFile.open(out, f)
+                assert sum(1 for _ in pf.records(f)) > 0
+            out.unlink()
+        assert time.monotonic() - t0 < 5, i
+    print("random damage:", outcomes)
+    assert outcomes["refused"] > 0 and outcomes["written"] > 0
+
+
+def test_the_output_is_never_the_input(profile, session, tmp_path):
+    copy = tmp_path / "in.data"
+    shutil.copyfile(profile, copy)
+    link = tmp_path / "link.data"
+    link.symlink_to(copy)
+    before = _digest(copy)
+    for out in (copy, link):
+        with pytest.raises(AnalysisError, match="is the input"):
+            inject(copy, session, out)
+    assert _digest(copy) == before
+
+
+def test_without_session_matches_perf_sees_the_same_profile(profile, session, tmp_path):
+    """No mapping of the session matches: every record is copied, and perf script prints the same samples."""
+    out = tmp_path / "out.data"
+    stats = inject(profile, session, out)
+    assert stats.matched == 0 and stats.mmap_records > 0
+    assert stats.not_matched["pid_not_in_session"] > 0
+    assert any("host" in w for w in stats.warnings)        # another host's session: said
+    script = [["perf", "script", "-i", str(p), "-F", "comm,pid,tid,time,ip,sym,dso"] for p in (profile, out)]
+    a, b = (subprocess.run(c, capture_output=True, text=True, timeout=60).stdout for c in script)
+    assert a and a == b
+    with open(out, "rb") as f:
+        pf = PerfFile.open(out, f)
+        assert 2 in pf.features and SECTION.size
+
+
+def test_cli_error_is_one_line_with_status_1(profile, session, tmp_path):
+    bad = tmp_path / "bad.data"
+    bad.write_bytes(profile.read_bytes()[:500])
+    r = subprocess.run([*BUILDIDD, "inject", str(bad), str(session), "-o", str(tmp_path / "o.data")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1 and "perf.data" in r.stderr, r.stderr
+    r = subprocess.run([*BUILDIDD, "inject", str(tmp_path), str(session), "-o", str(tmp_path / "o.data")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "directory" in r.stderr
