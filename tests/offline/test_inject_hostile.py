@@ -87,6 +87,9 @@ def test_corrupt_sizes_and_counts_are_refused(profile, session, tmp_path):
     data = bytearray(profile.read_bytes())
     h = _header(data)
     d_off = h[5]
+    with open(profile, "rb") as f:
+        last = max(off for off, *_ in PerfFile.open(profile, f).records(f))
+    last_size = struct.unpack_from("<H", data, last + 6)[0]
 
     def variant(name: str, edit) -> Path:
         b = bytearray(data)
@@ -97,7 +100,7 @@ def test_corrupt_sizes_and_counts_are_refused(profile, session, tmp_path):
 
     cases = {
         "record size 0": (lambda b: struct.pack_into("<H", b, d_off + 6, 0), "size 0"),
-        "record past the end": (lambda b: struct.pack_into("<H", b, d_off + 6, 0xFFF8), "data section ends"),
+        "record past the end": (lambda b: struct.pack_into("<H", b, last + 6, last_size + 8), "data section ends"),
         "data size absurd": (lambda b: struct.pack_into("<Q", b, 48, 1 << 62), "outside the file"),
         "attr_size absurd": (lambda b: struct.pack_into("<Q", b, 16, 1 << 40), "attr_size"),
         "attrs count absurd": (lambda b: struct.pack_into("<Q", b, 32, h[2] * (1 << 30)), "attrs section"),

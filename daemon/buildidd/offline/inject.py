@@ -32,18 +32,19 @@ import os
 import struct
 import tempfile
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
-from buildidd.offline.injectcover import Coverage, SampleLayout
+from buildidd.offline.injectcover import MAX_PENDING, Coverage, SampleLayout
 from buildidd.offline.injectmatch import TOO_LONG, PerfMapping, SessionIndex
 from buildidd.offline.perfdata import (BUILD_ID_ENTRY, HOST_KERNEL_ID, MAX_BUILD_ID_BYTES, MMAP2_BUILD_ID,
                                        PERF_RECORD_MISC_BUILD_ID_SIZE, PERF_RECORD_MISC_KERNEL,
                                        PERF_RECORD_MISC_MMAP_BUILD_ID, build_id_entry, user_build_id_entries)
 from buildidd.offline.perffile import (CLOCK_BOOTTIME, EVENT_HEADER, FILE_HEADER, HEADER_BUILD_ID,
                                        PERF_RECORD_FINISHED_ROUND, PERF_RECORD_FORK, PERF_RECORD_MMAP,
-                                       PERF_RECORD_MMAP2, PERF_RECORD_SAMPLE, SECTION, PerfDataError, PerfFile)
+                                       PERF_RECORD_MMAP2, SECTION, Copy, PerfDataError, PerfFile, Tally)
 from buildidd.store import KALLSYMS_DSO
 
 MMAP_HEAD = struct.Struct("<IIQQQ")             # pid, tid, start, len, pgoff (after perf_event_header)
@@ -62,6 +63,8 @@ MAX_MAPPINGS = 1 << 23
 #: Disagreements shown in the summary (all are counted).
 MAX_EXAMPLES = 20
 COPY_CHUNK = 1 << 20
+#: The records pass 1 looks at (samples are collected by the walk itself).
+_LOOKED_AT = frozenset((PERF_RECORD_MMAP, PERF_RECORD_MMAP2, PERF_RECORD_FORK, PERF_RECORD_FINISHED_ROUND))
 
 
 @dataclass
@@ -181,43 +184,81 @@ def _is_kernel(misc: int, pid: int) -> bool:
     return mode in (PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_GUEST_KERNEL) or pid == 0xFFFFFFFF
 
 
+@dataclass
+class _Scan:
+    """Pass 1's findings: where each user-space mapping record is, their keys, and the samples' coverage."""
+
+    offsets: array = field(default_factory=lambda: array("q"))     # file offset of each, by serial
+    keys: set = field(default_factory=set)                          # (pid, start, pgoff)
+    tally: Tally = field(default_factory=Tally)
+    cover: Coverage | None = None
+
+
+def scan(pf: PerfFile, src, stats: InjectStats) -> _Scan:
+    """Pass 1: every record's size checked; user-space mapping records located and their keys collected;
+    each user-space sample counted against the mapping record that covers it (injectcover).
+
+    Raises:
+        PerfDataError: a corrupt record, or more than :data:`MAX_MAPPINGS` mapping records.
+    """
+    sc = _Scan(cover=Coverage(SampleLayout.of(pf.attrs)))
+    cover = sc.cover
+    layout = cover.layout
+    copy = Copy(None, cover.pending if layout else None, layout.ip_at if layout else 0, MAX_PENDING)
+    for off, rtype, misc, rec in pf.walk(src, _LOOKED_AT, sc.tally, copy):
+        if rtype == PERF_RECORD_MMAP or rtype == PERF_RECORD_MMAP2:
+            stats.mmap_records += 1
+            m = parse_mmap(pf, rtype, rec)[0]
+            if _is_kernel(misc, m.pid):
+                stats.kernel_mmaps += 1
+                continue
+            if len(sc.offsets) >= MAX_MAPPINGS:
+                raise PerfDataError(f"{pf.path}: more than {MAX_MAPPINGS} mapping records")
+            sc.offsets.append(off)
+            sc.keys.add((m.pid, m.start, m.pgoff))
+            cover.map(m.pid, m.start, MMAP_HEAD.unpack_from(rec, EVENT_HEADER.size)[3])
+        elif rtype == PERF_RECORD_FORK:
+            cover.fork(rec)
+        else:           # FLUSH, FINISHED_ROUND
+            cover.flush()
+    cover.flush()
+    stats.records = sc.tally.records
+    return sc
+
+
 class _Rewriter:
-    """Pass 3: records in, records out; the build-ids the output's mappings carry."""
+    """Pass 3: the input copied to the output, each user-space mapping record as :meth:`mapping` says;
+    the build-ids the output's mappings carry."""
 
     def __init__(self, pf: PerfFile, index: SessionIndex, stats: InjectStats):
         self.pf, self.index, self.stats = pf, index, stats
-        self.cover = Coverage(SampleLayout.of(pf.attrs))
         self.carried: dict[tuple[str, str], int] = {}     # (build-id, path) -> first pid
         self.unmatched_paths: set[str] = set()
 
-    def run(self, src, out) -> None:
-        st, cover = self.stats, self.cover
-        write = out.write
-        for _off, rtype, misc, rec in self.pf.records(src):
-            st.records += 1
-            if rtype == PERF_RECORD_SAMPLE:
-                cover.sample(rec, misc)
-            elif rtype in (PERF_RECORD_MMAP, PERF_RECORD_MMAP2):
-                write(self.mapping(rtype, misc, rec))
-                continue
-            elif rtype == PERF_RECORD_FORK:
-                cover.fork(rec)
-            elif rtype == PERF_RECORD_FINISHED_ROUND:
-                cover.flush()
-            write(rec)
-        cover.flush()
-        st.samples = cover.counts()
+    def run(self, src, out, sc: _Scan) -> None:
+        """Copy the data section from src (positioned at its start) to out."""
+        pf = self.pf
+        has_bid = bytearray(len(sc.offsets))
+        pos = pf.data_offset
+        for serial, off in enumerate(sc.offsets):
+            _copy_on(src, out, off - pos)
+            head = _read(pf, src, off, EVENT_HEADER.size, seek=False)
+            rtype, misc, size = EVENT_HEADER.unpack(head)
+            if rtype not in (PERF_RECORD_MMAP, PERF_RECORD_MMAP2) or size < MMAP_NAME_AT:
+                raise pf.fail(off, "the file changed while inject read it")
+            rec = memoryview(head + _read(pf, src, off + EVENT_HEADER.size, size - EVENT_HEADER.size, seek=False))
+            data, has_bid[serial] = self.mapping(rtype, misc, rec)
+            out.write(data)
+            pos = off + size
+        _copy_on(src, out, pf.data_offset + pf.data_size - pos)
+        self.stats.samples = sc.cover.counts(sc.tally.samples, has_bid)
 
-    def mapping(self, rtype: int, misc: int, rec: memoryview) -> bytes | memoryview:
+    def mapping(self, rtype: int, misc: int, rec: memoryview) -> tuple[bytes | memoryview, bool]:
+        """A user-space MMAP/MMAP2 record as written to the output, and whether it carries a build-id."""
         st = self.stats
-        st.mmap_records += 1
         m, had, trailer_at = parse_mmap(self.pf, rtype, rec)
-        if _is_kernel(misc, m.pid):
-            st.kernel_mmaps += 1
-            return rec
         ours, why = self.index.match(m)
         path = m.filename.decode("utf-8", "surrogateescape")
-        length = MMAP_HEAD.unpack_from(rec, EVENT_HEADER.size)[3]
         if had is not None:
             if ours is None:
                 st.perf_only += 1
@@ -229,22 +270,19 @@ class _Rewriter:
                     st.examples.append({"pid": m.pid, "start": f"{m.start:#x}", "pgoff": m.pgoff, "path": path,
                                         "perf": had.hex(), "session": ours})
             self._carry(had.hex(), path, m.pid)
-            self.cover.map(m.pid, m.start, length, True)
-            return rec
+            return rec, True
         bogus = flag_without_build_id(rtype, misc, rec)
         st.flag_without_build_id += bogus
         if ours is None or len(ours) > 2 * MAX_BUILD_ID_BYTES:
             st.not_matched[why or TOO_LONG] += 1
             self.unmatched_paths.add(path)
-            self.cover.map(m.pid, m.start, length, False)
             if bogus:       # what the kernel wrote is a dev/inode: say so
                 return EVENT_HEADER.pack(rtype, misc & ~PERF_RECORD_MISC_MMAP_BUILD_ID, len(rec)) + \
-                    bytes(rec[EVENT_HEADER.size:])
-            return rec
+                    bytes(rec[EVENT_HEADER.size:]), False
+            return rec, False
         st.matched += 1
         self._carry(ours, path, m.pid)
-        self.cover.map(m.pid, m.start, length, True)
-        return with_build_id(self.pf, rtype, rec, bytes.fromhex(ours), trailer_at)
+        return with_build_id(self.pf, rtype, rec, bytes.fromhex(ours), trailer_at), True
 
     def _carry(self, bid: str, path: str, pid: int) -> None:
         self.carried.setdefault((bid, path), pid)
@@ -319,28 +357,15 @@ def inject(profile: str | os.PathLike, session_dir: str | os.PathLike, out_path:
         stats.bytes_in = pf.size
         boottime = pf.clockid == CLOCK_BOOTTIME
         stats.clock = "boottime" if boottime else "perf_clock"
-        keys = _mapping_keys(pf, src)
-        index = SessionIndex.load(session_dir, keys, boottime)
+        sc = scan(pf, src, stats)
+        index = SessionIndex.load(session_dir, sc.keys, boottime)
         stats.session_records_skipped = index.skipped
         _check_host(pf, src, index.session, stats)
         rw = _Rewriter(pf, index, stats)
         perf_entries = parse_build_id_section(pf, pf.read_feature(src, HEADER_BUILD_ID, MAX_BUILD_ID_SECTION) or b"")
-        stats.bytes_out = _write(pf, src, out_path, rw, perf_entries, index.session.get("kernel_build_id"))
+        stats.bytes_out = _write(pf, src, out_path, (rw, sc), perf_entries, index.session.get("kernel_build_id"))
     stats.seconds = time.monotonic() - t0
     return stats
-
-
-def _mapping_keys(pf: PerfFile, src) -> set[tuple[int, int, int]]:
-    """Pass 1: every user-space mapping's (pid, start, pgoff); checks every record's size on the way."""
-    keys = set()
-    for _off, rtype, misc, rec in pf.records(src):
-        if rtype in (PERF_RECORD_MMAP, PERF_RECORD_MMAP2):
-            m = parse_mmap(pf, rtype, rec)[0]
-            if not _is_kernel(misc, m.pid):
-                keys.add((m.pid, m.start, m.pgoff))
-                if len(keys) > MAX_MAPPINGS:
-                    raise PerfDataError(f"{pf.path}: more than {MAX_MAPPINGS} distinct mappings")
-    return keys
 
 
 def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> None:
@@ -354,8 +379,9 @@ def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> None:
             stats.warnings.append(f"the profile's {key} is {text!r}, the session's {session[key]!r}")
 
 
-def _write(pf: PerfFile, src, out_path: str, rw: _Rewriter, perf_entries: list, kernel_bid) -> int:
+def _write(pf: PerfFile, src, out_path: str, passes: tuple[_Rewriter, _Scan], perf_entries: list, kernel_bid) -> int:
     """Pass 3 into a temporary file beside out_path, renamed into place; its size."""
+    rw, sc = passes
     d = os.path.dirname(os.path.abspath(out_path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".inject-", suffix=".tmp", dir=d)
@@ -364,7 +390,7 @@ def _write(pf: PerfFile, src, out_path: str, rw: _Rewriter, perf_entries: list, 
     try:
         with os.fdopen(fd, "wb", buffering=COPY_CHUNK) as out:
             _copy(src, out, 0, pf.data_offset)
-            rw.run(src, out)
+            rw.run(src, out, sc)
             data_size = out.tell() - pf.data_offset
             header = {"written": 0, "kept_from_perf": 0, "dropped_from_perf": 0, "kernel_added": False}
             bid_section = build_id_section(perf_entries, rw, kernel_bid, header)
@@ -397,8 +423,9 @@ def _write(pf: PerfFile, src, out_path: str, rw: _Rewriter, perf_entries: list, 
             os.unlink(tmp)
 
 
-def _read(pf: PerfFile, src, off: int, n: int) -> bytes:
-    src.seek(off)
+def _read(pf: PerfFile, src, off: int, n: int, seek: bool = True) -> bytes:
+    if seek:
+        src.seek(off)
     data = src.read(n)
     if len(data) != n:
         raise pf.fail(off, "file shrank while inject read it")
@@ -408,6 +435,11 @@ def _read(pf: PerfFile, src, off: int, n: int) -> bytes:
 def _copy(src, out, off: int, n: int) -> None:
     """n bytes of src from off to out, a chunk at a time."""
     src.seek(off)
+    _copy_on(src, out, n)
+
+
+def _copy_on(src, out, n: int) -> None:
+    """The next n bytes of src to out, a chunk at a time."""
     while n > 0:
         chunk = src.read(min(COPY_CHUNK, n))
         if not chunk:

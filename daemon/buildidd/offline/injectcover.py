@@ -3,9 +3,11 @@
 perf report rebuilds each process's address space from the MMAP/MMAP2,
 FORK and COMM records, then finds each sample's map by pid and ip
 (tools/perf/util/machine.c, thread__find_map).  This is the same walk, kept
-small: per pid a sorted list of mappings ``[start, start + len)`` with
-whether the output's record for it carries a build-id; a FORK of a new
-process (pid != ppid) copies its parent's list.  perf writes the records
+small: per pid a sorted list of mappings ``[start, start + len)``, each
+with the serial number of its mapping record; a FORK of a new process
+(pid != ppid) copies its parent's list.  Samples are counted per mapping
+record (:attr:`Coverage.hits`), so the walk can run before it is known
+which records get a build-id (:meth:`Coverage.counts` is told at the end).  perf writes the records
 of each CPU's ring buffer one after another within a round
 (PERF_RECORD_FINISHED_ROUND), so a sample may come before the mapping
 record of an earlier time: samples are resolved at the end of each round
@@ -20,19 +22,18 @@ if PERF_SAMPLE_TID, then the rest.  The sample's cpumode is
 from __future__ import annotations
 
 import struct
+from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from buildidd.offline.perffile import (EVENT_HEADER, PERF_SAMPLE_IDENTIFIER, PERF_SAMPLE_IP, PERF_SAMPLE_TID,
                                        Attr)
 
-PERF_RECORD_MISC_USER = 2
 #: Samples held until the end of their round.
-MAX_PENDING = 1 << 20
+MAX_PENDING = 1 << 18
 #: Mappings tracked over all processes (beyond: forks are not copied, and the counts say so).
 MAX_ENTRIES = 1 << 22
 _FORK = struct.Struct("<II")          # pid, ppid
-_PID_IP = struct.Struct("<QI")        # ip, pid (PERF_SAMPLE_IP then PERF_SAMPLE_TID)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class SampleLayout:
 
 
 class _Maps:
-    """One process's mappings: sorted starts; start → (end, carries a build-id)."""
+    """One process's mappings: sorted starts; start → (end, serial of the mapping record)."""
 
     __slots__ = ("starts", "info")
 
@@ -62,7 +63,7 @@ class _Maps:
         self.starts = starts if starts is not None else []
         self.info = info if info is not None else {}
 
-    def add(self, start: int, end: int, has_bid: bool) -> int:
+    def add(self, start: int, end: int, serial: int) -> int:
         """Insert [start, end) over what it overlaps; returns the change in entries."""
         starts, info = self.starts, self.info
         i = bisect_left(starts, start)
@@ -73,14 +74,14 @@ class _Maps:
         del starts[i:j]
         if i > 0:
             prev = starts[i - 1]
-            pend, pbid = info[prev]
+            pend, pserial = info[prev]
             if pend > start:
-                info[prev] = (start, pbid)
+                info[prev] = (start, pserial)
         starts.insert(i, start)
-        info[start] = (end, has_bid)
+        info[start] = (end, serial)
         return 1 - removed
 
-    def find(self, ip: int) -> tuple[int, bool] | None:
+    def find(self, ip: int) -> tuple[int, int] | None:
         i = bisect_right(self.starts, ip) - 1
         if i < 0:
             return None
@@ -92,25 +93,33 @@ class _Maps:
 
 
 class Coverage:
-    """Counts samples by where they fall (see the module doc).  layout ``None``: samples are only counted."""
+    """Counts samples by where they fall (see the module doc).  layout ``None``: samples are only counted.
+
+    The walker (perffile.PerfFile.walk) appends each user-space sample's ``(ip, pid)`` to :attr:`pending`;
+    :meth:`flush` resolves them.
+    """
 
     def __init__(self, layout: SampleLayout | None):
         self.layout = layout
         self.procs: dict[int, _Maps] = {}
         self.entries = 0
         self.pending: list[tuple[int, int]] = []
-        self.total = self.user = self.with_bid = self.without_bid = self.unmapped = 0
+        self.hits = array("L")          # samples per mapping record, by serial
+        self.user = self.unmapped = 0
         self.truncated = False
 
-    def map(self, pid: int, start: int, length: int, has_bid: bool) -> None:
-        """A mapping record of the output (its build-id or not)."""
+    def map(self, pid: int, start: int, length: int) -> int:
+        """A user-space mapping record: its serial number (0, 1, ...)."""
+        serial = len(self.hits)
+        self.hits.append(0)
         if self.entries >= MAX_ENTRIES:
             self.truncated = True
-            return
+            return serial
         maps = self.procs.get(pid)
         if maps is None:
             maps = self.procs[pid] = _Maps()
-        self.entries += maps.add(start, start + length, has_bid)
+        self.entries += maps.add(start, start + length, serial)
+        return serial
 
     def fork(self, rec) -> None:
         """A PERF_RECORD_FORK: a new process starts with a copy of its parent's mappings."""
@@ -126,40 +135,28 @@ class Coverage:
         self.procs[pid] = parent.copy()
         self.entries += len(parent.starts)
 
-    def sample(self, rec, misc: int) -> None:
-        """A PERF_RECORD_SAMPLE: counted; a user-space one is resolved at the end of its round."""
-        self.total += 1
-        if self.layout is None or misc & 7 != PERF_RECORD_MISC_USER:
-            return
-        at = self.layout.ip_at
-        if len(rec) < at + _PID_IP.size:
-            return
-        self.user += 1
-        self.pending.append(_PID_IP.unpack_from(rec, at))
-        if len(self.pending) >= MAX_PENDING:
-            self.flush()
-
     def flush(self) -> None:
         """Resolve the held samples against the mappings known now."""
-        procs = self.procs
+        procs, hits = self.procs, self.hits
+        self.user += len(self.pending)
         for ip, pid in self.pending:
             maps = procs.get(pid)
             hit = maps.find(ip) if maps is not None else None
             if hit is None:
                 self.unmapped += 1
-            elif hit[1]:
-                self.with_bid += 1
             else:
-                self.without_bid += 1
+                hits[hit[1]] += 1
         self.pending.clear()
 
-    def counts(self) -> dict:
-        """The counts: total samples, user-space ones by their mapping (with a build-id, without, none)."""
+    def counts(self, total: int, has_bid: bytearray) -> dict:
+        """The counts: total samples (given), user-space ones by their mapping: with a build-id (has_bid[serial]
+        true), without, none."""
         if self.layout is None:
-            return {"total": self.total, "resolved": False,
+            return {"total": total, "resolved": False,
                     "why": "events differ in their sample layout or lack PERF_SAMPLE_IP/TID"}
-        mapped = self.with_bid + self.without_bid
-        return {"total": self.total, "resolved": True, "user": self.user, "in_mapping_with_build_id": self.with_bid,
-                "in_mapping_without_build_id": self.without_bid, "outside_known_mappings": self.unmapped,
-                "share_with_build_id": round(self.with_bid / mapped, 4) if mapped else None,
+        with_bid = sum(n for n, b in zip(self.hits, has_bid) if b)
+        mapped = sum(self.hits)
+        return {"total": total, "resolved": True, "user": self.user, "in_mapping_with_build_id": with_bid,
+                "in_mapping_without_build_id": mapped - with_bid, "outside_known_mappings": self.unmapped,
+                "share_with_build_id": round(with_bid / mapped, 4) if mapped else None,
                 "truncated": self.truncated}

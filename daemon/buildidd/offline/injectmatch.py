@@ -30,7 +30,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from buildidd.offline.resolutions import LateResolutions
+from buildidd.offline.resolutions import TIMEOUT, LateResolutions
 from buildidd.sessionlog import read_session
 
 #: A session record may come this long after perf's record of the same mapping (ns, CLOCK_BOOTTIME).
@@ -97,18 +97,22 @@ class SessionIndex:
     @classmethod
     def load(cls, session_dir: str | os.PathLike, keys: Iterable[tuple[int, int, int]],
              boottime: bool) -> SessionIndex:
-        """The session's mapping records whose (pid, start, pgoff) is in keys; two streaming passes
-        (resolutions first: a mapping recorded with the error ``timeout`` takes its late answer).
+        """The session's mapping records whose (pid, start, pgoff) is in keys, in one streaming pass; a
+        mapping recorded with the error ``timeout`` takes the answer of a later ``resolution`` record
+        (offline.resolutions).
 
         Raises:
             SessionLogError: the session cannot be read.
         """
         wanted = set(keys)
         idx = cls(boottime=boottime)
-        late = LateResolutions.scan(session_dir)
+        late = LateResolutions()
+        timed_out: list[tuple[tuple, int, dict]] = []     # records waiting for a later resolution record
         for r in read_session(session_dir):
             kind = r.get("type")
-            if kind == "session":
+            if kind == "resolution":
+                late.add(r)
+            elif kind == "session":
                 idx.session = r
             if kind != "mmap":
                 continue
@@ -118,14 +122,16 @@ class SessionIndex:
                     idx._pids.add(key[0])
                 if key not in wanted:
                     continue
-                r = late.complete(r)
-                bid = r.get("build_id")
-                idx._by_key.setdefault(key, []).append(_Candidate(
-                    int(r["time_ns"]), _int_or_none(r.get("dev")), _int_or_none(r.get("ino")),
-                    _int_or_none(r.get("ino_generation")), bid if isinstance(bid, str) and bid else None,
-                    str(r.get("error") or "no_build_id")))
+                cands = idx._by_key.setdefault(key, [])
+                cands.append(_candidate(r))
+                if r.get("error") == TIMEOUT:
+                    timed_out.append((key, len(cands) - 1, r))
             except (KeyError, TypeError, ValueError):
                 idx.skipped += 1
+        for key, i, r in timed_out:
+            done = late.complete(r)
+            if done is not r:
+                idx._by_key[key][i] = _candidate(done)
         return idx
 
     def match(self, m: PerfMapping) -> tuple[str | None, str | None]:
@@ -151,6 +157,14 @@ class SessionIndex:
         if len(best.build_id) > 40:
             return None, TOO_LONG
         return best.build_id, None
+
+
+def _candidate(r: dict) -> _Candidate:
+    """A session mmap record as a match candidate.  Raises KeyError, TypeError, ValueError: malformed."""
+    bid = r.get("build_id")
+    return _Candidate(int(r["time_ns"]), _int_or_none(r.get("dev")), _int_or_none(r.get("ino")),
+                      _int_or_none(r.get("ino_generation")), bid if isinstance(bid, str) and bid else None,
+                      str(r.get("error") or "no_build_id"))
 
 
 def _int_or_none(v) -> int | None:

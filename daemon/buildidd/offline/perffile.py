@@ -47,6 +47,9 @@ PERF_SAMPLE_ID, PERF_SAMPLE_CPU, PERF_SAMPLE_STREAM_ID, PERF_SAMPLE_IDENTIFIER =
 PERF_RECORD_MMAP, PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK = 1, 3, 4, 7
 PERF_RECORD_SAMPLE, PERF_RECORD_MMAP2 = 9, 10
 PERF_RECORD_FINISHED_ROUND, PERF_RECORD_AUXTRACE, PERF_RECORD_COMPRESSED = 68, 71, 81
+FLUSH = -1                          #: walk()'s pseudo record type: the collected samples want emptying
+_MISC_USER = 2                      #: PERF_RECORD_MISC_USER, a sample's cpumode (header.misc & 7)
+_IP_PID = struct.Struct("<QI")      #: PERF_SAMPLE_IP then PERF_SAMPLE_TID's pid
 HEADER_BUILD_ID = 2
 FEATURE_BITS = 256
 CLOCK_BOOTTIME = 7
@@ -82,6 +85,31 @@ class Attr:
     sample_id_all: bool
     clockid: int | None
     ids: tuple[int, ...]
+
+
+@dataclass
+class Tally:
+    """Records :meth:`PerfFile.walk` stepped over: all of them, and the PERF_RECORD_SAMPLEs among them."""
+
+    records: int = 0
+    samples: int = 0
+
+
+@dataclass
+class Copy:
+    """What :meth:`PerfFile.walk` does with the records it steps over (see there).
+
+    Attributes:
+        out: a binary file the records not yielded are written to.
+        samples: ``(ip, pid)`` of user-space samples are appended here (``None``: not collected).
+        ip_at: byte offset of a sample's ip in its record (PERF_SAMPLE_IDENTIFIER puts an id before it).
+        cap: length of samples at which FLUSH is yielded.
+    """
+
+    out: object
+    samples: list | None = None
+    ip_at: int = 0
+    cap: int = 1 << 20
 
 
 def id_hdr_size(sample_type: int) -> int:
@@ -171,42 +199,89 @@ class PerfFile:
         return pf
 
     def records(self, f) -> Iterator[tuple[int, int, int, memoryview]]:
-        """Yield ``(file offset, type, misc, record bytes)`` for each record of the data section, in file order.
-
-        The memoryview is valid until the next record is asked for.
+        """Yield ``(file offset, type, misc, record bytes)`` for every record of the data section, in file order
+        (:meth:`walk` with every type wanted).
 
         Raises:
-            PerfDataError: a record with size < 8, or one that runs past the end of the data section;
-                AUXTRACE or COMPRESSED records (not supported).
+            PerfDataError: as :meth:`walk`.
+        """
+        yield from self.walk(f, None, Tally())
+
+    def walk(self, f, wanted: frozenset[int] | None, tally: Tally,
+             copy: Copy | None = None) -> Iterator[tuple[int, int, int, memoryview | None]]:
+        """Yield ``(file offset, type, misc, record bytes)`` for the records of the data section whose type is in
+        wanted (every record when ``None``), in file order; count all of them in tally.
+
+        The others are stepped over in a tight loop; with copy, they are written to ``copy.out`` in runs (a
+        yielded record is the caller's to write: as it is, or changed), and the ``(ip, pid)`` of each user-space
+        PERF_RECORD_SAMPLE is appended to ``copy.samples`` (ip at byte ``copy.ip_at``, pid after it); when that
+        list reaches ``copy.cap``, ``(offset, FLUSH, 0, None)`` is yielded for the caller to empty it.  A yielded
+        memoryview is valid until the next record is asked for.
+
+        Raises:
+            PerfDataError: a record with size < 8, or one that runs past the end of the data section; the file
+                shorter than its data section; AUXTRACE or COMPRESSED records (not supported).
         """
         end = self.data_offset + self.data_size
-        pos = self.data_offset
-        f.seek(pos)
-        buf = b""
-        at = 0          # offset in buf of the record at pos
+        base = self.data_offset         # file offset of buf[0]
+        f.seek(base)
+        buf, view, at, run = b"", memoryview(b""), 0, 0
         unpack = EVENT_HEADER.unpack_from
-        while pos < end:
-            if len(buf) - at < 65536 and pos + len(buf) - at < end:
-                want = min(READ_CHUNK_BYTES, end - pos - (len(buf) - at))
-                more = f.read(want)
-                if len(more) != want:
-                    raise self.fail(pos + len(buf) - at, "file shorter than its data section (truncated)")
-                buf = buf[at:] + more
-                at = 0
-                view = memoryview(buf)
-            if end - pos < EVENT_HEADER.size:
-                raise self.fail(pos, f"{end - pos} bytes left in the data section, less than a record header")
-            rtype, misc, rsize = unpack(buf, at)
-            if rsize < EVENT_HEADER.size or rsize > end - pos:
-                raise self.fail(pos, f"record of type {rtype} with size {rsize} (data section ends at {end})")
-            if rtype == PERF_RECORD_AUXTRACE:
-                raise PerfDataError(f"{self.path}: AUX area data (PERF_RECORD_AUXTRACE) is not supported")
-            if rtype == PERF_RECORD_COMPRESSED:
-                raise PerfDataError(f"{self.path}: compressed records (perf record -z) are not supported; "
-                                    "decompress first: perf inject -i IN -o OUT")
-            yield pos, rtype, misc, view[at:at + rsize]
-            at += rsize
-            pos += rsize
+        out = copy.out if copy is not None else None
+        samples = copy.samples if copy is not None and copy.samples is not None else None
+        pid_ip = _IP_PID.unpack_from
+        ip_at, cap = (copy.ip_at, copy.cap) if samples is not None else (0, 0)
+        n = nsamples = 0
+        try:
+            while base + at < end:
+                unread = end - base - len(buf)
+                if unread:
+                    if out is not None and run < at:
+                        out.write(view[run:at])
+                    more = f.read(min(READ_CHUNK_BYTES, unread))
+                    if not more or len(more) < min(READ_CHUNK_BYTES, unread):
+                        raise self.fail(end - unread, "file shorter than its data section (truncated)")
+                    base += at
+                    buf = buf[at:] + more
+                    view = memoryview(buf)
+                    at = run = 0
+                    unread -= len(more)
+                # Records starting before limit lie whole in buf (a record is at most 65535 bytes); after the
+                # last read, buf ends where the data section does.
+                blen = len(buf)
+                limit = blen - 65535 if unread else blen
+                while at < limit:
+                    try:
+                        rtype, misc, size = unpack(buf, at)
+                    except struct.error:
+                        raise self.fail(base + at, f"{blen - at} bytes left in the data section, less than a "
+                                                   "record header") from None
+                    if size < 8 or at + size > blen:
+                        raise self.fail(base + at, f"record of type {rtype} with size {size} (data section ends "
+                                                   f"at {end})")
+                    n += 1
+                    if rtype == PERF_RECORD_SAMPLE:
+                        nsamples += 1
+                        if samples is not None and misc & 7 == _MISC_USER and size >= ip_at + 12:
+                            samples.append(pid_ip(buf, at + ip_at))
+                            if len(samples) >= cap:
+                                yield base + at, FLUSH, 0, None
+                    elif rtype == PERF_RECORD_AUXTRACE:
+                        raise PerfDataError(f"{self.path}: AUX area data (PERF_RECORD_AUXTRACE) is not supported")
+                    elif rtype == PERF_RECORD_COMPRESSED:
+                        raise PerfDataError(f"{self.path}: compressed records (perf record -z) are not supported; "
+                                            "decompress first: perf inject -i IN -o OUT")
+                    if wanted is None or rtype in wanted:
+                        if out is not None and run < at:
+                            out.write(view[run:at])
+                        yield base + at, rtype, misc, view[at:at + size]
+                        run = at + size
+                    at += size
+            if out is not None and run < at:
+                out.write(view[run:at])
+        finally:
+            tally.records += n
+            tally.samples += nsamples
 
     def read_feature(self, f, bit: int, limit: int) -> bytes | None:
         """The bytes of feature section ``bit`` (``None`` when absent).
