@@ -10,7 +10,7 @@ file (read once before, so both find it in the page cache):
 * ``perf inject --buildid-all -i IN -o OUT`` (its own build-id cache dir, empty);
 * ``buildidd inject IN SESSION -o OUT --json``.
 
-Each runs as a child waited with os.wait4: wall time and ru_maxrss (peak
+Each runs after a sync, as a child waited with os.wait4: wall time and ru_maxrss (peak
 RSS).  Records are counted once (inject's summary), so records/s of both
 divide the same number.  Also printed: inject's summary (mappings matched,
 samples in mappings with a build-id).  Stops the daemon and perf it
@@ -82,7 +82,9 @@ def record_profile(d: Path, size: int, max_s: float, period: int) -> Path:
 
 
 def measured(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, int, int]:
-    """Run argv; (wall s, peak RSS bytes, exit status)."""
+    """Run argv after a sync (the last run's dirty pages are not written back during this one);
+    (wall s, peak RSS bytes, exit status)."""
+    os.sync()
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE)
     _pid, status, ru = os.wait4(p.pid, 0)

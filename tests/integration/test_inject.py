@@ -199,13 +199,13 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
 
 
 def _symbols_by_pid(world, data: Path) -> dict[int, Counter]:
-    """perf script (store as --buildid-dir): each sample's symbol, counted per pid."""
+    """perf script (store as --buildid-dir): each user-space sample's symbol, counted per pid."""
     text = _run(["perf", "--buildid-dir", str(world["store"]), "script", "-i", str(data), "-F", "pid,ip,sym",
                  "--hide-call-graph"])
     by_pid: dict[int, Counter] = {}
     for line in text.splitlines():
         parts = line.split(None, 2)
-        if len(parts) == 3 and parts[0].isdigit():
+        if len(parts) == 3 and parts[0].isdigit() and int(parts[1], 16) < 1 << 63:     # not kernel space
             by_pid.setdefault(int(parts[0]), Counter())[parts[2].strip()] += 1
     return by_pid
 
@@ -220,15 +220,17 @@ def test_each_version_samples_go_to_its_own_symbols(world):
     want = {"v1": "spin_v1", "v2": "spin_v2", "lib1": "libspin_v1", "lib2": "libspin_v2", "deleted": "spin_deleted",
             "ns": "spin_ns", "m32": "spin_m32", "memfd": "spin_memfd"}
     shares = {name: round(_share(injected.get(pids[name], Counter()), sym), 3) for name, sym in want.items()}
-    print(f"profile {profile}: injected, share of each process's samples in its own symbol: {shares}")
+    print(f"profile {profile}: injected, share of each process's user-space samples in its own symbol: {shares}")
     for name, sym in want.items():
         c = injected.get(pids[name], Counter())
         assert sum(c.values()) >= 20, (name, c)
-        assert _share(c, sym) >= 0.9, (name, c.most_common(5))
+        assert _share(c, sym) >= 0.95, (name, c.most_common(5))
     if profile == "a":
         # perf alone, same store: the old version's samples go to the new version's symbol, the deleted
         # program and the one in the other mount namespace are not symbolized.
         alone = _symbols_by_pid(world, tmp / "p.data")
+        print("perf alone, same shares:", {name: round(_share(alone.get(pids[name], Counter()), sym), 3)
+                                           for name, sym in want.items()})
         c1 = alone.get(pids["v1"], Counter())
         print("perf alone, v1's samples:", c1.most_common(3), "lib1's:", alone.get(pids["lib1"]).most_common(3))
         assert _share(c1, "spin_v1") == 0 and _share(c1, "spin_v2") >= 0.9

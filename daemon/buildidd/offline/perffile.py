@@ -47,6 +47,7 @@ PERF_SAMPLE_ID, PERF_SAMPLE_CPU, PERF_SAMPLE_STREAM_ID, PERF_SAMPLE_IDENTIFIER =
 PERF_RECORD_MMAP, PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK = 1, 3, 4, 7
 PERF_RECORD_SAMPLE, PERF_RECORD_MMAP2 = 9, 10
 PERF_RECORD_FINISHED_ROUND, PERF_RECORD_AUXTRACE, PERF_RECORD_COMPRESSED = 68, 71, 81
+_ALL_TYPES = range(1 << 32)        #: every u32 record type (walk()'s wanted=None)
 FLUSH = -1                          #: walk()'s pseudo record type: the collected samples want emptying
 _MISC_USER = 2                      #: PERF_RECORD_MISC_USER, a sample's cpumode (header.misc & 7)
 _IP_PID = struct.Struct("<QI")      #: PERF_SAMPLE_IP then PERF_SAMPLE_TID's pid
@@ -232,6 +233,9 @@ class PerfFile:
         pid_ip = _IP_PID.unpack_from
         ip_at, cap = (copy.ip_at, copy.cap) if samples is not None else (0, 0)
         n = nsamples = 0
+        sample_t, aux_t, compressed_t, user = PERF_RECORD_SAMPLE, PERF_RECORD_AUXTRACE, PERF_RECORD_COMPRESSED, _MISC_USER
+        if wanted is None:
+            wanted = _ALL_TYPES
         try:
             while base + at < end:
                 unread = end - base - len(buf)
@@ -260,18 +264,18 @@ class PerfFile:
                         raise self.fail(base + at, f"record of type {rtype} with size {size} (data section ends "
                                                    f"at {end})")
                     n += 1
-                    if rtype == PERF_RECORD_SAMPLE:
+                    if rtype == sample_t:
                         nsamples += 1
-                        if samples is not None and misc & 7 == _MISC_USER and size >= ip_at + 12:
+                        if samples is not None and misc & 7 == user and size >= ip_at + 12:
                             samples.append(pid_ip(buf, at + ip_at))
                             if len(samples) >= cap:
                                 yield base + at, FLUSH, 0, None
-                    elif rtype == PERF_RECORD_AUXTRACE:
+                    elif rtype == aux_t:
                         raise PerfDataError(f"{self.path}: AUX area data (PERF_RECORD_AUXTRACE) is not supported")
-                    elif rtype == PERF_RECORD_COMPRESSED:
+                    elif rtype == compressed_t:
                         raise PerfDataError(f"{self.path}: compressed records (perf record -z) are not supported; "
                                             "decompress first: perf inject -i IN -o OUT")
-                    if wanted is None or rtype in wanted:
+                    if rtype in wanted:
                         if out is not None and run < at:
                             out.write(view[run:at])
                         yield base + at, rtype, misc, view[at:at + size]
