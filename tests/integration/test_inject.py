@@ -282,3 +282,19 @@ def test_summary_counts_and_header(world):
         assert s["clock"] == "boottime" and s["agreed"] >= 1
         assert f"{world['bids']['spin_v1']} {world['prog']}" in listed
         assert f"{world['bids']['spin_v2']} {world['prog']}" in listed
+
+
+def test_round_trip_archive_import_inject_report(world, tmp_path):
+    """README's round trip: archive the session with its binaries, import it into empty directories, inject
+    from the imported session, perf report with the imported tree as --buildid-dir."""
+    if world["mode"] != "a":
+        pytest.skip("one perf mode is enough for the round trip")
+    archive = tmp_path / "host.tar.zst"
+    _run([*BUILDIDD, "archive", str(world["session"]), "-o", str(archive), "--store-root", str(world["store"])])
+    debug, sessions = tmp_path / "debug", tmp_path / "sessions"
+    _run([*BUILDIDD, "import", str(archive), "--debug-dir", str(debug), "--session-root", str(sessions)])
+    out = tmp_path / "exact.data"
+    _run([*BUILDIDD, "inject", str(world["tmp"] / "p.data"), "latest", "--session-root", str(sessions), "-o", str(out)])
+    report = _run(["perf", "--buildid-dir", str(debug), "report", "-i", str(out), "--stdio", "--sort", "sym"])
+    for sym in ("spin_v1", "spin_v2", "libspin_v1", "libspin_v2", "spin_deleted", "spin_m32"):
+        assert re.search(rf"\] {sym}\s*$", report, re.M), (sym, report[:3000])
