@@ -5,14 +5,17 @@ buildidd recorded (read from the very file each process mapped), not from
 the paths as they are when inject runs.  Three streaming passes, memory
 bounded by the profile's mappings, never by its size:
 
-1. :class:`~buildidd.offline.perffile.PerfFile` checks the header, and the
-   data section is read once to collect the (pid, start, pgoff) of every
-   PERF_RECORD_MMAP/MMAP2 (a corrupt record stops inject here, before any
-   output is written);
-2. the session's matching ``mmap`` records are loaded
+1. :func:`scan`: :class:`~buildidd.offline.perffile.PerfFile` checks the
+   header, and every record of the data section is stepped over once: the
+   offset and (pid, start, pgoff) of each user-space PERF_RECORD_MMAP/MMAP2
+   kept, each user-space sample counted against the mapping record that
+   covers it (:mod:`~buildidd.offline.injectcover`).  A corrupt record stops
+   inject here, before any output is written;
+2. the session's ``mmap`` records with those keys are loaded
    (:class:`~buildidd.offline.injectmatch.SessionIndex`);
-3. the data section is copied record by record to a temporary file beside
-   OUT, renamed into place at the end (the input is only read).
+3. :class:`_Rewriter`: the data section is copied in chunks to a temporary
+   file beside OUT, each mapping record as the match says, and renamed into
+   place at the end (the input is only read).
 
 Each user-space MMAP or MMAP2 the session matches is written as a
 PERF_RECORD_MMAP2 with PERF_RECORD_MISC_MMAP_BUILD_ID (perf_event.h: ``u8
