@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
 from buildidd.offline.injectcover import MAX_PENDING, Coverage, SampleLayout
-from buildidd.offline.injectmatch import TOO_LONG, PerfMapping, SessionIndex
+from buildidd.offline.injectmatch import HEX_BUILD_ID, TOO_LONG, PerfMapping, SessionIndex
 from buildidd.offline.perfdata import (BUILD_ID_ENTRY, HOST_KERNEL_ID, MAX_BUILD_ID_BYTES, MMAP2_BUILD_ID,
                                        PERF_RECORD_MISC_BUILD_ID_SIZE, PERF_RECORD_MISC_KERNEL,
                                        PERF_RECORD_MISC_MMAP_BUILD_ID, build_id_entry, user_build_id_entries)
@@ -316,7 +316,8 @@ def build_id_section(perf_entries: list, rw: _Rewriter, kernel_bid: str | None, 
     """The new HEADER_BUILD_ID: perf's kernel and module entries; perf's user-space entries for paths whose
     every mapping carries a build-id only when theirs is among those (the others are dropped: perf read the
     path after the profile, and the path held another build by then); then one entry per (build-id, path)
-    the output's MMAP2 records carry.  The host kernel's from the session when perf wrote none."""
+    the output's MMAP2 records carry.  The host kernel's from the session (kernel_bid) when perf wrote none;
+    kernel_bid is ``None`` when the profile names another host or kernel release than the session."""
     kernel, user = [], []
     have = {(bid, path) for bid, path in rw.carried}
     carried_paths = {path for _bid, path in rw.carried}
@@ -330,7 +331,8 @@ def build_id_section(perf_entries: list, rw: _Rewriter, kernel_bid: str | None, 
         else:
             header["kept_from_perf"] += 1
             user.append((bid, name, pid))
-    if kernel_bid and not kernel and len(kernel_bid) <= 2 * MAX_BUILD_ID_BYTES:
+    if isinstance(kernel_bid, str) and not kernel and HEX_BUILD_ID.fullmatch(kernel_bid) and \
+            len(kernel_bid) <= 2 * MAX_BUILD_ID_BYTES:
         kernel.append(build_id_entry(kernel_bid, KALLSYMS_DSO, True, HOST_KERNEL_ID))
         header["kernel_added"] = True
     user += [(bid, path, pid) for (bid, path), pid in rw.carried.items()]
@@ -363,16 +365,19 @@ def inject(profile: str | os.PathLike, session_dir: str | os.PathLike, out_path:
         sc = scan(pf, src, stats)
         index = SessionIndex.load(session_dir, sc.keys, boottime)
         stats.session_records_skipped = index.skipped
-        _check_host(pf, src, index.session, stats)
+        same_host = _check_host(pf, src, index.session, stats)
         rw = _Rewriter(pf, index, stats)
         perf_entries = parse_build_id_section(pf, pf.read_feature(src, HEADER_BUILD_ID, MAX_BUILD_ID_SECTION) or b"")
-        stats.bytes_out = _write(pf, src, out_path, (rw, sc), perf_entries, index.session.get("kernel_build_id"))
+        kernel_bid = index.session.get("kernel_build_id") if same_host else None
+        stats.bytes_out = _write(pf, src, out_path, (rw, sc), perf_entries, kernel_bid)
     stats.seconds = time.monotonic() - t0
     return stats
 
 
-def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> None:
-    """Warnings when the profile's HEADER_HOSTNAME / HEADER_OSRELEASE differ from the session's."""
+def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> bool:
+    """Warnings when the profile's HEADER_HOSTNAME / HEADER_OSRELEASE differ from the session's; whether
+    both agree (or the profile does not say)."""
+    same = True
     for bit, key in ((HEADER_HOSTNAME, "host"), (HEADER_OSRELEASE, "kernel_release")):
         raw = pf.read_feature(src, bit, 1 << 16)
         if raw is None or len(raw) < 4 or not session.get(key):
@@ -380,6 +385,8 @@ def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> None:
         text = raw[4:4 + struct.unpack_from("<I", raw)[0]].split(b"\0", 1)[0].decode("utf-8", "replace")
         if text != session[key]:
             stats.warnings.append(f"the profile's {key} is {text!r}, the session's {session[key]!r}")
+            same = False
+    return same
 
 
 def _write(pf: PerfFile, src, out_path: str, passes: tuple[_Rewriter, _Scan], perf_entries: list, kernel_bid) -> int:

@@ -27,6 +27,7 @@ are kept (the profile's keys are collected first).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,6 +46,8 @@ NOT_IN_SESSION = "mapping_not_in_session"
 IDENTITY_DIFFERS = "identity_differs"     # the session mapped another file (dev/ino/generation) there
 AMBIGUOUS = "ambiguous"                   # several build-ids for one identity, and no clock to choose
 TOO_LONG = "build_id_over_20_bytes"       # perf's MMAP2 holds at most 20 bytes
+INVALID_BUILD_ID = "invalid_build_id"     # the session's build-id is not hex (a damaged or forged log)
+HEX_BUILD_ID = re.compile(r"(?:[0-9a-f]{2})+")          #: a build-id as the session writes it: lower-case hex
 
 
 @dataclass(frozen=True)
@@ -160,11 +163,19 @@ class SessionIndex:
 
 
 def _candidate(r: dict) -> _Candidate:
-    """A session mmap record as a match candidate.  Raises KeyError, TypeError, ValueError: malformed."""
+    """A session mmap record as a match candidate (a build-id that is not hex is the error ``invalid_build_id``).
+
+    Raises:
+        KeyError, TypeError, ValueError: a malformed record.
+    """
     bid = r.get("build_id")
+    error = str(r.get("error") or "no_build_id")
+    if not isinstance(bid, str) or not bid:
+        bid = None
+    elif not HEX_BUILD_ID.fullmatch(bid):
+        bid, error = None, INVALID_BUILD_ID
     return _Candidate(int(r["time_ns"]), _int_or_none(r.get("dev")), _int_or_none(r.get("ino")),
-                      _int_or_none(r.get("ino_generation")), bid if isinstance(bid, str) and bid else None,
-                      str(r.get("error") or "no_build_id"))
+                      _int_or_none(r.get("ino_generation")), bid, error)
 
 
 def _int_or_none(v) -> int | None:
