@@ -228,3 +228,47 @@ def test_a_forged_session_cannot_break_the_output(profile, tmp_path):
     shown = subprocess.run(["perf", "script", "-i", str(out), "--show-mmap-events"], capture_output=True, text=True,
                            timeout=60).stdout
     assert f"<{'ab' * 20}>" in shown and "zzzz" not in shown
+
+
+def _as_mmap(profile: Path, dest: Path) -> tuple:
+    """A copy of profile whose first user-space MMAP2 is a PERF_RECORD_MMAP (perf 6.1 writes only MMAP2):
+    the 32 bytes of maj/min/ino/ino_generation, prot and flags taken out, the data size and the feature
+    sections moved to match.  Returns that mapping's PerfMapping."""
+    from buildidd.offline.inject import parse_mmap
+
+    data = bytearray(profile.read_bytes())
+    with open(profile, "rb") as f:
+        pf = PerfFile.open(profile, f)
+        off, rec = next((o, bytes(r)) for o, t, misc, r in pf.records(f)
+                        if t == 10 and misc & 7 == 2 and r[72:73] == b"/")
+        m = parse_mmap(pf, 10, memoryview(rec))[0]
+    mmap = struct.pack("<IHH", 1, struct.unpack_from("<H", rec, 4)[0], len(rec) - 32) + rec[8:40] + rec[72:]
+    out = data[:off] + mmap + data[off + len(rec):]
+    struct.pack_into("<Q", out, 48, pf.data_size - 32)
+    index = pf.data_offset + pf.data_size - 32
+    for i in range(len(pf.features)):
+        at = index + i * SECTION.size
+        struct.pack_into("<Q", out, at, struct.unpack_from("<Q", out, at)[0] - 32)
+    dest.write_bytes(out)
+    return m
+
+
+def test_an_mmap_record_becomes_an_mmap2_with_the_build_id(profile, tmp_path):
+    crafted = tmp_path / "mmap.data"
+    m = _as_mmap(profile, crafted)
+    shown = subprocess.run(["perf", "script", "-i", str(crafted), "--show-mmap-events"], capture_output=True,
+                           text=True, timeout=60).stdout
+    assert f"PERF_RECORD_MMAP {m.pid}/" in shown                 # perf reads the crafted input
+    s = tmp_path / "s"
+    s.mkdir()
+    lines = [{"type": "session", "time_ns": 1},
+             {"type": "mmap", "time_ns": 2, "pid": m.pid, "tid": m.pid, "start": m.start, "pgoff": m.pgoff,
+              "len": 4096, "path": m.filename.decode(), "build_id": "cd" * 20}]
+    (s / "segment-000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.data"
+    stats = inject(crafted, s, out)
+    assert stats.matched == 1
+    shown = subprocess.run(["perf", "script", "-i", str(out), "--show-mmap-events"], capture_output=True,
+                           text=True, timeout=60).stdout
+    line = next(x for x in shown.splitlines() if "cd" * 20 in x)
+    assert "PERF_RECORD_MMAP2" in line and f"{m.pid}/" in line and "r-xp" in line and m.filename.decode() in line
