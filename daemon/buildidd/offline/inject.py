@@ -61,7 +61,7 @@ PROT_READ, PROT_EXEC, MAP_PRIVATE = 1, 4, 2
 HEADER_HOSTNAME, HEADER_OSRELEASE = 3, 4
 #: Largest HEADER_BUILD_ID section read from the input (bytes).
 MAX_BUILD_ID_SECTION = 256 << 20
-#: Distinct mappings (pid, start, pgoff) a profile may have.
+#: User-space mapping records a profile may have (pass 1 keeps 8 bytes of offset and a key for each).
 MAX_MAPPINGS = 1 << 23
 #: Disagreements shown in the summary (all are counted).
 MAX_EXAMPLES = 20
@@ -90,6 +90,7 @@ class InjectStats:
         clock: how time joins the match ("boottime": used; "perf_clock": not used).
         header: HEADER_BUILD_ID entries: written, kept_from_perf, dropped_from_perf, kernel_added.
         warnings: facts the analyst should see (another host, another kernel).
+        session_records_skipped: malformed session mapping records ignored.
         bytes_in, bytes_out: file sizes; seconds: wall time of the three passes.
     """
 
