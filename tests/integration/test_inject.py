@@ -1,7 +1,8 @@
 """buildidd inject against the real perf: a daemon session and two ``perf record -a`` profiles of one set of
 workloads (a program upgraded by rename mid-profile, a deleted program, two versions of one dlopen'd library,
 a program in another mount namespace, a 32-bit program, a memfd-executed program); then perf report/script on
-the injected files, with the session's store as --buildid-dir, gives each sample to its own version's symbol."""
+the injected files, with the session's store as --buildid-dir, gives each sample to its own version's symbol.
+Also: the README's round trip (archive, import, inject, report) and a per-process --no-buildid profile."""
 
 from __future__ import annotations
 
@@ -319,3 +320,42 @@ def test_round_trip_archive_import_inject_report(world, tmp_path):
                    "-g", "none"])
     for sym in ("spin_v1", "spin_v2", "libspin_v1", "libspin_v2", "spin_deleted", "spin_m32"):
         assert re.search(rf"\] {sym}\s*$", report, re.M), (sym, report[:3000])
+
+
+def test_per_process_profile_with_no_buildid(recorder, tmp_path, public_tmp_factory):
+    """perf record --no-buildid -- PROGRAM (per process, no build-ids at all), the program upgraded by rename
+    after the profile: perf alone cannot tell, inject gives every sample the version that ran."""
+    need(shutil.which("perf") is not None, "perf missing")
+    v1 = gcc(SPIN, tmp_path / "v1", "-DFN=spin_v1", "-g")
+    v2 = gcc(SPIN, tmp_path / "v2", "-DFN=spin_v2", "-g", "-DPAD=7")
+    store_root = tmp_path / "store"
+    rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
+    bg = Background(rec)
+    app = public_tmp_factory("buildidd-inject-pp-") / "app"
+    _install(v1, app)
+    data = tmp_path / "pp.data"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any("--buildid-mmap" in t and "perf" in t for t in other_tracers()):
+            time.sleep(0.5)
+        _run(["perf", "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-o", str(data), "--", str(app), "0.5"])
+        _install(v2, app)
+        store = Store(store_root)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not store.contains(readelf_build_id(v1)):
+            time.sleep(0.05)
+    finally:
+        bg.stop()
+    rec.close()
+    out = tmp_path / "pp.injected"
+    summary = json.loads(_run([*BUILDIDD, "inject", str(data), str(rec.session_dir), "-o", str(out), "--json"]))
+    assert summary["matched"] >= 3 and summary["disagreements"] == 0, summary
+
+    def syms(p):
+        text = _run(["perf", "--buildid-dir", str(store_root), "script", "-i", str(p), "-F", "ip,sym"])
+        return Counter(line.split(None, 1)[1].strip() for line in text.splitlines()
+                       if len(line.split(None, 1)) == 2 and int(line.split()[0], 16) < 1 << 63)
+    injected, alone = syms(out), syms(data)
+    print("per-process, --no-buildid: injected", injected.most_common(3), "perf alone", alone.most_common(3))
+    assert _share(injected, "spin_v1") >= 0.95
+    assert _share(alone, "spin_v1") == 0
