@@ -114,16 +114,19 @@ class PerfRecorder:
 
     Args:
         output: the perf.data path to write.
+        extra: more perf record options.
+        base: the event and mode options (default the yardstick's: dummy, -a, --buildid-mmap).
+        perf: the perf command and its global options (e.g. ``("perf", "--buildid-dir", DIR)``).
     Raises:
         RuntimeError: perf is missing or did not start.
     """
 
-    def __init__(self, output: str | os.PathLike, *, extra: Iterable[str] = ()):
+    def __init__(self, output: str | os.PathLike, *, extra: Iterable[str] = (),
+                 base: Iterable[str] = ("-e", "dummy", "-a", "--buildid-mmap"), perf: Iterable[str] = ("perf",)):
         self.output = Path(output)
         self.output.unlink(missing_ok=True)
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(["perf", "record", "-e", "dummy", "-a", "--buildid-mmap", "-q",
-                                      "-o", str(self.output), *extra],
+        self.proc = subprocess.Popen([*perf, "record", *base, "-q", "-o", str(self.output), *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # READY when perf waits for data: builtin-record.c __cmd_record opens the events,
         # synthesizes running processes, enables the events, then loops on poll(2);

@@ -1,4 +1,4 @@
-"""``buildidd buildid-list``, ``resolve`` and ``export``: a recorded session analysed away from its host."""
+"""``buildidd buildid-list``, ``resolve``, ``export`` and ``inject``: a recorded session analysed away from its host."""
 
 from __future__ import annotations
 
@@ -234,8 +234,48 @@ def cmd_export(args) -> int:
     return 0
 
 
+# -- inject ----------------------------------------------------------------------------
+
+
+def cmd_inject(args) -> int:
+    """`buildidd inject PROFILE [SESSION] -o OUT`: the profile with the session's build-id on every mapping.
+
+    Prints the summary (offline.inject.InjectStats) on stderr, or as one JSON object on stdout with --json.
+    """
+    from buildidd.offline.inject import inject
+
+    cfg = roots_from_args(args)
+    session = resolve_session(args.session, cfg.session_root)
+    stats = inject(args.profile, session, args.output)
+    if args.json:
+        print(json.dumps(dict(stats.to_json(), input=args.profile, output=args.output, session=str(session)),
+                         separators=(",", ":")))
+        return 0
+    d = stats.to_json()
+    err = sys.stderr
+    print(f"{args.output}: {d['records']} records, {d['user_mappings']} user-space mappings: "
+          f"{d['matched']} given the session's build-id, {d['agreed']} already had the same, "
+          f"{d['perf_only']} kept perf's (no session answer), {d['disagreements']} disagreements", file=err)
+    if d["not_matched"]:
+        reasons = ", ".join(f"{k} {v}" for k, v in d["not_matched"].items())
+        print(f"buildidd: not matched: {reasons}", file=err)
+    s = d["samples"]
+    if s.get("resolved"):
+        print(f"buildidd: samples: {s['total']}, user-space {s['user']}: {s['in_mapping_with_build_id']} in "
+              f"mappings with a build-id, {s['in_mapping_without_build_id']} without, "
+              f"{s['outside_known_mappings']} outside known mappings", file=err)
+    print(f"buildidd: clock: {d['clock']} ({'time joins the match' if d['clock'] == 'boottime' else 'time not used'})"
+          f"; HEADER_BUILD_ID: {d['header_build_ids']['written']} entries", file=err)
+    for ex in d["disagreement_examples"]:
+        print(f"buildidd: disagreement: pid {ex['pid']} {ex['start']} {ex['path']}: perf {ex['perf']}, "
+              f"session {ex['session']} (perf's kept)", file=err)
+    for w in d["warnings"]:
+        print(f"buildidd: warning: {w}", file=err)
+    return 0
+
+
 def register(sub) -> None:
-    """Add ``buildid-list``, ``resolve`` and ``export`` to the subcommand parsers."""
+    """Add ``buildid-list``, ``resolve``, ``export`` and ``inject`` to the subcommand parsers."""
     p = sub.add_parser("buildid-list", help="build-id and path of every DSO in a session (like perf buildid-list)")
     _session_arg(p)
     add_roots_options(p)
@@ -263,3 +303,16 @@ def register(sub) -> None:
     p.add_argument("--perf", action="store_true", help="write perf.data (the one format)")
     p.add_argument("-o", "--output", required=True, help="output file")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("inject", help="a perf.data profile with the session's build-id on every mapping",
+                       description="Rewrites PROFILE's PERF_RECORD_MMAP/MMAP2 records as MMAP2 carrying the "
+                                   "build-id the session recorded for that mapping (matched by pid, start, pgoff "
+                                   "and dev/inode/generation), and its HEADER_BUILD_ID to agree; the input is "
+                                   "never modified.  Then: perf report -i OUT --buildid-dir STORE.")
+    p.add_argument("profile", help="perf.data written by perf record")
+    p.add_argument("session", nargs="?", default="latest",
+                   help="session directory, its name under the session root, or 'latest' (default)")
+    add_roots_options(p)
+    p.add_argument("-o", "--output", required=True, help="output perf.data (never the input)")
+    p.add_argument("--json", action="store_true", help="the summary as one JSON object on stdout")
+    p.set_defaults(func=cmd_inject)

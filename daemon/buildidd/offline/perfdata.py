@@ -74,15 +74,12 @@ import struct
 from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
+from buildidd.offline.perffile import EVENT_HEADER, FILE_HEADER, PERF_MAGIC, SECTION
 from buildidd.offline.resolutions import LateResolutions
 from buildidd.sessionlog import read_session
 from buildidd.store import KALLSYMS_DSO
 
-PERF_MAGIC = b"PERFILE2"
-FILE_HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")       # perf_file_header, 104 bytes
-SECTION = struct.Struct("<QQ")                           # perf_file_section
 ATTR_SIZE = 128                                          # PERF_ATTR_SIZE_VER7
-EVENT_HEADER = struct.Struct("<IHH")                     # perf_event_header
 SAMPLE_ID = struct.Struct("<IIQ")                        # sample_id: pid, tid, time
 MMAP2_BODY = struct.Struct("<IIQQQ24sII")                # pid, tid, addr, len, pgoff, union, prot, flags
 MMAP2_ID = struct.Struct("<IIQQ")                        # maj, min, ino, ino_generation
@@ -273,17 +270,26 @@ class _Converter:
         if isinstance(kbid, str) and kbid:
             entries.append(build_id_entry(kbid, KALLSYMS_DSO, True))
             self.stats.build_ids.append((kbid, KALLSYMS_DSO))
-        machines: dict[str, set[int]] = {}   # path -> machine pids it is filed under
-        for (bid, path), pid in self.bids.items():
-            used = machines.setdefault(path, set())
-            machine = HOST_KERNEL_ID if not used else pid
-            while machine in used:
-                machine += 1
-            used.add(machine)
-            entries.append(build_id_entry(bid, path, False, machine))
-            self.stats.build_ids.append((bid, path))
+        entries += user_build_id_entries((bid, path, pid) for (bid, path), pid in self.bids.items())
+        self.stats.build_ids += list(self.bids)
         self.stats.build_ids_too_long = len(self.too_long)
         return b"".join(entries)
+
+
+def user_build_id_entries(items) -> list[bytes]:
+    """HEADER_BUILD_ID entries of user-space DSOs from (build-id hex, path, pid) triples, one per
+    distinct (build-id, path): the first build-id of a path filed under the host machine (pid -1),
+    each further one under the pid of a process that mapped it (see the module doc)."""
+    machines: dict[str, set[int]] = {}   # path -> machine pids it is filed under
+    entries = []
+    for bid, path, pid in items:
+        used = machines.setdefault(path, set())
+        machine = HOST_KERNEL_ID if not used else pid
+        while machine in used:
+            machine += 1
+        used.add(machine)
+        entries.append(build_id_entry(bid, path, False, machine))
+    return entries
 
 
 def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> ExportStats:

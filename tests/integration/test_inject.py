@@ -1,0 +1,361 @@
+"""buildidd inject against the real perf: a daemon session and two ``perf record -a`` profiles of one set of
+workloads (a program upgraded by rename mid-profile, a deleted program, two versions of one dlopen'd library,
+a program in another mount namespace, a 32-bit program, a memfd-executed program); then perf report/script on
+the injected files, with the session's store as --buildid-dir, gives each sample to its own version's symbol.
+Also: the README's round trip (archive, import, inject, report) and a per-process --no-buildid profile."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from buildidd.store import Store
+
+from conftest import Background, gcc, need, readelf_build_id
+from perfcompare import PerfRecorder, other_tracers
+
+BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
+
+#: PAD (in the second versions) moves FN, as an upgrade does: perf report merges the entries of two functions
+#: at one address range in DSOs of one name (its sort keys compare addresses and names, not build-ids).
+SPIN = r"""
+#include <stdlib.h>
+#include <time.h>
+static volatile unsigned long sink;
+#ifdef PAD
+__attribute__((noinline)) void pad(void) { for (int i = 0; i < PAD; i++) sink += i * 3; }
+#endif
+__attribute__((noinline)) void FN(void) { for (unsigned long i = 0; i < 200000; i++) sink += i; }
+int main(int argc, char **argv) {
+    struct timespec a, b;
+    double s = argc > 1 ? atof(argv[1]) : 0.5;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do { FN(); clock_gettime(CLOCK_MONOTONIC, &b); } while (b.tv_sec - a.tv_sec + (b.tv_nsec - a.tv_nsec) / 1e9 < s);
+    return 0;
+}
+"""
+LIB = r"""
+static volatile unsigned long sink;
+#ifdef PAD
+__attribute__((noinline)) void pad(void) { for (int i = 0; i < PAD; i++) sink += i * 3; }
+#endif
+__attribute__((noinline)) void FN(void) { for (unsigned long i = 0; i < 200000; i++) sink += i; }
+void work(void) { FN(); }
+"""
+DLOPENER = r"""
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) return 2;
+    void (*work)(void) = (void (*)(void))dlsym(h, "work");
+    struct timespec a, b;
+    double s = atof(argv[2]);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do { work(); clock_gettime(CLOCK_MONOTONIC, &b); } while (b.tv_sec - a.tv_sec + (b.tv_nsec - a.tv_nsec) / 1e9 < s);
+    return 0;
+}
+"""
+MEMFD_EXEC = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+extern char **environ;
+int main(int argc, char **argv) {
+    int in = open(argv[1], O_RDONLY), fd = memfd_create("bidd_inject_memfd", 0);
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0) if (write(fd, buf, n) != n) return 3;
+    close(in);
+    fexecve(fd, argv + 1, environ);
+    return 127;
+}
+"""
+RUN_S = "0.8"
+
+
+def _install(src: Path, dest: Path) -> None:
+    """Copy src to dest by rename (an upgrade: the old inode lives on in running processes)."""
+    tmp = dest.with_name(dest.name + ".new")
+    shutil.copyfile(src, tmp)
+    os.chmod(tmp, 0o755)
+    os.rename(tmp, dest)
+
+
+def _wait_mapped(p: subprocess.Popen, needle: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if needle in Path(f"/proc/{p.pid}/maps").read_text():
+                return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"pid {p.pid} never mapped {needle}")
+
+
+def _run(cmd, **kw) -> str:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, **kw)
+    assert r.returncode == 0, f"{cmd}: {r.stderr[-2000:]}"
+    return r.stdout
+
+
+def _perf_record(out: Path, base: tuple, perf: tuple) -> PerfRecorder:
+    """perf record started once no other perf records with --buildid-mmap (waits up to 60 s): while one does,
+    the kernel flags this one's MMAP2 records as carrying build-ids (inject.flag_without_build_id) and perf
+    record's own build-id pass aborts."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any("--buildid-mmap" in t and "perf" in t for t in other_tracers()):
+        time.sleep(0.5)
+    return PerfRecorder(out, base=base, perf=perf)
+
+
+def _build(d: Path) -> dict:
+    b = {}
+    for fn in ("spin_v1", "spin_v2", "spin_deleted", "spin_ns", "spin_memfd"):
+        b[fn] = gcc(SPIN, d / fn, f"-DFN={fn}", "-g", *(["-DPAD=7"] if fn.endswith("v2") else []))
+    b["spin_m32"] = gcc(SPIN, d / "spin_m32", "-DFN=spin_m32", "-g", "-m32")
+    for fn in ("libspin_v1", "libspin_v2"):
+        b[fn] = gcc(LIB, d / f"{fn}.so", f"-DFN={fn}", "-g", "-shared", "-fPIC",
+                    *(["-DPAD=7"] if fn.endswith("v2") else []))
+    b["dlopener"] = gcc(DLOPENER, d / "dlopener", "-ldl")
+    b["memfd_exec"] = gcc(MEMFD_EXEC, d / "memfd_exec")
+    return b
+
+
+#: The two ways perf records here: A the way most people run it (default build-id handling, -g), B with the
+#: kernel's build-ids and the session's clock.  (Not both at once: see inject.flag_without_build_id.)
+PERF_MODES = {"a": ("-e", "cpu-clock", "-a", "-g", "-N"),
+              "b": ("-e", "cpu-clock", "-a", "-N", "--buildid-mmap", "-k", "boottime", "--no-buildid")}
+
+
+@pytest.fixture(scope="module", params=sorted(PERF_MODES))
+def world(request, bpf, tmp_path_factory, public_tmp_factory):
+    """The workloads under a daemon session and one perf record -a (PERF_MODES), injected (JSON summary kept)."""
+    need(shutil.which("perf") is not None, "perf missing")
+    from buildidd.capture.recorder import Recorder
+    from buildidd.config import Config
+
+    tmp = tmp_path_factory.mktemp("inject")
+    builds = _build(tmp)
+    bids = {k: readelf_build_id(v) for k, v in builds.items() if k not in ("dlopener", "memfd_exec")}
+    host = public_tmp_factory("buildidd-inject-")
+    store_root = tmp / "store"
+    rec = Recorder(Config(session_root=str(tmp / "sessions"), store_root=str(store_root),
+                          snapshot_rate_bytes_per_s=0))
+    rec.start()
+    bg = Background(rec)
+    empty = tmp / "empty-buildid-dir"
+    empty.mkdir()
+    perf = ("perf", "--buildid-dir", str(empty))
+    pids: dict[str, int] = {}
+    procs = []
+    try:
+        mode = request.param
+        pa = _perf_record(tmp / "p.data", PERF_MODES[mode], perf)
+        try:
+            prog, lib = host / "prog", host / "libw.so"
+            _install(builds["spin_v1"], prog)
+            _install(builds["libspin_v1"], lib)
+            deleted = host / "doomed"
+            _install(builds["spin_deleted"], deleted)
+            mnt = host / "nsmnt"
+            mnt.mkdir()
+            starts = {
+                "v1": [str(prog), RUN_S],
+                "lib1": [str(builds["dlopener"]), str(lib), RUN_S],
+                "deleted": [str(deleted), RUN_S],
+                "ns": ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                       f"mount -t tmpfs none {mnt} && cp {builds['spin_ns']} {mnt}/nsprog && exec {mnt}/nsprog {RUN_S}"],
+                "m32": [str(builds["spin_m32"]), RUN_S],
+                "memfd": [str(builds["memfd_exec"]), str(builds["spin_memfd"]), RUN_S],
+            }
+            for name, argv in starts.items():
+                procs.append(p := subprocess.Popen(argv))
+                pids[name] = p.pid
+            _wait_mapped(procs[0], str(prog))
+            _wait_mapped(procs[1], str(lib))
+            _wait_mapped(procs[2], str(deleted))
+            os.unlink(deleted)                       # deleted while it runs
+            _install(builds["spin_v2"], prog)        # upgraded by rename mid-profile
+            _install(builds["libspin_v2"], lib)
+            for name, argv in (("v2", [str(prog), RUN_S]), ("lib2", [str(builds["dlopener"]), str(lib), RUN_S])):
+                procs.append(p := subprocess.Popen(argv))
+                pids[name] = p.pid
+            for p in procs:
+                assert p.wait(timeout=30) == 0, p.args
+        finally:
+            pa.finish()
+        assert pa.proc.returncode in (0, -2, 130), f"perf record failed: {pa.proc.stderr.read()[-500:]}"
+        store = Store(store_root)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(store.contains(b) for b in bids.values()):
+            time.sleep(0.05)
+        assert all(store.contains(b) for b in bids.values()), "the store lacks a workload's build-id"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        bg.stop()
+        rec.close()
+    data = tmp / "p.data"
+    before = data.read_bytes()
+    summary = json.loads(_run([*BUILDIDD, "inject", str(data), str(rec.session_dir), "-o", str(tmp / "p.injected"),
+                               "--json"]))
+    assert data.read_bytes() == before                       # the input is never modified
+    return {"mode": mode, "tmp": tmp, "store": store_root, "bids": bids, "pids": pids, "summary": summary,
+            "prog": str(prog), "lib": str(lib), "session": rec.session_dir}
+
+
+def _symbols_by_pid(world, data: Path) -> dict[int, Counter]:
+    """perf script (store as --buildid-dir): each user-space sample's symbol, counted per pid."""
+    text = _run(["perf", "--buildid-dir", str(world["store"]), "script", "-i", str(data), "-F", "pid,ip,sym",
+                 "--hide-call-graph"])
+    by_pid: dict[int, Counter] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0].isdigit() and int(parts[1], 16) < 1 << 63:     # not kernel space
+            by_pid.setdefault(int(parts[0]), Counter())[parts[2].strip()] += 1
+    return by_pid
+
+
+def _share(c: Counter, sym: str) -> float:
+    return c[sym] / max(1, sum(c.values()))
+
+
+def test_each_version_samples_go_to_its_own_symbols(world):
+    pids, tmp, profile = world["pids"], world["tmp"], world["mode"]
+    injected = _symbols_by_pid(world, tmp / "p.injected")
+    want = {"v1": "spin_v1", "v2": "spin_v2", "lib1": "libspin_v1", "lib2": "libspin_v2", "deleted": "spin_deleted",
+            "ns": "spin_ns", "m32": "spin_m32", "memfd": "spin_memfd"}
+    shares = {name: round(_share(injected.get(pids[name], Counter()), sym), 3) for name, sym in want.items()}
+    print(f"profile {profile}: injected, share of each process's user-space samples in its own symbol: {shares}")
+    for name, sym in want.items():
+        c = injected.get(pids[name], Counter())
+        assert sum(c.values()) >= 20, (name, c)
+        assert _share(c, sym) >= 0.95, (name, c.most_common(5))
+    if profile == "a":
+        # perf alone, same store: the old version's samples go to the new version's symbols, the deleted
+        # program and the one in the other mount namespace are not symbolized.
+        alone = _symbols_by_pid(world, tmp / "p.data")
+        print("perf alone, same shares:", {name: round(_share(alone.get(pids[name], Counter()), sym), 3)
+                                           for name, sym in want.items()})
+        c1 = alone.get(pids["v1"], Counter())
+        print("perf alone, v1's samples:", c1.most_common(3), "lib1's:", alone.get(pids["lib1"]).most_common(3))
+        assert _share(c1, "spin_v1") == 0 and _share(c1, "spin_v2") + _share(c1, "pad") >= 0.9    # v2's symbols
+        assert _share(alone.get(pids["lib1"], Counter()), "libspin_v1") == 0
+        assert _share(alone.get(pids["deleted"], Counter()), "spin_deleted") == 0
+        assert _share(alone.get(pids["ns"], Counter()), "spin_ns") == 0
+
+
+def test_every_workload_mapping_carries_its_build_id(world):
+    """perf script --show-mmap-events (this perf has no -F build_id): the MMAP2 of each workload's mapping
+    shows the build-id of the file that process mapped."""
+    from perfcompare import parse_perf_script
+
+    bids, pids = world["bids"], world["pids"]
+    for profile in (world["mode"],):
+        text = _run(["perf", "script", "-i", str(world["tmp"] / "p.injected"), "--show-mmap-events"])
+        maps = [m for m in parse_perf_script(text) if "x" in m.perms]
+        want = {"v1": bids["spin_v1"], "v2": bids["spin_v2"], "lib1": bids["libspin_v1"], "lib2": bids["libspin_v2"],
+                "deleted": bids["spin_deleted"], "ns": bids["spin_ns"], "m32": bids["spin_m32"],
+                "memfd": bids["spin_memfd"]}
+        for name, bid in want.items():
+            seen = {m.build_id for m in maps if m.pid == pids[name]}
+            assert bid in seen, (profile, name, bid, seen)
+        wrong = [m for m in maps if m.pid in (pids["v1"], pids["v2"]) and m.path == world["prog"]
+                 and m.build_id != want["v1" if m.pid == pids["v1"] else "v2"]]
+        assert not wrong, wrong
+        listed = _run(["perf", "buildid-list", "-i", str(world["tmp"] / "p.injected"), "--with-hits"])
+        for bid in want.values():
+            assert bid in listed, (profile, bid, listed)
+
+
+def test_summary_counts_and_header(world):
+    s = world["summary"]
+    print(f"summary {world['mode']}:", json.dumps({k: s[k] for k in ("matched", "agreed", "perf_only", "not_matched",
+                                                                     "samples", "clock", "header_build_ids")}))
+    assert s["disagreements"] == 0
+    assert s["samples"]["resolved"] and s["samples"]["in_mapping_with_build_id"] > 0
+    assert s["header_build_ids"]["written"] >= 8
+    listed = _run(["perf", "buildid-list", "-i", str(world["tmp"] / "p.injected")])
+    alone = _run(["perf", "buildid-list", "-i", str(world["tmp"] / "p.data")])
+    if world["mode"] == "a":
+        assert s["clock"] == "perf_clock" and s["matched"] >= 8 and s["agreed"] == 0
+        # The header lists both versions of the upgraded program; perf's own listed only the new one.
+        assert f"{world['bids']['spin_v1']} {world['prog']}" in listed
+        assert f"{world['bids']['spin_v2']} {world['prog']}" in listed
+        assert world["bids"]["spin_v1"] not in alone
+    else:
+        # The kernel's build-ids (where it could read them): ours agree, and fill the rest; time joins the match.
+        assert s["clock"] == "boottime" and s["agreed"] >= 1
+        assert f"{world['bids']['spin_v1']} {world['prog']}" in listed
+        assert f"{world['bids']['spin_v2']} {world['prog']}" in listed
+
+
+def test_round_trip_archive_import_inject_report(world, tmp_path):
+    """README's round trip: archive the session with its binaries, import it into empty directories, inject
+    from the imported session, perf report with the imported tree as --buildid-dir."""
+    if world["mode"] != "a":
+        pytest.skip("one perf mode is enough for the round trip")
+    archive = tmp_path / "host.tar.zst"
+    _run([*BUILDIDD, "archive", str(world["session"]), "-o", str(archive), "--store-root", str(world["store"])])
+    debug, sessions = tmp_path / "debug", tmp_path / "sessions"
+    _run([*BUILDIDD, "import", str(archive), "--debug-dir", str(debug), "--session-root", str(sessions)])
+    out = tmp_path / "exact.data"
+    _run([*BUILDIDD, "inject", str(world["tmp"] / "p.data"), "latest", "--session-root", str(sessions), "-o", str(out)])
+    report = _run(["perf", "--buildid-dir", str(debug), "report", "-i", str(out), "--stdio", "--sort", "dso,sym",
+                   "-g", "none"])
+    for sym in ("spin_v1", "spin_v2", "libspin_v1", "libspin_v2", "spin_deleted", "spin_m32"):
+        assert re.search(rf"\] {sym}\s*$", report, re.M), (sym, report[:3000])
+
+
+def test_per_process_profile_with_no_buildid(recorder, tmp_path, public_tmp_factory):
+    """perf record --no-buildid -- PROGRAM (per process, no build-ids at all), the program upgraded by rename
+    after the profile: perf alone cannot tell, inject gives every sample the version that ran."""
+    need(shutil.which("perf") is not None, "perf missing")
+    v1 = gcc(SPIN, tmp_path / "v1", "-DFN=spin_v1", "-g")
+    v2 = gcc(SPIN, tmp_path / "v2", "-DFN=spin_v2", "-g", "-DPAD=7")
+    store_root = tmp_path / "store"
+    rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
+    bg = Background(rec)
+    app = public_tmp_factory("buildidd-inject-pp-") / "app"
+    _install(v1, app)
+    data = tmp_path / "pp.data"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any("--buildid-mmap" in t and "perf" in t for t in other_tracers()):
+            time.sleep(0.5)
+        _run(["perf", "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-o", str(data), "--", str(app), "0.5"])
+        _install(v2, app)
+        store = Store(store_root)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not store.contains(readelf_build_id(v1)):
+            time.sleep(0.05)
+    finally:
+        bg.stop()
+    rec.close()
+    out = tmp_path / "pp.injected"
+    summary = json.loads(_run([*BUILDIDD, "inject", str(data), str(rec.session_dir), "-o", str(out), "--json"]))
+    assert summary["matched"] >= 3 and summary["disagreements"] == 0, summary
+
+    def syms(p):
+        text = _run(["perf", "--buildid-dir", str(store_root), "script", "-i", str(p), "-F", "ip,sym"])
+        return Counter(line.split(None, 1)[1].strip() for line in text.splitlines()
+                       if len(line.split(None, 1)) == 2 and int(line.split()[0], 16) < 1 << 63)
+    injected, alone = syms(out), syms(data)
+    print("per-process, --no-buildid: injected", injected.most_common(3), "perf alone", alone.most_common(3))
+    assert _share(injected, "spin_v1") >= 0.95
+    assert _share(alone, "spin_v1") == 0
