@@ -9,7 +9,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from buildidd.config import Config, load, parse_duration, parse_size, render_toml
+from buildidd.config import Config, load, parse_duration, parse_size, render_markdown, render_toml
 from buildidd.errors import ConfigError
 from perfcompare import compare, parse_perf_script
 
@@ -79,6 +79,10 @@ def test_parse_duration_refuses(text):
 def test_shipped_config_documents_every_key_with_the_codes_default(tmp_path):
     shipped = (Path(__file__).resolve().parents[1] / "systemd" / "buildidd.toml").read_text()
     assert shipped == render_toml(), "systemd/buildidd.toml is stale: run scripts/gen-config"
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert reference == render_markdown(), "docs/configuration.md is stale: run scripts/gen-config"
+    for f in dataclasses.fields(Config):
+        assert f"| `{f.name}` |" in reference
     # Every key appears, documented with its unit, and uncommented gives exactly the defaults.
     for f in dataclasses.fields(Config):
         assert re.search(rf"^# {f.name} \({re.escape(f.metadata['unit'])}\): ", shipped, re.M), f.name

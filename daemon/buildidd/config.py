@@ -322,6 +322,23 @@ _TOML_HEADER = """\
 """
 
 
+def render_markdown() -> str:
+    """docs/configuration.md: one table row per key (name, default, unit, meaning), from the same
+    metadata as :func:`render_toml`."""
+    out = ["# Configuration keys\n\n",
+           "`/etc/buildidd/buildidd.toml` (or `--config FILE`). Every key is optional. Sizes (keys ending in\n",
+           "`_bytes`) take bytes or a string with K, M, G, T (powers of 1024: `\"64M\"`); durations (keys\n",
+           "ending in `_s`) take seconds or a string with a unit (`\"90s\"`, `\"5min\"`, `\"30d\"`). An unknown key\n",
+           "is an error that names it. `systemctl reload buildidd` (SIGHUP) re-reads the file.\n\n",
+           "Generated from daemon/buildidd/config.py by scripts/gen-config (a test checks they agree);\n",
+           "systemd/buildidd.toml is the same as a commented file.\n\n",
+           "| key | default | unit | meaning |\n| --- | --- | --- | --- |\n"]
+    for f in dataclasses.fields(Config):
+        doc = f.metadata["doc"].replace("|", "\\|")
+        out.append(f"| `{f.name}` | `{_toml_value(f.name, f.default)}` | {f.metadata['unit']} | {doc} |\n")
+    return "".join(out)
+
+
 def render_toml() -> str:
     """The shipped configuration file: every key, its unit, its doc and its default (commented out)."""
     out = [_TOML_HEADER]
