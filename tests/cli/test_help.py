@@ -55,3 +55,15 @@ def test_help_man_renders_every_verb_as_roff():
     for name, _sub, _line in _subparsers(build_parser()):
         assert name.replace("-", "\\-") in r.stdout, name
     assert "\\-\\-since" in r.stdout and "\\-\\-decimal" in r.stdout
+
+
+def test_the_manual_page_has_the_sections_of_a_section_8_page_in_order():
+    r = subprocess.run([*BUILDIDD, "help-man"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    headings = [line[4:].split(" \\fI")[0] for line in r.stdout.splitlines() if line.startswith(".SH ")]
+    order = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "COMMAND", "EXIT STATUS", "FILES", "CONFIGURATION",
+             "SEE ALSO"]
+    firsts = [headings.index(h) for h in order]
+    assert firsts == sorted(firsts), headings
+    assert "COMMENTS" not in headings                        # the exit status has its own section
+    assert "/etc/buildidd/buildidd.toml" in r.stdout and ".BR debuginfod (8)" in r.stdout
