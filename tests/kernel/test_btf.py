@@ -242,7 +242,7 @@ def test_struct_and_kfunc_ids_match_bpftool(kernel_btf, oracle):
     """The ids the BPF side casts to (bpf/kfuncs.h, BTF_ID_*) and calls (the kfunc's FUNC id)."""
     from buildidd.kernel.btf_blob import KIND_ENUM, KIND_FUNC, KIND_STRUCT
     from buildidd.kernel.compiled import KFUNCS
-    from buildidd.kernel.tracer import KLD_STRUCTS, btf_id
+    from buildidd.kernel.layout import KLD_STRUCTS, btf_id
     for name in KLD_STRUCTS:
         assert btf_id(kernel_btf, KIND_STRUCT, name) == oracle.struct_id(name)
         assert oracle.types[btf_id(kernel_btf, KIND_STRUCT, name)].kind == "STRUCT"

@@ -362,7 +362,7 @@ def test_every_program_verifies_in_well_under_the_verifier_limit(bpf, compiled_c
     from buildidd.kernel.bpfsys import bpf as bpf_call
     from buildidd.kernel.btf import Btf
     from buildidd.kernel.compiled import PROG_TYPES, CompiledObject
-    from buildidd.kernel.tracer import kld_support
+    from buildidd.kernel.layout import kld_support
     d, _ = compiled_cache
     kfunc_ids = dict(kld_support(Btf.load())[1])
     seen = {}

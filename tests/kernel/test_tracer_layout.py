@@ -8,7 +8,7 @@ import re
 import pytest
 
 from buildidd.kernel.btf import Btf
-from buildidd.kernel.tracer import kernel_config, syscall_regs_layout
+from buildidd.kernel.layout import kernel_config, syscall_regs_layout
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
 
@@ -49,8 +49,8 @@ REG_USE = re.compile(r"\bREG\(regs, (OFF_PT_REGS_\w+)\)")
 
 
 def _kld_macros(btf) -> dict[str, tuple[str, str]]:
-    """OFF_* macro -> (struct, dotted member path), as tracer.kernel_layout computes them."""
-    from buildidd.kernel.tracer import KERNEL_FIELDS, inode_ctime_fields
+    """OFF_* macro -> (struct, dotted member path), as layout.kernel_layout computes them."""
+    from buildidd.kernel.layout import KERNEL_FIELDS, inode_ctime_fields
     out = {macro: (struct, path) for macro, struct, path in KERNEL_FIELDS}
     out.update((f"OFF_PT_REGS_{r.upper()}", ("pt_regs", r)) for r in ("orig_ax", "ax", "di", "si", "dx", "bx", "cx"))
     ctime = inode_ctime_fields(btf)
@@ -67,7 +67,7 @@ def test_every_kld_load_is_as_wide_as_its_btf_member(btf):
     loaded is the member's size.  A sum of offsets is a path through a nested member
     (OFF_FILE_F_PATH + OFF_PATH_MNT: file.f_path.mnt)."""
     from buildidd.kernel.events import BPF_DIR
-    from buildidd.kernel.tracer import KLD_STRUCTS
+    from buildidd.kernel.layout import KLD_STRUCTS
     macros = _kld_macros(btf)
     src = open(os.path.join(BPF_DIR, "buildidd.bpf.c")).read()
     assert "#define REG(regs, off) KLD(regs, PT_REGS, off, __u64)" in src

@@ -1,6 +1,6 @@
 """kernel: everything that talks to the kernel.
 
-The BTF reader and the offset table built from it (btf, tracer.kernel_layout),
+The BTF reader and the offset table built from it (btf, layout.kernel_layout),
 the BCC loader that compiles, loads and attaches bpf/buildidd.bpf.c (tracer),
 the child that runs BCC and hands over fds (loader), the programs kept pinned
 in bpffs across restarts (pinned), bpf(2) map access (bpfsys), the one ctypes

@@ -84,7 +84,7 @@ class LoadSpec:
             ``CALLBACK_<function>`` as k (:meth:`compile_flags`).
         kfuncs: (name, vmlinux BTF id) of the kernel functions the source calls (bpf/kfuncs.h,
             compiled.KFUNCS), written into its kfunc calls at load; the running kernel's
-            (kernel.tracer.kld_support).
+            (kernel.layout.kld_support).
     """
 
     src_file: str

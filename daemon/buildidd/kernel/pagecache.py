@@ -24,6 +24,19 @@ with the small program bpf/pagecache_probe.bpf.c (recipe and measurements:
 :mod:`buildidd.kernel.pagecache_selftest` then compares the kernel path with
 user space on known files; the daemon turns the kernel path off when they
 disagree.
+
+The page-cache build-id read is these files, in the order data flows:
+
+- ``bpf/pagecache.h``: the read itself (xarray walk, folio checks, ELF header,
+  program headers, notes), and ``bpf/buildid_memo.h``: the per-inode memo of
+  its answers;
+- ``bpf/pagecache_probe.bpf.c`` and this module: the layout and the two bases;
+- :mod:`buildidd.kernel.pagecache_selftest`: the check against user space;
+- :mod:`buildidd.capture.kernelpath`: the start-up that runs discovery and the
+  self-test and gives the verdict (``kernel_build_id_path`` in the session
+  record and ``status``);
+- :func:`buildidd.resolve.routes.kernel_resolution`: a record's kernel answer
+  as a Resolution (``build_id_source: "kernel"``).
 """
 
 from __future__ import annotations

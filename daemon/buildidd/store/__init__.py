@@ -4,10 +4,12 @@
 ``debug``, ``probes``, kallsyms and modules for the kernel), filled by atomic,
 verified copies; a quota; and the snapshotter that copies each binary the
 first time its build-id is seen.  One module per concern: layout (perf's
-tree, names, listing), install (atomic, verified copies), debuginfo, kernel
-(kallsyms, modules, vmlinux), sdt (perf's probes file), quota (size,
-recency, eviction), counters (counts and rate-limited warnings), store (the
-:class:`Store` composing them) and snapshotter (the copy queue and thread).
+tree, names, listing), install (atomic, verified copies), debuginfo,
+kernelfiles (the kernel's own files: kallsyms, modules, vmlinux), sdt (perf's
+probes file), quota (size, recency, eviction), counters (counts and
+rate-limited warnings), origin (where a copy came from), store (the
+:class:`Store` composing them), coverage (which of a session's build-ids the
+store holds, and why not) and snapshotter (the copy queue and thread).
 
 May import: resolve, kernel, and the shared modules; never sessionlog.
 

@@ -40,7 +40,7 @@ from buildidd.store.counters import Tally
 from buildidd.store.debuginfo import Debuginfo
 from buildidd.store.entries import AddRequest, FileEntries, Limits
 from buildidd.store.install import AddResult, Installer
-from buildidd.store.kernel import KernelFiles, check_running
+from buildidd.store.kernelfiles import KernelFiles, check_running
 from buildidd.store.layout import DIR_MODE, Layout, hex_build_id, relative
 from buildidd.store.lookups import KINDS, StoreLookups
 from buildidd.store.origin import Origin
@@ -227,7 +227,7 @@ class Store(StoreLookups):
         exists (kernels without CONFIG_MODULES have none); ``vmlinux`` the
         first of ``vmlinux_paths`` whose build-id is the kernel's, copied and
         verified like an elf (default: perf's candidates, see
-        :meth:`buildidd.store.kernel.KernelFiles.vmlinux_candidates`).
+        :meth:`buildidd.store.kernelfiles.KernelFiles.vmlinux_candidates`).
 
         Already present (the link resolves to a directory with ``kallsyms``):
         nothing is copied, but a vmlinux found since is added.
