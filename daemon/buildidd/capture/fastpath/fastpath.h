@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * What the parts of the fast path share (capture/_fastpath.c is the module;
+ * fastpath/rings.c reads the rings and sleeps, fastpath/templates.c formats
+ * lines from records.py's templates, fastpath/records.c is run()).
+ */
+#ifndef BUILDIDD_FASTPATH_H
+#define BUILDIDD_FASTPATH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "events.h"
+
+/* Shared between the files of the module only, not exported from the .so. */
+#define FP_INTERNAL __attribute__((visibility("hidden")))
+
+/* kernel/bpf/ringbuf.c: record header bits and size */
+#define RINGBUF_BUSY_BIT (1U << 31)
+#define RINGBUF_DISCARD_BIT (1U << 30)
+#define RINGBUF_HDR_SZ 8
+
+/* The identity key: struct file_id without nlink (events.py: file_key). */
+#define KEY_LEN offsetof(struct file_id, nlink)
+/*
+ * The fast table's key of a mapping (events.py: answer_key): the identity
+ * key, followed, when the kernel's read is the whole answer (kernel_final),
+ * by the status byte and the build-id the kernel read.
+ */
+#define ANSWER_KEY_MAX (KEY_LEN + 1 + PC_BUILD_ID_MAX)
+#define MAP_MIN_LEN offsetof(struct map_event, path)
+#define TASK_LEN sizeof(struct task_event)
+/* live sets stop growing at this many mappings per process (capture/tables.py) */
+#define LIVE_MAX 4096
+#define U64_DIGITS 20
+
+static inline uint64_t ld_u64(const char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline uint32_t ld_u32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t ld_u16(const char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/*
+ * A records.py template (bytes with %d and %s conversions only) split once
+ * into literal pieces: lit[0] conv[0] lit[1] conv[1] ... lit[nconv].
+ */
+#define MAX_CONV 16
+struct tmpl {
+	PyObject *owner;		/* the template bytes (the pieces point into it), owned */
+	const char *lit[MAX_CONV + 1];
+	Py_ssize_t litlen[MAX_CONV + 1];
+	char conv[MAX_CONV];
+	int nconv;
+	Py_ssize_t fixed;		/* bytes of literal text */
+};
+
+struct arg {
+	uint64_t u;			/* %d: an unsigned integer */
+	const char *s;			/* %s: bytes */
+	Py_ssize_t len;
+};
+
+enum { T_MMAP, T_FORK, T_EXIT, T_COMM, T_EXEC, T_EXEC_PREFIX, T_N };
+
+enum { HELD_F_RECORD, HELD_F_STEP, HELD_F_KEY, HELD_F_PREFIX, HELD_NF };
+enum { FAST_F_RESOLUTION, FAST_F_ERROR, FAST_F_RES_TAIL, FAST_NF };
+
+/* The line templates of records.py, parsed by configure() (templates.c). */
+extern FP_INTERNAL struct tmpl templates[T_N];
+extern FP_INTERNAL PyObject *kernel_status_json;
+
+/* Formatting, inlined into run()'s loop (records.c) and used by templates.c. */
+static const char digit_pairs[201] =
+	"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+	"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+	"8081828384858687888990919293949596979899";
+
+/* v in decimal at o; returns the end.  Two digits per division (most values have 10 to 19). */
+static inline char *put_u64(char *o, uint64_t v)
+{
+	char tmp[U64_DIGITS];
+	int n = U64_DIGITS;
+
+	while (v >= 100) {
+		unsigned r = (unsigned)(v % 100);
+
+		v /= 100;
+		tmp[--n] = digit_pairs[2 * r + 1];
+		tmp[--n] = digit_pairs[2 * r];
+	}
+	if (v >= 10) {
+		tmp[--n] = digit_pairs[2 * v + 1];
+		tmp[--n] = digit_pairs[2 * v];
+	} else {
+		tmp[--n] = (char)('0' + v);
+	}
+	memcpy(o, tmp + n, U64_DIGITS - n);
+	return o + (U64_DIGITS - n);
+}
+
+/*
+ * A new bytes object: the template with args substituted.  The line is put
+ * together in a scratch buffer and copied once into a bytes object of its
+ * exact size: an object allocated at the worst case and shrunk afterwards
+ * costs a realloc per line (most lines are over pymalloc's 512 bytes).  One
+ * static scratch is enough: callers hold the GIL, and nothing here releases it.
+ */
+static inline PyObject *format_line(const struct tmpl *t, const struct arg *a)
+{
+	static char scratch[8192];
+	Py_ssize_t cap = t->fixed;
+	PyObject *out;
+	char *o, *base;
+
+	for (int i = 0; i < t->nconv; i++)
+		cap += t->conv[i] == 'd' ? U64_DIGITS : a[i].len;
+	if (cap <= (Py_ssize_t)sizeof(scratch)) {
+		out = NULL;
+		base = scratch;
+	} else {
+		out = PyBytes_FromStringAndSize(NULL, cap);
+		if (out == NULL)
+			return NULL;
+		base = PyBytes_AS_STRING(out);
+	}
+	o = base;
+	for (int i = 0; i < t->nconv; i++) {
+		memcpy(o, t->lit[i], t->litlen[i]);
+		o += t->litlen[i];
+		if (t->conv[i] == 'd') {
+			o = put_u64(o, a[i].u);
+		} else {
+			memcpy(o, a[i].s, a[i].len);
+			o += a[i].len;
+		}
+	}
+	memcpy(o, t->lit[t->nconv], t->litlen[t->nconv]);
+	o += t->litlen[t->nconv];
+	if (out == NULL)
+		return PyBytes_FromStringAndSize(scratch, o - base);
+	if (_PyBytes_Resize(&out, o - base) < 0)
+		return NULL;
+	return out;
+}
+
+/* The named types and the interned attribute names (_fastpath.c). */
+extern FP_INTERNAL PyTypeObject *HeldExec, *FastEntry, *RunCounts;
+extern FP_INTERNAL PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_path_json, *s_origins,
+	*s_missing, *s_lines, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json;
+
+/* The module's functions and their docs. */
+extern FP_INTERNAL const char read_ring_doc[], quiet_wait_doc[], sort_by_time_doc[], configure_doc[], run_doc[];
+FP_INTERNAL PyObject *read_ring(PyObject *self, PyObject *args);
+FP_INTERNAL PyObject *quiet_wait(PyObject *self, PyObject *args);
+FP_INTERNAL PyObject *sort_by_time(PyObject *self, PyObject *arg);
+FP_INTERNAL PyObject *configure(PyObject *self, PyObject *args);
+FP_INTERNAL PyObject *run(PyObject *self, PyObject *args);
+
+#endif /* BUILDIDD_FASTPATH_H */
