@@ -38,136 +38,20 @@ import pstats
 import re
 import shutil
 import signal
-import socket
 import math
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "workloads"))
-import build  # noqa: E402
 
+from benchlib import (SETTLE_S, Buildidd, RssSampler, build, cpu_s_of, lost_count,  # noqa: E402
+                      mapping_records, page_touch_cost, parse_ramp, storms, uss_of, warm_store)
 from perfcompare import PerfRecorder, compare, require_quiet_host  # noqa: E402
-from buildidd.sessionlog import read_session  # noqa: E402
-
-PY = sys.executable
-#: Seconds both daemons get between READY and the workload (the same for both).
-SETTLE_S = 0.3
-
-
-def cpu_s_of(pid: int) -> float:
-    """CPU seconds (user + system) pid's threads have used, ended ones included, to the ns.
-
-    The process's CPUCLOCK_SCHED clock (clock_getcpuclockid(3): ((~pid) << 3) | 2), the sum of
-    its threads' sched runtime, instead of /proc's utime + stime in 10 ms ticks: a 2,000-exec
-    storm costs the daemon tens of ms, which ticks would round to a few values.
-    """
-    return time.clock_gettime_ns(((~pid) << 3) | 2) / 1e9
-
-
-def uss_of(pid: int) -> int:
-    """Unique set size (bytes) of pid: memory only it holds (RSS less shared pages)."""
-    return psutil.Process(pid).memory_full_info().uss
-
-
-class RssSampler:
-    """Samples a process's RSS (bytes) every interval_s in a thread: peak and last."""
-
-    def __init__(self, pid: int, interval_s: float = 0.05):
-        self.proc = psutil.Process(pid)
-        self.peak = 0
-        self.last = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                rss = self.proc.memory_info().rss
-            except psutil.Error:
-                return
-            if not rss:      # a zombie reports 0
-                return
-            self.peak = max(self.peak, rss)
-            self.last = rss
-            self._stop.wait(0.05)
-
-    def stop(self):
-        self._stop.set()
-        self._t.join()
-
-
-class Buildidd:
-    """`buildidd run` as a daemon; READY is awaited on our own NOTIFY_SOCKET."""
-
-    def __init__(self, workdir: Path, *, extra: list[str] = (), env: dict | None = None, compress: bool = False,
-                 store: Path | None = None):
-        self.root = Path(tempfile.mkdtemp(prefix="sessions-", dir=workdir))
-        self.own_store = store is None
-        self.store = Path(f"{self.root}-store") if store is None else store
-        sock_path = workdir / f"notify-{os.getpid()}-{time.monotonic_ns()}.sock"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(sock_path))
-        self.sock.settimeout(60)
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen([PY, "-m", "buildidd.cli", "run", "--session-root", str(self.root),
-                                      *([] if compress else ["--no-compress"]),
-                                      "--store-root", str(self.store), "--control-socket", "", *extra],
-                                     env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(sock_path)},
-                                     stderr=subprocess.PIPE)
-        while True:
-            try:
-                msg = self.sock.recv(4096).decode()
-            except socket.timeout:
-                self.proc.kill()            # never leave a half-started daemon attached
-                self.proc.wait()
-                raise RuntimeError("buildidd did not become READY in 60 s: "
-                                   + self.proc.stderr.read1(4000).decode(errors="replace"))
-            if "READY=1" in msg:
-                break
-        self.ready_s = time.monotonic() - t0
-        sock_path.unlink()
-        self.ps = psutil.Process(self.proc.pid)
-        self.rss = RssSampler(self.proc.pid)
-
-    def uss(self) -> int:
-        """Unique set size (bytes): memory only this process holds (RSS less shared library pages)."""
-        return uss_of(self.proc.pid)
-
-    def cpu_s(self) -> float:
-        return cpu_s_of(self.proc.pid)
-
-    def kill_if_running(self) -> None:
-        """SIGKILL a daemon that was not stopped (a workload or check failed): never leave one attached."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-            self.rss.stop()
-            self.sock.close()
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-        if self.own_store:
-            shutil.rmtree(self.store, ignore_errors=True)
-
-    def stop(self, read: bool = True) -> list[dict]:
-        """SIGTERM the daemon, wait; the session's records (a list: mind the size) when read."""
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
-        self.rss.stop()
-        self.sock.close()
-        (sdir,) = list(self.root.iterdir())
-        self.session_dir = sdir
-        return list(read_session(sdir)) if read else []
 
 
 @dataclass
@@ -259,39 +143,6 @@ class Result:
         }
 
 
-def _mmap_records(records):
-    return [r for r in records if r.get("type") == "mmap" and r.get("origin") not in ("synthesized",)]
-
-
-def _lost(records) -> int:
-    return sum(sum(r["counts"].values()) for r in records if r.get("type") == "lost")
-
-
-def page_touch_cost(w: dict) -> dict[int, int]:
-    """ns of CPU per page read after the thread slept, by ms asleep (workloads/pagetouch.c): the machine's.
-
-    On the VMs of 2026-11-26 the host took back idle guest memory (1,900 ns per page after
-    50 ms asleep, 20,000 after 1 s, against 36 after 1 ms): every daemon step after a
-    sleep then costs in proportion to the pages it touches, so buildidd's CPU per event
-    (and perf's) means little without this line beside it.
-    """
-    out = subprocess.run([str(w["pagetouch"])], check=True, capture_output=True, text=True).stdout
-    return {int(ms): int(ns) for ms, ns in (line.split() for line in out.splitlines())}
-
-
-def warm_store(workdir: Path) -> Path:
-    """A store holding what a running daemon would have snapshotted already (returned path)."""
-    store = workdir / "store"
-    t = time.monotonic()
-    d = Buildidd(workdir, store=store)
-    time.sleep(1.0)
-    d.stop()          # stop() lets the snapshotter finish its queue
-    d.cleanup()
-    size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file() and not f.is_symlink())
-    print(f"  store warmed: {size / 2**20:.1f} MiB in {time.monotonic() - t:.1f} s", flush=True)
-    return store
-
-
 @dataclass
 class Attached:
     """One workload run with a buildidd attached: wall seconds, daemon CPU per mapping event (None
@@ -326,8 +177,8 @@ def run_attached(workload: list[str], workdir: Path, env: dict | None, store: Pa
         c1 = d.cpu_s()
         steady, uss = d.rss.last, d.uss()
         records = d.stop()
-        n = len(_mmap_records(records))
-        return Attached(wall, (c1 - c0) * 1e6 / n if n else None, n, _lost(records), steady, d.rss.peak, uss,
+        n = len(mapping_records(records))
+        return Attached(wall, (c1 - c0) * 1e6 / n if n else None, n, lost_count(records), steady, d.rss.peak, uss,
                         d.ready_s)
     finally:
         d.kill_if_running()             # the workload failed: do not leave the daemon attached
@@ -365,7 +216,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                     finally:
                         os.kill(d.proc.pid, signal.SIGCONT)
                     time.sleep(0.2)
-                    res.kern_losses += _lost(d.stop())
+                    res.kern_losses += lost_count(d.stop())
                 finally:
                     d.kill_if_running()
                     d.cleanup()
@@ -431,7 +282,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
         d.kill_if_running()
     c = compare(maps, records, comms=comms)
     res.completeness = c.as_dict()
-    res.losses += _lost(records)
+    res.losses += lost_count(records)
     if c.examples:
         print(f"  {name}: mismatches, e.g. {c.examples[:3]}", flush=True)
     d.cleanup()
@@ -473,7 +324,7 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int, store: Path | None
             wrong = sum(1 for m in theirs if ours.get((m.pid, m.start)) not in (None, m.build_id))
             res.completeness = {"perf_with_build_id": len(theirs), "matched": matched, "wrong": wrong,
                                 "match_rate": round(matched / len(theirs), 6) if theirs else 1.0}
-            res.losses += _lost(records)
+            res.losses += lost_count(records)
             d.cleanup()
     finally:
         for p in procs:
@@ -481,31 +332,6 @@ def many_processes(n: int, w: dict, workdir: Path, reps: int, store: Path | None
         for p in procs:
             p.wait()
     return res
-
-
-def parse_ramp(spec: str) -> list[tuple[int, int]]:
-    """"RATE[xPROCS],..." → [(maps/s per process, 0 = unpaced; processes)]."""
-    out = []
-    for tok in spec.split(","):
-        tok = tok.strip()
-        if tok:
-            rate, _, procs = tok.partition("x")
-            out.append((int(rate), int(procs or 1)))
-    return out
-
-
-def _storms(w: dict, rate: int, procs: int, seconds: float) -> tuple[int, int]:
-    """procs mmap storms at once (each rate maps/s, 0 = unpaced): (mappings made, total rate achieved)."""
-    count = int(rate * seconds) if rate else int(400_000 * seconds)
-    ps = [subprocess.Popen([str(w["mmap_storm"]), str(w["lib0"]), str(count), str(rate)],
-                           stdout=subprocess.PIPE, text=True) for _ in range(procs)]
-    achieved = 0
-    for p in ps:
-        out, _ = p.communicate()
-        if p.returncode:
-            raise RuntimeError(f"mmap_storm exited {p.returncode}")
-        achieved += int(out.strip())
-    return count * procs, achieved
 
 
 def ramp(w: dict, workdir: Path, rates: list[tuple[int, int]], seconds: float, store: Path | None) -> list[dict]:
@@ -521,7 +347,7 @@ def ramp(w: dict, workdir: Path, rates: list[tuple[int, int]], seconds: float, s
         d = Buildidd(workdir, store=store)
         time.sleep(SETTLE_S)
         c0, t0 = d.cpu_s(), time.monotonic()
-        count, achieved = _storms(w, rate, procs, seconds)
+        count, achieved = storms(w, rate, procs, seconds)
         dt = time.monotonic() - t0
         cpu_s = d.cpu_s() - c0
         cpu_share = cpu_s / dt
@@ -531,14 +357,14 @@ def ramp(w: dict, workdir: Path, rates: list[tuple[int, int]], seconds: float, s
         got = sum(1 for x in records if x.get("type") == "mmap" and x.get("path") == str(w["lib0"])
                   and x.get("origin") == "mmap")
         row = {"target_per_s": rate * procs or "max", "procs": procs, "achieved_per_s": achieved,
-               "events": count, "recorded": got, "losses": _lost(records),
-               "daemon_cpu_share": round(cpu_share, 3), "kept_up": got == count and _lost(records) == 0,
+               "events": count, "recorded": got, "losses": lost_count(records),
+               "daemon_cpu_share": round(cpu_share, 3), "kept_up": got == count and lost_count(records) == 0,
                "cpu_us_per_event": round(cpu_s * 1e6 / count, 3), "rss_peak_mib": round(peak / 2**20, 1)}
         d.cleanup()
         perf = PerfRecorder(workdir / "perf.data")
         time.sleep(SETTLE_S)
         c0 = cpu_s_of(perf.proc.pid)
-        _, row["perf_achieved_per_s"] = _storms(w, rate, procs, seconds)
+        _, row["perf_achieved_per_s"] = storms(w, rate, procs, seconds)
         c1 = cpu_s_of(perf.proc.pid)
         row["perf_cpu_us_per_event"] = round((c1 - c0) * 1e6 / count, 3)
         perf.finish()

@@ -16,9 +16,7 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from elftools.common.exceptions import ELFError as PyElfError  # noqa: E402
 from elftools.elf.elffile import ELFFile  # noqa: E402

@@ -26,10 +26,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "workloads"))
-import build  # noqa: E402
 
-from bench import Buildidd, warm_store  # noqa: E402
+from benchlib import Buildidd, build, warm_store  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
 STORMS = 3

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from bench import SETTLE_S, Buildidd, RssSampler, parse_ramp, ramp, uss_of
+from bench import ramp
+from benchlib import SETTLE_S, Buildidd, RssSampler, parse_ramp, uss_of
 from perfcompare import PerfRecorder
 from buildidd.resolve.buildid import read_build_id_fd
 

@@ -33,12 +33,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE / "workloads"))
 
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
-import build  # noqa: E402
+from workloads import build  # noqa: E402
 
 from buildidd.config import parse_size  # noqa: E402
 

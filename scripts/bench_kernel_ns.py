@@ -39,10 +39,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "workloads"))
-import build  # noqa: E402
 
-from bench import Buildidd  # noqa: E402
+from benchlib import Buildidd, build  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")

@@ -23,7 +23,8 @@ from buildidd.kernel.pagecache import PageCacheProbe, PcStatus, discover_bases
 STATS = "/proc/sys/kernel/bpf_stats_enabled"
 
 
-def prog_stats(probe: PageCacheProbe) -> dict[str, int]:
+def probe_fdinfo(probe: PageCacheProbe) -> dict[str, int]:
+    """The probe program's /proc/self/fdinfo counters (run_time_ns, run_cnt, verified_insns, ...) by name."""
     out = {}
     with open(f"/proc/self/fdinfo/{probe.prog_fd}") as f:
         for line in f:
@@ -34,10 +35,10 @@ def prog_stats(probe: PageCacheProbe) -> dict[str, int]:
 
 
 def per_call_ns(probe: PageCacheProbe, fd: int, n: int, call) -> float:
-    before = prog_stats(probe)
+    before = probe_fdinfo(probe)
     for _ in range(n):
         call(fd)
-    after = prog_stats(probe)
+    after = probe_fdinfo(probe)
     return (after["run_time_ns"] - before["run_time_ns"]) / max(1, after["run_cnt"] - before["run_cnt"])
 
 
@@ -49,11 +50,11 @@ def main() -> None:
     args = ap.parse_args()
     files = args.files or sorted(glob.glob("/usr/lib/x86_64-linux-gnu/lib*.so.*"))[:40]
     base = PageCacheProbe(cflags=("-DPC_NO_BUILD_ID", *args.cflag))
-    base_insns = prog_stats(base)["verified_insns"]
+    base_insns = probe_fdinfo(base)["verified_insns"]
     base.close()
     probe = PageCacheProbe(cflags=tuple(args.cflag))
     discover_bases(probe)
-    insns = prog_stats(probe)["verified_insns"]
+    insns = probe_fdinfo(probe)["verified_insns"]
     with open(STATS) as f:
         old = f.read().strip()
     with open(STATS, "w") as f:

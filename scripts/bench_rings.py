@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench import Buildidd, _lost, _storms, build, warm_store  # noqa: E402
+from benchlib import Buildidd, build, lost_count, storms, warm_store  # noqa: E402
 
 from buildidd.config import parse_size  # noqa: E402
 
@@ -34,7 +33,7 @@ def run_once(w: dict, workdir: Path, store: Path, ring_bytes: int, procs: int, s
     cfg.write_text(f"ring_bytes = {ring_bytes}\n")
     d = Buildidd(workdir, extra=["--config", str(cfg)], store=store)
     time.sleep(0.3)
-    count, achieved = _storms(w, 0, procs, seconds)
+    count, achieved = storms(w, 0, procs, seconds)
     time.sleep(0.5)
     rss = d.ps.memory_info().rss
     records = d.stop()
@@ -47,7 +46,7 @@ def run_once(w: dict, workdir: Path, store: Path, ring_bytes: int, procs: int, s
                 causes[k] = causes.get(k, 0) + v
     d.cleanup()
     return {"ring_kib_per_cpu": ring_bytes >> 10, "procs": procs, "achieved_per_s": achieved,
-            "made": count, "recorded": got, "lost": _lost(records), "lost_causes": causes,
+            "made": count, "recorded": got, "lost": lost_count(records), "lost_causes": causes,
             "rss_mib": round(rss / 2**20, 1)}
 
 

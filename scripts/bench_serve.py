@@ -149,5 +149,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO / "daemon"))
     sys.exit(main())

@@ -48,10 +48,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "workloads"))
-import build  # noqa: E402
 
-from bench import Buildidd  # noqa: E402
+from benchlib import Buildidd, build  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 from buildidd.kernel.attach import ensure_tracefs  # noqa: E402
 
@@ -94,7 +92,7 @@ def task_clock_ms(argv: list[str]) -> float:
     return float(r.stderr.strip().splitlines()[-1].split(",")[0])
 
 
-class Attached:
+class Condition:
     """One condition of the comparison, as a context manager: nothing, perf, a BPF program, buildidd."""
 
     def __init__(self, kind: str, workdir: Path, cflags: list[str]):
@@ -154,7 +152,7 @@ def main(argv=None) -> int:
                                                          "empty lock+ma_write", "buildidd")}
         for _ in range(args.reps):
             for kind in kinds:
-                with Attached(kind, work, [f"-DORIG_AX={orig_ax}"]):
+                with Condition(kind, work, [f"-DORIG_AX={orig_ax}"]):
                     loop[kind].append(task_clock_ms([str(sysloop), str(args.syscalls)]))
                     if kind in maps:
                         maps[kind].append(task_clock_ms(storm))

@@ -34,8 +34,7 @@ from buildidd.sessionlog import read_session
 from buildidd.store import Store
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "workloads"))
-from upgrade import build_race, race_script  # noqa: E402
+from workloads.upgrade import build_race, race_script  # noqa: E402
 
 
 def run_buildidd(store: Path, work: Path, script: str, py: str) -> dict:

@@ -19,10 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE / "workloads"))
-import build  # noqa: E402
-from bench import Buildidd  # noqa: E402
+from benchlib import Buildidd, build  # noqa: E402
 from perfcompare import require_quiet_host  # noqa: E402
 
 from buildidd.control.client import ControlClient  # noqa: E402

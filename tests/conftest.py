@@ -112,9 +112,7 @@ assert shutil.which("gcc"), "gcc is needed to build test inputs"
 @pytest.fixture(scope="session")
 def workloads(tmp_path_factory):
     """The C workloads of scripts/workloads, built with gcc for this test session."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "workloads"))
-    import build
+    from workloads import build
     return build.build(tmp_path_factory.mktemp("workloads"), n_libs=8)
 
 

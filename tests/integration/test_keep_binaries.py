@@ -26,8 +26,7 @@ from buildidd.store.coverage import GAP_REASONS
 
 from conftest import as_user, readelf_build_id, session_records
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "workloads"))
-from upgrade import build_race, link_variant, objects, race_script  # noqa: E402
+from workloads.upgrade import build_race, link_variant, objects, race_script
 
 
 class Daemon:
