@@ -1,9 +1,12 @@
 """capture: the recording loop.
 
-Drains the kernel's rings (rings), joins exec events with their executable's
-mapping, records through the C fast path (_fastpath.c) or the Python path,
-recovers from losses by rescanning /proc, paces itself, and drives
-housekeeping (store quota, session retention).
+Starts the BPF side (bpfstart: the programs, the Tracer, the page-cache
+check), drains the kernel's rings (rings), joins exec events with their
+executable's mapping (execjoin), records through the C fast path
+(_fastpath.c and fastpath/) or the Python path (slowpath), recovers from
+losses by rescanning /proc (rescan), paces itself (pacing, loop), writes
+(logsink), reports (report), and drives housekeeping (store quota, session
+retention).  recorder.Recorder composes them.
 
 May import: store, sessionlog, resolve, kernel, and the shared modules.
 """

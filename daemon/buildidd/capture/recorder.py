@@ -35,7 +35,7 @@ from buildidd.capture.follow import FollowFilter
 from buildidd.capture.housekeeping import retention_without_store
 from buildidd.capture.guard import LoopGuard, call_within
 from buildidd.capture.logsink import LogSink
-from buildidd.capture.kernelpath import KernelPath, load_programs
+from buildidd.capture.bpfstart import KernelPath, load_programs
 from buildidd.capture.pacing import Pacer
 from buildidd.capture.rescan import LossRecovery
 from buildidd.capture.rings import Rings
@@ -139,7 +139,7 @@ class Recorder:
         self._run_fast = _fastpath.run
         self.started_mono = time.monotonic()
         self.ready_s: float | None = None
-        self.kernel_path = None      # kernelpath.KernelPath once started
+        self.kernel_path = None      # bpfstart.KernelPath once started
         #: (time.monotonic(), events by type so far), one a second at most: status's events_per_s
         self.rate_window: collections.deque = collections.deque(maxlen=12)
         self.guard = LoopGuard()
@@ -336,7 +336,7 @@ def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path:
         session_dir: the session's directory (its name is the session id).
         tracer: the loaded Tracer (its BCC compile time, s).
         follow: True in command mode (``buildidd record``), False for the whole host.
-        kernel_path: the kernelpath.KernelPath start-up verdict.
+        kernel_path: the bpfstart.KernelPath start-up verdict.
     Returns: {"type": "session", ...} with time_ns in ns since boot.
     """
     record = {"type": "session", "version": __version__, "session": session_dir.name,

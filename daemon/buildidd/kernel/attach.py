@@ -37,7 +37,7 @@ class _RawTpAttr(ctypes.Structure):
     _fields_ = [("name", ctypes.c_uint64), ("prog_fd", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
 
 
-#: Serializes ensure_tracefs: the probe and the main program load at once (capture.kernelpath).
+#: Serializes ensure_tracefs: the probe and the main program load at once (capture.bpfstart).
 _TRACEFS_LOCK = threading.Lock()
 
 

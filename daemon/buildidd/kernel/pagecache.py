@@ -32,7 +32,7 @@ The page-cache build-id read is these files, in the order data flows:
   its answers;
 - ``bpf/pagecache_probe.bpf.c`` and this module: the layout and the two bases;
 - :mod:`buildidd.kernel.pagecache_selftest`: the check against user space;
-- :mod:`buildidd.capture.kernelpath`: the start-up that runs discovery and the
+- :mod:`buildidd.capture.bpfstart`: the start-up that runs discovery and the
   self-test and gives the verdict (``kernel_build_id_path`` in the session
   record and ``status``);
 - :func:`buildidd.resolve.routes.kernel_resolution`: a record's kernel answer

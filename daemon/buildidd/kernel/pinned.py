@@ -97,7 +97,7 @@ def load_pinned(spec: LoadSpec, root: str,
         ProbeError: as loader.load.
     """
     try:
-        with _MOUNT_LOCK:              # two loads at once (capture.kernelpath) must not mount twice
+        with _MOUNT_LOCK:              # two loads at once (capture.bpfstart) must not mount twice
             _ensure_bpffs(root)
         key = spec_key(spec)
         lock = _lock(root, spec.name)

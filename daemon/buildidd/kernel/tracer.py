@@ -179,7 +179,7 @@ class Tracer:
 
     def set_pagecache_bases(self, vmemmap_base: int, page_offset_base: int) -> None:
         """Turn the page-cache build-id reads on: write struct pagecache_bases (bpf/pagecache.h),
-        found and checked by capture.kernelpath; zeros turn them off."""
+        found and checked by capture.bpfstart; zeros turn them off."""
         self.prog.maps["pagecache_bases"].update(ctypes.c_int(0), PagecacheBases(vmemmap_base, page_offset_base))
 
     def reset_wakeups(self) -> None:

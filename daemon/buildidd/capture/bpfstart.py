@@ -1,6 +1,8 @@
-"""Start-up of the kernel build-id path: the page-cache reader checked, then turned on.
+"""The BPF start-up: the programs loaded and the Tracer built, the kernel build-id path checked.
 
-The BPF program (bpf/buildidd.bpf.c) reads each mapped file's build-id from
+:func:`load_programs` compiles (or takes from the cache) and attaches the
+recording programs (kernel.tracer.Tracer) while, beside it, the page-cache
+reader is checked and then turned on.  The BPF program (bpf/buildidd.bpf.c) reads each mapped file's build-id from
 its page cache (bpf/pagecache.h) once it knows where this boot keeps page
 structs and the direct map (struct pagecache_bases, zeros: off, every event
 then carries kernel_status "fault").  Here, before recording: a separate probe
@@ -144,7 +146,7 @@ def load_programs(config: Config) -> tuple[KernelPath, Tracer]:
         ProbeError: the main program cannot be loaded (the check has ended; nothing is left).
     """
     btf = Btf.load()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="buildidd-kernelpath") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="buildidd-bpfstart") as pool:
         check = pool.submit(configured_kernel_path, config, btf)
         try:
             tracer = configured_tracer(config, btf)
