@@ -54,6 +54,7 @@ from aiohttp import web
 from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.elffile import ELFFile
 
+from buildidd.offline.serve_send import OpenFd, SectionResponse, refuse_zero_suffix
 from buildidd.store import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, VDSO_NAME, Store
 
 log = logging.getLogger(__name__)
@@ -294,10 +295,20 @@ def has_symtab(path: Path) -> bool:
         raise Unavailable(f"{path}: {e.strerror}") from e
 
 
-def read_section(held: list[Held], name: str) -> bytes | None:
-    """The raw bytes of section name from the first of the held files that has it with bytes.
+@dataclass(frozen=True)
+class Section:
+    """Where a section's bytes lie: in held's file, size_bytes at offset (``sh_offset``, ``sh_size``)."""
 
-    Returns None when none has it (or only as ``SHT_NOBITS``).
+    held: Held
+    offset: int
+    size_bytes: int
+
+
+def find_section(held: list[Held], name: str) -> Section | None:
+    """The first of the held files that has section name with bytes; its place in that file.
+
+    Returns None when none has it (or only as ``SHT_NOBITS``).  Nothing of
+    the section is read here: :func:`open_section` streams it.
 
     Raises:
         Unavailable: a file cannot be read, cannot be parsed, or the section
@@ -315,18 +326,33 @@ def read_section(held: list[Held], name: str) -> bytes | None:
         offset, size, _type = header
         if size > SECTION_MAX_BYTES:
             raise Unavailable(f"{h.path}: section {name} is {size} bytes, over {SECTION_MAX_BYTES}: not extracted")
-        try:
-            fd = os.open(h.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            try:
-                data = os.pread(fd, size, offset)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise Unavailable(f"{h.path}: {e.strerror}") from e
-        if len(data) != size:
-            raise Unavailable(f"{h.path}: section {name} extends past the end of the file")
-        return data
+        return Section(h, offset, size)
     return None
+
+
+def open_section(section: Section, name: str) -> SectionResponse:
+    """Open the section's file (``O_NOFOLLOW``) and make its answer, streamed from the file.
+
+    Blocking (open, fstat): call it in a thread.
+
+    Raises:
+        Unavailable: the file cannot be opened, is not a regular file, or ends before the section does.
+    """
+    path = section.held.path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        raise Unavailable(f"{path}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unavailable(f"{path}: not a regular file")
+        if section.offset + section.size_bytes > st.st_size:
+            raise Unavailable(f"{path}: section {name} extends past the end of the file")
+        return SectionResponse(fd, section.offset, section.size_bytes, file_headers(Held(path, name), section.size_bytes))
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def file_headers(held: Held, size_bytes: int) -> dict[str, str]:
@@ -334,18 +360,6 @@ def file_headers(held: Held, size_bytes: int) -> dict[str, str]:
     return {"Content-Type": "application/octet-stream",
             "X-DEBUGINFOD-SIZE": str(size_bytes),
             "X-DEBUGINFOD-FILE": held.name}
-
-
-class _OpenFd:
-    """An fd closed exactly once: after the answer is sent, or when the response is dropped unsent."""
-
-    def __init__(self, fd: int):
-        self.fd: int | None = fd
-
-    def close(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
 
 
 class HeldFileResponse(web.FileResponse):
@@ -359,11 +373,16 @@ class HeldFileResponse(web.FileResponse):
 
     def __init__(self, fd: int, headers: dict[str, str]):
         super().__init__(f"/proc/self/fd/{fd}", headers=headers)
-        self._held_fd = _OpenFd(fd)
+        self._held_fd = OpenFd(fd)
         weakref.finalize(self, self._held_fd.close)
+        self.size_hint_bytes = os.fstat(fd).st_size
 
     async def prepare(self, request: web.BaseRequest):
+        if self.prepared:
+            return None
         try:
+            if self._held_fd.fd is not None:
+                refuse_zero_suffix(request, os.fstat(self._held_fd.fd).st_size)
             return await super().prepare(request)
         finally:
             self._held_fd.close()
@@ -391,26 +410,6 @@ def open_held(held: Held) -> HeldFileResponse:
         raise
 
 
-def send_bytes(request: web.Request, data: bytes, headers: dict[str, str]) -> web.Response:
-    """Answer with data, honouring a single ``Range: bytes=A-B`` (206) like a file answer.
-
-    Raises:
-        web.HTTPRequestRangeNotSatisfiable: the range lies outside data.
-    """
-    headers = dict(headers, **{"Accept-Ranges": "bytes"})
-    try:
-        rng = request.http_range
-    except ValueError:
-        raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{len(data)}"}) from None
-    if rng.start is None and rng.stop is None:
-        return web.Response(body=data, headers=headers)
-    start, stop, _ = rng.indices(len(data))
-    if start >= stop:
-        raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{len(data)}"})
-    headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
-    return web.Response(status=206, body=data[start:stop], headers=headers)
-
-
 def check_source_path(path: str) -> str:
     """A source path of ``/buildid/HEX/source/PATH``.
 
@@ -435,12 +434,11 @@ def check_section_name(name: str) -> str:
 
 
 def unavailable(e: Unavailable) -> web.HTTPServiceUnavailable:
-    """The 503 answer for a held file that cannot be read now; logged with the reason."""
-    log.warning("503: %s", e)
+    """The 503 answer for a held file that cannot be read now (the caller logs the reason, at a limited rate)."""
     return web.HTTPServiceUnavailable(text="held but not readable right now; try again later\n",
                                       headers={"Retry-After": "60"})
 
 
 __all__ = ["ARTIFACTS", "BUILD_ID_RE", "Held", "Privacy", "Unavailable", "check_build_id", "check_section_name",
            "check_source_path", "find_debuginfo", "find_executable", "has_symtab", "main_file",
-           "open_held", "read_section", "send_bytes", "unavailable"]
+           "find_section", "open_held", "open_section", "refuse_zero_suffix", "unavailable"]
