@@ -85,7 +85,7 @@ def register(sub) -> None:
     sv.add_argument("--unix-socket", help="also listen on this unix socket: root and members of the control group "
                     "get the session logs there without a token (SO_PEERCRED)")
     sv.add_argument("--send-timeout", type=float, default=30.0,
-                    help="seconds an answer may take beyond its size at 64 KiB/s before the client is cut "
+                    help="seconds a client may take no byte of its answer before it is cut "
                     "(default %(default)s)")
     sv.add_argument("--max-connections", type=int, default=0,
                     help="connections kept at most (default 0: from the descriptor limit)")

@@ -375,7 +375,6 @@ class HeldFileResponse(web.FileResponse):
         super().__init__(f"/proc/self/fd/{fd}", headers=headers)
         self._held_fd = OpenFd(fd)
         weakref.finalize(self, self._held_fd.close)
-        self.size_hint_bytes = os.fstat(fd).st_size
 
     async def prepare(self, request: web.BaseRequest):
         if self.prepared:

@@ -19,10 +19,12 @@ one line per event:
   ``streams_total``).  Over loopback TCP every local user shares a peer key
   per source address (127.0.0.0/8 holds many), so the total cap and the
   deadlines are what bound a local attacker there.
-* **sending**: an answer of N bytes must be on its way within
-  ``send_timeout_s + N / MIN_SEND_RATE_BYTES_PER_S``; a client that does not
-  read is cut (``send_timeout``).  An archive streamed while it is built is
-  written from its builder thread, each chunk waiting at most
+* **sending**: an answer whose client takes no byte for ``send_timeout_s``
+  is cut (``send_timeout``).  Progress is what the client took: the bytes it
+  acknowledged (TCP_INFO ``tcpi_bytes_acked``) over TCP, the socket's unsent
+  bytes (SIOCOUTQ) changing on a unix socket, and what went through aiohttp's
+  writer; it is looked at every :data:`POLL_S`.  An archive streamed while it
+  is built is written from its builder thread, each chunk waiting at most
   ``send_timeout_s`` for the client (then the client is cut and the spool
   completed).
 * **threads**: lookups run on the loop's default executor, archive builds on
@@ -36,9 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import logging
 import resource
 import socket
+import struct
 from collections import Counter
 from dataclasses import dataclass
 
@@ -58,8 +62,12 @@ FDS_PER_CONNECTION = 2
 FD_LIMIT_CEILING = 1 << 20
 """The soft RLIMIT_NOFILE is raised to the hard limit, but not beyond this."""
 
-MIN_SEND_RATE_BYTES_PER_S = 64 << 10
-"""The slowest a reader may take an answer, bytes/s, on top of ``send_timeout_s``."""
+POLL_S = 1.0
+"""Seconds between two looks at a slow answer's progress (less when send_timeout_s is shorter)."""
+
+_TCP_INFO_BYTES_ACKED = struct.Struct("=Q")
+_TCP_INFO_BYTES_ACKED_OFFSET = 120   # struct tcp_info (include/uapi/linux/tcp.h): tcpi_bytes_acked, Linux 4.1+
+_SIOCOUTQ = 0x5411                   # TIOCOUTQ / SIOCOUTQ (include/uapi/asm-generic/ioctls.h, sockios.h)
 
 ARCHIVE_WORKERS = 2
 """Threads that build archives (one per archive being built; more wait their turn)."""
@@ -82,7 +90,7 @@ class GuardLimits:
         max_connections: connections kept at most; 0: from RLIMIT_NOFILE (see the module docstring).
         max_streams: answers in progress at most, all peers together.
         max_streams_per_peer: answers in progress at most for one peer.
-        send_timeout_s: seconds an answer may take on top of its size at MIN_SEND_RATE_BYTES_PER_S;
+        send_timeout_s: seconds an answer's client may take no byte of it before it is cut;
             also the longest one chunk of a streamed archive waits for its client.
     """
 
@@ -123,6 +131,22 @@ class Conn:
     creds: tuple[int, int, int] | None = None
 
 
+def _progress(request: web.BaseRequest) -> tuple[int, int]:
+    """What the client has taken so far, as a value that changes when it takes bytes (see the module docstring)."""
+    written = getattr(request.writer, "output_size", 0) or 0
+    transport = request.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return written, -1
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            return written, _TCP_INFO_BYTES_ACKED.unpack_from(info, _TCP_INFO_BYTES_ACKED_OFFSET)[0]
+        return written, struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0" * 4))[0]
+    except (OSError, struct.error):
+        return written, -1
+
+
 def _peer_of(transport) -> tuple[str, tuple[int, int, int] | None]:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family == socket.AF_UNIX:
@@ -135,14 +159,15 @@ def _peer_of(transport) -> tuple[str, tuple[int, int, int] | None]:
     return (str(peer[0]) if isinstance(peer, tuple) and peer else "?"), None
 
 
-class _Cut(web.StreamResponse):
-    """What a handler returns once its client was cut: aiohttp's own sending of it fails as a closed connection."""
+class Cut(web.StreamResponse):
+    """What a handler returns once its client was cut or went away: aiohttp's own sending of it fails as a
+    closed connection (no log line, counted in the access log by its status)."""
 
     def __init__(self, status: int):
         super().__init__(status=status)
 
     async def prepare(self, request):
-        raise ConnectionResetError("client cut: it did not read its answer in time")
+        raise ConnectionResetError("the client was cut or went away")
 
 
 class Guard:
@@ -197,22 +222,34 @@ class Guard:
     def open_connections(self) -> int:
         return len(self.conns)
 
-    def deadline_s(self, size_bytes: int) -> float:
-        """Seconds an answer of size_bytes may take to go out."""
-        return self.limits.send_timeout_s + max(0, size_bytes) / MIN_SEND_RATE_BYTES_PER_S
-
-    async def send(self, request: web.BaseRequest, resp: web.StreamResponse,
-                   size_bytes: int | None = None) -> web.StreamResponse:
-        """Prepare (send) resp within :meth:`deadline_s` of its size (size_bytes, else its Content-Length);
-        resp when sent, else the client is cut and a response aiohttp drops as a closed connection."""
-        size = size_bytes if size_bytes is not None else (getattr(resp, "size_hint_bytes", None)
-                                                          or resp.content_length or 0)
+    async def send(self, request: web.BaseRequest, resp: web.StreamResponse) -> web.StreamResponse:
+        """Prepare (send) resp while its client keeps taking bytes: resp once sent; when the client took
+        nothing for send_timeout_s, it is cut and the answer is one aiohttp drops as a closed connection."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(resp.prepare(request))
+        poll = max(0.05, min(POLL_S, self.limits.send_timeout_s / 4))
+        last, since = None, loop.time()
         try:
-            await asyncio.wait_for(resp.prepare(request), self.deadline_s(size))
-        except asyncio.TimeoutError:
-            self.cut(request)
-            return _Cut(resp.status)
-        return resp
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=poll)
+                if done:
+                    try:
+                        task.result()
+                    except ConnectionError:
+                        return Cut(resp.status)    # the client went away
+                    return resp
+                now, seen = loop.time(), _progress(request)
+                if seen != last:
+                    last, since = seen, now
+                elif now - since >= self.limits.send_timeout_s:
+                    break
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        task.cancel()
+        await asyncio.wait({task})
+        self.cut(request)
+        return Cut(resp.status)
 
     def cut(self, request: web.BaseRequest) -> None:
         """Count a client that did not read in time and close its connection."""
@@ -267,7 +304,7 @@ async def guard_middleware(request: web.Request, handler):
     conn, peer = guard.take(request)
     try:
         resp = await handler(request)
-        if isinstance(resp, web.StreamResponse) and not resp.prepared:
+        if isinstance(resp, web.StreamResponse) and not resp.prepared and not isinstance(resp, Cut):
             return await guard.send(request, resp)
         return resp
     finally:

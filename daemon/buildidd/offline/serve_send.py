@@ -74,14 +74,14 @@ class SectionResponse(web.StreamResponse):
         super().__init__(headers=dict(headers, **{"Accept-Ranges": "bytes"}))
         self._fd = OpenFd(fd)
         self._offset = offset
-        self.size_hint_bytes = size_bytes
+        self.size_bytes = size_bytes
         weakref.finalize(self, self._fd.close)
 
     async def prepare(self, request: web.BaseRequest):
         if self.prepared:
             return None
         try:
-            size = self.size_hint_bytes
+            size = self.size_bytes
             rng = byte_range(request, size)
             start, stop = rng if rng is not None else (0, size)
             if rng is not None:

@@ -38,7 +38,7 @@ from aiohttp import web
 
 from buildidd.errors import BuildiddError
 from buildidd.offline.archive import write_archive
-from buildidd.offline.serve_guard import ARCHIVE_WORKERS, GUARD_KEY
+from buildidd.offline.serve_guard import ARCHIVE_WORKERS, GUARD_KEY, Cut
 from buildidd.offline.serve_metrics import METRICS_KEY
 from buildidd.offline.serve_send import refuse_zero_suffix
 from buildidd.offline.sessions import list_sessions
@@ -296,20 +296,13 @@ async def handle_archive(request: web.Request) -> web.StreamResponse:
         raise web.HTTPServiceUnavailable(text="the archive could not be read right now\n") from e
     view = _without_stale_range(request, etag)
     refuse_zero_suffix(view, size)
-    return await guard.send(view, resp, size)
+    return await guard.send(view, resp)
 
 
 def _gone(resp: web.StreamResponse) -> web.StreamResponse:
     """What to return for a streamed archive whose client went away or was cut: nothing more is written."""
     resp.force_close()
-    return web.Response(status=resp.status) if not resp.prepared else _Done(resp.status)
-
-
-class _Done(web.StreamResponse):
-    """An answer already sent in part to a client that is gone: aiohttp's sending of it ends as a closed connection."""
-
-    async def prepare(self, request):
-        raise ConnectionResetError("the archive's client is gone")
+    return Cut(resp.status)
 
 
 class _ArchiveFileResponse(web.FileResponse):
