@@ -60,7 +60,8 @@ def cmd_pull(args) -> int:
     opts = PullOptions(url=args.url, sessions=tuple(args.sessions),
                        token=read_token(args.token_file) if args.token_file else None,
                        debug_dir=args.debug_dir, session_root=cfg.session_root, work_dir=args.work_dir,
-                       timeout_s=args.timeout, cafile=args.cafile)
+                       timeout_s=args.timeout, cafile=args.cafile, max_bytes=args.max_bytes,
+                       deadline_s=args.deadline)
     for result in pull(opts, progress=sys.stderr.isatty()):
         print(f"{result.name}: imported into {result.session_dir} ({result.archive_bytes} bytes"
               f"{', resumed' if result.resumed else ''})")
@@ -104,4 +105,8 @@ def register(sub) -> None:
                     "(default ~/.cache/buildidd/pull)")
     pl.add_argument("--timeout", type=float, default=60.0, help="seconds without progress before a retry")
     pl.add_argument("--cafile", help="CA certificate(s) to trust for an https URL")
+    pl.add_argument("--max-bytes", type=int, default=64 << 30,
+                    help="refuse an archive larger than this many bytes (default %(default)s, also the ceiling)")
+    pl.add_argument("--deadline", type=float, default=3600.0,
+                    help="seconds one archive's download may take, retries included (default %(default)s)")
     pl.set_defaults(func=cmd_pull)

@@ -17,7 +17,9 @@ Refusals, each an :class:`~buildidd.errors.ArchiveError` with its ``reason``:
 ``hard_link``          any hard link (archives never hold one)
 ``device``             a character or block device
 ``fifo``               a FIFO
-``unsupported_member`` another member type (sparse, contiguous, ...)
+``sparse``             a sparse member (GNU ``S``, pax ``GNU.sparse.*``): its holes
+                       would expand beyond the stored bytes the limits count
+``unsupported_member`` another member type (contiguous, ...)
 ``too_many_members``   more than ``ImportLimits.max_members`` members
 ``too_large``          a member, the manifest, a pax header or the whole
                        stream beyond its limit
