@@ -61,7 +61,7 @@ def cmd_pull(args) -> int:
                        token=read_token(args.token_file) if args.token_file else None,
                        debug_dir=args.debug_dir, session_root=cfg.session_root, work_dir=args.work_dir,
                        timeout_s=args.timeout, cafile=args.cafile, max_bytes=args.max_bytes,
-                       deadline_s=args.deadline)
+                       deadline_s=args.deadline, untrusted=args.untrusted)
     for result in pull(opts, progress=sys.stderr.isatty()):
         print(f"{result.name}: imported into {result.session_dir} ({result.archive_bytes} bytes"
               f"{', resumed' if result.resumed else ''})")
@@ -109,4 +109,6 @@ def register(sub) -> None:
                     help="refuse an archive larger than this many bytes (default %(default)s, also the ceiling)")
     pl.add_argument("--deadline", type=float, default=3600.0,
                     help="seconds one archive's download may take, retries included (default %(default)s)")
+    pl.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
+                    help="entries whose provenance is not 'trusted': install marked (default), skip, or refuse")
     pl.set_defaults(func=cmd_pull)

@@ -88,6 +88,7 @@ class PullOptions:
         cafile: CA certificates to trust for https, or None (the system's).
         max_bytes: an archive larger than this is refused (at most :data:`MAX_BYTES_CEILING`).
         deadline_s: seconds one archive's download may take, every attempt and pause included.
+        untrusted: the importer's policy for entries not ``trusted`` (``mark``, ``skip``, ``refuse``).
     """
 
     url: str
@@ -100,6 +101,7 @@ class PullOptions:
     cafile: str | None = None
     max_bytes: int = MAX_BYTES_CEILING
     deadline_s: float = DEFAULT_DEADLINE_S
+    untrusted: str = "mark"
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,7 @@ def _pull_one(client: _Client, name: str, opts: PullOptions, work_dir: Path) -> 
         size = path.stat().st_size
         try:
             report = import_archive(path, debug_dir=opts.debug_dir or os.path.expanduser("~/.debug"),
-                                    session_root=opts.session_root)
+                                    session_root=opts.session_root, untrusted=opts.untrusted)
         except ArchiveError as e:
             if dl.resumed and not fresh:
                 log.warning("%s: the resumed archive failed verification (%s); fetching it whole", name, e)

@@ -96,10 +96,12 @@ class Held:
         path: the file in the store (``ROOT/<path>/<build-id>/elf``, ``…/debug``, ``…/vmlinux``).
         name: the basename clients see in ``X-DEBUGINFOD-FILE``: the original
             file's name (``true``), ``NAME.debug`` for its debuginfo.
+        provenance: the entry's provenance (``Store.provenance``), sent as ``X-Buildidd-Provenance``.
     """
 
     path: Path
     name: str
+    provenance: str | None = None
 
 
 @dataclass
@@ -216,11 +218,15 @@ def find_executable(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NO
     main = main_file(store, build_id_hex)
     if main is None or not privacy.allows(store, build_id_hex, "elf"):
         return None
+    try:
+        provenance = store.provenance(build_id_hex)
+    except OSError as e:
+        raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if main.name == KALLSYMS_NAME:
         vmlinux = main.parent / VMLINUX_NAME
         st = _lstat_held(vmlinux)
-        return Held(vmlinux, VMLINUX_NAME) if st is not None and stat.S_ISREG(st.st_mode) else None
-    return Held(main, _original_name(main))
+        return Held(vmlinux, VMLINUX_NAME, provenance) if st is not None and stat.S_ISREG(st.st_mode) else None
+    return Held(main, _original_name(main), provenance)
 
 
 def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOTHING_PRIVATE) -> Held | None:
@@ -242,11 +248,11 @@ def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOT
     except OSError as e:
         raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if best is not None and privacy.allows(store, build_id_hex, "debug"):
-        return Held(best, held.name + ".debug" if best.name == DEBUG_NAME else held.name)
+        return Held(best, held.name + ".debug" if best.name == DEBUG_NAME else held.name, held.provenance)
     debug = held.path.parent / DEBUG_NAME
     st = _lstat_held(debug)
     if st is not None and stat.S_ISREG(st.st_mode):
-        return Held(debug, held.name + ".debug")
+        return Held(debug, held.name + ".debug", held.provenance)
     if has_symtab(held.path):
         return held
     return None
@@ -349,7 +355,7 @@ def open_section(section: Section, name: str) -> SectionResponse:
             raise Unavailable(f"{path}: not a regular file")
         if section.offset + section.size_bytes > st.st_size:
             raise Unavailable(f"{path}: section {name} extends past the end of the file")
-        return SectionResponse(fd, section.offset, section.size_bytes, file_headers(Held(path, name), section.size_bytes))
+        return SectionResponse(fd, section.offset, section.size_bytes, file_headers(Held(path, name, section.held.provenance), section.size_bytes))
     except BaseException:
         os.close(fd)
         raise
@@ -357,9 +363,12 @@ def open_section(section: Section, name: str) -> SectionResponse:
 
 def file_headers(held: Held, size_bytes: int) -> dict[str, str]:
     """The debuginfod headers of a file answer (debuginfod.cxx ``add_mhd_response_header`` calls)."""
-    return {"Content-Type": "application/octet-stream",
-            "X-DEBUGINFOD-SIZE": str(size_bytes),
-            "X-DEBUGINFOD-FILE": held.name}
+    headers = {"Content-Type": "application/octet-stream",
+               "X-DEBUGINFOD-SIZE": str(size_bytes),
+               "X-DEBUGINFOD-FILE": held.name}
+    if held.provenance is not None:
+        headers["X-Buildidd-Provenance"] = held.provenance   # buildidd's: Store.provenance of the entry
+    return headers
 
 
 class HeldFileResponse(web.FileResponse):
