@@ -269,6 +269,7 @@ class Recorder:
             self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(),
                                         "reason": self.guard.end_reason or "stopped",
                                         "resolutions_abandoned": abandoned, **self.summary(),
+                                        "records_lost": self.log.writer.stats["records_lost"],
                                         **({"store": self.snapshotter.status()} if self.snapshotter else {})}))
             self.log.close()
         if self.rings is not None:
