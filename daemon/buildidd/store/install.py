@@ -31,7 +31,6 @@ import errno
 import fcntl
 import os
 import secrets
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.procfs import identity_of, mismatch
 from buildidd.store.counters import Tally
 from buildidd.store.layout import DIR_MODE, FILE_MODE, PRIVATE_DIR_MODE, TEMP_INFIX, Layout
+from buildidd.store.origin import dir_closed
 
 COPY_CHUNK_BYTES = 1 << 20
 """Bytes per copy step when not reflinking; ``Store.throttle`` is called after each."""
@@ -242,13 +242,8 @@ class Installer(DataCopier):
 
     def makedirs(self, directory: Path, done: Installed, mode: int = DIR_MODE) -> None:
         """mkdir -p, remembering the directories made; each made gets root:gid and DIR_MODE (0o750), the last
-        one mode even if it existed.
-
-        For a private entry (mode PRIVATE_DIR_MODE) the directory named after the file
-        (``ROOT/<path>``, which lists its build-ids) and every directory made for a source
-        directory that other users cannot list (no ``o+r`` or ``o+x``, or that cannot be
-        checked) get that mode too: the names in a private directory stay as closed to the
-        control group as they were to other users.  Directories that existed keep their mode."""
+        one mode even if it existed.  For a private entry (PRIVATE_DIR_MODE) so do ``ROOT/<path>`` (which
+        lists its build-ids) and each directory made for a closed source directory (origin.dir_closed)."""
         missing = []
         d = directory
         while not d.is_dir():
@@ -260,7 +255,7 @@ class Installer(DataCopier):
             try:
                 os.mkdir(d, 0o700)
                 self.own(d, mode if d == directory or (mode == PRIVATE_DIR_MODE and (
-                    d == directory.parent or self._source_closed(d))) else DIR_MODE)
+                    d == directory.parent or dir_closed(self.layout.root, d))) else DIR_MODE)
             except FileExistsError:
                 if not d.is_dir():
                     self.tally.count("copy_errors")
@@ -276,15 +271,6 @@ class Installer(DataCopier):
             except OSError as e:
                 self.tally.count("copy_errors")
                 raise StoreError(f"{directory}: cannot set its mode: {e.strerror}") from e
-
-    def _source_closed(self, d: Path) -> bool:
-        """Whether the source directory store directory d stands for (``/`` + d below the root) keeps its
-        names from other users: not a directory, no ``o+r`` or ``o+x``, or not checkable here."""
-        try:
-            st = os.lstat("/" + str(d.relative_to(self.layout.root)))
-        except (OSError, ValueError):
-            return True
-        return not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IROTH and st.st_mode & stat.S_IXOTH)
 
     def install_copy(self, req: CopyRequest, done: Installed) -> tuple[bool, int]:
         """Copy req.src_fd to req.final through a temporary file, verified; (reflinked, bytes).
