@@ -1,8 +1,8 @@
-"""Who is on the other end of a unix socket: SO_PEERCRED and the peer's supplementary groups.
+"""Who is on the other end of a socket: SO_PEERCRED and the peer's groups; a local TCP peer's uid.
 
 Shared by the control socket (:mod:`buildidd.control.server`) and ``buildidd
-serve``'s unix-socket listener (:mod:`buildidd.offline.serve_access`); imports
-no stage.
+serve`` (:mod:`buildidd.offline.serve_guard`, :mod:`buildidd.offline.serve_sessions`);
+imports no stage.
 """
 
 from __future__ import annotations
@@ -10,9 +10,19 @@ from __future__ import annotations
 import socket
 import struct
 
-__all__ = ["peer_credentials", "proc_supplementary_groups", "in_group"]
+__all__ = ["peer_credentials", "proc_supplementary_groups", "in_group", "tcp_peer_uid"]
 
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}, socket(7)
+
+# sock_diag(7), include/uapi/linux/inet_diag.h
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 1
+_NLMSG = struct.Struct("=IHHII")          # struct nlmsghdr: len, type, flags, seq, pid
+_REQ_HEAD = struct.Struct("=BBBBI")       # struct inet_diag_req_v2: family, protocol, ext, pad, states
+_SOCKID = struct.Struct("!HH16s16s")      # struct inet_diag_sockid: sport, dport (be16), src[4], dst[4] (be32)
+_SOCKID_TAIL = struct.Struct("=III")      # if, cookie[2] (INET_DIAG_NOCOOKIE: all ones)
+_DIAG_MSG_UID_OFFSET = _NLMSG.size + 4 + _SOCKID.size + _SOCKID_TAIL.size + 12   # inet_diag_msg.idiag_uid
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -63,3 +73,26 @@ def in_group(creds: tuple[int, int, int], gid: int) -> bool:
     if gid == 0:
         return False
     return peer_gid == gid or gid in proc_supplementary_groups(pid, uid)
+
+
+def tcp_peer_uid(local: tuple, peer: tuple) -> int | None:
+    """The uid that owns the TCP socket at peer ``(host, port)`` connected to local ``(host, port)``, when
+    that socket is on this host (a loopback peer); None when the kernel knows no such socket.
+
+    Source: sock_diag(7) (``SOCK_DIAG_BY_FAMILY``, one exact ``inet_diag_sockid``: the peer's
+    end as source), ``inet_diag_msg.idiag_uid`` (the socket's ``sk_uid``: its creator's).  Raises OSError.
+    """
+    family = socket.AF_INET6 if ":" in str(peer[0]) else socket.AF_INET
+
+    def addr(host) -> bytes:
+        return socket.inet_pton(family, str(host).split("%")[0]).ljust(16, b"\0")
+
+    body = _REQ_HEAD.pack(family, socket.IPPROTO_TCP, 0, 0, 0xffffffff) + \
+        _SOCKID.pack(peer[1], local[1], addr(peer[0]), addr(local[0])) + _SOCKID_TAIL.pack(0, 0xffffffff, 0xffffffff)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
+        nl.send(_NLMSG.pack(_NLMSG.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + body)
+        data = nl.recv(8192)
+    if len(data) < _DIAG_MSG_UID_OFFSET + 4 or struct.unpack_from("=H", data, 4)[0] != _SOCK_DIAG_BY_FAMILY:
+        return None   # NLMSG_ERROR: no such socket here
+    return struct.unpack_from("=I", data, _DIAG_MSG_UID_OFFSET)[0]

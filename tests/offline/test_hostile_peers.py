@@ -170,14 +170,18 @@ def test_section_readers_that_never_read_cost_no_memory(world, attacker):
 
 
 def test_per_peer_cap_refuses_and_counts(world, attacker):
-    """Slow readers are bounded per peer: past --max-streams-per-peer the attacker gets 503, counted."""
+    """Slow readers are bounded per peer: past --max-streams-per-peer the attacker gets 503, counted; another local
+    user (root, over the same 127.0.0.1) is another peer (its socket's uid) and is still served meanwhile."""
     serve = _serve(world, "perpeer", "--max-streams-per-peer", "4")
     try:
         bid = world["bids"]["big"]
-        holders = _start_holders(attacker, serve, 10, f"/buildid/{bid}/section/{BIG_SECTION}", hold_s=1)
+        holders = _start_holders(attacker, serve, 10, f"/buildid/{bid}/section/{BIG_SECTION}", hold_s=3)
+        time.sleep(0.5)
+        root = [_timed(serve, f"/buildid/{world['bids']['small']}/executable", _auth()) for _ in range(5)]
         out = json.loads(holders.communicate(timeout=60)[0])
         refused = _metric(serve, 'buildidd_serve_refused_total{reason="streams_peer"}', _auth())
-        print(f"\nper-peer cap 4: statuses {out['status']}, refused {refused}")
+        print(f"\nper-peer cap 4: attacker statuses {out['status']}, refused {refused}; root meanwhile {root}")
+        assert [s for s, _ in root] == [200] * 5, root
         assert out["status"].count(503) == 6 and out["status"].count(200) == 4, out
         assert refused >= 6
     finally:

@@ -147,11 +147,14 @@ def daemon_request(args, cmd: str, **kwargs):
 
 
 def socket_group(path: str, config_path: str | None = None) -> str:
-    """The group whose members may use the control socket at path: the socket's own group (the daemon
-    gives it the configured ``control_group``), else the config file's, else the default's name."""
+    """The group whose members may use the control socket at path: the socket's own group when it grants
+    its group access (the daemon gives it the configured ``control_group``, mode 0660), else the config
+    file's ``control_group``, else the default's name."""
     import grp
     try:
-        return grp.getgrgid(os.stat(path).st_gid).gr_name
+        st = os.stat(path)
+        if st.st_gid != 0 and st.st_mode & 0o060:
+            return grp.getgrgid(st.st_gid).gr_name
     except (OSError, KeyError):
         pass
     try:

@@ -12,15 +12,23 @@ never the others; files go out with ``sendfile(2)``, byte ranges included)::
     GET      /metrics                       Prometheus text (serve_metrics)
 
 Access: on a loopback address (``ipaddress``' ``is_loopback``: 127.0.0.0/8 and
-::1) anyone who can connect is served; on any other address a bearer token is
-required (``Authorization: Bearer TOKEN``, compared in constant time with
-``hmac.compare_digest``), and a token given on loopback is required there too.
-TLS is used when a certificate and key are given.
+::1) anyone who can connect gets the build-id lookups and /metrics; on any
+other address a bearer token is required (``Authorization: Bearer TOKEN``,
+compared in constant time with ``hmac.compare_digest``), and a token given on
+loopback is required there too.  TLS is used when a certificate and key are
+given.  The session logs (``/sessions*``) go only to a caller with rights to
+them: the token, or a peer of the unix-socket listener (``unix_socket``)
+whose SO_PEERCRED is root or a member of the control group
+(:func:`buildidd.offline.serve_sessions.check_access`); loopback TCP cannot
+tell local users apart.
 
-Slow clients: a connection that has not completed a request within
-``idle_timeout_s`` (also the keep-alive idle time) is closed (aiohttp's
-keep-alive timer runs from the connection's start); requests are served
-concurrently on one event loop, file reads and ELF parsing run in threads.
+Slow and flooding clients (:mod:`buildidd.offline.serve_guard`): connections
+are capped below the descriptor limit (the idlest closed first), answers in
+progress per peer and in all, a client that takes no byte for
+``send_timeout_s`` is cut, archive builds have threads of their own, and a
+connection that has not completed a request within ``idle_timeout_s`` (also
+the keep-alive idle time) is closed (aiohttp's keep-alive timer runs from the
+connection's start).  Refusals are counted in /metrics.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ one line per event:
   (``connections``).  So a flood of slow-header connections cannot lock out
   a client that sends its request at once, token or not.
 * **answers in progress** ("streams"): at most ``max_streams_per_peer`` per
-  peer (its IP address over TCP, its uid on the unix socket) and
-  ``max_streams`` in all; beyond, 503 with ``Retry-After`` (``streams_peer``,
-  ``streams_total``).  Over loopback TCP every local user shares a peer key
-  per source address (127.0.0.0/8 holds many), so the total cap and the
-  deadlines are what bound a local attacker there.
+  peer and ``max_streams`` in all; beyond, 503 with ``Retry-After``
+  (``streams_peer``, ``streams_total``).  A peer is a uid for a local one (on
+  the unix socket, SO_PEERCRED; over loopback TCP, the uid owning the
+  client's socket, asked of sock_diag), else the IP address: one local user
+  holding its share does not lock out another.
 * **sending**: an answer whose client takes no byte for ``send_timeout_s``
   is cut (``send_timeout``).  Progress is what the client took: the bytes it
   acknowledged (TCP_INFO ``tcpi_bytes_acked``) over TCP, the socket's unsent
@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import ipaddress
 import logging
 import resource
 import socket
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from buildidd.offline.serve_metrics import METRICS_KEY, ServeMetrics
-from buildidd.peercred import peer_credentials
+from buildidd.peercred import peer_credentials, tcp_peer_uid
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,16 @@ def _peer_of(transport) -> tuple[str, tuple[int, int, int] | None]:
             return "unix:?", None
         return f"uid:{creds[1]}", creds
     peer = transport.get_extra_info("peername")
-    return (str(peer[0]) if isinstance(peer, tuple) and peer else "?"), None
+    if not isinstance(peer, tuple) or not peer:
+        return "?", None
+    try:
+        if ipaddress.ip_address(str(peer[0]).split("%")[0]).is_loopback:
+            uid = tcp_peer_uid(transport.get_extra_info("sockname"), peer)
+            if uid is not None:
+                return f"uid:{uid}", None
+    except (OSError, ValueError):
+        pass
+    return str(peer[0]), None
 
 
 class Cut(web.StreamResponse):
