@@ -10,6 +10,9 @@ Modes (argv[1]); each prints one JSON object on stdout:
 ``slowheaders HOST PORT N HOLD_S``
     N connections that send half a request's headers and nothing more for
     HOLD_S seconds.  Prints ``{"opened", "refused_connect", "closed_by_server"}``.
+``garbage HOST PORT N``
+    N connections each sending a malformed request (a bad Content-Length, or
+    TLS bytes to the plain port).  Prints ``{"sent"}``.
 ``get-unix SOCKET PATH`` / ``get HOST PORT PATH``
     One GET; prints ``{"status", "bytes"}``.
 """
@@ -88,6 +91,18 @@ def slowheaders(host, port, n, hold_s):
     return {"opened": len(socks), "refused_connect": refused, "closed_by_server": closed}
 
 
+def garbage(host, port, n):
+    for i in range(n):
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n" if i % 2
+                      else b"\x16\x03\x01\x02\x00garbage\r\n\r\n")
+            try:
+                s.recv(1024)
+            except OSError:
+                pass
+    return {"sent": n}
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path):
         super().__init__("localhost", timeout=30)
@@ -111,6 +126,8 @@ def main(argv):
         out = hold(argv[2], int(argv[3]), int(argv[4]), argv[5], argv[6], float(argv[7]))
     elif mode == "slowheaders":
         out = slowheaders(argv[2], int(argv[3]), int(argv[4]), float(argv[5]))
+    elif mode == "garbage":
+        out = garbage(argv[2], int(argv[3]), int(argv[4]))
     elif mode == "get-unix":
         out = get(_UnixConnection(argv[2]), argv[3])
     elif mode == "get":

@@ -311,6 +311,8 @@ async def serve(opts: ServeOptions, on_listening: Callable[[str, int], None] | N
     await runner.setup()
     app[GUARD_KEY].attach(runner.server)
     asyncio.get_running_loop().set_exception_handler(app[GUARD_KEY].exception_handler)
+    server_log = logging.getLogger("aiohttp.server")
+    server_log.addFilter(app[GUARD_KEY].log_filter)
     try:
         site = web.TCPSite(runner, opts.host, opts.port, ssl_context=ssl_ctx, reuse_address=True)
         try:
@@ -334,6 +336,7 @@ async def serve(opts: ServeOptions, on_listening: Callable[[str, int], None] | N
         await stop.wait()
         log.info("stopping")
     finally:
+        server_log.removeFilter(app[GUARD_KEY].log_filter)
         await runner.cleanup()
 
 

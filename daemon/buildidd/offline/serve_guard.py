@@ -31,7 +31,9 @@ one line per event:
   :data:`ARCHIVE_WORKERS` threads of their own, so neither can starve the other.
 * **accept() failing** (EMFILE, ENFILE, ENOBUFS, ENOMEM): asyncio stops
   accepting for a second and retries; counted (``accept_errors``), logged at a
-  limited rate instead of one traceback each.
+  limited rate instead of one traceback each.  aiohttp's own error lines (a
+  malformed request, mostly) are counted too (``bad_requests``) and pass at
+  the same limited rate, without their traceback (:meth:`Guard.log_filter`).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ RETRY_AFTER_S = 5
 """``Retry-After`` of a 503 for a cap reached."""
 
 REFUSAL_REASONS = ("connections", "evicted_idle", "streams_peer", "streams_total", "send_timeout",
-                   "accept_errors", "sessions_forbidden")
+                   "accept_errors", "bad_requests", "sessions_forbidden")
 """The ``reason`` label values of ``buildidd_serve_refused_total``."""
 
 _ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -292,6 +294,16 @@ class Guard:
             del self.by_peer[peer]
         if conn is not None:
             conn.busy -= 1
+
+    def log_filter(self, record: logging.LogRecord) -> bool:
+        """A filter for aiohttp's server logger: each line counted (``bad_requests``), passed at the rate of
+        :meth:`ServeMetrics.warn` and without its traceback unless the logger is at DEBUG level."""
+        self.metrics.refuse("bad_requests")
+        if not self.metrics.allow_log():
+            return False
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            record.exc_info, record.exc_text = None, None
+        return True
 
     def exception_handler(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
         """The loop's exception handler: accept() out of descriptors or memory is counted, not logged each time."""

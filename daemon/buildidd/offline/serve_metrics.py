@@ -70,8 +70,8 @@ class ServeMetrics:
         with self._lock:
             self.refused[reason] += 1
 
-    def warn(self, logger: logging.Logger, msg: str, *args) -> None:
-        """logger.warning at most LOG_BURST times per LOG_WINDOW_S seconds; the rest counted in log_suppressed."""
+    def allow_log(self) -> bool:
+        """Whether one more warning may be logged now (at most LOG_BURST per LOG_WINDOW_S); counts the rest."""
         now = time.monotonic()
         with self._lock:
             start, n = self._log_window
@@ -80,8 +80,13 @@ class ServeMetrics:
             self._log_window = (start, n + 1)
             if n >= self.LOG_BURST:
                 self.log_suppressed += 1
-                return
-        logger.warning(msg, *args)
+                return False
+        return True
+
+    def warn(self, logger: logging.Logger, msg: str, *args) -> None:
+        """logger.warning at most LOG_BURST times per LOG_WINDOW_S seconds; the rest counted in log_suppressed."""
+        if self.allow_log():
+            logger.warning(msg, *args)
 
     def answered(self, route: str, status: int, body_bytes: int) -> None:
         """Count one answer of route (its pattern, e.g. ``/buildid/{build_id}/{artifact}``)."""
@@ -191,7 +196,8 @@ class MetricsAccessLogger(AbstractAccessLogger):
     """
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        metrics = request.app.get(METRICS_KEY) if isinstance(request, web.Request) else None
+        routed = isinstance(request, web.Request) and getattr(request, "_match_info", None) is not None
+        metrics = request.app.get(METRICS_KEY) if routed else None   # a malformed request was never routed
         route = _route_of(request)
         body_bytes = sent_body_bytes(request, response)
         if metrics is not None:
@@ -209,7 +215,7 @@ def sent_body_bytes(request: web.BaseRequest, response: web.StreamResponse) -> i
 
 
 def _route_of(request: web.BaseRequest) -> str:
-    match_info = getattr(request, "match_info", None)
+    match_info = getattr(request, "_match_info", None)   # the property asserts when the request was never routed
     route = getattr(match_info, "route", None)
     resource = getattr(route, "resource", None)
     return resource.canonical if resource is not None else "(no route)"
