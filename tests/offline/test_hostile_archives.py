@@ -92,7 +92,7 @@ def test_sparse_members_are_refused(world, tmp_path, tar_format):
     print(f"\nsparse {' '.join(tar_format)}: {archive.stat().st_size} B archive with a {HOLE_BYTES} B hole refused "
           f"({e.value.reason}) in {took:.3f} s, {written} bytes written")
     assert e.value.reason == "sparse"
-    assert written == 0 and not (tmp_path / "debug").exists() or not any((tmp_path / "debug").iterdir())
+    assert written == 0
 
 
 # --- a malicious serve -------------------------------------------------------------------------------------------
@@ -209,16 +209,21 @@ def test_trickling_body_stops_at_the_deadline(tmp_path):
     assert took < 6 + 5 + 3
 
 
-def test_token_never_crosses_an_origin(tmp_path):
-    """Attack 3c: a 302 to another origin received ``Authorization: Bearer …``."""
-    elsewhere = _serve(lambda h: (h.send_response(404), h.send_header("Content-Length", "0"), h.end_headers()))
-
-    def redirect(h):
-        h.send_response(302)
-        h.send_header("Location", f"{_url(elsewhere)}/loot")
+def _answer(status: int, location: str | None = None):
+    """An attack that answers status with an empty body (and a Location when given)."""
+    def attack(h):
+        h.send_response(status)
+        if location is not None:
+            h.send_header("Location", location)
         h.send_header("Content-Length", "0")
         h.end_headers()
-    srv = _serve(redirect)
+    return attack
+
+
+def test_token_never_crosses_an_origin(tmp_path):
+    """Attack 3c: a 302 to another origin received ``Authorization: Bearer …``."""
+    elsewhere = _serve(_answer(404))
+    srv = _serve(_answer(302, f"{_url(elsewhere)}/loot"))
     try:
         r, _ = _pull(_url(srv), tmp_path, "--timeout", "5")
     finally:
@@ -240,14 +245,8 @@ def test_https_to_http_redirect_is_refused(tmp_path):
                    check=True, capture_output=True, timeout=60)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
-    plain = _serve(lambda h: (h.send_response(404), h.send_header("Content-Length", "0"), h.end_headers()))
-
-    def downgrade(h):
-        h.send_response(302)
-        h.send_header("Location", f"{_url(plain)}/sessions/{SESSION}/archive")
-        h.send_header("Content-Length", "0")
-        h.end_headers()
-    srv = _serve(downgrade, tls=ctx)
+    plain = _serve(_answer(404))
+    srv = _serve(_answer(302, f"{_url(plain)}/sessions/{SESSION}/archive"), tls=ctx)
     try:
         r, _ = _pull(_url(srv, "https"), tmp_path, "--timeout", "5", "--cafile", str(cert))
     finally:
@@ -255,4 +254,3 @@ def test_https_to_http_redirect_is_refused(tmp_path):
         plain.shutdown()
     assert r.returncode != 0 and "refused" in r.stderr, r.stderr
     assert plain.seen == []
-    assert os.path.exists(cert)

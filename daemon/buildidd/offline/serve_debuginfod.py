@@ -345,6 +345,19 @@ def open_section(section: Section, name: str) -> SectionResponse:
         Unavailable: the file cannot be opened, is not a regular file, or ends before the section does.
     """
     path = section.held.path
+    fd, st = _open_regular(path)
+    try:
+        if section.offset + section.size_bytes > st.st_size:
+            raise Unavailable(f"{path}: section {name} extends past the end of the file")
+        headers = file_headers(Held(path, name, section.held.provenance), section.size_bytes)
+        return SectionResponse(fd, section.offset, section.size_bytes, headers)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """Open path (``O_NOFOLLOW``), a regular file: (fd, its fstat).  Raises Unavailable."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as e:
@@ -353,9 +366,7 @@ def open_section(section: Section, name: str) -> SectionResponse:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Unavailable(f"{path}: not a regular file")
-        if section.offset + section.size_bytes > st.st_size:
-            raise Unavailable(f"{path}: section {name} extends past the end of the file")
-        return SectionResponse(fd, section.offset, section.size_bytes, file_headers(Held(path, name, section.held.provenance), section.size_bytes))
+        return fd, st
     except BaseException:
         os.close(fd)
         raise
@@ -404,14 +415,8 @@ def open_held(held: Held) -> HeldFileResponse:
     Raises:
         Unavailable: the file cannot be opened right now, or is no longer a regular file.
     """
+    fd, st = _open_regular(held.path)
     try:
-        fd = os.open(held.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as e:
-        raise Unavailable(f"{held.path}: {e.strerror}") from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unavailable(f"{held.path}: not a regular file")
         return HeldFileResponse(fd, file_headers(held, st.st_size))
     except BaseException:
         os.close(fd)

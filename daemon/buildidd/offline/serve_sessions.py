@@ -16,6 +16,12 @@ if its client went away, so that the resumed request finds it.
 Spool files live in ``spool_dir`` (named ``NAME.ETAG.tar.zst``); older ones
 are removed, oldest first, when the directory holds more than
 :data:`SPOOL_MAX_BYTES` (files being sent stay readable until closed).
+
+Archives are built on the spool's own threads (``serve_guard.ARCHIVE_WORKERS``),
+never the loop's default executor that lookups use; a client that takes no
+byte of a streamed archive for ``send_timeout_s`` is cut and the spool
+completed.  Both routes answer only a caller with rights to the session logs
+(:func:`check_access`).
 """
 
 from __future__ import annotations
@@ -171,12 +177,12 @@ class _Tee:
                 self.sent += len(data)
             except concurrent.futures.TimeoutError:
                 fut.cancel()
-                log.info("archive client took no bytes for %.0f s after %d bytes; cut, completing the spool",
-                         li.timeout_s, self.sent)
+                log.debug("archive client took no bytes for %.0f s after %d bytes; cut (counted in send_timeout), "
+                          "completing the spool", li.timeout_s, self.sent)
                 li.resp, li.cut = None, True
                 li.loop.call_soon_threadsafe(li.on_cut)
             except (ConnectionError, concurrent.futures.CancelledError) as e:
-                log.info("archive client went away after %d bytes (%s); completing the spool", self.sent, e)
+                log.debug("archive client went away after %d bytes (%s); completing the spool", self.sent, e)
                 li.resp = None
         return len(data)
 
