@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.server
 import io
 import json
-import os
 import shutil
 import ssl
 import subprocess
