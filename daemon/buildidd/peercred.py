@@ -7,6 +7,8 @@ imports no stage.
 
 from __future__ import annotations
 
+import os
+import pwd
 import socket
 import struct
 
@@ -65,14 +67,23 @@ def proc_supplementary_groups(pid: int, uid: int) -> frozenset[int]:
 
 
 def in_group(creds: tuple[int, int, int], gid: int) -> bool:
-    """Whether the peer ``creds`` = ``(pid, uid, gid)`` (SO_PEERCRED) is root or a member of gid
-    (its primary group, or a supplementary one per :func:`proc_supplementary_groups`).  gid 0 admits root only."""
+    """Whether the peer ``creds`` = ``(pid, uid, gid)`` (SO_PEERCRED) is root or a member of gid: its
+    primary group, or a supplementary one of the process (:func:`proc_supplementary_groups`); when the
+    process's /proc entry cannot be read at all (``ProtectProc=invisible`` hides other users' processes),
+    the user's groups in the user database (``os.getgrouplist``).  gid 0 admits root only."""
     pid, uid, peer_gid = creds
     if uid == 0:
         return True
     if gid == 0:
         return False
-    return peer_gid == gid or gid in proc_supplementary_groups(pid, uid)
+    if peer_gid == gid or gid in proc_supplementary_groups(pid, uid):
+        return True
+    if pid > 0 and os.path.exists(f"/proc/{pid}/status"):
+        return False          # the process was seen, without the group
+    try:
+        return gid in os.getgrouplist(pwd.getpwuid(uid).pw_name, peer_gid)
+    except (KeyError, OSError):
+        return False
 
 
 def tcp_peer_uid(local: tuple, peer: tuple) -> int | None:
