@@ -121,6 +121,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as d:
+        os.chmod(d, 0o755)   # else the store marks its copies private and serve answers 404
         tmp = Path(d)
         store, files = make_store(tmp, args.large_mib)
         proc, port = start_serve(store, tmp / "serve.log")

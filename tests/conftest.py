@@ -239,8 +239,8 @@ class ServeProcess:
     """
 
     def __init__(self, store_root, log_path: Path, *extra: str, session_root=None, host: str = "127.0.0.1",
-                 user: int | None = None, group: int | None = None):
-        cmd = [sys.executable, "-m", "buildidd.cli", "serve", "--listen", f"{host}:0",
+                 user: int | None = None, group: int | None = None, wrapper: tuple[str, ...] = ()):
+        cmd = [*wrapper, sys.executable, "-m", "buildidd.cli", "serve", "--listen", f"{host}:0",
                "--store-root", str(store_root), "--session-root", str(session_root or log_path.with_suffix(".sessions")),
                "--socket", "", *extra]
         self.log_path = log_path

@@ -68,6 +68,8 @@ def test_run_records_the_host_and_stops_cleanly(bpf, tmp_path):
     assert synth, "running processes were not synthesized"
     assert all(x["build_id"] == readelf_build_id(x["path"]) for x in synth if not x["deleted"] and x["build_id"])
     assert records[-1]["type"] == "end"
+    # the session writer's losses are in the end record (by cause; none here)
+    assert records[-1]["records_lost"] == {}
     assert list(sdir.glob("*.zst")), "closed segment not compressed"
 
 

@@ -149,3 +149,64 @@ def test_archive_cli_shares_private_copies_when_the_config_says_so(trust_world, 
     assert trust_world["files"]["private"].read_bytes() in members.values()
     assert trust_world["files"]["forged"].read_bytes() not in members.values()
     assert "0 missing" in r.stdout
+
+
+def test_provenance_is_visible_end_to_end(trust_world, attacker, tmp_path, public_tmp_factory):
+    """Attack 6: a user's file claiming /usr/bin/nl's build-id (no trusted copy ever stored) was served 200 and
+    archived ``archived`` with no sign of where it came from.  Now its provenance (untrusted) is in buildid-list,
+    the manifest, an X-Buildidd-Provenance header, and import marks, skips or refuses it."""
+    from buildidd.errors import ArchiveError
+    from buildidd.offline.importer import PROVENANCE_NAME, import_archive
+
+    nl_bid = readelf_build_id("/usr/bin/nl")
+    forged = _exe(public_tmp_factory("buildidd-prov-") / "nl", "fakenl", f"-Wl,--build-id=0x{nl_bid}")
+    os.chown(forged, attacker[0], attacker[1])
+    store = Store(tmp_path / "store", debug_root=tmp_path / "no-debug")
+    store_add(store, forged, "/usr/bin/nl")                 # it even names the system path
+    true_bid = store_add(store, Path("/usr/bin/true"))
+    assert store.provenance(nl_bid) == "untrusted" and store.provenance(true_bid) == "trusted"
+    assert trust_world["store"].provenance(FORGED_BID) == "conflict"
+    sessions = tmp_path / "sessions"
+    w = SessionWriter(sessions / SESSION_NAME, compress=True)
+    w.write({"type": "session", "time_ns": 1, "host": "h", "boot_id": "b", "kernel_release": "6",
+             "kernel_build_id": None, "module_build_ids": {}, "boot_to_wall_offset_ns": 0})
+    for i, (path, bid) in enumerate((("/usr/bin/nl", nl_bid), ("/usr/bin/true", true_bid))):
+        w.write({"type": "mmap", "time_ns": 10 + i, "pid": 5, "tid": 5, "comm": "x", "start": 0x400000,
+                 "len": 4096, "pgoff": 0, "path": path, "build_id": bid, "error": None})
+    w.write({"type": "end", "time_ns": 100})
+    w.close()
+
+    listed = subprocess.run([sys.executable, "-m", "buildidd.cli", "buildid-list", str(sessions / SESSION_NAME),
+                             "--store-root", str(tmp_path / "store"), "--provenance"],
+                            capture_output=True, text=True, timeout=60)
+    assert f"{nl_bid} /usr/bin/nl untrusted" in listed.stdout and f"{true_bid} /usr/bin/true trusted" in listed.stdout
+
+    serve = ServeProcess(tmp_path / "store", tmp_path / "serve.log")
+    conflict = _serve(trust_world, "serve-provenance")
+    try:
+        for artifact in ("executable", "debuginfo", "section/.text"):
+            status, headers, _ = request(serve.url, "GET", f"/buildid/{nl_bid}/{artifact}")
+            assert status == 200 and headers["x-buildidd-provenance"] == "untrusted", artifact
+        assert request(serve.url, "GET", f"/buildid/{true_bid}/executable")[1]["x-buildidd-provenance"] == "trusted"
+        assert request(conflict.url, "GET", f"/buildid/{FORGED_BID}/executable")[1]["x-buildidd-provenance"] \
+            == "conflict"
+    finally:
+        serve.stop()
+        conflict.stop()
+
+    archive = tmp_path / "a.tar.zst"
+    with open(archive, "wb") as f:
+        m = write_archive(sessions / SESSION_NAME, store, f)
+    assert {r.build_id: r.provenance for r in m.build_ids} == {nl_bid: "untrusted", true_bid: "trusted"}
+    with pytest.raises(ArchiveError) as e:
+        import_archive(archive, debug_dir=tmp_path / "refused", session_root=tmp_path / "s1", untrusted="refuse")
+    assert e.value.reason == "untrusted" and nl_bid in str(e.value)
+    skipped = import_archive(archive, debug_dir=tmp_path / "skipped", session_root=tmp_path / "s2", untrusted="skip")
+    assert skipped.untrusted == [nl_bid] and skipped.installed == [true_bid]
+    assert not (tmp_path / "skipped" / ".build-id" / nl_bid[:2] / nl_bid[2:]).exists()
+    marked = import_archive(archive, debug_dir=tmp_path / "marked", session_root=tmp_path / "s3")
+    assert sorted(marked.installed) == sorted([nl_bid, true_bid]) and marked.untrusted == [nl_bid]
+    entry = tmp_path / "marked" / ".build-id" / nl_bid[:2] / nl_bid[2:]
+    assert (entry / PROVENANCE_NAME).read_text() == "untrusted\n"
+    true_entry = tmp_path / "marked" / ".build-id" / true_bid[:2] / true_bid[2:]
+    assert not (true_entry / PROVENANCE_NAME).exists()

@@ -231,3 +231,28 @@ def test_eviction_makes_room_from_unmapped_in_use_entries_and_says_so(tmp_path, 
     finally:
         running.kill()
         running.wait()
+
+
+def test_private_entries_parents_are_closed_to_the_control_group(tmp_path, public_dir, attacker):
+    """A member of the control group could list the names of a private entry's directories (parents 0750)."""
+    import grp
+    group = "buildidd-test-ctl"
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        subprocess.run(["groupadd", "-r", group], capture_output=True, text=True)
+        gid = grp.getgrnam(group).gr_gid
+    hidden = public_dir / "hidden2"
+    hidden.mkdir(mode=0o700)
+    secret = _exe(hidden / "secret-name", "int main(void) { return 5; }", "-Wl,--build-id=sha1")
+    plain = _exe(public_dir / "plain2", "int main(void) { return 6; }", "-Wl,--build-id=sha1")
+    st = Store(public_dir / "store2", debug_root=tmp_path / "no-debug", group=group)
+    os.chmod(st.root, 0o755)
+    private_entry = _add(st, secret).path.parent
+    public_entry = _add(st, plain).path.parent
+    uid, ugid, _ = attacker
+    member = ["setpriv", f"--reuid={uid}", f"--regid={ugid}", f"--groups={gid}", "--"]
+    assert subprocess.run(member + ["ls", str(public_entry.parent)], capture_output=True).returncode == 0
+    for d in (private_entry.parent, private_entry.parent.parent):     # .../hidden2/secret-name and .../hidden2
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+        assert subprocess.run(member + ["ls", str(d)], capture_output=True).returncode != 0, d

@@ -282,6 +282,7 @@ class Recorder:
             self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(),
                                         "reason": self.guard.end_reason or "stopped",
                                         "resolutions_abandoned": abandoned, **self.summary(),
+                                        "records_lost": self.log.writer.stats["records_lost"],
                                         **report.store_totals(self)}))
             self.log.close()
         if self.rings is not None:

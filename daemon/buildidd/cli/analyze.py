@@ -36,7 +36,10 @@ def cmd_buildid_list(args) -> int:
     takes the build-id of the session's later ``resolution`` record for the
     same file (offline.resolutions).  Text lists DSOs with a build-id
     (``BUILDID PATH``); ``--json`` also lists those without one, with the
-    reason (``error``), and for exec records the ``filename``.
+    reason (``error``), and for exec records the ``filename``.  Each build-id the
+    store holds carries its provenance (``Store.provenance``: trusted, untrusted,
+    conflict, unknown; ``null`` when not stored): a JSON field, and with
+    ``--provenance`` a third text column (``-`` when not stored).
     """
     from buildidd.offline.resolutions import LateResolutions
     from buildidd.sessionlog import read_session
@@ -68,16 +71,29 @@ def cmd_buildid_list(args) -> int:
         seen[key]["pids"].add(r.get("pid"))
     rows = [{"build_id": kernel, "path": KALLSYMS_DSO, "error": None, "pids": set()}] if kernel else []
     rows += seen.values()
+    store = _store(cfg)
     out = sys.stdout
     for row in rows:
+        row["provenance"] = _provenance(store, row["build_id"])
         if args.json:
             row = dict(row, pids=sorted(p for p in row["pids"] if isinstance(p, int)))
             if "filenames" in row:
                 row["filenames"] = sorted(str(f) for f in row["filenames"])
             out.write(json.dumps(row, separators=(",", ":")) + "\n")
         elif row["build_id"]:
-            out.write(f"{row['build_id']} {row['path']}\n")
+            tail = f" {row['provenance'] or '-'}" if args.provenance else ""
+            out.write(f"{row['build_id']} {row['path']}{tail}\n")
     return 0
+
+
+def _provenance(store, bid: str | None) -> str | None:
+    """The store's provenance of bid (``Store.provenance``), None when not stored or no store."""
+    if store is None or not bid:
+        return None
+    try:
+        return store.provenance(bid)
+    except ValueError:     # not a build-id the store's layout can hold
+        return None
 
 
 # -- resolve ---------------------------------------------------------------------------
@@ -282,6 +298,8 @@ def register(sub) -> None:
     p.add_argument("--pid", type=int, action="append", help="only DSOs this pid mapped (repeatable)")
     p.add_argument("--comm", action="append", help="only DSOs mapped by a task of this comm (repeatable)")
     p.add_argument("--json", action="store_true", help="JSON lines, DSOs without a build-id included")
+    p.add_argument("--provenance", action="store_true", help="a third column: the store copy's provenance "
+                   "(trusted, untrusted, conflict, unknown; - when not stored)")
     p.set_defaults(func=cmd_buildid_list)
 
     p = sub.add_parser("resolve", help="the mapping (file, build-id, offset, symbol) that covered ADDR in PID",

@@ -82,11 +82,11 @@ def cmd_import(args) -> int:
 
     cfg = roots_from_args(args)
     debug_dir = os.path.expanduser(args.debug_dir)
-    r = import_archive(args.file, debug_dir=debug_dir, session_root=cfg.session_root)
+    r = import_archive(args.file, debug_dir=debug_dir, session_root=cfg.session_root, untrusted=args.untrusted)
     if args.json:
         json.dump({"session_dir": str(r.session_dir), "session_new": r.session_new, "debug_dir": debug_dir,
                    "installed": r.installed, "present": r.present, "upstream": r.upstream,
-                   "missing": r.missing, "bytes": r.bytes}, sys.stdout)
+                   "missing": r.missing, "untrusted": r.untrusted, "bytes": r.bytes}, sys.stdout)
         print()
         return 0
     print(f"session {r.manifest.session['name']} -> {r.session_dir}" + ("" if r.session_new else " (already there)"))
@@ -95,6 +95,10 @@ def cmd_import(args) -> int:
     reasons = {ref.build_id: ref.reason for ref in r.manifest.build_ids}
     for bid in r.missing:
         print(f"  missing {bid}: {reasons.get(bid)}")
+    provenance = {ref.build_id: ref.provenance for ref in r.manifest.build_ids}
+    for bid in r.untrusted:
+        print(f"  {'skipped' if args.untrusted == 'skip' else 'marked'} {bid}: provenance "
+              f"{provenance.get(bid) or 'unknown'}")
     return 0
 
 
@@ -177,6 +181,9 @@ def register(sub) -> None:
     p.add_argument("--debug-dir", default=DEFAULT_DEBUG_DIR, metavar="DIR",
                    help="build-id cache to install into (default %(default)s, perf's)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
+                   help="entries whose provenance is not 'trusted' (not a root-owned system file on the host): "
+                        "install them marked (default), skip them, or refuse the archive")
     add_roots_options(p)
     p.set_defaults(func=cmd_import)
 

@@ -8,6 +8,7 @@ no daemon answers, 4 for a missing capability or permission.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import struct
 import textwrap
@@ -132,7 +133,7 @@ def daemon_request(args, cmd: str, **kwargs):
                               "is gone); is buildidd.service running? (systemctl restart buildidd)") from e
     except PermissionError as e:
         raise PrivilegeError(f"permission denied on {path}; run as root or as a member of group "
-                             f"'{configmod.Config.control_group}'") from e
+                             f"'{socket_group(path, getattr(args, 'config', None))}'") from e
     except TimeoutError as e:
         raise BuildiddError(f"buildidd on {path} did not answer within {args.timeout:g} s; "
                             "see systemctl status buildidd, or raise --timeout") from e
@@ -143,6 +144,23 @@ def daemon_request(args, cmd: str, **kwargs):
         raise
     except OSError as e:
         raise BuildiddError(f"cannot talk to buildidd on {path}: {e.strerror or e}") from e
+
+
+def socket_group(path: str, config_path: str | None = None) -> str:
+    """The group whose members may use the control socket at path: the socket's own group when it grants
+    its group access (the daemon gives it the configured ``control_group``, mode 0660), else the config
+    file's ``control_group``, else the default's name."""
+    import grp
+    try:
+        st = os.stat(path)
+        if st.st_gid != 0 and st.st_mode & 0o060:
+            return grp.getgrgid(st.st_gid).gr_name
+    except (OSError, KeyError):
+        pass
+    try:
+        return configmod.load(config_path).control_group if config_path else configmod.Config.control_group
+    except (BuildiddError, OSError, AttributeError):
+        return configmod.Config.control_group
 
 
 def listening_pid(path: str) -> int | None:

@@ -24,7 +24,7 @@ FAMILIES = (record, show, ctl, serve, archive, analyze)
 EXIT_STATUS = """\
 exit status:
   0  success                    3  the daemon is not running (no control socket)
-  1  failure                    4  permission denied (not root, not in group buildidd)
+  1  failure                    4  permission denied (not root, not in the control group)
   2  usage error                record: the command's own status (128+N for signal N)"""
 
 

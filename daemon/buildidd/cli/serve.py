@@ -29,14 +29,19 @@ def _status_fn(socket_path: str):
 def cmd_serve(args) -> int:
     """`buildidd serve`: serve the store (debuginfod protocol), the sessions and metrics until SIGTERM."""
     from buildidd.offline.serve import DEFAULT_LISTEN, ServeOptions, parse_listen, read_token, run
+    from buildidd.offline.serve_guard import GuardLimits
+    from buildidd.store.store import group_id
 
     cfg = roots_from_args(args)
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
+    limits = GuardLimits(max_connections=args.max_connections, max_streams=args.max_streams,
+                         max_streams_per_peer=args.max_streams_per_peer, send_timeout_s=args.send_timeout)
     opts = ServeOptions(host=host, port=port, store_root=cfg.store_root, session_root=cfg.session_root,
                         token=read_token(args.token_file) if args.token_file else None,
                         tls_cert=args.tls_cert, tls_key=args.tls_key, idle_timeout_s=args.idle_timeout,
                         spool_dir=args.spool_dir, share_private=cfg.store_share_private,
-                        status_fn=_status_fn(args.socket if args.socket is not None else cfg.control_socket))
+                        status_fn=_status_fn(args.socket if args.socket is not None else cfg.control_socket),
+                        limits=limits, unix_socket=args.unix_socket or "", group_gid=group_id(cfg.control_group))
 
     def listening(bound_host: str, bound_port: int) -> None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -55,7 +60,8 @@ def cmd_pull(args) -> int:
     opts = PullOptions(url=args.url, sessions=tuple(args.sessions),
                        token=read_token(args.token_file) if args.token_file else None,
                        debug_dir=args.debug_dir, session_root=cfg.session_root, work_dir=args.work_dir,
-                       timeout_s=args.timeout, cafile=args.cafile)
+                       timeout_s=args.timeout, cafile=args.cafile, max_bytes=args.max_bytes,
+                       deadline_s=args.deadline, untrusted=args.untrusted)
     for result in pull(opts, progress=sys.stderr.isatty()):
         print(f"{result.name}: imported into {result.session_dir} ({result.archive_bytes} bytes"
               f"{', resumed' if result.resumed else ''})")
@@ -77,6 +83,16 @@ def register(sub) -> None:
                     "directory, removed at exit)")
     sv.add_argument("--socket", help="the recording daemon's control socket for /metrics "
                     "(default from the config; '' disables)")
+    sv.add_argument("--unix-socket", help="also listen on this unix socket: root and members of the control group "
+                    "get the session logs there without a token (SO_PEERCRED)")
+    sv.add_argument("--send-timeout", type=float, default=30.0,
+                    help="seconds a client may take no byte of its answer before it is cut "
+                    "(default %(default)s)")
+    sv.add_argument("--max-connections", type=int, default=0,
+                    help="connections kept at most (default 0: from the descriptor limit)")
+    sv.add_argument("--max-streams", type=int, default=64, help="answers in progress at most (default %(default)s)")
+    sv.add_argument("--max-streams-per-peer", type=int, default=16,
+                    help="answers in progress at most per peer address or uid (default %(default)s)")
     sv.set_defaults(func=cmd_serve)
 
     pl = sub.add_parser("pull", help="fetch session archives from a buildidd serve and import them")
@@ -89,4 +105,10 @@ def register(sub) -> None:
                     "(default ~/.cache/buildidd/pull)")
     pl.add_argument("--timeout", type=float, default=60.0, help="seconds without progress before a retry")
     pl.add_argument("--cafile", help="CA certificate(s) to trust for an https URL")
+    pl.add_argument("--max-bytes", type=int, default=64 << 30,
+                    help="refuse an archive larger than this many bytes (default %(default)s, also the ceiling)")
+    pl.add_argument("--deadline", type=float, default=3600.0,
+                    help="seconds one archive's download may take, retries included (default %(default)s)")
+    pl.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
+                    help="entries whose provenance is not 'trusted': install marked (default), skip, or refuse")
     pl.set_defaults(func=cmd_pull)

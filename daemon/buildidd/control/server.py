@@ -43,7 +43,6 @@ import os
 import selectors
 import socket
 import stat
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -52,12 +51,12 @@ from typing import Any
 
 from buildidd.control import protocol
 from buildidd.control.connection import Conn, Connections, Handler, Peer
+from buildidd.peercred import peer_credentials, proc_supplementary_groups
 
 __all__ = ["ControlServer", "Handler", "Peer", "ServerOptions", "peer_credentials", "proc_supplementary_groups"]
 
 log = logging.getLogger(__name__)
 
-_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}, socket(7)
 _ACCEPTS_PER_WAKEUP = 64      # bound the accept loop so open clients are not starved
 _LISTEN_BACKLOG = 128         # pending connects; refused ones leave it at once, so it drains fast
 
@@ -109,45 +108,6 @@ class ServerOptions:
         # Accept any iterable of ids (a set, a list); keep them frozen.
         object.__setattr__(self, "allowed_uids", frozenset(self.allowed_uids or ()))
         object.__setattr__(self, "allowed_gids", frozenset(self.allowed_gids or ()))
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """``(pid, uid, gid)`` of the process that connected sock, as of its connect().
-
-    Source: SO_PEERCRED, ``struct ucred`` (socket(7), unix(7)); pid is the tgid
-    in the reader's pid namespace, 0 when the peer's is not visible from it.
-    Raises OSError.
-    """
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    return _UCRED.unpack(raw)
-
-
-def proc_supplementary_groups(pid: int, uid: int) -> frozenset[int]:
-    """The supplementary group ids of pid from ``/proc/PID/status`` ("Groups:").
-
-    The pid of an SO_PEERCRED answer may have exited and been reused by the
-    time we look, so the answer is only trusted when the process's effective
-    uid ("Uid:" line, second field) still equals uid; otherwise, and when the
-    file cannot be read, the empty set (the peer then gets no group-based access).
-    """
-    if pid <= 0:
-        return frozenset()
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            text = f.read(64 * 1024).decode("ascii", "replace")
-    except OSError:
-        return frozenset()
-    groups: frozenset[int] | None = None
-    euid: int | None = None
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            fields = line.split()
-            euid = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
-        elif line.startswith("Groups:"):
-            groups = frozenset(int(g) for g in line.split()[1:] if g.isdigit())
-    if euid != uid or groups is None:
-        return frozenset()
-    return groups
 
 
 def admitted(options: ServerOptions, socket_gid: int | None, creds: tuple[int, int, int]) -> bool:

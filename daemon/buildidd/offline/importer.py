@@ -17,7 +17,9 @@ Refusals, each an :class:`~buildidd.errors.ArchiveError` with its ``reason``:
 ``hard_link``          any hard link (archives never hold one)
 ``device``             a character or block device
 ``fifo``               a FIFO
-``unsupported_member`` another member type (sparse, contiguous, ...)
+``sparse``             a sparse member (GNU ``S``, pax ``GNU.sparse.*``): its holes
+                       would expand beyond the stored bytes the limits count
+``unsupported_member`` another member type (contiguous, ...)
 ``too_many_members``   more than ``ImportLimits.max_members`` members
 ``too_large``          a member, the manifest, a pax header or the whole
                        stream beyond its limit
@@ -33,6 +35,8 @@ Refusals, each an :class:`~buildidd.errors.ArchiveError` with its ``reason``:
 ``target_symlink``     a directory on the way to a target file is a symlink
 ``session_exists``     a different session of that name is already there
 ``bad_marker``         the session's closed marker is not a JSON object with a boolean ``clean``
+``untrusted``          with ``untrusted="refuse"``: an archived entry whose provenance is not
+                       ``trusted`` (see below)
 
 The tar checks are this module's own.  The standard library's PEP 706
 ``tarfile.data_filter`` is applied as well when the running Python has it
@@ -45,6 +49,15 @@ Layout installed (perf, tools/perf/util/build-id.c): ``DIR/<path>/<build-id>/elf
 ``.build-id/xx/rest.debug`` under ``debug-file-directory``)
 ``DIR/.build-id/xx/rest.debug -> ../../<path>/<build-id>/debug``, or ``…/elf``
 when no separate debuginfo is held.
+
+Trust: the manifest gives each archived build-id the provenance of the store's
+copies on the host (``trusted``, ``untrusted``, ``conflict``, ``unknown``;
+:data:`buildidd.store.PROVENANCES`).  What is not ``trusted`` (an absent
+provenance included: an older archive's) is, by ``untrusted``: ``mark``
+(installed, with the word in ``DIR/<path>/<build-id>/provenance``, and listed
+in the report), ``skip`` (not installed, listed) or ``refuse`` (the whole
+archive refused).  A build-id is only a file's claim; only a trusted copy
+says a system binary made it.
 
 The session keeps its closed marker (``.closed``): the archive's copy, or, for
 an archive without one (made before markers existed) of a session that ended,
@@ -68,9 +81,15 @@ from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import MISSING, UPSTREAM, Manifest
 from buildidd.offline.untar import Bounded, ImportLimits, check_name, check_symlink, check_type, tarinfo_class
 from buildidd.resolve.buildid import read_build_id_fd
-from buildidd.store import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME
+from buildidd.store import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, TRUSTED
 
-__all__ = ["ImportLimits", "ImportReport", "import_archive"]  # ImportLimits lives in offline.untar
+__all__ = ["ImportLimits", "ImportReport", "PROVENANCE_NAME", "UNTRUSTED_POLICIES", "import_archive"]  # ImportLimits lives in offline.untar
+
+UNTRUSTED_POLICIES = ("mark", "skip", "refuse")
+"""What import does with an entry whose provenance is not ``trusted`` (see the module docstring)."""
+
+PROVENANCE_NAME = "provenance"
+"""The file that marks an installed entry's provenance when it is not ``trusted``."""
 
 _STAGE_PREFIX = ".buildidd-import-"
 _COPY_CHUNK_BYTES = 1 << 20
@@ -90,6 +109,7 @@ class ImportReport:
         present: build-ids whose files were all in the cache already.
         upstream: build-ids the archive left to an upstream debuginfod.
         missing: build-ids the archive does not hold (see the manifest's reasons).
+        untrusted: archived build-ids whose provenance is not ``trusted`` (marked, or skipped).
         bytes: bytes of the files installed.
     """
 
@@ -100,6 +120,7 @@ class ImportReport:
     present: list[str] = field(default_factory=list)
     upstream: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    untrusted: list[str] = field(default_factory=list)
     bytes: int = 0
 
 
@@ -284,12 +305,42 @@ def _closed_marker(m: Manifest, staged_session: Path) -> None:
             os.close(fd)
 
 
-def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path, report: ImportReport) -> None:
+def _trusted(m: Manifest, policy: str, report: ImportReport) -> list:
+    """The archived refs to install under the untrusted policy; the others' build-ids go to report.untrusted.
+
+    Raises:
+        ArchiveError: ``untrusted`` under ``refuse``, when one is not trusted.
+    """
+    held = [r for r in m.build_ids if any(not f.upstream for f in r.files)]
+    doubtful = [r for r in held if r.provenance != TRUSTED]
+    report.untrusted = [r.build_id for r in doubtful]
+    if doubtful and policy == "refuse":
+        r = doubtful[0]
+        raise ArchiveError("untrusted", f"{len(doubtful)} archived build-id(s) not from a trusted system file, "
+                           f"first {r.build_id} ({r.provenance or 'no provenance'}, {', '.join(r.paths[:2])})")
+    return [r for r in held if r.provenance == TRUSTED] if policy == "skip" else held
+
+
+def _mark(entry: Path, ref) -> None:
+    """Write the entry's provenance beside its files (``provenance``: one word and a newline)."""
+    if ref.provenance == TRUSTED:
+        return
+    tmp = entry / f".{PROVENANCE_NAME}{_STAGE_PREFIX}{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        _write_all(fd, f"{ref.provenance or 'unknown'}\n".encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, entry / PROVENANCE_NAME)
+
+
+def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path, report: ImportReport,
+             policy: str = "mark") -> None:
     name = m.session["name"]
+    held = _trusted(m, policy, report)
     final_session = _plan_session(m, session_root)
     if final_session is not None:
         _closed_marker(m, staging.roots[True] / name)
-    held = [r for r in m.build_ids if any(not f.upstream for f in r.files)]
     for ref in held:                       # refuse before the first rename
         _safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=False)
         _safe_dirs(debug_dir, (BUILD_ID_DIR, ref.build_id[:2]), create=False)
@@ -306,6 +357,7 @@ def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path
             new += 1
             report.bytes += f.size_bytes
         _install_links(debug_dir, ref)
+        _mark(entry, ref)
         (report.installed if new else report.present).append(ref.build_id)
 
 
@@ -358,7 +410,7 @@ def _receive(tf: tarfile.TarFile, staging: _Staging, limits: ImportLimits) -> Ma
 
 
 def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, session_root: str | os.PathLike,
-                   limits: ImportLimits = ImportLimits()) -> ImportReport:
+                   limits: ImportLimits = ImportLimits(), untrusted: str = "mark") -> ImportReport:
     """Verify an archive, then install its store entries into a perf build-id cache and its session.
 
     Args:
@@ -366,6 +418,8 @@ def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, ses
         debug_dir: the build-id cache to install into (perf's ``~/.debug``); created.
         session_root: where the session's directory goes; created.
         limits: the bounds of :class:`ImportLimits`.
+        untrusted: what becomes of entries whose provenance is not ``trusted``: one of
+            :data:`UNTRUSTED_POLICIES` (see the module docstring).
 
     Returns:
         An :class:`ImportReport`.
@@ -375,6 +429,8 @@ def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, ses
             nothing was installed.
         OSError: the archive cannot be opened, or a target cannot be written.
     """
+    if untrusted not in UNTRUSTED_POLICIES:
+        raise ValueError(f"untrusted must be one of {UNTRUSTED_POLICIES}, not {untrusted!r}")
     debug_dir, session_root = Path(os.path.abspath(debug_dir)), Path(os.path.abspath(session_root))
     with open(path, "rb") as f:
         staging = _Staging(debug_dir, session_root)
@@ -383,7 +439,7 @@ def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, ses
             tf = tarfile.open(fileobj=Bounded(f, limits), mode="r|", tarinfo=tarinfo_class(limits))
             manifest = _receive(tf, staging, limits)
             report = ImportReport(manifest, session_root / manifest.session["name"])
-            _install(manifest, staging, debug_dir, session_root, report)
+            _install(manifest, staging, debug_dir, session_root, report, untrusted)
             failed = False
         except (tarfile.TarError, EOFError) as e:
             raise ArchiveError("corrupt", f"{path}: not a readable tar stream: {e}") from e

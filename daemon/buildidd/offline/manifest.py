@@ -34,7 +34,8 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from buildidd.errors import ArchiveError
-from buildidd.store import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, MODULES_NAME, PROBES_NAME, VDSO_NAME
+from buildidd.store import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, MODULES_NAME, PROBES_NAME,
+                            PROVENANCES, VDSO_NAME)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SESSION_PREFIX", "CACHE_PREFIX", "ENTRY_FILES",
            "ELF_FILES", "FileRef", "BuildIdRef", "SegmentRef", "Manifest"]
@@ -115,6 +116,9 @@ class BuildIdRef:
             ``private`` (the store's copy came from a file other users could not
             read, or a memfd, and ``store_share_private`` is off),
             ``unreadable: <error>``; ``None`` otherwise.
+        provenance: where the store's copies came from (``Store.provenance``: ``trusted``,
+            ``untrusted``, ``conflict``, ``unknown``); ``None`` when not in the store.  The
+            importer can refuse or mark what is not ``trusted``.
         entry: the entry's directory relative to the cache, ``<path>/<build-id>``.
         files: the entry's files (:class:`FileRef`), archived or upstream.
     """
@@ -125,6 +129,7 @@ class BuildIdRef:
     records: int = 0
     status: str = MISSING
     reason: str | None = None
+    provenance: str | None = None
     entry: str | None = None
     files: list[FileRef] = field(default_factory=list)
 
@@ -269,6 +274,9 @@ def _ref(r) -> BuildIdRef:
     ref = BuildIdRef(build_id=bid, kind=str(r.get("kind")), status=status, records=_int(r.get("records", 0)),
                      reason=r.get("reason") if isinstance(r.get("reason"), str) else None,
                      paths=[p for p in _list(r.get("paths", [])) if isinstance(p, str)][:64])
+    provenance = r.get("provenance")
+    _check(provenance is None or provenance in PROVENANCES, f"{bid}: provenance {provenance!r}")
+    ref.provenance = provenance
     if status != MISSING:
         ref.entry = check_entry(r.get("entry"), bid)
         names = set()

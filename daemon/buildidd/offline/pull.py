@@ -8,6 +8,19 @@ run, and by the next run from the kept partial file.  The server answers 206
 with the rest of the same archive, or 200 with a whole new one when the
 session changed since (its ETag differs): the partial file is then replaced.
 
+A serve is a peer like any other, hence hostile until proven otherwise:
+
+* an archive is at most ``max_bytes`` (:data:`MAX_BYTES_CEILING` at most):
+  a larger ``Content-Length`` is refused before a byte is read, and a body
+  that runs past it (an endless chunked one) is stopped there and discarded;
+* one archive's download, all its attempts and pauses together, ends at
+  ``deadline_s``: each read waits at most what is left of it, so a body
+  trickling a byte every few seconds (never idle for ``timeout_s``) stops
+  there too;
+* the bearer token never crosses an origin: it is sent only to the URL's
+  scheme, host and port, a redirect elsewhere is followed without it, and an
+  https URL's redirect to plain http is refused.
+
 After the download, :func:`buildidd.offline.importer.import_archive` verifies
 everything (manifest, sizes, each binary's build-id) before installing.  When
 an archive assembled from resumed pieces fails that verification, it is
@@ -22,6 +35,7 @@ import json
 import logging
 import os
 import re
+import socket
 import ssl
 import time
 import urllib.error
@@ -33,6 +47,7 @@ from pathlib import Path
 
 from buildidd.errors import ArchiveError, ServeError
 from buildidd.offline.importer import import_archive
+from buildidd.offline.untar import ImportLimits
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +58,13 @@ RETRY_PAUSE_S = 1.0
 """Seconds between attempts (doubled each time)."""
 
 CHUNK_BYTES = 1 << 20
+MAX_BYTES_CEILING = ImportLimits().max_total_bytes
+"""An archive is never downloaded past this many bytes, whatever ``max_bytes`` says (the importer would
+refuse more decompressed bytes than this, and the compressed archive is not larger)."""
+
+DEFAULT_DEADLINE_S = 3600.0
+"""Seconds one archive's download may take, attempts and pauses included, by default."""
+
 SESSIONS_MAX_BYTES = 16 << 20
 """A ``/sessions`` answer larger than this is refused."""
 
@@ -64,6 +86,9 @@ class PullOptions:
         work_dir: where partial downloads are kept; None: ``~/.cache/buildidd/pull``.
         timeout_s: seconds without progress (connect, or between reads) before an attempt fails.
         cafile: CA certificates to trust for https, or None (the system's).
+        max_bytes: an archive larger than this is refused (at most :data:`MAX_BYTES_CEILING`).
+        deadline_s: seconds one archive's download may take, every attempt and pause included.
+        untrusted: the importer's policy for entries not ``trusted`` (``mark``, ``skip``, ``refuse``).
     """
 
     url: str
@@ -74,6 +99,9 @@ class PullOptions:
     work_dir: str | None = None
     timeout_s: float = 60.0
     cafile: str | None = None
+    max_bytes: int = MAX_BYTES_CEILING
+    deadline_s: float = DEFAULT_DEADLINE_S
+    untrusted: str = "mark"
 
 
 @dataclass(frozen=True)
@@ -90,6 +118,43 @@ class _Broken(Exception):
     """An attempt failed in a way another attempt may fix (reset, timeout, short body, 5xx)."""
 
 
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host in lower case, port: the scheme's default when absent) of an http(s) URL (RFC 6454)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    default = 443 if parts.scheme == "https" else 80
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port if port is not None else default
+
+
+class _TokenStaysHome(urllib.request.HTTPRedirectHandler):
+    """Redirects: the token is sent again only to its own origin; https → http is refused.
+
+    The token is an unredirected header (urllib never copies those to a
+    redirect's request); this handler adds it back when the redirect stays on
+    the token's origin.
+    """
+
+    def __init__(self, home: tuple[str, str, int], token: str | None):
+        super().__init__()
+        self.home, self.token = home, token
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is None:
+            return None
+        target = origin(new.full_url)
+        if self.home[0] == "https" and target[0] != "https":
+            raise urllib.error.HTTPError(newurl, code, f"redirect from https to {target[0]} refused", headers, fp)
+        if self.token is not None and target == self.home:
+            new.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        elif self.token is not None:
+            log.warning("redirected to %s://%s:%d: following it without the token", *target)
+        return new
+
+
 class _Client:
     """GET requests to one serve, with the token and TLS settings."""
 
@@ -100,9 +165,11 @@ class _Client:
         self.base = opts.url.rstrip("/")
         self.token = opts.token
         self.timeout_s = opts.timeout_s
-        self.context = ssl.create_default_context(cafile=opts.cafile) if parsed.scheme == "https" else None
+        context = ssl.create_default_context(cafile=opts.cafile) if parsed.scheme == "https" else None
+        self.opener = urllib.request.build_opener(_TokenStaysHome(origin(self.base), opts.token),
+                                                  urllib.request.HTTPSHandler(context=context))
 
-    def open(self, path: str, headers: dict[str, str] | None = None):
+    def open(self, path: str, headers: dict[str, str] | None = None, timeout_s: float | None = None):
         """The response to GET path (an HTTPError is returned too, as a response).
 
         Raises:
@@ -110,9 +177,9 @@ class _Client:
         """
         req = urllib.request.Request(self.base + path, headers=dict(headers or {}))
         if self.token is not None:
-            req.add_header("Authorization", f"Bearer {self.token}")
+            req.add_unredirected_header("Authorization", f"Bearer {self.token}")
         try:
-            return urllib.request.urlopen(req, timeout=self.timeout_s, context=self.context)
+            return self.opener.open(req, timeout=self.timeout_s if timeout_s is None else timeout_s)
         except urllib.error.HTTPError as e:
             return e
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
@@ -162,14 +229,29 @@ def _chosen(wanted: tuple[str, ...], listed: list[str]) -> list[str]:
 
 
 class _Download:
-    """One archive's download into work_dir, resumable."""
+    """One archive's download into work_dir, resumable, within a size cap and a deadline."""
 
-    def __init__(self, client: _Client, name: str, work_dir: Path):
+    def __init__(self, client: _Client, name: str, work_dir: Path, opts: PullOptions):
         self.client = client
         self.name = name
         self.part = work_dir / f"{name}.tar.zst.part"
         self.etag_file = work_dir / f"{name}.tar.zst.etag"
         self.resumed = False
+        self.max_bytes = min(opts.max_bytes, MAX_BYTES_CEILING)
+        self.deadline_s = opts.deadline_s
+        self.deadline = time.monotonic() + opts.deadline_s
+
+    def _left_s(self) -> float:
+        """Seconds left before the deadline.
+
+        Raises:
+            ServeError: none left (the partial file is kept for the next pull).
+        """
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ServeError(f"{self.name}: not downloaded within {self.deadline_s:.0f} s (--deadline); "
+                             f"{self._have()} bytes kept in {self.part} for the next pull")
+        return left
 
     def discard(self) -> None:
         self.part.unlink(missing_ok=True)
@@ -191,7 +273,7 @@ class _Download:
                     raise ServeError(f"{self.name}: transfer failed {attempt} times, last: {e}; "
                                      f"{self._have()} bytes kept in {self.part} for the next pull") from e
                 log.warning("%s: %s; resuming from byte %d in %.0f s", self.name, e, self._have(), pause)
-                time.sleep(pause)
+                time.sleep(min(pause, self._left_s()))
                 pause *= 2
         raise AssertionError("unreachable")
 
@@ -207,7 +289,8 @@ class _Download:
         headers = {"Range": f"bytes={have}-", "If-Range": etag} if etag else {}
         if not etag:
             have = 0
-        resp = self.client.open(f"/sessions/{urllib.parse.quote(self.name)}/archive", headers)
+        resp = self.client.open(f"/sessions/{urllib.parse.quote(self.name)}/archive", headers,
+                                timeout_s=min(self.client.timeout_s, self._left_s()))
         with resp:
             if resp.status == 416:
                 m = _UNSATISFIED_RE.fullmatch(resp.headers.get("Content-Range", ""))
@@ -237,24 +320,56 @@ class _Download:
             self._copy(resp, mode)
 
     def _copy(self, resp, mode: str) -> None:
+        """Write resp's body to the part file: within max_bytes and the deadline, each read waiting at most
+        timeout_s and what is left of the deadline.
+
+        Raises:
+            ServeError: the archive is over max_bytes (the part file is removed), or the deadline passed.
+            _Broken: the transfer broke or ended short.
+        """
         expected = resp.headers.get("Content-Length")
+        base = self._have() if mode == "ab" else 0
+        if expected is not None and expected.isdigit() and base + int(expected) > self.max_bytes:
+            self.discard()
+            raise ServeError(f"{self.name}: the archive is {base + int(expected)} bytes, over the cap of "
+                             f"{self.max_bytes} (--max-bytes)")
+        sock = _socket_of(resp)
         got = 0
         with open(self.part, mode) as f:
             try:
-                while chunk := resp.read(CHUNK_BYTES):
+                while True:
+                    left = self._left_s()
+                    if sock is not None:
+                        sock.settimeout(min(self.client.timeout_s, left))
+                    chunk = resp.read1(CHUNK_BYTES)
+                    if not chunk:
+                        break
                     f.write(chunk)
                     got += len(chunk)
+                    if base + got > self.max_bytes:
+                        f.close()
+                        self.discard()
+                        raise ServeError(f"{self.name}: the archive runs past the cap of {self.max_bytes} bytes "
+                                         f"(--max-bytes); stopped and discarded")
             except (OSError, http.client.HTTPException) as e:
                 raise _Broken(f"transfer broke after {got} bytes: {e}") from e
             finally:
-                f.flush()
-                os.fsync(f.fileno())
+                if not f.closed:
+                    f.flush()
+                    os.fsync(f.fileno())
         if expected is not None and got != int(expected):
             raise _Broken(f"transfer ended after {got} of {expected} bytes")
 
 
+def _socket_of(resp) -> socket.socket | None:
+    """The socket under an http.client response (its read timeout is set per read), when it can be found."""
+    raw = getattr(getattr(resp, "fp", None), "raw", None)
+    sock = getattr(raw, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
 def _pull_one(client: _Client, name: str, opts: PullOptions, work_dir: Path) -> PullResult:
-    dl = _Download(client, name, work_dir)
+    dl = _Download(client, name, work_dir, opts)
     for fresh in (False, True):
         if fresh:
             dl.discard()
@@ -263,7 +378,7 @@ def _pull_one(client: _Client, name: str, opts: PullOptions, work_dir: Path) -> 
         size = path.stat().st_size
         try:
             report = import_archive(path, debug_dir=opts.debug_dir or os.path.expanduser("~/.debug"),
-                                    session_root=opts.session_root)
+                                    session_root=opts.session_root, untrusted=opts.untrusted)
         except ArchiveError as e:
             if dl.resumed and not fresh:
                 log.warning("%s: the resumed archive failed verification (%s); fetching it whole", name, e)

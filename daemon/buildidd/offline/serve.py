@@ -12,15 +12,23 @@ never the others; files go out with ``sendfile(2)``, byte ranges included)::
     GET      /metrics                       Prometheus text (serve_metrics)
 
 Access: on a loopback address (``ipaddress``' ``is_loopback``: 127.0.0.0/8 and
-::1) anyone who can connect is served; on any other address a bearer token is
-required (``Authorization: Bearer TOKEN``, compared in constant time with
-``hmac.compare_digest``), and a token given on loopback is required there too.
-TLS is used when a certificate and key are given.
+::1) anyone who can connect gets the build-id lookups and /metrics; on any
+other address a bearer token is required (``Authorization: Bearer TOKEN``,
+compared in constant time with ``hmac.compare_digest``), and a token given on
+loopback is required there too.  TLS is used when a certificate and key are
+given.  The session logs (``/sessions*``) go only to a caller with rights to
+them: the token, or a peer of the unix-socket listener (``unix_socket``)
+whose SO_PEERCRED is root or a member of the control group
+(:func:`buildidd.offline.serve_sessions.check_access`); loopback TCP cannot
+tell local users apart.
 
-Slow clients: a connection that has not completed a request within
-``idle_timeout_s`` (also the keep-alive idle time) is closed (aiohttp's
-keep-alive timer runs from the connection's start); requests are served
-concurrently on one event loop, file reads and ELF parsing run in threads.
+Slow and flooding clients (:mod:`buildidd.offline.serve_guard`): connections
+are capped below the descriptor limit (the idlest closed first), answers in
+progress per peer and in all, a client that takes no byte for
+``send_timeout_s`` is cut, archive builds have threads of their own, and a
+connection that has not completed a request within ``idle_timeout_s`` (also
+the keep-alive idle time) is closed (aiohttp's keep-alive timer runs from the
+connection's start).  Refusals are counted in /metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import os
 import signal
+import stat
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +49,7 @@ from aiohttp import web
 
 from buildidd.errors import ServeError
 from buildidd.offline import serve_debuginfod as dbg
+from buildidd.offline.serve_guard import GUARD_KEY, GuardLimits, guard_middleware, make_guard, raise_fd_limit
 from buildidd.offline.serve_metrics import METRICS_KEY, CONTENT_TYPE, MetricsAccessLogger, ServeMetrics, StatusFn, \
     daemon_status
 from buildidd.store import Store
@@ -71,6 +82,9 @@ class ServeOptions:
         spool_dir: where archives are built before and while they are sent; None: a private temporary directory.
         status_fn: returns the recording daemon's status for ``/metrics``; None: not asked.
         share_private: serve store copies marked private (``Config.store_share_private``); else 404.
+        limits: caps and deadlines against slow and flooding clients (:mod:`.serve_guard`).
+        unix_socket: also listen on this unix socket (mode 0666: its peers are told apart by SO_PEERCRED); "" none.
+        group_gid: the control group's gid: its members (and root) get the session logs over the unix socket.
     """
 
     host: str
@@ -84,6 +98,9 @@ class ServeOptions:
     spool_dir: str | None = None
     status_fn: StatusFn | None = None
     share_private: bool = False
+    limits: GuardLimits = GuardLimits()
+    unix_socket: str = ""
+    group_gid: int = 0
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -157,13 +174,14 @@ async def _auth(request: web.Request, handler):
 
 
 async def _lookup(request: web.Request, artifact: str, find: Callable[[], object]):
-    """Run a store lookup in a thread; count it; 503 for Unavailable."""
+    """Run a store lookup in a thread; count it; 503 for Unavailable (logged at a limited rate)."""
     loop = asyncio.get_running_loop()
     metrics = request.app[METRICS_KEY]
     try:
         return await loop.run_in_executor(None, find)
     except dbg.Unavailable as e:
         metrics.lookup(artifact, "unavailable")
+        metrics.warn(log, "503: %s", e)
         raise dbg.unavailable(e) from e
 
 
@@ -200,16 +218,15 @@ async def handle_section(request: web.Request) -> web.StreamResponse:
     def find():
         files = [h for h in (dbg.find_debuginfo(store, bid, privacy), dbg.find_executable(store, bid, privacy))
                  if h is not None]
-        data = dbg.read_section(files, name) if files else None
-        return (files[0], data) if data is not None else None
+        section = dbg.find_section(files, name) if files else None
+        return dbg.open_section(section, name) if section is not None else None
 
-    found = await _lookup(request, "section", find)
-    if found is None:
+    resp = await _lookup(request, "section", find)
+    if resp is None:
         request.app[METRICS_KEY].lookup("section", "miss")
         raise web.HTTPNotFound(text="no such section held\n")
     request.app[METRICS_KEY].lookup("section", "hit")
-    held, data = found
-    return dbg.send_bytes(request, data, dbg.file_headers(dbg.Held(held.path, name), len(data)))
+    return resp
 
 
 async def handle_source(request: web.Request) -> web.StreamResponse:
@@ -231,21 +248,25 @@ async def handle_metrics(request: web.Request) -> web.Response:
     status, why = await loop.run_in_executor(None, daemon_status, request.app[OPTIONS_KEY].status_fn)
     if why is not None:
         log.debug("daemon status unavailable: %s", why)
-    text = request.app[METRICS_KEY].render(status, why)
+    guard = request.app[GUARD_KEY]
+    gauges = {"buildidd_serve_connections": guard.open_connections(), "buildidd_serve_connections_max": guard.cap,
+              "buildidd_serve_streams": guard.streams}
+    text = request.app[METRICS_KEY].render(status, why, gauges)
     return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def make_app(opts: ServeOptions, store: Store | None = None) -> web.Application:
+def make_app(opts: ServeOptions, store: Store | None = None, fd_limit: int | None = None) -> web.Application:
     """The aiohttp application of :func:`run` (tests may serve it themselves).
 
     Raises:
         StoreError: the store cannot be opened.
     """
-    app = web.Application(middlewares=[_auth], client_max_size=1024)
+    app = web.Application(middlewares=[_auth, guard_middleware], client_max_size=1024)
     app[OPTIONS_KEY] = opts
     app[STORE_KEY] = store if store is not None else Store(opts.store_root)
     app[PRIVACY_KEY] = dbg.Privacy(opts.share_private)
     app[METRICS_KEY] = ServeMetrics()
+    make_guard(app, opts.limits, fd_limit)
     app.router.add_get("/buildid/{build_id}/section/{name}", handle_section)
     app.router.add_get("/buildid/{build_id}/source/{path:.+}", handle_source)
     app.router.add_get("/buildid/{build_id}/{artifact}", handle_artifact)
@@ -253,7 +274,9 @@ def make_app(opts: ServeOptions, store: Store | None = None) -> web.Application:
     app.router.add_get("/metrics", handle_metrics, allow_head=False)
     if opts.session_root:
         from buildidd.offline import serve_sessions
-        serve_sessions.add_routes(app, opts.session_root, opts.store_root, opts.spool_dir, opts.share_private)
+        serve_sessions.add_routes(app, serve_sessions.SessionsOptions(
+            opts.session_root, opts.store_root, opts.spool_dir, opts.share_private,
+            token_required=opts.token is not None, group_gid=opts.group_gid))
     return app
 
 
@@ -282,16 +305,22 @@ async def serve(opts: ServeOptions, on_listening: Callable[[str, int], None] | N
     """
     check_options(opts)
     ssl_ctx = _ssl_context(opts)
-    app = make_app(opts)
+    app = make_app(opts, fd_limit=raise_fd_limit())
     runner = web.AppRunner(app, access_log_class=MetricsAccessLogger, keepalive_timeout=opts.idle_timeout_s,
                            handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
+    app[GUARD_KEY].attach(runner.server)
+    asyncio.get_running_loop().set_exception_handler(app[GUARD_KEY].exception_handler)
+    server_log = logging.getLogger("aiohttp.server")
+    server_log.addFilter(app[GUARD_KEY].log_filter)
     try:
         site = web.TCPSite(runner, opts.host, opts.port, ssl_context=ssl_ctx, reuse_address=True)
         try:
             await site.start()
         except OSError as e:
             raise ServeError(f"cannot listen on {opts.host}:{opts.port}: {e.strerror}") from e
+        if opts.unix_socket:
+            await _listen_unix(runner, opts.unix_socket)
         port = runner.addresses[0][1]
         scheme = "https" if ssl_ctx else "http"
         shown = f"[{opts.host}]" if ":" in opts.host else opts.host
@@ -307,7 +336,31 @@ async def serve(opts: ServeOptions, on_listening: Callable[[str, int], None] | N
         await stop.wait()
         log.info("stopping")
     finally:
+        server_log.removeFilter(app[GUARD_KEY].log_filter)
         await runner.cleanup()
+
+
+async def _listen_unix(runner: web.AppRunner, path: str) -> None:
+    """Listen on the unix socket path too (a stale socket there is replaced; anything else is refused).
+
+    Raises:
+        ServeError: path exists and is not a socket, or cannot be bound.
+    """
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+        else:
+            raise ServeError(f"--unix-socket {path}: exists and is not a socket")
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise ServeError(f"--unix-socket {path}: {e.strerror}") from e
+    try:
+        await web.UnixSite(runner, path).start()
+        os.chmod(path, 0o666)   # anyone may connect: what each peer gets is decided by its SO_PEERCRED
+    except OSError as e:
+        raise ServeError(f"cannot listen on {path}: {e.strerror}") from e
+    log.info("also serving on unix socket %s", path)
 
 
 def run(opts: ServeOptions, on_listening: Callable[[str, int], None] | None = None) -> None:

@@ -54,6 +54,7 @@ from aiohttp import web
 from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.elffile import ELFFile
 
+from buildidd.offline.serve_send import OpenFd, SectionResponse, refuse_zero_suffix
 from buildidd.store import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, VDSO_NAME, Store
 
 log = logging.getLogger(__name__)
@@ -95,10 +96,12 @@ class Held:
         path: the file in the store (``ROOT/<path>/<build-id>/elf``, ``…/debug``, ``…/vmlinux``).
         name: the basename clients see in ``X-DEBUGINFOD-FILE``: the original
             file's name (``true``), ``NAME.debug`` for its debuginfo.
+        provenance: the entry's provenance (``Store.provenance``), sent as ``X-Buildidd-Provenance``.
     """
 
     path: Path
     name: str
+    provenance: str | None = None
 
 
 @dataclass
@@ -215,11 +218,15 @@ def find_executable(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NO
     main = main_file(store, build_id_hex)
     if main is None or not privacy.allows(store, build_id_hex, "elf"):
         return None
+    try:
+        provenance = store.provenance(build_id_hex)
+    except OSError as e:
+        raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if main.name == KALLSYMS_NAME:
         vmlinux = main.parent / VMLINUX_NAME
         st = _lstat_held(vmlinux)
-        return Held(vmlinux, VMLINUX_NAME) if st is not None and stat.S_ISREG(st.st_mode) else None
-    return Held(main, _original_name(main))
+        return Held(vmlinux, VMLINUX_NAME, provenance) if st is not None and stat.S_ISREG(st.st_mode) else None
+    return Held(main, _original_name(main), provenance)
 
 
 def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOTHING_PRIVATE) -> Held | None:
@@ -241,11 +248,11 @@ def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOT
     except OSError as e:
         raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if best is not None and privacy.allows(store, build_id_hex, "debug"):
-        return Held(best, held.name + ".debug" if best.name == DEBUG_NAME else held.name)
+        return Held(best, held.name + ".debug" if best.name == DEBUG_NAME else held.name, held.provenance)
     debug = held.path.parent / DEBUG_NAME
     st = _lstat_held(debug)
     if st is not None and stat.S_ISREG(st.st_mode):
-        return Held(debug, held.name + ".debug")
+        return Held(debug, held.name + ".debug", held.provenance)
     if has_symtab(held.path):
         return held
     return None
@@ -294,10 +301,20 @@ def has_symtab(path: Path) -> bool:
         raise Unavailable(f"{path}: {e.strerror}") from e
 
 
-def read_section(held: list[Held], name: str) -> bytes | None:
-    """The raw bytes of section name from the first of the held files that has it with bytes.
+@dataclass(frozen=True)
+class Section:
+    """Where a section's bytes lie: in held's file, size_bytes at offset (``sh_offset``, ``sh_size``)."""
 
-    Returns None when none has it (or only as ``SHT_NOBITS``).
+    held: Held
+    offset: int
+    size_bytes: int
+
+
+def find_section(held: list[Held], name: str) -> Section | None:
+    """The first of the held files that has section name with bytes; its place in that file.
+
+    Returns None when none has it (or only as ``SHT_NOBITS``).  Nothing of
+    the section is read here: :func:`open_section` streams it.
 
     Raises:
         Unavailable: a file cannot be read, cannot be parsed, or the section
@@ -315,37 +332,54 @@ def read_section(held: list[Held], name: str) -> bytes | None:
         offset, size, _type = header
         if size > SECTION_MAX_BYTES:
             raise Unavailable(f"{h.path}: section {name} is {size} bytes, over {SECTION_MAX_BYTES}: not extracted")
-        try:
-            fd = os.open(h.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            try:
-                data = os.pread(fd, size, offset)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise Unavailable(f"{h.path}: {e.strerror}") from e
-        if len(data) != size:
-            raise Unavailable(f"{h.path}: section {name} extends past the end of the file")
-        return data
+        return Section(h, offset, size)
     return None
+
+
+def open_section(section: Section, name: str) -> SectionResponse:
+    """Open the section's file (``O_NOFOLLOW``) and make its answer, streamed from the file.
+
+    Blocking (open, fstat): call it in a thread.
+
+    Raises:
+        Unavailable: the file cannot be opened, is not a regular file, or ends before the section does.
+    """
+    path = section.held.path
+    fd, st = _open_regular(path)
+    try:
+        if section.offset + section.size_bytes > st.st_size:
+            raise Unavailable(f"{path}: section {name} extends past the end of the file")
+        headers = file_headers(Held(path, name, section.held.provenance), section.size_bytes)
+        return SectionResponse(fd, section.offset, section.size_bytes, headers)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """Open path (``O_NOFOLLOW``), a regular file: (fd, its fstat).  Raises Unavailable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        raise Unavailable(f"{path}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unavailable(f"{path}: not a regular file")
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def file_headers(held: Held, size_bytes: int) -> dict[str, str]:
     """The debuginfod headers of a file answer (debuginfod.cxx ``add_mhd_response_header`` calls)."""
-    return {"Content-Type": "application/octet-stream",
-            "X-DEBUGINFOD-SIZE": str(size_bytes),
-            "X-DEBUGINFOD-FILE": held.name}
-
-
-class _OpenFd:
-    """An fd closed exactly once: after the answer is sent, or when the response is dropped unsent."""
-
-    def __init__(self, fd: int):
-        self.fd: int | None = fd
-
-    def close(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)
+    headers = {"Content-Type": "application/octet-stream",
+               "X-DEBUGINFOD-SIZE": str(size_bytes),
+               "X-DEBUGINFOD-FILE": held.name}
+    if held.provenance is not None:
+        headers["X-Buildidd-Provenance"] = held.provenance   # buildidd's: Store.provenance of the entry
+    return headers
 
 
 class HeldFileResponse(web.FileResponse):
@@ -359,11 +393,15 @@ class HeldFileResponse(web.FileResponse):
 
     def __init__(self, fd: int, headers: dict[str, str]):
         super().__init__(f"/proc/self/fd/{fd}", headers=headers)
-        self._held_fd = _OpenFd(fd)
+        self._held_fd = OpenFd(fd)
         weakref.finalize(self, self._held_fd.close)
 
     async def prepare(self, request: web.BaseRequest):
+        if self.prepared:
+            return None
         try:
+            if self._held_fd.fd is not None:
+                refuse_zero_suffix(request, os.fstat(self._held_fd.fd).st_size)
             return await super().prepare(request)
         finally:
             self._held_fd.close()
@@ -377,38 +415,12 @@ def open_held(held: Held) -> HeldFileResponse:
     Raises:
         Unavailable: the file cannot be opened right now, or is no longer a regular file.
     """
+    fd, st = _open_regular(held.path)
     try:
-        fd = os.open(held.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as e:
-        raise Unavailable(f"{held.path}: {e.strerror}") from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unavailable(f"{held.path}: not a regular file")
         return HeldFileResponse(fd, file_headers(held, st.st_size))
     except BaseException:
         os.close(fd)
         raise
-
-
-def send_bytes(request: web.Request, data: bytes, headers: dict[str, str]) -> web.Response:
-    """Answer with data, honouring a single ``Range: bytes=A-B`` (206) like a file answer.
-
-    Raises:
-        web.HTTPRequestRangeNotSatisfiable: the range lies outside data.
-    """
-    headers = dict(headers, **{"Accept-Ranges": "bytes"})
-    try:
-        rng = request.http_range
-    except ValueError:
-        raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{len(data)}"}) from None
-    if rng.start is None and rng.stop is None:
-        return web.Response(body=data, headers=headers)
-    start, stop, _ = rng.indices(len(data))
-    if start >= stop:
-        raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{len(data)}"})
-    headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
-    return web.Response(status=206, body=data[start:stop], headers=headers)
 
 
 def check_source_path(path: str) -> str:
@@ -435,12 +447,11 @@ def check_section_name(name: str) -> str:
 
 
 def unavailable(e: Unavailable) -> web.HTTPServiceUnavailable:
-    """The 503 answer for a held file that cannot be read now; logged with the reason."""
-    log.warning("503: %s", e)
+    """The 503 answer for a held file that cannot be read now (the caller logs the reason, at a limited rate)."""
     return web.HTTPServiceUnavailable(text="held but not readable right now; try again later\n",
                                       headers={"Retry-After": "60"})
 
 
 __all__ = ["ARTIFACTS", "BUILD_ID_RE", "Held", "Privacy", "Unavailable", "check_build_id", "check_section_name",
            "check_source_path", "find_debuginfo", "find_executable", "has_symtab", "main_file",
-           "open_held", "read_section", "send_bytes", "unavailable"]
+           "find_section", "open_held", "open_section", "refuse_zero_suffix", "unavailable"]

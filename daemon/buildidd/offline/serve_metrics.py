@@ -13,6 +13,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -46,13 +47,46 @@ class ServeMetrics:
         sent_bytes: route → body bytes sent (a HEAD sends none).
         lookups: (artifact, result) → build-id lookups; result is ``hit``
             (a file or section was sent), ``miss`` (404) or ``unavailable`` (503).
+        refused: reason → connections, requests or answers refused or cut
+            (``serve_guard.REFUSAL_REASONS``).
+        log_suppressed: warnings not logged because :meth:`warn`'s rate was reached.
     """
+
+    #: Warnings :meth:`warn` logs per LOG_WINDOW_S at most; the rest are counted (``log_suppressed``).
+    LOG_BURST = 10
+    LOG_WINDOW_S = 60.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, int]] = Counter()
         self.sent_bytes: Counter[str] = Counter()
         self.lookups: Counter[tuple[str, str]] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.log_suppressed = 0
+        self._log_window = (0.0, 0)
+
+    def refuse(self, reason: str) -> None:
+        """Count one refusal (a connection closed, a 503 for a cap, a client cut) by reason."""
+        with self._lock:
+            self.refused[reason] += 1
+
+    def allow_log(self) -> bool:
+        """Whether one more warning may be logged now (at most LOG_BURST per LOG_WINDOW_S); counts the rest."""
+        now = time.monotonic()
+        with self._lock:
+            start, n = self._log_window
+            if now - start >= self.LOG_WINDOW_S:
+                start, n = now, 0
+            self._log_window = (start, n + 1)
+            if n >= self.LOG_BURST:
+                self.log_suppressed += 1
+                return False
+        return True
+
+    def warn(self, logger: logging.Logger, msg: str, *args) -> None:
+        """logger.warning at most LOG_BURST times per LOG_WINDOW_S seconds; the rest counted in log_suppressed."""
+        if self.allow_log():
+            logger.warning(msg, *args)
 
     def answered(self, route: str, status: int, body_bytes: int) -> None:
         """Count one answer of route (its pattern, e.g. ``/buildid/{build_id}/{artifact}``)."""
@@ -65,17 +99,20 @@ class ServeMetrics:
         with self._lock:
             self.lookups[(artifact, result)] += 1
 
-    def render(self, status: dict | None, status_error: str | None) -> str:
+    def render(self, status: dict | None, status_error: str | None, gauges: dict[str, int] | None = None) -> str:
         """The Prometheus text of the counters, plus the daemon's status.
 
         Args:
             status: the daemon's status answer, or None when there is no daemon to ask.
             status_error: why the daemon did not answer (``buildidd_daemon_up 0``), or None.
+            gauges: ``{name: value}`` of the server's own gauges (open connections, answers in progress, caps).
         """
         with self._lock:
             requests = sorted(self.requests.items())
             sent = sorted(self.sent_bytes.items())
             lookups = sorted(self.lookups.items())
+            refused = sorted(self.refused.items())
+            suppressed = self.log_suppressed
         out = ["# HELP buildidd_serve_requests_total HTTP answers sent, by route pattern and status code.",
                "# TYPE buildidd_serve_requests_total counter"]
         out += [f'buildidd_serve_requests_total{{route="{_esc(r)}",status="{s}"}} {n}' for (r, s), n in requests]
@@ -86,6 +123,13 @@ class ServeMetrics:
                 "(hit: sent, miss: 404, unavailable: held but unreadable, 503).",
                 "# TYPE buildidd_serve_lookups_total counter"]
         out += [f'buildidd_serve_lookups_total{{artifact="{a}",result="{r}"}} {n}' for (a, r), n in lookups]
+        out += ["# HELP buildidd_serve_refused_total Connections closed, requests refused (503) and clients cut, "
+                "by reason.", "# TYPE buildidd_serve_refused_total counter"]
+        out += [f'buildidd_serve_refused_total{{reason="{_esc(r)}"}} {n}' for r, n in refused]
+        out += ["# HELP buildidd_serve_log_suppressed_total Warnings not logged (rate limit); see the counters.",
+                "# TYPE buildidd_serve_log_suppressed_total counter", f"buildidd_serve_log_suppressed_total {suppressed}"]
+        for name, value in sorted((gauges or {}).items()):
+            out += [f"# TYPE {name} gauge", f"{name} {value}"]
         if status is not None or status_error is not None:
             out += ["# HELP buildidd_daemon_up 1 when the recording daemon answered its control socket.",
                     "# TYPE buildidd_daemon_up gauge", f"buildidd_daemon_up {0 if status is None else 1}"]
@@ -152,7 +196,8 @@ class MetricsAccessLogger(AbstractAccessLogger):
     """
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        metrics = request.app.get(METRICS_KEY) if isinstance(request, web.Request) else None
+        routed = isinstance(request, web.Request) and getattr(request, "_match_info", None) is not None
+        metrics = request.app.get(METRICS_KEY) if routed else None   # a malformed request was never routed
         route = _route_of(request)
         body_bytes = sent_body_bytes(request, response)
         if metrics is not None:
@@ -170,7 +215,7 @@ def sent_body_bytes(request: web.BaseRequest, response: web.StreamResponse) -> i
 
 
 def _route_of(request: web.BaseRequest) -> str:
-    match_info = getattr(request, "match_info", None)
+    match_info = getattr(request, "_match_info", None)   # the property asserts when the request was never routed
     route = getattr(match_info, "route", None)
     resource = getattr(route, "resource", None)
     return resource.canonical if resource is not None else "(no route)"

@@ -16,11 +16,18 @@ if its client went away, so that the resumed request finds it.
 Spool files live in ``spool_dir`` (named ``NAME.ETAG.tar.zst``); older ones
 are removed, oldest first, when the directory holds more than
 :data:`SPOOL_MAX_BYTES` (files being sent stay readable until closed).
+
+Archives are built on the spool's own threads (``serve_guard.ARCHIVE_WORKERS``),
+never the loop's default executor that lookups use; a client that takes no
+byte of a streamed archive for ``send_timeout_s`` is cut and the spool
+completed.  Both routes answer only a caller with rights to the session logs
+(:func:`check_access`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -29,6 +36,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +44,11 @@ from aiohttp import web
 
 from buildidd.errors import BuildiddError
 from buildidd.offline.archive import write_archive
+from buildidd.offline.serve_guard import ARCHIVE_WORKERS, GUARD_KEY, Cut
+from buildidd.offline.serve_metrics import METRICS_KEY
+from buildidd.offline.serve_send import refuse_zero_suffix
 from buildidd.offline.sessions import list_sessions
+from buildidd.peercred import in_group
 from buildidd.sessionlog import list_segments
 from buildidd.store import Store
 
@@ -96,6 +108,7 @@ class Spool:
         self.dir = Path(tempfile.mkdtemp(prefix="buildidd-serve-spool-") if directory is None else directory)
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.building: dict[Path, asyncio.Future] = {}
+        self.builders = concurrent.futures.ThreadPoolExecutor(ARCHIVE_WORKERS, thread_name_prefix="archive")
 
     def path(self, name: str, etag: str) -> Path:
         return self.dir / f"{name}.{etag}.tar.zst"
@@ -126,37 +139,64 @@ class Spool:
                 total -= size
 
 
-class _Tee:
-    """The file object write_archive writes to: the spool file, and the HTTP answer while its client listens."""
+@dataclass
+class _Listener:
+    """The client an archive is streamed to while it is built: its answer, and how long one chunk may wait.
 
-    def __init__(self, f, loop: asyncio.AbstractEventLoop, resp: web.StreamResponse | None):
+    Attributes:
+        loop: the server's event loop (the answer is written there).
+        resp: the prepared answer; None once the client went away or was cut.
+        timeout_s: seconds one write may wait for the client to take bytes.
+        on_cut: called in the loop when the client is cut for not reading.
+        cut: whether it was cut.
+    """
+
+    loop: asyncio.AbstractEventLoop
+    resp: web.StreamResponse | None
+    timeout_s: float
+    on_cut: Callable[[], None]
+    cut: bool = False
+
+
+class _Tee:
+    """The file object write_archive writes to (in a builder thread): the spool file, and the HTTP answer
+    while its client takes it, each write waiting at most the listener's timeout_s."""
+
+    def __init__(self, f, listener: _Listener):
         self.f = f
-        self.loop = loop
-        self.resp = resp
+        self.listener = listener
         self.sent = 0
 
     def write(self, data) -> int:
         self.f.write(data)
-        if self.resp is not None:
+        li = self.listener
+        if li.resp is not None:
+            fut = asyncio.run_coroutine_threadsafe(li.resp.write(bytes(data)), li.loop)
             try:
-                asyncio.run_coroutine_threadsafe(self.resp.write(bytes(data)), self.loop).result()
+                fut.result(timeout=li.timeout_s)
                 self.sent += len(data)
-            except ConnectionError as e:
-                log.info("archive client went away after %d bytes (%s); completing the spool", self.sent, e)
-                self.resp = None
+            except concurrent.futures.TimeoutError:
+                fut.cancel()
+                log.debug("archive client took no bytes for %.0f s after %d bytes; cut (counted in send_timeout), "
+                          "completing the spool", li.timeout_s, self.sent)
+                li.resp, li.cut = None, True
+                li.loop.call_soon_threadsafe(li.on_cut)
+            except (ConnectionError, concurrent.futures.CancelledError) as e:
+                log.debug("archive client went away after %d bytes (%s); completing the spool", self.sent, e)
+                li.resp = None
         return len(data)
 
     def flush(self) -> None:
         self.f.flush()
 
 
-def _build(final: Path, directory: Path, cfg: SessionsConfig, tee_args) -> None:
-    """write_archive into a temporary file next to final, then rename it into place (in a thread)."""
+def _build(final: Path, directory: Path, cfg: SessionsConfig, listener: _Listener) -> None:
+    """write_archive into a temporary file next to final, then rename it into place (in a builder thread)."""
     tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:
             store = Store(cfg.store_root) if cfg.store_root and os.path.isdir(cfg.store_root) else None
-            write_archive(directory, store, _Tee(f, *tee_args), share_private=cfg.share_private)
+            write_archive(directory, store, _Tee(f, listener), share_private=cfg.share_private)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -164,8 +204,31 @@ def _build(final: Path, directory: Path, cfg: SessionsConfig, tee_args) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def check_access(request: web.Request) -> None:
+    """The session logs' policy: served to a caller with rights to them, refused (403, counted) to anyone else.
+
+    Rights: the bearer token, when the server requires one (the auth middleware
+    has checked it by now); or, on the unix-socket listener, a peer whose
+    SO_PEERCRED says root or a member of the control group.  A TCP peer without
+    a token gets none: on loopback TCP every local user looks the same.
+
+    Raises:
+        web.HTTPForbidden: no rights.
+    """
+    cfg = request.app[SESSIONS_KEY]
+    if cfg.token_required:
+        return
+    conn = request.app[GUARD_KEY].conn(request)
+    if conn is not None and conn.creds is not None and in_group(conn.creds, cfg.group_gid):
+        return
+    request.app[METRICS_KEY].refuse("sessions_forbidden")
+    raise web.HTTPForbidden(text="session logs need the bearer token, or the unix socket as root or a member "
+                                 "of the control group\n")
+
+
 async def handle_sessions(request: web.Request) -> web.Response:
     """``/sessions``: the session root's sessions as a JSON list (``buildidd sessions --json``'s objects, less paths)."""
+    check_access(request)
     cfg = request.app[SESSIONS_KEY]
     loop = asyncio.get_running_loop()
     try:
@@ -183,7 +246,9 @@ async def handle_sessions(request: web.Request) -> web.Response:
 
 async def handle_archive(request: web.Request) -> web.StreamResponse:
     """``/sessions/NAME/archive``: the archive, streamed while built, or from the spool (Range, If-Range)."""
+    check_access(request)
     cfg = request.app[SESSIONS_KEY]
+    guard = request.app[GUARD_KEY]
     spool = cfg.spool
     loop = asyncio.get_running_loop()
     name = request.match_info["name"]
@@ -205,8 +270,9 @@ async def handle_archive(request: web.Request) -> web.StreamResponse:
         if resp is not None:
             resp.enable_chunked_encoding()
             await resp.prepare(request)
+        listener = _Listener(loop, resp, guard.limits.send_timeout_s, lambda: guard.cut(request))
         pending = spool.building[final] = loop.run_in_executor(
-            None, _build, final, directory, cfg, (loop, resp))
+            spool.builders, _build, final, directory, cfg, listener)
         try:
             await pending
         except (OSError, BuildiddError) as e:
@@ -215,11 +281,13 @@ async def handle_archive(request: web.Request) -> web.StreamResponse:
                 raise web.HTTPServiceUnavailable(text="the archive could not be made right now\n") from e
             if request.transport is not None:
                 request.transport.close()   # the client sees a broken transfer, not a short archive
-            return resp
+            return _gone(resp)
         finally:
             del spool.building[final]
         spool.trim(final)
         if resp is not None:
+            if listener.cut or listener.resp is None:
+                return _gone(resp)
             await resp.write_eof()
             return resp
     elif pending is not None:
@@ -228,8 +296,19 @@ async def handle_archive(request: web.Request) -> web.StreamResponse:
         except (OSError, BuildiddError) as e:
             raise web.HTTPServiceUnavailable(text="the archive could not be made right now\n") from e
     resp = _ArchiveFileResponse(final, etag, headers)
-    await resp.prepare(_without_stale_range(request, etag))
-    return resp
+    try:
+        size = final.stat().st_size
+    except OSError as e:
+        raise web.HTTPServiceUnavailable(text="the archive could not be read right now\n") from e
+    view = _without_stale_range(request, etag)
+    refuse_zero_suffix(view, size)
+    return await guard.send(view, resp)
+
+
+def _gone(resp: web.StreamResponse) -> web.StreamResponse:
+    """What to return for a streamed archive whose client went away or was cut: nothing more is written."""
+    resp.force_close()
+    return Cut(resp.status)
 
 
 class _ArchiveFileResponse(web.FileResponse):
@@ -263,14 +342,37 @@ def _without_stale_range(request: web.Request, etag: str) -> web.Request:
 
 
 @dataclass(frozen=True)
+class SessionsOptions:
+    """What :func:`add_routes` is told.
+
+    Attributes:
+        session_root, store_root: directories.
+        spool_dir: where archives are spooled; None: a private temporary directory.
+        share_private: archives carry private store copies (``Config.store_share_private``).
+        token_required: the server requires a bearer token (then a caller with it has rights to the logs).
+        group_gid: the control group's gid (0: root only) for unix-socket peers (see :func:`check_access`).
+    """
+
+    session_root: str
+    store_root: str
+    spool_dir: str | None = None
+    share_private: bool = False
+    token_required: bool = False
+    group_gid: int = 0
+
+
+@dataclass(frozen=True)
 class SessionsConfig:
-    """What the session routes need: session_root and store_root (directories), the spool, and whether
-    archives carry private store copies (``Config.store_share_private``)."""
+    """What the session routes need: session_root and store_root (directories), the spool, whether
+    archives carry private store copies (``Config.store_share_private``), and who has rights to the logs
+    (:class:`SessionsOptions`)."""
 
     session_root: str
     store_root: str
     spool: Spool
     share_private: bool = False
+    token_required: bool = False
+    group_gid: int = 0
 
 
 SESSIONS_KEY: web.AppKey[SessionsConfig] = web.AppKey("buildidd_serve_sessions", SessionsConfig)
@@ -282,17 +384,18 @@ async def _archive_etag_header(_request: web.Request, response: web.StreamRespon
         response.etag = response.archive_etag
 
 
-def add_routes(app: web.Application, session_root: str, store_root: str, spool_dir: str | None,
-               share_private: bool = False) -> None:
+def add_routes(app: web.Application, opts: SessionsOptions) -> None:
     """Add ``/sessions`` and ``/sessions/NAME/archive`` to app, with a spool (removed at cleanup when private).
 
     Raises:
         OSError: the spool directory cannot be made.
     """
-    spool = Spool(spool_dir)
-    app[SESSIONS_KEY] = SessionsConfig(session_root, store_root, spool, share_private)
+    spool = Spool(opts.spool_dir)
+    app[SESSIONS_KEY] = SessionsConfig(opts.session_root, opts.store_root, spool, opts.share_private,
+                                       opts.token_required, opts.group_gid)
 
     async def close_spool(_app) -> None:
+        spool.builders.shutdown(wait=False, cancel_futures=True)
         spool.close()
 
     app.on_cleanup.append(close_spool)

@@ -122,6 +122,20 @@ def check_name(name: str, what: str = "member") -> str:
 
 
 def check_type(ti: tarfile.TarInfo) -> None:
+    """Refuse every member type but a plain regular file, a symlink and a directory.
+
+    A sparse member (GNU type ``S``, or any pax ``GNU.sparse.*`` header: the
+    0.0, 0.1 and 1.0 formats) is refused although tarfile's ``isreg()`` is
+    true for it: its holes expand, on extraction, far beyond the bytes the
+    stream holds, where neither the bomb check (:class:`Bounded` counts
+    decompressed bytes) nor the size limits would see them.
+
+    Raises:
+        ArchiveError: ``sparse``, ``hard_link``, ``device``, ``fifo`` or ``unsupported_member``.
+    """
+    if ti.issparse() or ti.type == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse.")
+                                                                 for k in ti.pax_headers):
+        raise ArchiveError("sparse", f"member {ti.name!r}: sparse file (would expand beyond its stored bytes)")
     if ti.islnk():
         raise ArchiveError("hard_link", f"member {ti.name!r}: hard link to {ti.linkname!r}")
     if ti.ischr() or ti.isblk():

@@ -40,7 +40,8 @@ from buildidd.kernel.events import Identity
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.procfs import identity_of, mismatch
 from buildidd.store.counters import Tally
-from buildidd.store.layout import DIR_MODE, FILE_MODE, TEMP_INFIX, Layout
+from buildidd.store.layout import DIR_MODE, FILE_MODE, PRIVATE_DIR_MODE, TEMP_INFIX, Layout
+from buildidd.store.origin import dir_closed
 
 COPY_CHUNK_BYTES = 1 << 20
 """Bytes per copy step when not reflinking; ``Store.throttle`` is called after each."""
@@ -240,8 +241,9 @@ class Installer(DataCopier):
             raise StoreError(f"{path}: not the identified file {when}: {why}")
 
     def makedirs(self, directory: Path, done: Installed, mode: int = DIR_MODE) -> None:
-        """mkdir -p, remembering the directories made; each made gets mode (0o750) and root:gid, the last one
-        mode even if it existed."""
+        """mkdir -p, remembering the directories made; each made gets root:gid and DIR_MODE (0o750), the last
+        one mode even if it existed.  For a private entry (PRIVATE_DIR_MODE) so do ``ROOT/<path>`` (which
+        lists its build-ids) and each directory made for a closed source directory (origin.dir_closed)."""
         missing = []
         d = directory
         while not d.is_dir():
@@ -252,7 +254,8 @@ class Installer(DataCopier):
         for d in reversed(missing):
             try:
                 os.mkdir(d, 0o700)
-                self.own(d, mode if d == directory else DIR_MODE)
+                self.own(d, mode if d == directory or (mode == PRIVATE_DIR_MODE and (
+                    d == directory.parent or dir_closed(self.layout.root, d))) else DIR_MODE)
             except FileExistsError:
                 if not d.is_dir():
                     self.tally.count("copy_errors")

@@ -10,11 +10,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from buildidd.store.layout import DEBUG_NAME, ELF_NAME, Entry, Layout, alt_dirs, hex_build_id
+from buildidd.store.layout import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, Entry, Layout, alt_dirs, hex_build_id, \
+    main_file
 from buildidd.store.origin import Origin, read_origin
 
 KINDS = ("elf", "debug")
 """What :meth:`StoreLookups.best` is asked for: the file that ran, or the file with the most symbols."""
+
+TRUSTED, UNTRUSTED, CONFLICT, UNKNOWN = "trusted", "untrusted", "conflict", "unknown"
+PROVENANCES = (TRUSTED, UNTRUSTED, CONFLICT, UNKNOWN)
+"""Where an entry's copies came from (:meth:`StoreLookups.provenance`), one word each:
+
+``trusted``    one content, from a trusted system file (root-owned, not writable by others, under the
+               system directories; :mod:`buildidd.store.origin`), or the kernel's own kallsyms
+``untrusted``  one content, from any other file: owned by a user, outside the system directories,
+               or writable by others; its build-id is only that file's claim
+``conflict``   more than one content claims the build-id (``alt/<sha256>/``); the copy served and
+               archived is the store's best (a trusted one when one was ever stored)
+``unknown``    no origin recorded (an entry perf or an older buildidd made)
+"""
 
 
 class StoreLookups:
@@ -103,6 +117,25 @@ class StoreLookups:
             return False
         origin = read_origin(path.parent)
         return origin is not None and origin.private
+
+    def provenance(self, build_id_hex: str) -> str | None:
+        """The entry's provenance, one of :data:`PROVENANCES`; None when the store does not hold build_id_hex.
+
+        Raises:
+            ValueError: not a build-id in hex.
+        """
+        directory = self._layout.entry_dir(hex_build_id(build_id_hex))
+        main = main_file(directory) if directory is not None else None
+        if main is None:
+            return None
+        if alt_dirs(directory):
+            return CONFLICT
+        if main.name == KALLSYMS_NAME:
+            return TRUSTED
+        origin = read_origin(directory)
+        if origin is None:
+            return UNKNOWN
+        return TRUSTED if origin.trusted else UNTRUSTED
 
     def entries(self) -> list[Entry]:
         """Every entry reachable through a ``.build-id`` link, in build-id order.

@@ -134,6 +134,20 @@ def path_private(path: str) -> bool:
     return False
 
 
+def dir_closed(store_root: Path, store_dir: Path) -> bool:
+    """Whether the source directory a store directory stands for (``/`` + store_dir below store_root) keeps
+    its names from other users: not a directory, no ``o+r`` or no ``o+x``, or not checkable here (lstat).
+
+    The store gives such a directory, when it makes it for a private entry, the private mode: the names
+    in a private directory stay as closed to the control group as they were to other users.
+    """
+    try:
+        st = os.lstat("/" + str(store_dir.relative_to(store_root)))
+    except (OSError, ValueError):
+        return True
+    return not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IROTH and st.st_mode & stat.S_IXOTH)
+
+
 def origin_of(st: os.stat_result, path: str, *, fd_name: str = "") -> Origin:
     """The facts of a source from its fstat and path (the caller's thread does the path's lstat calls).
 
