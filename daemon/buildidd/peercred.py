@@ -1,7 +1,7 @@
 """Who is on the other end of a socket: SO_PEERCRED and the peer's groups; a local TCP peer's uid.
 
 Shared by the control socket (:mod:`buildidd.control.server`) and ``buildidd
-serve`` (:mod:`buildidd.offline.serve_guard`, :mod:`buildidd.offline.serve_sessions`);
+serve`` (:mod:`buildidd.offline.serve.guard`, :mod:`buildidd.offline.serve.sessions`);
 imports no stage.
 """
 

@@ -29,7 +29,7 @@ def _status_fn(socket_path: str):
 def cmd_serve(args) -> int:
     """`buildidd serve`: serve the store (debuginfod protocol), the sessions and metrics until SIGTERM."""
     from buildidd.offline.serve import DEFAULT_LISTEN, ServeOptions, parse_listen, read_token, run
-    from buildidd.offline.serve_guard import GuardLimits
+    from buildidd.offline.serve.guard import GuardLimits
     from buildidd.store.store import group_id
 
     cfg = roots_from_args(args)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from buildidd.offline.serve_metrics import METRICS_KEY, ServeMetrics
+from buildidd.offline.serve.metrics import METRICS_KEY, ServeMetrics
 from buildidd.peercred import peer_credentials, tcp_peer_uid
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ one that asks the control socket: offline never imports control).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -48,7 +49,7 @@ class ServeMetrics:
         lookups: (artifact, result) → build-id lookups; result is ``hit``
             (a file or section was sent), ``miss`` (404) or ``unavailable`` (503).
         refused: reason → connections, requests or answers refused or cut
-            (``serve_guard.REFUSAL_REASONS``).
+            (``guard.REFUSAL_REASONS``).
         log_suppressed: warnings not logged because :meth:`warn`'s rate was reached.
     """
 
@@ -95,7 +96,7 @@ class ServeMetrics:
             self.sent_bytes[route] += max(0, body_bytes)
 
     def lookup(self, artifact: str, result: str) -> None:
-        """Count one build-id lookup: artifact in serve_debuginfod.ARTIFACTS, result hit/miss/unavailable."""
+        """Count one build-id lookup: artifact in debuginfod.ARTIFACTS, result hit/miss/unavailable."""
         with self._lock:
             self.lookups[(artifact, result)] += 1
 
@@ -223,3 +224,28 @@ def _route_of(request: web.BaseRequest) -> str:
 
 METRICS_KEY: web.AppKey[ServeMetrics] = web.AppKey("buildidd_serve_metrics", ServeMetrics)
 """The application's :class:`ServeMetrics`."""
+
+
+STATUS_FN_KEY: web.AppKey = web.AppKey("buildidd_serve_status_fn")
+
+
+GAUGES_KEY: web.AppKey = web.AppKey("buildidd_serve_gauges")
+
+
+def add_routes(app: web.Application, status_fn: "StatusFn | None",
+               gauges: "Callable[[], dict[str, int]]") -> None:
+    """``/metrics`` on app.  status_fn asks the recording daemon for its status (None: the
+    default); gauges gives the server's own gauges (metric name → value) at each scrape."""
+    app[STATUS_FN_KEY] = status_fn
+    app[GAUGES_KEY] = gauges
+    app.router.add_get("/metrics", handle_metrics, allow_head=False)
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    """``/metrics``: the counters and the daemon's status (asked in a thread)."""
+    loop = asyncio.get_running_loop()
+    status, why = await loop.run_in_executor(None, daemon_status, request.app[STATUS_FN_KEY])
+    if why is not None:
+        log.debug("daemon status unavailable: %s", why)
+    text = request.app[METRICS_KEY].render(status, why, request.app[GAUGES_KEY]())
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})

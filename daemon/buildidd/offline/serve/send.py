@@ -1,7 +1,7 @@
 """Sending a held file's bytes: an fd closed exactly once, byte ranges, a section streamed from its file.
 
-Used by :mod:`buildidd.offline.serve_debuginfod` and the archive answers of
-:mod:`buildidd.offline.serve_sessions`.  aiohttp's ``FileResponse`` sends
+Used by :mod:`buildidd.offline.serve.debuginfod` and the archive answers of
+:mod:`buildidd.offline.serve.sessions`.  aiohttp's ``FileResponse`` sends
 whole files (and their ranges) with ``sendfile(2)``; a section is a slice of a
 file, sent here one chunk at a time as the client takes it.
 """

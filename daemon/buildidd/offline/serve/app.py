@@ -3,13 +3,13 @@
 A read-only server on aiohttp (asyncio: one slow client holds one connection,
 never the others; files go out with ``sendfile(2)``, byte ranges included)::
 
-    GET|HEAD /buildid/HEX/executable        the binary            (serve_debuginfod)
+    GET|HEAD /buildid/HEX/executable        the binary            (serve.debuginfod)
     GET|HEAD /buildid/HEX/debuginfo         its debuginfo, else the binary if not stripped
     GET|HEAD /buildid/HEX/section/NAME      a section's raw bytes
     GET|HEAD /buildid/HEX/source/PATH       404: no sources are held
-    GET      /sessions                      the session root's sessions, JSON (serve_sessions)
+    GET      /sessions                      the session root's sessions, JSON (serve.sessions)
     GET|HEAD /sessions/NAME/archive         a session's archive (tar + zstd), Range-able once built
-    GET      /metrics                       Prometheus text (serve_metrics)
+    GET      /metrics                       Prometheus text (serve.metrics)
 
 Access: on a loopback address (``ipaddress``' ``is_loopback``: 127.0.0.0/8 and
 ::1) anyone who can connect gets the build-id lookups and /metrics; on any
@@ -19,10 +19,10 @@ loopback is required there too.  TLS is used when a certificate and key are
 given.  The session logs (``/sessions*``) go only to a caller with rights to
 them: the token, or a peer of the unix-socket listener (``unix_socket``)
 whose SO_PEERCRED is root or a member of the control group
-(:func:`buildidd.offline.serve_sessions.check_access`); loopback TCP cannot
+(:func:`buildidd.offline.serve.sessions.check_access`); loopback TCP cannot
 tell local users apart.
 
-Slow and flooding clients (:mod:`buildidd.offline.serve_guard`): connections
+Slow and flooding clients (:mod:`buildidd.offline.serve.guard`): connections
 are capped below the descriptor limit (the idlest closed first), answers in
 progress per peer and in all, a client that takes no byte for
 ``send_timeout_s`` is cut, archive builds have threads of their own, and a
@@ -48,10 +48,9 @@ from pathlib import Path
 from aiohttp import web
 
 from buildidd.errors import ServeError
-from buildidd.offline import serve_debuginfod as dbg
-from buildidd.offline.serve_guard import GUARD_KEY, GuardLimits, guard_middleware, make_guard, raise_fd_limit
-from buildidd.offline.serve_metrics import METRICS_KEY, CONTENT_TYPE, MetricsAccessLogger, ServeMetrics, StatusFn, \
-    daemon_status
+from buildidd.offline.serve import buildid, debuginfod, metrics, sessions
+from buildidd.offline.serve.guard import GUARD_KEY, GuardLimits, guard_middleware, make_guard, raise_fd_limit
+from buildidd.offline.serve.metrics import METRICS_KEY, MetricsAccessLogger, ServeMetrics, StatusFn
 from buildidd.store import Store
 
 log = logging.getLogger(__name__)
@@ -62,9 +61,7 @@ DEFAULT_LISTEN = "127.0.0.1:8002"
 TOKEN_MAX_BYTES = 4096
 """A token file longer than this is refused (it is read whole)."""
 
-STORE_KEY: web.AppKey[Store] = web.AppKey("buildidd_serve_store", Store)
 OPTIONS_KEY: web.AppKey["ServeOptions"] = web.AppKey("buildidd_serve_options")
-PRIVACY_KEY: web.AppKey[dbg.Privacy] = web.AppKey("buildidd_serve_privacy", dbg.Privacy)
 
 
 @dataclass(frozen=True)
@@ -82,7 +79,7 @@ class ServeOptions:
         spool_dir: where archives are built before and while they are sent; None: a private temporary directory.
         status_fn: returns the recording daemon's status for ``/metrics``; None: not asked.
         share_private: serve store copies marked private (``Config.store_share_private``); else 404.
-        limits: caps and deadlines against slow and flooding clients (:mod:`.serve_guard`).
+        limits: caps and deadlines against slow and flooding clients (:mod:`.guard`).
         unix_socket: also listen on this unix socket (mode 0666: its peers are told apart by SO_PEERCRED); "" none.
         group_gid: the control group's gid: its members (and root) get the session logs over the unix socket.
     """
@@ -173,88 +170,6 @@ async def _auth(request: web.Request, handler):
     return await handler(request)
 
 
-async def _lookup(request: web.Request, artifact: str, find: Callable[[], object]):
-    """Run a store lookup in a thread; count it; 503 for Unavailable (logged at a limited rate)."""
-    loop = asyncio.get_running_loop()
-    metrics = request.app[METRICS_KEY]
-    try:
-        return await loop.run_in_executor(None, find)
-    except dbg.Unavailable as e:
-        metrics.lookup(artifact, "unavailable")
-        metrics.warn(log, "503: %s", e)
-        raise dbg.unavailable(e) from e
-
-
-async def _send_held(request: web.Request, artifact: str, held: dbg.Held | None) -> web.StreamResponse:
-    metrics = request.app[METRICS_KEY]
-    if held is None:
-        metrics.lookup(artifact, "miss")
-        raise web.HTTPNotFound(text="not held\n")
-    resp = await _lookup(request, artifact, lambda: dbg.open_held(held))
-    metrics.lookup(artifact, "hit")
-    return resp
-
-
-async def handle_artifact(request: web.Request) -> web.StreamResponse:
-    """``/buildid/HEX/executable`` and ``/buildid/HEX/debuginfo``."""
-    bid = dbg.check_build_id(request.match_info["build_id"])
-    artifact = request.match_info["artifact"]
-    store, privacy = request.app[STORE_KEY], request.app[PRIVACY_KEY]
-    if artifact == "executable":
-        held = await _lookup(request, artifact, lambda: dbg.find_executable(store, bid, privacy))
-    elif artifact == "debuginfo":
-        held = await _lookup(request, artifact, lambda: dbg.find_debuginfo(store, bid, privacy))
-    else:
-        raise web.HTTPBadRequest(text=f"unknown artifact type {artifact!r}\n")
-    return await _send_held(request, artifact, held)
-
-
-async def handle_section(request: web.Request) -> web.StreamResponse:
-    """``/buildid/HEX/section/NAME``: from the debuginfo, else the executable."""
-    bid = dbg.check_build_id(request.match_info["build_id"])
-    name = dbg.check_section_name(request.match_info["name"])
-    store, privacy = request.app[STORE_KEY], request.app[PRIVACY_KEY]
-
-    def find():
-        files = [h for h in (dbg.find_debuginfo(store, bid, privacy), dbg.find_executable(store, bid, privacy))
-                 if h is not None]
-        section = dbg.find_section(files, name) if files else None
-        return dbg.open_section(section, name) if section is not None else None
-
-    resp = await _lookup(request, "section", find)
-    if resp is None:
-        request.app[METRICS_KEY].lookup("section", "miss")
-        raise web.HTTPNotFound(text="no such section held\n")
-    request.app[METRICS_KEY].lookup("section", "hit")
-    return resp
-
-
-async def handle_source(request: web.Request) -> web.StreamResponse:
-    """``/buildid/HEX/source/PATH``: sources are never held; 404 after validation."""
-    dbg.check_build_id(request.match_info["build_id"])
-    dbg.check_source_path(request.match_info["path"])
-    request.app[METRICS_KEY].lookup("source", "miss")
-    raise web.HTTPNotFound(text="sources are not held\n")
-
-
-async def handle_bad_buildid(request: web.Request) -> web.StreamResponse:
-    """Any other ``/buildid/...`` shape: 400."""
-    raise web.HTTPBadRequest(text="expected /buildid/HEX/{executable,debuginfo,section/NAME,source/PATH}\n")
-
-
-async def handle_metrics(request: web.Request) -> web.Response:
-    """``/metrics``: the counters and the daemon's status (asked in a thread)."""
-    loop = asyncio.get_running_loop()
-    status, why = await loop.run_in_executor(None, daemon_status, request.app[OPTIONS_KEY].status_fn)
-    if why is not None:
-        log.debug("daemon status unavailable: %s", why)
-    guard = request.app[GUARD_KEY]
-    gauges = {"buildidd_serve_connections": guard.open_connections(), "buildidd_serve_connections_max": guard.cap,
-              "buildidd_serve_streams": guard.streams}
-    text = request.app[METRICS_KEY].render(status, why, gauges)
-    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
-
-
 def make_app(opts: ServeOptions, store: Store | None = None, fd_limit: int | None = None) -> web.Application:
     """The aiohttp application of :func:`run` (tests may serve it themselves).
 
@@ -263,21 +178,22 @@ def make_app(opts: ServeOptions, store: Store | None = None, fd_limit: int | Non
     """
     app = web.Application(middlewares=[_auth, guard_middleware], client_max_size=1024)
     app[OPTIONS_KEY] = opts
-    app[STORE_KEY] = store if store is not None else Store(opts.store_root)
-    app[PRIVACY_KEY] = dbg.Privacy(opts.share_private)
     app[METRICS_KEY] = ServeMetrics()
     make_guard(app, opts.limits, fd_limit)
-    app.router.add_get("/buildid/{build_id}/section/{name}", handle_section)
-    app.router.add_get("/buildid/{build_id}/source/{path:.+}", handle_source)
-    app.router.add_get("/buildid/{build_id}/{artifact}", handle_artifact)
-    app.router.add_route("*", "/buildid/{tail:.*}", handle_bad_buildid)
-    app.router.add_get("/metrics", handle_metrics, allow_head=False)
+    buildid.add_routes(app, store if store is not None else Store(opts.store_root),
+                       debuginfod.Privacy(opts.share_private))
+    metrics.add_routes(app, opts.status_fn, lambda: _gauges(app))
     if opts.session_root:
-        from buildidd.offline import serve_sessions
-        serve_sessions.add_routes(app, serve_sessions.SessionsOptions(
+        sessions.add_routes(app, sessions.SessionsOptions(
             opts.session_root, opts.store_root, opts.spool_dir, opts.share_private,
             token_required=opts.token is not None, group_gid=opts.group_gid))
     return app
+
+
+def _gauges(app: web.Application) -> dict[str, int]:
+    guard = app[GUARD_KEY]
+    return {"buildidd_serve_connections": guard.open_connections(), "buildidd_serve_connections_max": guard.cap,
+            "buildidd_serve_streams": guard.streams}
 
 
 def _ssl_context(opts: ServeOptions) -> ssl.SSLContext | None:

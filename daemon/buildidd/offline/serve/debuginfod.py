@@ -1,4 +1,4 @@
-"""The debuginfod protocol over the build-id store: ``/buildid/HEX/{executable,debuginfo,section/NAME,source/PATH}``.
+"""What the debuginfod protocol serves from the build-id store (``/buildid/HEX/{executable,debuginfo,section/NAME,source/PATH}``, routed by :mod:`buildidd.offline.serve.buildid`).
 
 What a client expects, from elfutils (debuginfod/debuginfod.cxx, the server;
 debuginfod-client.c, the client; both 0.188, Debian 12) and the protocol's man
@@ -25,8 +25,8 @@ page debuginfod(8), "WEBAPI":
 debuginfod-client.c ``cache_miss_default_s``).  A file that is held but cannot
 be opened or read right now (EACCES, EIO, a link whose target is unreadable)
 is therefore answered 503 with ``Retry-After``, never 404 or 500, and logged.
-(Measured: the 0.188 client maps every HTTP error to ENOENT and caches even
-the 503; newer clients and the federating server tell it apart.)
+(elfutils 0.188's client maps every HTTP error to ENOENT and caches even the
+503; newer clients and the federating server tell it apart.)
 
 The store is read only through :class:`buildidd.store.Store`'s public lookups
 and perf's cache layout (``elf``, ``debug``, ``vmlinux`` in the entry directory
@@ -54,7 +54,7 @@ from aiohttp import web
 from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.elffile import ELFFile
 
-from buildidd.offline.serve_send import OpenFd, SectionResponse, refuse_zero_suffix
+from buildidd.offline.serve.send import OpenFd, SectionResponse, refuse_zero_suffix
 from buildidd.store import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, VDSO_NAME, Store
 
 log = logging.getLogger(__name__)

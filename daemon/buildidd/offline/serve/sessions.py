@@ -17,7 +17,7 @@ Spool files live in ``spool_dir`` (named ``NAME.ETAG.tar.zst``); older ones
 are removed, oldest first, when the directory holds more than
 :data:`SPOOL_MAX_BYTES` (files being sent stay readable until closed).
 
-Archives are built on the spool's own threads (``serve_guard.ARCHIVE_WORKERS``),
+Archives are built on the spool's own threads (``guard.ARCHIVE_WORKERS``),
 never the loop's default executor that lookups use; a client that takes no
 byte of a streamed archive for ``send_timeout_s`` is cut and the spool
 completed.  Both routes answer only a caller with rights to the session logs
@@ -44,9 +44,9 @@ from aiohttp import web
 
 from buildidd.errors import BuildiddError
 from buildidd.offline.archive import write_archive
-from buildidd.offline.serve_guard import ARCHIVE_WORKERS, GUARD_KEY, Cut
-from buildidd.offline.serve_metrics import METRICS_KEY
-from buildidd.offline.serve_send import refuse_zero_suffix
+from buildidd.offline.serve.guard import ARCHIVE_WORKERS, GUARD_KEY, Cut
+from buildidd.offline.serve.metrics import METRICS_KEY
+from buildidd.offline.serve.send import refuse_zero_suffix
 from buildidd.offline.sessions import list_sessions
 from buildidd.peercred import in_group
 from buildidd.sessionlog import list_segments

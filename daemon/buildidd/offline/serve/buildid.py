@@ -1,0 +1,104 @@
+"""The ``/buildid/...`` routes of ``buildidd serve`` (the debuginfod protocol) and their handlers.
+
+Lookups run in threads (the store is a file tree; a slow disk holds one
+thread, never the loop) through :mod:`buildidd.offline.serve.debuginfod`,
+which decides what is held and may be served; each is counted in /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+
+from buildidd.offline.serve import debuginfod as dbg
+from buildidd.offline.serve.metrics import METRICS_KEY
+from buildidd.store import Store
+
+log = logging.getLogger(__name__)
+
+__all__ = ["add_routes"]
+
+STORE_KEY: web.AppKey[Store] = web.AppKey("buildidd_serve_store", Store)
+PRIVACY_KEY: web.AppKey[dbg.Privacy] = web.AppKey("buildidd_serve_privacy", dbg.Privacy)
+
+
+def add_routes(app: web.Application, store: Store, privacy: dbg.Privacy) -> None:
+    """The ``/buildid/...`` routes of app, answering from store with privacy's rules."""
+    app[STORE_KEY] = store
+    app[PRIVACY_KEY] = privacy
+    app.router.add_get("/buildid/{build_id}/section/{name}", handle_section)
+    app.router.add_get("/buildid/{build_id}/source/{path:.+}", handle_source)
+    app.router.add_get("/buildid/{build_id}/{artifact}", handle_artifact)
+    app.router.add_route("*", "/buildid/{tail:.*}", handle_bad_buildid)
+
+
+async def _lookup(request: web.Request, artifact: str, find: Callable[[], object]):
+    """Run a store lookup in a thread; count it; 503 for dbg.Unavailable (logged at a limited rate)."""
+    loop = asyncio.get_running_loop()
+    metrics = request.app[METRICS_KEY]
+    try:
+        return await loop.run_in_executor(None, find)
+    except dbg.Unavailable as e:
+        metrics.lookup(artifact, "dbg.unavailable")
+        metrics.warn(log, "503: %s", e)
+        raise dbg.unavailable(e) from e
+
+
+async def _send_held(request: web.Request, artifact: str, held: dbg.Held | None) -> web.StreamResponse:
+    metrics = request.app[METRICS_KEY]
+    if held is None:
+        metrics.lookup(artifact, "miss")
+        raise web.HTTPNotFound(text="not held\n")
+    resp = await _lookup(request, artifact, lambda: dbg.open_held(held))
+    metrics.lookup(artifact, "hit")
+    return resp
+
+
+async def handle_artifact(request: web.Request) -> web.StreamResponse:
+    """``/buildid/HEX/executable`` and ``/buildid/HEX/debuginfo``."""
+    bid = dbg.check_build_id(request.match_info["build_id"])
+    artifact = request.match_info["artifact"]
+    store, privacy = request.app[STORE_KEY], request.app[PRIVACY_KEY]
+    if artifact == "executable":
+        held = await _lookup(request, artifact, lambda: dbg.find_executable(store, bid, privacy))
+    elif artifact == "debuginfo":
+        held = await _lookup(request, artifact, lambda: dbg.find_debuginfo(store, bid, privacy))
+    else:
+        raise web.HTTPBadRequest(text=f"unknown artifact type {artifact!r}\n")
+    return await _send_held(request, artifact, held)
+
+
+async def handle_section(request: web.Request) -> web.StreamResponse:
+    """``/buildid/HEX/section/NAME``: from the debuginfo, else the executable."""
+    bid = dbg.check_build_id(request.match_info["build_id"])
+    name = dbg.check_section_name(request.match_info["name"])
+    store, privacy = request.app[STORE_KEY], request.app[PRIVACY_KEY]
+
+    def find():
+        files = [h for h in (dbg.find_debuginfo(store, bid, privacy), dbg.find_executable(store, bid, privacy))
+                 if h is not None]
+        section = dbg.find_section(files, name) if files else None
+        return dbg.open_section(section, name) if section is not None else None
+
+    resp = await _lookup(request, "section", find)
+    if resp is None:
+        request.app[METRICS_KEY].lookup("section", "miss")
+        raise web.HTTPNotFound(text="no such section held\n")
+    request.app[METRICS_KEY].lookup("section", "hit")
+    return resp
+
+
+async def handle_source(request: web.Request) -> web.StreamResponse:
+    """``/buildid/HEX/source/PATH``: sources are never held; 404 after validation."""
+    dbg.check_build_id(request.match_info["build_id"])
+    dbg.check_source_path(request.match_info["path"])
+    request.app[METRICS_KEY].lookup("source", "miss")
+    raise web.HTTPNotFound(text="sources are not held\n")
+
+
+async def handle_bad_buildid(request: web.Request) -> web.StreamResponse:
+    """Any other ``/buildid/...`` shape: 400."""
+    raise web.HTTPBadRequest(text="expected /buildid/HEX/{executable,debuginfo,section/NAME,source/PATH}\n")
