@@ -273,7 +273,12 @@ class BtfBlob:
         if len(offsets) - 1 > _BTF_MAX_TYPE:
             raise self._fail(f"{len(offsets) - 1} types, more than BTF_MAX_TYPE")
         self._offsets = offsets
+        self._index_names(named)
 
+    def _index_names(self, named: list[int]) -> None:
+        """The name index (namespace → name → first type id) of the named records, their
+        duplicates, and the pointer size."""
+        data, offsets, unpack = self._data, self._offsets, _TYPE.unpack_from
         index: dict[str, dict[str, int]] = {ns: {} for ns in set(_INDEXED_NS.values())}
         dups: dict[tuple[str, str], list[int]] = {}
         name_of = self._name
