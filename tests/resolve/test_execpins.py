@@ -121,6 +121,26 @@ def test_pins_are_bounded(pins, tmp_path):
     assert all(p.take(i) is None for i in idents[:3])       # the oldest were closed at the cap
 
 
+def test_a_users_flood_of_execs_closes_that_users_pins_not_roots(pins, tmp_path, attacker, public_tmp_factory):
+    from conftest import as_user
+    p = pins(max_files=8, ttl_s=60)
+    (root_ident,) = _run_variants(tmp_path, 1)               # root's program, pinned first (the oldest)
+    assert _wait(lambda: p.status()["pinned"] >= 1)
+    work = public_tmp_factory()
+    for i in range(20):                                       # the user's own programs, each its own inode
+        prog = work / f"u{i}"
+        shutil.copy("/bin/true", prog)
+        with open(prog, "ab") as f:
+            f.write(bytes([i]))
+        os.chown(prog, attacker[0], attacker[1])
+    r = as_user(attacker, ["sh", "-c", f"for i in $(seq 0 19); do {work}/u$i; done"])
+    assert r.returncode == 0, r.stderr
+    assert _wait(lambda: p.status()["file_cap"] >= 13)
+    fd = p.take(root_ident)                                   # root's pin outlived the flood
+    assert fd is not None
+    os.close(fd)
+
+
 def test_a_pin_nobody_takes_expires(pins, tmp_path):
     p = pins(max_files=64, ttl_s=1)
     (ident,) = _run_variants(tmp_path, 1)

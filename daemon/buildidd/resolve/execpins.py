@@ -22,8 +22,9 @@ execs make no event until it is modified (an ignore mask is cleared by a
 modification unless ``FAN_MARK_IGNORED_SURV_MODIFY``) or its inode leaves
 the cache (an evictable mark never pins an inode).
 
-Bounds: at most ``max_files`` pins (the oldest is closed beyond it, counted
-``file_cap``); the group's queue is the kernel's default (16,384 events), an
+Bounds: at most ``max_files`` pins (beyond it the oldest pin of the user,
+other than root, whose files hold the most is closed, counted ``file_cap``:
+one user's flood of execs closes that user's pins first); the group's queue is the kernel's default (16,384 events), an
 overflow is counted (``overflow``).  Only file systems whose contents the
 kernel serves itself are marked (:data:`PINNABLE_FS`): reading a FUSE
 event would make the kernel call the FUSE server to open the file, on this
@@ -461,9 +462,20 @@ class ExecPins:
             self._pins.move_to_end(key)
             self.stats["pinned"] += 1
             while len(self._pins) > self.policy.max_files:
-                _k, gone = self._pins.popitem(last=False)
+                gone = self._pins.pop(self._victim())
                 os.close(gone.fd)
                 self.stats["file_cap"] += 1
+
+    def _victim(self) -> tuple[int, int]:
+        """The pin closed at the cap (lock held): the oldest of the user (st_uid other than root)
+        holding the most pins, so that one user exec'ing many files of their own closes their
+        own pins first, never root's or another user's; the oldest of all when only root's are
+        held."""
+        owners = collections.Counter(pin.st.st_uid for pin in self._pins.values() if pin.st.st_uid != 0)
+        if not owners:
+            return next(iter(self._pins))
+        uid = owners.most_common(1)[0][0]
+        return next(k for k, pin in self._pins.items() if pin.st.st_uid == uid)
 
     def _expire(self) -> None:
         now = time.monotonic()
