@@ -10,7 +10,8 @@ import time
 import pytest
 
 from buildidd.kernel.events import Identity
-from buildidd.resolve.execpins import ExecPins, PinPolicy, pinnable_mounts
+from buildidd.resolve.execpins import ExecPins, PinPolicy
+from buildidd.resolve.fanotify import pinnable_mounts
 
 from conftest import need
 
