@@ -7,7 +7,6 @@ import logging
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from buildidd.cli.common import (add_session_options, config_from_args, duration_arg, listening_pid,
@@ -20,88 +19,29 @@ log = logging.getLogger("buildidd")
 
 
 def cmd_run(args) -> int:
-    """`buildidd run`: record the host until SIGTERM/SIGINT (or --duration); SIGHUP reloads and rotates."""
-    from buildidd.cli.service import Signals, Ticker, notify, watchdog_interval_s
-
+    """`buildidd run`: record the host until SIGTERM/SIGINT (or --duration); SIGHUP reloads and rotates
+    (the lifecycle: cli.daemon.Daemon)."""
     cfg = config_from_args(args)
     require_recording_privileges("run")
     heap.configure()       # before any worker thread allocates
     if cfg.control_socket and (pid := listening_pid(cfg.control_socket)) is not None:
         raise BuildiddError(f"another buildidd (pid {pid}) already listens on {cfg.control_socket}; stop it "
                             "first (systemctl stop buildidd), or give this one --control-socket PATH or ''")
-    from buildidd.capture.loop import QUIET_MAX_S
-    from buildidd.capture.recorder import Recorder
-    signals = Signals()
-    rec = Recorder(cfg, session_dir=args.session_dir)
-    log.info("loading BPF programs and synthesizing running processes ...")
-    rec.start()
-    rec.wake_on_signals()
-    server = None
-    if cfg.control_socket:
-        from buildidd.control.handlers import make_handlers
-        from buildidd.control.server import ControlServer, ServerOptions
-        server = ControlServer(cfg.control_socket, make_handlers(rec), ServerOptions(group=cfg.control_group))
-        try:
-            server.start()
-        except FileExistsError as e:  # a second daemon started meanwhile, or not a socket
-            rec.close()
-            raise BuildiddError(f"control socket {cfg.control_socket}: {e.strerror}; stop the other buildidd "
-                                "(systemctl stop buildidd) or give --control-socket PATH") from e
-    notify(f"READY=1\nSTATUS=recording into {rec.session_dir}")
-    log.info("recording into %s (ready in %.2f s, %d mappings synthesized)",
-             rec.session_dir, rec.ready_s, rec.stats.synthesized)
-    status = Ticker(2.0, lambda: notify(f"STATUS={rec.status_line()}"))
-    # WATCHDOG=1 only while the recording loop completes steps: a thread stuck
-    # in one stops the pings, and systemd restarts the unit (WatchdogSec=).
-    wd_s = watchdog_interval_s()
-    watchdog = Ticker(wd_s, lambda: rec.guard.progressing(wd_s) and notify("WATCHDOG=1"))
-    trim = Ticker(heap.TRIM_INTERVAL_S, heap.trim)   # first at the first tick: what start-up left free
-
-    def tick():
-        now = time.monotonic()
-        status.poke(now)
-        watchdog.poke(now)
-        trim.poke(now)
-        if signals.reload:
-            signals.reload = False
-            try:
-                rec.reconfigure(config_from_args(args))
-                log.info("configuration reloaded")
-            except BuildiddError as e:
-                log.error("reload failed, keeping the old configuration: %s", e)
-            rec.rotate()
-
-    def should_stop():
-        return signals.stop or (args.duration is not None
-                                and time.monotonic() - rec.started_mono >= args.duration)
-
-    def quiet_s():
-        """How long an idle loop may wait without a step: not past the next WATCHDOG=1 (sent by
-        the tick after a step) nor --duration."""
-        now = time.monotonic()
-        bound = QUIET_MAX_S
-        if wd_s is not None:
-            bound = min(bound, watchdog.next - now)
-        if args.duration is not None:
-            bound = min(bound, args.duration - (now - rec.started_mono))
-        return bound
-
+    from buildidd.cli.daemon import Daemon
+    daemon = Daemon(cfg, lambda: config_from_args(args), session_dir=args.session_dir, duration_s=args.duration)
+    daemon.start()
     profiler = None
     if args.profile:
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
     try:
-        rec.run(should_stop, tick, quiet_s)
+        daemon.run()
     finally:
-        notify("STOPPING=1")
-        if server is not None:
-            server.stop()
-        rec.close()
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
-    log.info("session closed: %s", rec.session_dir)
+    log.info("session closed: %s", daemon.rec.session_dir)
     return 0
 
 
