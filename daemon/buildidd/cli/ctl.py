@@ -4,32 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 
 from buildidd.cli.common import add_client_options, daemon_request, paragraph
-from buildidd.errors import BuildiddError, PrivilegeError, UsageError
-
-_HEX_RE = re.compile(r"(0[xX])?([0-9a-fA-F]{1,16})")
-_DEC_RE = re.compile(r"[0-9]{1,20}")
-
-
-def parse_address(text: str, *, decimal: bool = False) -> int:
-    """A user-space address as people paste it: hex as /proc/PID/maps and perf print it
-    (``7f3c75c44000``), hex with ``0x``, or decimal when decimal is set (``0x`` still means hex).
-
-    Raises:
-        UsageError: not one of those forms, or above 2**64 - 1.
-    """
-    text = text.strip()
-    m = _HEX_RE.fullmatch(text)
-    if decimal and not (m and m.group(1)):
-        if _DEC_RE.fullmatch(text) and int(text) < 1 << 64:
-            return int(text)
-    elif m:
-        return int(m.group(2), 16)
-    raise UsageError(f"address {text[:40]!r}: give hex as /proc/PID/maps and perf print it "
-                     "(7f3c75c44000 or 0x7f3c75c44000), or decimal with --decimal")
-
+from buildidd.errors import BuildiddError, PrivilegeError
+from buildidd.inputs import parse_address
 
 def _human_status(s: dict) -> str:
     lines = [f"session   {s['session']}  ({s['session_dir']})",

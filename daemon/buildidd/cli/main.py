@@ -71,8 +71,8 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-#: Options whose value may start with "-" (journalctl's relative times: --since -1h).
-_DASHED_VALUES = ("--since", "--until")
+#: Options whose value may start with "-" (relative times as journalctl's: --since -1h, --time -40s).
+_DASHED_VALUES = ("--since", "--until", "--time")
 
 
 def _attach_dashed_values(argv: list[str]) -> list[str]:
