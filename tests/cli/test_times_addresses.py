@@ -3,6 +3,7 @@ its message and exit status (no BPF needed: sessions are written by the session 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -116,3 +117,17 @@ def test_show_type_resolution(tmp_path):
     _live_session(tmp_path / "s")
     r = _cli("show", str(tmp_path / "s"), "--type", "resolution", "--json")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 1 and '"type":"resolution"' in r.stdout
+
+
+def test_a_reader_gone_is_silent_for_every_printing_verb(tmp_path):
+    _live_session(tmp_path / "s")
+    s = str(tmp_path / "s")
+    for verb in (["help-man"], ["show", s], ["show", s, "--json"], ["buildid-list", s, "--json"],
+                 ["resolve", s, "100", "1800", "--store-root", ""], ["--help"]):
+        rd, wr = os.pipe()
+        os.close(rd)                       # as `| head -c100` after its 100 bytes
+        try:
+            r = subprocess.run([*BUILDIDD, *verb], stdout=wr, stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(wr)
+        assert (r.returncode, r.stderr) == (0, ""), verb

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from buildidd import __version__
@@ -92,14 +93,34 @@ def _attach_dashed_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse, set up logging, run the subcommand; returns the exit status (see module doc)."""
-    args = build_parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else list(argv)))
+    """Entry point: parse, set up logging, run the subcommand; returns the exit status (see module doc).
+
+    A reader of stdout that is gone (``buildidd status --json | head -c100``) has what it wanted:
+    nothing is said, exit status 0.
+    """
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing more to flush at exit
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else list(argv)))
+    except SystemExit:
+        sys.stdout.flush()        # --help, --version: a reader gone is caught by main()
+        raise
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     from buildidd.cli.service import setup_logging
     setup_logging(args.verbose)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()        # here, not at exit: a reader gone (`| head`) is then caught below
+        return rc
+    except BrokenPipeError:
+        raise                     # main(): the reader is gone
     except BuildiddError as e:
         log.error("%s", _one_line(e), exc_info=args.verbose)
         return e.exit_code

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from buildidd.cli.common import (add_session_options, config_from_args, duration_arg, listening_pid,
                                  require_recording_privileges)
-from buildidd import heap
+from buildidd import clock, heap
 from buildidd.errors import BuildiddError, UsageError
 from buildidd.sessionlog import read_session
 
@@ -66,8 +66,11 @@ def cmd_run(args) -> int:
             signals.reload = False
             try:
                 rec.reconfigure(config_from_args(args))
+                rec.last_reload = {"time_ns": clock.boot_ns(), "ok": True, "error": None}
                 log.info("configuration reloaded")
             except BuildiddError as e:
+                rec.last_reload = {"time_ns": clock.boot_ns(), "ok": False, "error": str(e)}
+                rec.last_errors.append({"time_ns": rec.last_reload["time_ns"], "error": f"config reload: {e}"})
                 log.error("reload failed, keeping the old configuration: %s", e)
             rec.rotate()
 
