@@ -231,11 +231,10 @@ def cmd_resolve(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """`buildidd export --perf SESSION -o FILE`: the session's mapping history as perf.data."""
+    """`buildidd export SESSION -o FILE`: the session's mapping history as perf.data (the one format;
+    ``--perf`` is accepted and changes nothing)."""
     from buildidd.offline.perfdata import export_perf
 
-    if not args.perf:
-        raise UsageError("export: choose a format (--perf)")
     cfg = roots_from_args(args)
     session = resolve_session(args.session, cfg.session_root)
     stats = export_perf(session, args.output)
@@ -275,9 +274,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per answer")
     p.set_defaults(func=cmd_resolve)
 
-    p = sub.add_parser("export", help="a session's mapping history as perf.data (--perf)")
+    p = sub.add_parser("export", help="a session's mapping history as perf.data")
     _session_arg(p)
     add_roots_options(p)
-    p.add_argument("--perf", action="store_true", help="write perf.data (the one format)")
+    p.add_argument("--perf", action="store_true", help="write perf.data: the one format and the default")
     p.add_argument("-o", "--output", required=True, help="output file")
     p.set_defaults(func=cmd_export)
