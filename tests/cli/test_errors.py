@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from buildidd.cli.common import missing_capabilities
+from conftest import public_python
 from buildidd.control.handlers import make_handlers
 from buildidd.control.server import ControlServer, ServerOptions
 
@@ -21,7 +22,11 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
 def _run(*args, prefix=(), **kw):
-    return subprocess.run([*prefix, *BUILDIDD, *args], capture_output=True, text=True, timeout=120, **kw)
+    """buildidd with args; with a prefix (another user), through a Python that user can reach, in /."""
+    cli = [public_python(), *BUILDIDD[1:]] if prefix else BUILDIDD
+    if prefix:
+        kw.setdefault("cwd", "/")
+    return subprocess.run([*prefix, *cli, *args], capture_output=True, text=True, timeout=120, **kw)
 
 
 def _one_line(r) -> str:

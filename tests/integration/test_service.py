@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import need, session_records
+from conftest import need, public_checkout, session_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,10 +127,13 @@ def test_sighup_rotates(bpf, tmp_path):
 
 
 def _install(dest: Path, *prefix: str, path_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """DESTDIR=dest scripts/install; with a prefix (another user), the copy of the checkout that user can read."""
     env = {**os.environ, "DESTDIR": str(dest), "HOME": "/nonexistent"}
     if path_dir is not None:
         env["PATH"] = f"{path_dir}:{env['PATH']}"
-    return subprocess.run([*prefix, str(ROOT / "scripts" / "install")], env=env, capture_output=True, text=True)
+    root = public_checkout() if prefix else ROOT
+    return subprocess.run([*prefix, str(root / "scripts" / "install")], env=env, capture_output=True, text=True,
+                          cwd="/" if prefix else None, timeout=600)
 
 
 def test_unit_verifies_and_is_hardened(tmp_path):
