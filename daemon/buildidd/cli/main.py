@@ -92,6 +92,17 @@ def _attach_dashed_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _permission_hint(path) -> str:
+    """What to do about a permission refused on path: run as root, or the option naming a directory of
+    one's own when path lies under the system's session or store root."""
+    from buildidd.config import Config
+    path = str(path or "")
+    for root, option in ((Config.session_root, "--session-root"), (Config.store_root, "--store-root")):
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            return f"run as root, or give {option} DIR (a directory of yours)"
+    return "run as root"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: parse, set up logging, run the subcommand; returns the exit status (see module doc).
 
@@ -125,7 +136,7 @@ def _main(argv: list[str] | None) -> int:
         log.error("%s", _one_line(e), exc_info=args.verbose)
         return e.exit_code
     except PermissionError as e:
-        log.error("%s; run as root", _one_line(e), exc_info=args.verbose)
+        log.error("%s; %s", _one_line(e), _permission_hint(getattr(e, "filename", None)), exc_info=args.verbose)
         return 4
     except OSError as e:
         log.error("%s", _one_line(e), exc_info=args.verbose)

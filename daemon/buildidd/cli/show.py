@@ -26,7 +26,7 @@ from pathlib import Path
 import zstandard
 
 from buildidd import config as configmod
-from buildidd.cli.common import paragraph, resolve_session
+from buildidd.cli.common import effective_session_root, paragraph, resolve_session
 from buildidd.errors import SessionLogError, UsageError
 from buildidd.inputs import SessionClock
 from buildidd.sessionlog import list_segments, read_session
@@ -276,7 +276,7 @@ def cmd_show(args) -> int:
         BuildiddError: not a session; UsageError: a malformed filter.
     """
     cfg = configmod.load(args.config, required=args.config != configmod.DEFAULT_CONFIG_PATH)
-    session = resolve_session(args.session, args.session_root or cfg.session_root)
+    session = resolve_session(args.session, effective_session_root(cfg.session_root, args.session_root))
     all_segments = list_segments(session)
     head = _session_head(all_segments)
     offset_ns = head.get("boot_to_wall_offset_ns") if head else None
@@ -319,7 +319,8 @@ def register(sub) -> None:
     show.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
                       help="TOML configuration file giving session_root (default %(default)s; absent is fine)")
     show.add_argument("--session-root", metavar="DIR", help="where to look for a session name "
-                      "(default from the config: %s)" % configmod.Config.session_root)
+                      "(default from the config: %s; for a user other than root: $XDG_DATA_HOME/buildidd/sessions, "
+                      "then the system's when readable)" % configmod.Config.session_root)
     show.add_argument("--since", metavar="TIME", help="only records at or after TIME: ns since boot, perf's "
                       "sec.usec, ISO 8601 (2026-11-23T14:05, local unless a zone is given), HH:MM[:SS] today, "
                       "now/today/yesterday, or relative: -40s, -30min, -1h")
