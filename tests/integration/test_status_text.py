@@ -57,12 +57,15 @@ def test_status_text_reload_failure_quota_lines_and_closed_pipe(bpf, tmp_path):
         assert s["last_step_s_ago"] >= 0
         text = _status(ctl)
         assert re.search(r"^skipped   \d+ copies: .*quota \d+: raise store_quota_bytes \(now 64K\)", text, re.M), text
-        assert re.search(rf"^sessions  1 under {re.escape(str(tmp_path / 's'))}: \d+\.\d MiB of 5120\.0 MiB "
+        assert re.search(rf"^sessions  1 under {re.escape(str(tmp_path / 's'))}: \d+\.\d [KM]iB of 5\.0 GiB "
                          r"\(session_max_total_bytes\), each kept 30 d \(session_max_age_s\)$", text, re.M), text
-        assert re.search(r"^log       \d+ records, \d+\.\d MiB written, 0 segments closed \(segment_max_bytes 64M\); "
+        assert re.search(r"^log       \d+ records, \d+\.\d [KM]iB written, 0 segments closed \(segment_max_bytes 64M\); "
                          r"0 write errors$", text, re.M), text
         assert re.search(r"^store     last error: quota: ", text, re.M), text
         assert "last step" in text and "-0." not in text.splitlines()[1]
+        assert re.search(r"^resolve   \d+ workers \(0 stuck on a slow file, \d+ queued\), deadline 0\.2 s "
+                         r"\(resolve_deadline_s\): \d+ timed out, \d+ answers pending; hand-overs \d+ dropped$",
+                         text, re.M), text
 
         # A loss as the kernel reports it reads with the key that helps (the count itself cannot be
         # provoked on demand: the text of this daemon's own status, with one).

@@ -28,7 +28,12 @@ SKIP_HINTS = {"quota": "raise store_quota_bytes{store_quota_bytes}",
 
 
 def _mib(n) -> str:
-    return f"{(n or 0) / 2**20:.1f} MiB"
+    """Bytes for a reader: KiB below a MiB, MiB below a GiB, else GiB (one decimal)."""
+    n = n or 0
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
 
 
 def _hint(table: dict, key: str, limits: dict) -> str:
@@ -132,6 +137,12 @@ def _human_status(s: dict) -> str:
             line += (f"; memo {km['hits']} hits, {km['fills']} filled, {km['confirms']} confirmed, "
                      f"{km['writer_skips']} skipped (file open for writing)")
         lines.append(line)
+    res = s.get("resolve")
+    if res:
+        lines.append(f"resolve   {res.get('threads', 0)} workers ({res.get('stuck', 0)} stuck on a slow file, "
+                     f"{res.get('queued', 0)} queued), deadline {res.get('deadline_s', 0):g} s (resolve_deadline_s): "
+                     f"{res.get('timeouts', 0)} timed out, {res.get('pending', 0)} answers pending; hand-overs "
+                     f"{res.get('handovers_dropped', 0)} dropped")
     lines += _log_lines(s, limits)
     snap = s.get("snapshots")
     if snap:
