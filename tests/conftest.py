@@ -183,22 +183,108 @@ def attacker():
     return pw.pw_uid, pw.pw_gid, ATTACKER_NAME
 
 
+ROOT = Path(__file__).resolve().parent.parent
+_PUBLIC: dict[str, Path] = {}
+
+
+def _public_dir(prefix: str) -> Path:
+    """A new 0755 directory under /tmp, removed when the test session ends."""
+    import atexit
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(d, 0o755)
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+def _copy_public(src: Path, dst: Path, ignore=None) -> None:
+    """copytree that hard-links files where it can (same file system), then makes dst readable by all."""
+    def link_or_copy(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+    shutil.copytree(src, dst, symlinks=True, ignore=ignore, copy_function=link_or_copy)
+    _readable(dst)
+
+
+def _readable(top: Path) -> None:
+    """Every directory under top 0755, every file readable by all (modes otherwise kept)."""
+    for d, dirs, files in os.walk(top):
+        os.chmod(d, 0o755)
+        for name in files:
+            f = os.path.join(d, name)
+            if not os.path.islink(f):
+                os.chmod(f, os.stat(f).st_mode | 0o444)
+
+
+def public_checkout() -> Path:
+    """A copy of this checkout's sources (no .venv, .git, build products) that every user can read.
+
+    The checkout may lie under a directory only its owner can enter (``mktemp -d``, a 0700 home):
+    what a test runs as another user (scripts/install as nobody) is staged here once per test session.
+    """
+    if "checkout" not in _PUBLIC:
+        dst = _public_dir("buildidd-public-src-") / "buildidd"
+        _copy_public(ROOT, dst, shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                       ".pytest_cache", "*.so"))
+        _PUBLIC["checkout"] = dst
+    return _PUBLIC["checkout"]
+
+
+def public_python() -> str:
+    """A Python interpreter every user can run that imports this checkout's buildidd and its dependencies.
+
+    The dev venv (.venv/bin/python) and daemon/ may be unreachable to other users (a checkout under a 0700
+    directory).  Staged once per test session in a 0755 directory under /tmp: a venv made from the same
+    interpreter (--system-site-packages, for bcc and systemd; no pip) whose site-packages holds a .pth
+    naming copies of the package (the C fast path included) and of the dev venv's dependencies.
+    """
+    if "python" not in _PUBLIC:
+        import sysconfig
+        base = _public_dir("buildidd-public-py-")
+        _copy_public(ROOT / "daemon" / "buildidd", base / "daemon" / "buildidd",
+                     shutil.ignore_patterns("__pycache__"))
+        _copy_public(ROOT / "bpf", base / "daemon" / "buildidd" / "bpf", shutil.ignore_patterns("__pycache__"))
+        _copy_public(Path(sysconfig.get_paths()["purelib"]), base / "site",
+                     shutil.ignore_patterns("__pycache__", "__editable__*", "buildidd*", "_buildidd*"))
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip",
+                        "--system-site-packages", str(base / "venv")], check=True)
+        py = base / "venv" / "bin" / "python"
+        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "buildidd-public.pth").write_text(f"{base / 'daemon'}\n{base / 'site'}\n")
+        _readable(base / "venv")
+        _PUBLIC["python"] = py
+    return str(_PUBLIC["python"])
+
+
+def _public_argv(argv: list[str]) -> list[str]:
+    """argv with this test run's Python (sys.executable) replaced by :func:`public_python`."""
+    return [public_python(), *argv[1:]] if argv and argv[0] == sys.executable else list(argv)
+
+
 def as_user(user, argv: list[str], **kw) -> subprocess.CompletedProcess:
     """Run argv as user ((uid, gid, name) from the ``attacker`` fixture) with no supplementary groups.
 
-    setpriv drops to the user's uid/gid (and clears groups) before exec;
-    keyword arguments go to subprocess.run (default: capture_output, text).
+    setpriv drops to the user's uid/gid (and clears groups) before exec; an argv that starts with
+    sys.executable runs :func:`public_python` instead (the user may not reach this checkout), in /
+    unless cwd is given; keyword arguments go to subprocess.run (default: capture_output, text).
     """
     uid, gid, _ = user
     kw.setdefault("capture_output", True)
     kw.setdefault("text", True)
-    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv], **kw)
+    kw.setdefault("cwd", "/")
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+                           *_public_argv(argv)], **kw)
 
 
 def as_user_popen(user, argv: list[str], **kw) -> subprocess.Popen:
     """:func:`as_user` as a background process (subprocess.Popen)."""
     uid, gid, _ = user
-    return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv], **kw)
+    kw.setdefault("cwd", "/")
+    return subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+                             *_public_argv(argv)], **kw)
 
 
 def store_add(store, path: Path, name: str | None = None) -> str:
@@ -240,12 +326,14 @@ class ServeProcess:
 
     def __init__(self, store_root, log_path: Path, *extra: str, session_root=None, host: str = "127.0.0.1",
                  user: int | None = None, group: int | None = None, wrapper: tuple[str, ...] = ()):
-        cmd = [*wrapper, sys.executable, "-m", "buildidd.cli", "serve", "--listen", f"{host}:0",
+        py = sys.executable if user is None else public_python()     # another user may not reach this checkout
+        cmd = [*wrapper, py, "-m", "buildidd.cli", "serve", "--listen", f"{host}:0",
                "--store-root", str(store_root), "--session-root", str(session_root or log_path.with_suffix(".sessions")),
                "--socket", "", *extra]
         self.log_path = log_path
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, user=user, group=group)
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, user=user, group=group,
+                                         cwd=None if user is None else "/")
         line = self.proc.stdout.readline()
         m = re.match(r"listening on (https?)://(\S+):(\d+)", line)
         if not m:

@@ -6,6 +6,8 @@ import pytest
 
 import dataclasses
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -150,3 +152,54 @@ def test_benchmarks_refuse_a_host_where_another_tracer_runs(tmp_path):
         p.kill()
         p.wait()
     assert not any(line.startswith(f"{p.pid}: ") for line in other_tracers())
+
+
+def test_unknown_key_gets_did_you_mean(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('segment_max_byte = "64M"\n')
+    with pytest.raises(ConfigError) as e:
+        load(str(f))
+    assert str(e.value) == f"{f}: unknown key 'segment_max_byte'; did you mean 'segment_max_bytes'?"
+    f.write_text('zzzz = 1\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'zzzz' \(known: session_root, segment_max_bytes, "):
+        load(str(f))
+
+
+@pytest.mark.parametrize("text,hint", [("16 Mb", "write 16M, 16MB or 16MiB"), ("16mb", "write 16M, 16MB or 16MiB"),
+                                       ("1Kib", "write 1K, 1KB or 1KiB"), ("4096b", "write 4096 or 4096B")])
+def test_sizes_in_bits_are_refused_with_the_bytes_spelling(text, hint):
+    with pytest.raises(ConfigError) as e:
+        parse_size(text)
+    assert str(e.value) == f"size {text!r}: a lower-case b means bits; sizes are bytes: {hint}"
+
+
+@pytest.mark.parametrize("text", ["16M", "16MB", "16MiB", "16m", "16 MB"])
+def test_bytes_spellings_stay_bytes(text):
+    assert parse_size(text) == 16 << 20
+
+
+def _check(*args):
+    return subprocess.run([sys.executable, "-m", "buildidd.cli", "check-config", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_check_config_verb(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('segment_max_bytes = "16MiB"\nstore_share_private = true\n')
+    r = _check(str(f))
+    assert r.returncode == 0 and r.stdout == (f"{f}: valid; 2 key(s) differ from the defaults:\n"
+                                              "  segment_max_bytes = 16M  (default 64M)\n"
+                                              "  store_share_private = True  (default False)\n")
+    f.write_text('segment_max_byte = "16M"\n')
+    r = _check(str(f))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"buildidd: {f}: unknown key 'segment_max_byte'; did you mean 'segment_max_bytes'?\n"
+    f.write_text('store_quota_bytes = "16 Mb"\n')
+    r = _check(str(f))
+    assert r.returncode == 1 and r.stderr == (f"buildidd: {f}: store_quota_bytes: size '16 Mb': a lower-case b "
+                                              "means bits; sizes are bytes: write 16M, 16MB or 16MiB\n")
+    r = _check(str(tmp_path / "absent.toml"))
+    assert r.returncode == 1 and r.stderr == f"buildidd: {tmp_path / 'absent.toml'}: no such file\n"
+    r = subprocess.run([sys.executable, "-m", "buildidd.cli", "record", "--segment-max-bytes", "16Mb", "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "a lower-case b means bits" in r.stderr

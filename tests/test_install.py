@@ -52,3 +52,64 @@ def test_pip_install_non_editable_runs_and_loads_bpf_from_the_installed_package(
     assert (Path(bpf_dir) / "buildidd.bpf.c").is_file() and (Path(bpf_dir) / "events.h").is_file()
     assert loaded.startswith("loaded ") and int(loaded.split()[1]) >= 1
     assert sys.executable != str(py)
+
+
+def _install(dest: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "scripts" / "install"), *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "DESTDIR": str(dest), **env})
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def test_install_into_its_own_prefix_upgrades_in_place_and_uninstalls(tmp_path):
+    """buildidd lands in PREFIX's own venv (outside the clone), BINDIR/buildidd links to it and runs from
+    anywhere without the clone; a second install reuses the venv and replaces buildidd's files; uninstall
+    removes every file install added, and keeps a configuration the operator changed."""
+    dest = tmp_path / "root"
+    r = _install(dest, PREFIX="/opt/bid", BINDIR="/usr/bin")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ("install: staged under {0} (buildidd in /opt/bid, /usr/bin/buildidd, units, configuration, "
+                        "man page); nothing started\n".format(dest))
+    venv = dest / "opt/bid/venv"
+    assert os.readlink(dest / "usr/bin/buildidd") == "/opt/bid/venv/bin/buildidd"
+    unit = (dest / "etc/systemd/system/buildidd.service").read_text()
+    assert "\nExecStart=/opt/bid/venv/bin/buildidd run --config /etc/buildidd/buildidd.toml\n" in unit
+    assert "Documentation=file:///opt/bid/README.md" in unit and str(ROOT) not in unit
+    assert "\nExecStart=/opt/bid/venv/bin/buildidd serve " in (dest / "etc/systemd/system/buildidd-serve.service").read_text()
+    # It runs from the staged venv, importing buildidd from there (not from the clone), in a directory
+    # where the clone is not on any path.
+    r = subprocess.run([str(venv / "bin/python"), "-c", "import buildidd, sys; print(buildidd.__file__)"],
+                       capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and Path(r.stdout.strip()).is_relative_to(venv), r.stdout + r.stderr
+    installed = Path(r.stdout.strip()).parent
+    # An upgrade in place: the same venv, buildidd's files replaced by the clone's.
+    (venv / "mark").write_text("the venv of the first install")
+    (installed / "inputs.py").write_text("# an older buildidd\n")
+    r = _install(dest, PREFIX="/opt/bid", BINDIR="/usr/bin")
+    assert r.returncode == 0, r.stderr
+    assert (venv / "mark").read_text() == "the venv of the first install"
+    assert (installed / "inputs.py").read_text() == (ROOT / "daemon/buildidd/inputs.py").read_text()
+    r = subprocess.run([str(venv / "bin/python"), "-m", "buildidd.cli", "--version"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("buildidd ")
+    # Uninstall: what install added is gone; a changed configuration stays, and is named.
+    (dest / "etc/buildidd/buildidd.toml").write_text('store_quota_bytes = "1G"\n')
+    r = _install(dest, "--uninstall", PREFIX="/opt/bid", BINDIR="/usr/bin")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (f"install: removed buildidd from {dest}/opt/bid and its units, link, man page\n"
+                        "install: kept /etc/buildidd/buildidd.toml (changed since install)\n")
+    assert _files(dest) == ["etc/buildidd/buildidd.toml"]
+    r = _install(dest, "--uninstall", PREFIX="/opt/bid")
+    assert r.returncode == 1 and r.stderr == (f"install: nothing to uninstall: {dest}/opt/bid/installed-files missing "
+                                              "(not installed with this PREFIX?)\n")
+
+
+def test_install_refuses_a_prefix_inside_the_clone_and_unknown_arguments(tmp_path):
+    r = _install(tmp_path, PREFIX=str(ROOT / "inst"))
+    assert r.returncode == 2 and r.stderr == (f"install: PREFIX {ROOT}/inst lies inside this clone; choose a place "
+                                              "of its own\n")
+    r = _install(tmp_path, "--frobnicate")
+    assert r.returncode == 2 and r.stderr == "install: unknown argument '--frobnicate' (none, or --uninstall)\n"
+    assert not any(tmp_path.iterdir())

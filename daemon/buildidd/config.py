@@ -16,6 +16,7 @@ and also accept a string with a time unit (``"1h"``, ``"30d"``, see
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import textwrap
@@ -28,7 +29,9 @@ DEFAULT_CONFIG_PATH = "/etc/buildidd/buildidd.toml"
 
 #: Binary size suffixes (powers of 1024, as systemd's MemoryMax= and dd's K/M/G).
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTkmgt]?)(?:[iI]?B)?\s*")
+#: A unit ending in a lower-case b (``Mb``, ``mb``, ``Kib``): bits by the SI/IEC convention, refused.
+_BITS_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTkmgt]?)([iI]?b)\s*")
 #: Time units (as systemd.time(7) and journalctl's relative times).
 _TIME_UNITS = {"us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3, "s": 1.0, "sec": 1.0, "second": 1.0,
                "seconds": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "minutes": 60.0, "h": 3600.0,
@@ -41,8 +44,9 @@ _MAX_TEXT = 64  # longest size or duration text looked at
 def parse_size(value: int | str) -> int:
     """A size in bytes from an int or a string such as ``"4096"``, ``"64M"``, ``"1.5G"``, ``"512KiB"``.
 
-    Suffixes K, M, G, T are powers of 1024 (optionally followed by ``B`` or
-    ``iB``, any case).
+    Suffixes K, M, G, T (either case) are powers of 1024, optionally followed by
+    ``B`` or ``iB``: ``64M``, ``64MB`` and ``64MiB`` are the same bytes.  A
+    lower-case ``b`` (``16Mb``, ``16mb``) means bits and is refused with a hint.
 
     Raises:
         ConfigError: not a non-negative whole number of bytes.
@@ -51,6 +55,11 @@ def parse_size(value: int | str) -> int:
         if value < 0:
             raise ConfigError(f"size {value} is negative")
         return value
+    if isinstance(value, str) and len(value) <= _MAX_TEXT and (b := _BITS_RE.fullmatch(value)):
+        num, unit = b.group(1), b.group(2).upper()
+        raise ConfigError(f"size {value.strip()!r}: a lower-case b means bits; sizes are bytes: write "
+                          f"{num}{unit}, {num}{unit}B or {num}{unit}iB" if unit else
+                          f"size {value.strip()!r}: a lower-case b means bits; sizes are bytes: write {num} or {num}B")
     if not isinstance(value, str) or len(value) > _MAX_TEXT or not (m := _SIZE_RE.fullmatch(value)):
         raise ConfigError(f"size {str(value)[:_MAX_TEXT]!r}: give bytes, or a number with K, M or G (e.g. 64M)")
     number, unit = m.group(1), m.group(2).upper()
@@ -265,6 +274,15 @@ def _coerce(key: str, value, want: type):
     return value
 
 
+def did_you_mean(key: str, known) -> str:
+    """``; did you mean 'segment_max_bytes'?`` for the known key closest to key (difflib), else the
+    list of every known key."""
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" (known: {', '.join(known)})"
+
+
 def load(path: str | None, *, required: bool = False) -> Config:
     """Config from a TOML file; the defaults when path is None or (not required) absent.
 
@@ -285,7 +303,7 @@ def load(path: str | None, *, required: bool = False) -> Config:
     fields = {f.name: f for f in dataclasses.fields(Config)}
     for key, value in data.items():
         if key not in fields:
-            raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(fields)})")
+            raise ConfigError(f"{path}: unknown key {key!r}{did_you_mean(key, fields)}")
         want = type(fields[key].default)
         try:
             value = data[key] = _coerce(key, value, want)
@@ -312,10 +330,11 @@ def _toml_value(key: str, value) -> str:
 _TOML_HEADER = """\
 # /etc/buildidd/buildidd.toml: buildidd's configuration.  Every key is optional;
 # each is shown commented out with its default.  Sizes (keys ending in _bytes)
-# take bytes or a string with a K, M, G suffix ("64M"); durations (keys ending
-# in _s) take seconds or a string with a unit ("90s", "5min", "1h", "30d").
-# An unknown key is an error.  `systemctl reload buildidd` (SIGHUP) re-reads
-# this file and rotates the current segment.
+# take bytes or a string with a K, M, G suffix ("64M", "64MB", "64MiB": bytes;
+# "64Mb", bits, is refused); durations (keys ending in _s) take seconds or a
+# string with a unit ("90s", "5min", "1h", "30d").  An unknown key is an error.
+# `buildidd check-config` checks this file; `systemctl reload buildidd`
+# (SIGHUP) re-reads it and rotates the current segment.
 #
 # Generated from daemon/buildidd/config.py by scripts/gen-config; do not edit
 # by hand (tests/test_config_perfparse.py checks that they agree).

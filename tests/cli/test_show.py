@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from buildidd import clock
-from buildidd.cli.show import SEGMENT_SLACK_NS, escape, parse_time, segments_in_range
-from buildidd.errors import UsageError
+from buildidd.cli.show import SEGMENT_SLACK_NS, escape, segments_in_range
 from buildidd.sessionlog import SessionWriter, list_segments
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
@@ -158,22 +157,6 @@ def test_show_into_a_closed_pipe_is_quiet(tmp_path):
     r = subprocess.run(f"{sys.executable} -m buildidd.cli show {sdir} | head -1", shell=True, capture_output=True,
                        text=True)
     assert len(r.stdout.splitlines()) == 1 and r.stderr == ""
-
-
-@pytest.mark.parametrize("text,delta_s", [("-1h", -3600), ("-1min", -60), ("+30s", 30), ("-2d", -172800),
-                                          ("now", 0)])
-def test_parse_time_relative(text, delta_s):
-    now = time.time_ns()
-    assert parse_time(text, now) == now + delta_s * 10**9
-
-
-def test_parse_time_iso_and_refusals():
-    now = time.time_ns()
-    assert parse_time("2026-11-23T00:58:21+00:00", now) == 1795395501 * 10**9
-    assert parse_time("2026-11-23T00:58:21.5Z", now) == 1795395501_500_000_000
-    for bad in ("yesterday-ish", "-1 parsec", "2026-13-01"):
-        with pytest.raises(UsageError):
-            parse_time(bad, now)
 
 
 def test_escape():

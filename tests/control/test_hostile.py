@@ -76,6 +76,9 @@ class FakeRecorder:
     def current_segment(self):
         return None
 
+    def next_segment(self):
+        return None
+
 
 @pytest.fixture
 def hostile_server(serve, attacker):

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import need, session_records
+from conftest import need, public_checkout, session_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,10 +127,13 @@ def test_sighup_rotates(bpf, tmp_path):
 
 
 def _install(dest: Path, *prefix: str, path_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """DESTDIR=dest scripts/install; with a prefix (another user), the copy of the checkout that user can read."""
     env = {**os.environ, "DESTDIR": str(dest), "HOME": "/nonexistent"}
     if path_dir is not None:
         env["PATH"] = f"{path_dir}:{env['PATH']}"
-    return subprocess.run([*prefix, str(ROOT / "scripts" / "install")], env=env, capture_output=True, text=True)
+    root = public_checkout() if prefix else ROOT
+    return subprocess.run([*prefix, str(root / "scripts" / "install")], env=env, capture_output=True, text=True,
+                          cwd="/" if prefix else None, timeout=600)
 
 
 def test_unit_verifies_and_is_hardened(tmp_path):
@@ -140,7 +143,8 @@ def test_unit_verifies_and_is_hardened(tmp_path):
     assert r.returncode == 0, r.stderr
     unit = dest / "etc/systemd/system/buildidd.service"
     text = unit.read_text()
-    assert "Type=notify" in text and f"{ROOT}/.venv/bin/buildidd run --config /etc/buildidd/buildidd.toml" in text
+    assert "Type=notify" in text and "\nExecStart=/opt/buildidd/venv/bin/buildidd run --config /etc/buildidd/buildidd.toml\n" in text
+    assert str(ROOT) not in text                                              # the unit outlives the clone
     settings = [x for x in text.splitlines() if x and not x.startswith("#")]
     assert not [x for x in settings if re.search(r"@[A-Z_]+@", x)]          # every placeholder filled
     # The host's /tmp stays visible (short-lived binaries there keep their build-ids and snapshots).
@@ -204,10 +208,14 @@ def test_install_with_destdir_changes_nothing_outside_it(tmp_path):
         assert calls.read_text() == ""
         assert {p: (p.stat().st_mtime_ns, sorted(os.listdir(p)) if p.is_dir() else None)
                 for p in watched if p.exists()} == before
-        written = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+        written = sorted(str(p.relative_to(dest)) for p in dest.rglob("*")
+                         if (p.is_file() or p.is_symlink()) and not p.is_relative_to(dest / "opt/buildidd/venv"))
         assert written == ["etc/buildidd/buildidd.toml", "etc/systemd/system/buildidd-serve.service",
-                           "etc/systemd/system/buildidd.service",
-                           "usr/local/share/man/man8/buildidd.8"]
+                           "etc/systemd/system/buildidd.service", "opt/buildidd/README.md",
+                           "opt/buildidd/installed-files", "opt/buildidd/share/buildidd.toml",
+                           "usr/local/bin/buildidd", "usr/local/share/man/man8/buildidd.8"]
+        assert os.readlink(dest / "usr/local/bin/buildidd") == "/opt/buildidd/venv/bin/buildidd"
+        assert (dest / "opt/buildidd/venv/bin/buildidd").read_text().startswith("#!/opt/buildidd/venv/bin/python")
         assert sorted(x.name for x in top.iterdir()) == ["calls.log", "root", "stubs"]
     finally:
         shutil.rmtree(top)

@@ -128,6 +128,7 @@ class Recorder:
         self.snapshotter = None
         self.pins = None             # resolve.execpins.ExecPins once started (with a store)
         self.last_errors: collections.deque = collections.deque(maxlen=10)
+        self.last_reload: dict | None = None   # {"time_ns", "ok", "error"} of the last SIGHUP (cli.record)
         self.tables = Tables(missing=self.enricher.missing)
         self.log = LogSink(self.tables, self.stats, self.last_errors)
         self.join = ExecJoin(self.tables, self.enricher, self.stats)
@@ -303,6 +304,10 @@ class Recorder:
     def current_segment(self) -> str | None:
         """Path of the segment being written, or None."""
         return self.log.current_segment()
+
+    def next_segment(self) -> str | None:
+        """When no segment is open: the path the next record opens (else None)."""
+        return (self.log.stats_or_none() or {}).get("next_segment")
 
     def reconfigure(self, config: Config) -> None:
         """Apply a reloaded configuration: rotation limits apply from the next segment."""

@@ -10,6 +10,12 @@ import time
 from typing import TYPE_CHECKING
 
 from buildidd import memo
+from buildidd.sessionlog import sessions_usage
+
+#: Configuration keys reported in status["limits"]: what bounds a loss, a skipped copy or the sessions.
+LIMIT_KEYS = ("ring_bytes", "recording_nice", "pending_lines_max_bytes", "store_quota_bytes",
+              "store_file_max_bytes", "store_uid_share", "session_max_total_bytes", "session_max_age_s",
+              "segment_max_bytes")
 
 if TYPE_CHECKING:
     from buildidd.capture.recorder import Recorder
@@ -20,8 +26,13 @@ def status(rec: Recorder) -> dict:
 
     Besides summary(): "caches" gives every bounded cache's {entries, capacity, hits,
     misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats();
-    "quiet" Rings.quiet_status() (an idle recorder sleeps: last_step_s_ago grows meanwhile).
+    "quiet" Rings.quiet_status() (an idle recorder sleeps: last_step_s_ago grows meanwhile);
+    "last_reload" the last SIGHUP's outcome ({"time_ns", "ok", "error"}, or None);
+    "limits" the configuration keys the text status names beside what they bound;
+    "sessions" the sessions under session_root and their bytes (sessionlog.sessions_usage).
     """
+    cfg = rec.config
+    n_sessions, sessions_bytes = sessions_usage(cfg.session_root) if cfg.session_root else (0, 0)
     now = time.monotonic()
     out = {"session": rec.session_dir.name, "session_dir": str(rec.session_dir),
            "uptime_s": round(now - rec.started_mono, 1), "ready_s": rec.ready_s,
@@ -30,12 +41,15 @@ def status(rec: Recorder) -> dict:
            "snapshots": rec.snapshotter.status() if rec.snapshotter is not None else None,
            "exec_pins": rec.pins.status() if rec.pins is not None else None,
            "resolve": rec.enricher.status(), "loop_errors": dict(rec.guard.loop_errors),
-           "last_step_s_ago": round(now - rec.guard.last_progress, 3),
+           "last_step_s_ago": round(max(0.0, time.monotonic() - rec.guard.last_progress), 3),
            "ring_wakeups": rec.rings.wakeups if rec.rings is not None else 0,
            "quiet": rec.rings.quiet_status() if rec.rings is not None else None,
            "kernel_build_id_path": rec.kernel_path.as_dict() if rec.kernel_path else None,
            "kernel_build_id_memo": rec.tracer.memo_stats() if rec.tracer is not None else None,
-           "caches": {**memo.shared_stats(), rec.enricher.cache.name: rec.enricher.cache.stats()}}
+           "caches": {**memo.shared_stats(), rec.enricher.cache.name: rec.enricher.cache.stats()},
+           "last_reload": rec.last_reload,
+           "limits": {k: getattr(cfg, k) for k in LIMIT_KEYS},
+           "sessions": {"root": cfg.session_root, "count": n_sessions, "bytes": sessions_bytes}}
     out.update(summary(rec))
     return out
 

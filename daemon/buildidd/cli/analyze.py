@@ -7,7 +7,8 @@ import os
 import sys
 
 from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args
-from buildidd.errors import AnalysisError, UsageError
+from buildidd.errors import UsageError
+from buildidd.inputs import SessionClock, parse_address
 from buildidd.store import KALLSYMS_DSO
 
 
@@ -102,8 +103,9 @@ def _provenance(store, bid: str | None) -> str | None:
 class _Output:
     """How answers are printed: JSON or text, with or without symbols; where binaries are now (cached)."""
 
-    def __init__(self, as_json: bool, store, symbolizer):
+    def __init__(self, as_json: bool, store, symbolizer, clock):
         self.json = as_json
+        self.clock = clock              # inputs.SessionClock: times shown as wall-clock with zone
         self.store = store
         self.symbolizer = symbolizer
         self._store_paths: dict[str, str | None] = {}
@@ -133,7 +135,8 @@ class _Output:
             return json.dumps(self.as_dict(a), separators=(",", ":"))
         q, m = a.query, a.mapping
         if m is None:
-            return f"{q.pid} {q.addr:#x} - ({a.reason})"
+            exited = f" (process exited at {self.clock.format(a.exited_ns)})" if a.exited_ns is not None else ""
+            return f"{q.pid} {q.addr:#x} - ({a.reason}){exited}"
         dso = m.dso
         text = self._dso_text.get(dso)
         if text is None:
@@ -149,7 +152,7 @@ class _Output:
         if a.exec_path is not None and a.exec_path != dso.path:
             parts.append(f"(running {a.exec_path})")
         if a.exited_ns is not None:
-            parts.append(f"(process exited at {a.exited_ns})")
+            parts.append(f"(process exited at {self.clock.format(a.exited_ns)})")
         return " ".join(parts)
 
     def as_dict(self, a) -> dict:
@@ -174,9 +177,10 @@ class _Output:
         return d
 
 
-def _queries_from_stdin(stream, default_ns: int, offset_ns: int | None):
-    """(line number, Query or error message) per non-empty, non-comment line ``PID ADDR [TIME]``."""
-    from buildidd.offline.replay import Query, parse_address, parse_time
+def _queries_from_stdin(stream, default_ns: int, clock, decimal: bool):
+    """(line number, Query or error message) per non-empty, non-comment line ``PID ADDR [TIME]``
+    (ADDR and TIME in any form of :mod:`buildidd.inputs`; TIME as perf script prints it may end in ``:``)."""
+    from buildidd.offline.replay import Query
 
     for n, line in enumerate(stream, 1):
         fields = line.split()
@@ -184,16 +188,22 @@ def _queries_from_stdin(stream, default_ns: int, offset_ns: int | None):
             continue
         try:
             if len(fields) not in (2, 3) or not fields[0].isdigit():
-                raise AnalysisError(f"expected 'PID ADDR [TIME]', got {line.strip()[:200]!r}")
-            t = parse_time(fields[2], offset_ns) if len(fields) == 3 else default_ns
-            yield n, Query(int(fields[0]), parse_address(fields[1]), t)
-        except AnalysisError as e:
+                raise UsageError(f"expected 'PID ADDR [TIME]', got {line.strip()[:200]!r}")
+            t = clock.parse(fields[2]) if len(fields) == 3 else default_ns
+            yield n, Query(int(fields[0]), parse_address(fields[1], decimal=decimal), t)
+        except UsageError as e:
             yield n, str(e)
 
 
 def cmd_resolve(args) -> int:
-    """`buildidd resolve SESSION PID ADDR` (or ``PID ADDR [TIME]`` lines on stdin): the covering mapping."""
-    from buildidd.offline.replay import Query, Replay, parse_address, parse_time
+    """`buildidd resolve SESSION PID ADDR` (or ``PID ADDR [TIME]`` lines on stdin): the covering mapping.
+
+    Exit status: 0 when every query was understood (on the command line: and
+    answered with a mapping), 1 when the one query found no mapping, 2 for bad
+    input; a stdin batch names each line it could not read, answers the others,
+    and ends with their count (then exit 2).
+    """
+    from buildidd.offline.replay import Query, Replay
     from buildidd.offline.symbols import Symbolizer
 
     cfg = roots_from_args(args)
@@ -201,30 +211,35 @@ def cmd_resolve(args) -> int:
     from_stdin = args.pid in (None, "-")
     if not from_stdin and args.addr is None:
         raise UsageError("resolve: give PID and ADDR, or neither (or '-') to read 'PID ADDR [TIME]' lines from stdin")
+    if not from_stdin and not args.pid.isdigit():
+        raise UsageError(f"resolve: PID must be a decimal number, got {args.pid!r}")
+    addr = None if from_stdin else parse_address(args.addr, decimal=args.decimal)
     replay = Replay.load(session)
-    offset_ns = replay.session.get("boot_to_wall_offset_ns")
-    default_ns = parse_time(args.time, offset_ns) if args.time else replay.end_ns
+    clock = SessionClock(replay.session.get("boot_to_wall_offset_ns"))
+    default_ns = clock.parse(args.time) if args.time else replay.end_ns
     store = _store(cfg)
-    out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None)
+    out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None, clock)
+    lines = bad = 0
     if from_stdin:
-        queries, bad = [], 0
-        for n, q in _queries_from_stdin(sys.stdin, default_ns, offset_ns):
+        queries = []
+        for n, q in _queries_from_stdin(sys.stdin, default_ns, clock, args.decimal):
+            lines += 1
             if isinstance(q, str):
                 print(f"buildidd: stdin line {n}: {q}", file=sys.stderr)
                 bad += 1
             else:
                 queries.append(q)
     else:
-        if not args.pid.isdigit():
-            raise UsageError(f"resolve: PID must be a decimal number, got {args.pid!r}")
-        queries, bad = [Query(int(args.pid), parse_address(args.addr), default_ns)], 0
+        queries = [Query(int(args.pid), addr, default_ns)]
     found = 0
     write = sys.stdout.write
     for a in replay.resolve_many(queries):
         found += a.mapping is not None
         write(out.line(a) + "\n")
     if bad:
-        return 1
+        print(f"buildidd: resolve: {bad} of {lines} stdin lines not understood (named above), "
+              f"{len(queries)} answered, {found} with a mapping", file=sys.stderr)
+        return 2
     return 0 if found or from_stdin else 1
 
 
@@ -232,11 +247,10 @@ def cmd_resolve(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """`buildidd export --perf SESSION -o FILE`: the session's mapping history as perf.data."""
+    """`buildidd export SESSION -o FILE`: the session's mapping history as perf.data (the one format;
+    ``--perf`` is accepted and changes nothing)."""
     from buildidd.offline.perfdata import export_perf
 
-    if not args.perf:
-        raise UsageError("export: choose a format (--perf)")
     cfg = roots_from_args(args)
     session = resolve_session(args.session, cfg.session_root)
     stats = export_perf(session, args.output)
@@ -308,17 +322,20 @@ def register(sub) -> None:
                                    "'PID ADDR [TIME]' lines from stdin.")
     _session_arg(p)
     p.add_argument("pid", nargs="?", help="process id (tgid), or '-' for stdin")
-    p.add_argument("addr", nargs="?", help="address in hex, with or without 0x")
+    p.add_argument("addr", nargs="?", help="address: hex with or without 0x (as /proc/PID/maps and perf print "
+                   "it), a maps range START-END (its start), or decimal with --decimal")
     add_roots_options(p)
-    p.add_argument("--time", help="ns since boot, or wall-clock ISO 8601 (default: the end of the session)")
+    p.add_argument("--decimal", action="store_true", help="read addresses as decimal (0x... is still hex)")
+    p.add_argument("--time", metavar="TIME", help="when: ns since boot, perf's sec.usec, ISO 8601, HH:MM[:SS] "
+                   "today, or relative like -40s, -2min (default: the end of the session)")
     p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary")
     p.add_argument("--json", action="store_true", help="one JSON object per answer")
     p.set_defaults(func=cmd_resolve)
 
-    p = sub.add_parser("export", help="a session's mapping history as perf.data (--perf)")
+    p = sub.add_parser("export", help="a session's mapping history as perf.data")
     _session_arg(p)
     add_roots_options(p)
-    p.add_argument("--perf", action="store_true", help="write perf.data (the one format)")
+    p.add_argument("--perf", action="store_true", help="write perf.data: the one format and the default")
     p.add_argument("-o", "--output", required=True, help="output file")
     p.set_defaults(func=cmd_export)
 

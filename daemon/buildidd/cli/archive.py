@@ -8,8 +8,8 @@ import secrets
 import sys
 from pathlib import Path
 
-from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args
-from buildidd.errors import UsageError
+from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args, session_roots
+from buildidd.errors import PrivilegeError, UsageError
 
 DEFAULT_DEBUG_DIR = "~/.debug"
 """perf's default build-id cache (``buildid.dir``; perf ignores PERF_BUILDID_DIR)."""
@@ -82,7 +82,17 @@ def cmd_import(args) -> int:
 
     cfg = roots_from_args(args)
     debug_dir = os.path.expanduser(args.debug_dir)
-    r = import_archive(args.file, debug_dir=debug_dir, session_root=cfg.session_root, untrusted=args.untrusted)
+    try:
+        r = import_archive(args.file, debug_dir=debug_dir, session_root=cfg.session_root,
+                           untrusted=args.untrusted)
+    except PermissionError as e:
+        where = str(e.filename or "")
+        option = ("--session-root DIR" if where.startswith(os.path.abspath(cfg.session_root)) else
+                  "--debug-dir DIR" if where.startswith(os.path.abspath(debug_dir)) else None)
+        if option is None:
+            raise
+        raise PrivilegeError(f"import: cannot write {where}: {e.strerror}; run as root, or give {option} "
+                             "(a directory of yours)") from e
     if args.json:
         json.dump({"session_dir": str(r.session_dir), "session_new": r.session_new, "debug_dir": debug_dir,
                    "installed": r.installed, "present": r.present, "upstream": r.upstream,
@@ -128,7 +138,8 @@ def cmd_sessions(args) -> int:
     from buildidd.offline.sessions import list_sessions
 
     cfg = roots_from_args(args)
-    infos = list_sessions(cfg.session_root, holds=_store_holds(cfg.store_root))
+    holds = _store_holds(cfg.store_root)
+    infos = [i for root in session_roots(cfg.session_root) for i in list_sessions(root, holds=holds)]
     if args.json:
         for info in infos:
             print(json.dumps(info.to_json()))

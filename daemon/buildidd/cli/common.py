@@ -71,6 +71,35 @@ def add_session_options(p: argparse.ArgumentParser) -> None:
                    f"(default {configmod.Config.store_root}; '' disables snapshots)")
 
 
+def user_session_root() -> str:
+    """A non-root analyst's session root: ``$XDG_DATA_HOME/buildidd/sessions`` (XDG Base Directory
+    Specification; ``~/.local/share`` when XDG_DATA_HOME is unset or not absolute)."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "buildidd", "sessions")
+
+
+def effective_session_root(configured: str, given: str | None) -> str:
+    """The session root of an offline verb: given (--session-root), else the configured one; for a user
+    other than root, the configuration's default (the system's, root's) becomes :func:`user_session_root`."""
+    if given:
+        return given
+    if os.geteuid() != 0 and configured == configmod.Config.session_root:
+        return user_session_root()
+    return configured
+
+
+def session_roots(root: str) -> list[str]:
+    """Where SESSION is looked for: root, then, for a user other than root whose root is their own
+    (:func:`user_session_root`), the system's session root when they may read it."""
+    roots = [root]
+    system = configmod.Config.session_root
+    if os.geteuid() != 0 and root == user_session_root() and os.access(system, os.R_OK | os.X_OK):
+        roots.append(system)
+    return roots
+
+
 def is_session(path: Path) -> bool:
     """Whether path is a directory holding a session log (segment-NNNNNN.jsonl[.zst] files)."""
     from buildidd.sessionlog import SEGMENT_GLOB
@@ -84,21 +113,36 @@ def resolve_session(arg: str, root: str) -> Path:
         BuildiddError: no such session, or the directory holds no session log.
     """
     p = Path(arg)
+    roots = session_roots(root)
+    looked = " and ".join(roots)
     if not p.is_dir():
         if arg == "latest":
-            dirs = sorted(d for d in Path(root).iterdir() if is_session(d)) if Path(root).is_dir() else []
-            if not dirs:
-                raise BuildiddError(f"no session under {root}; give a session directory or --session-root")
-            p = dirs[-1]
-        elif (Path(root) / arg).is_dir():
-            p = Path(root) / arg
+            for r in roots:        # the newest of the first root that holds one
+                dirs = sorted(d for d in Path(r).iterdir() if is_session(d)) if os.path.isdir(r) else []
+                if dirs:
+                    p = dirs[-1]
+                    break
+            else:
+                raise BuildiddError(f"no session under {looked}{_whose(root)}; give a session directory or "
+                                    "--session-root DIR")
+        elif (found := next((Path(r) / arg for r in roots if (Path(r) / arg).is_dir()), None)) is not None:
+            p = found
         else:
-            raise BuildiddError(f"no session {arg!r} (looked in . and {root}); "
+            raise BuildiddError(f"no session {arg!r} (looked in . and {looked}{_whose(root)}); "
                                 "give a session directory, its name under --session-root, or 'latest'")
     if not is_session(p):
         raise BuildiddError(f"{p} is not a buildidd session (no segment-*.jsonl files in it); "
                             "give a session directory, its name under --session-root, or 'latest'")
     return p
+
+
+def _whose(root: str) -> str:
+    """For a user other than root, why root is theirs (and how to read the system's)."""
+    if os.geteuid() == 0 or root != user_session_root():
+        return ""
+    system = configmod.Config.session_root
+    return (f"; {root} is yours as you are not root (buildidd import puts sessions there)"
+            + ("" if os.access(system, os.R_OK | os.X_OK) else f", {system} is not readable by you"))
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
@@ -206,7 +250,8 @@ def add_roots_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
                    help="TOML configuration file (default %(default)s; absent is fine)")
     p.add_argument("--session-root", metavar="DIR", help="directory of session directories "
-                   f"(default from the config: {configmod.Config.session_root})")
+                   f"(default from the config: {configmod.Config.session_root}; for a user other than root: "
+                   "$XDG_DATA_HOME/buildidd/sessions, then the system's when readable)")
     p.add_argument("--store-root", metavar="DIR", help="build-id store "
                    f"(default from the config: {configmod.Config.store_root})")
 
@@ -218,4 +263,5 @@ def roots_from_args(args) -> configmod.Config:
         ConfigError: the config file is invalid (or named and absent).
     """
     cfg = configmod.load(args.config, required=args.config != configmod.DEFAULT_CONFIG_PATH)
-    return cfg.replace(session_root=args.session_root, store_root=args.store_root)
+    return cfg.replace(session_root=effective_session_root(cfg.session_root, args.session_root),
+                       store_root=args.store_root)

@@ -6,38 +6,123 @@ import argparse
 import json
 import re
 
+from buildidd import clock
 from buildidd.cli.common import add_client_options, daemon_request, paragraph
-from buildidd.errors import BuildiddError, PrivilegeError, UsageError
+from buildidd.config import format_size
+from buildidd.errors import BuildiddError, PrivilegeError
+from buildidd.inputs import parse_address
 
-_HEX_RE = re.compile(r"(0[xX])?([0-9a-fA-F]{1,16})")
-_DEC_RE = re.compile(r"[0-9]{1,20}")
+#: What helps against a loss, by cause (the ``lost`` counts of status and the session's lost records).
+LOSS_HINTS = {"ringbuf_full": "raise ring_bytes{ring_bytes}, or lower recording_nice{recording_nice}",
+              "pending_full": "syscalls in flight beyond the BPF pending map; no key: report it",
+              "no_vma": "the mapping was gone before the BPF program looked; recovered by a rescan",
+              "read_failed": "the kernel could not read the mapping's fields; recovered by a rescan",
+              "disk_full": "free space under the session root; pending_lines_max_bytes{pending_lines_max_bytes} "
+                           "bounds what waits in memory",
+              "io_error": "the session log's disk failed; see the journal"}
+#: What makes a skipped copy fit, by StoreRefusedError.reason.
+SKIP_HINTS = {"quota": "raise store_quota_bytes{store_quota_bytes}",
+              "too_large": "raise store_file_max_bytes{store_file_max_bytes}",
+              "uid_share": "raise store_uid_share{store_uid_share}",
+              "alt_limit": "too many contents under one build-id; no key"}
 
 
-def parse_address(text: str, *, decimal: bool = False) -> int:
-    """A user-space address as people paste it: hex as /proc/PID/maps and perf print it
-    (``7f3c75c44000``), hex with ``0x``, or decimal when decimal is set (``0x`` still means hex).
+def _mib(n) -> str:
+    """Bytes for a reader: KiB below a MiB, MiB below a GiB, else GiB (one decimal)."""
+    n = n or 0
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
 
-    Raises:
-        UsageError: not one of those forms, or above 2**64 - 1.
-    """
-    text = text.strip()
-    m = _HEX_RE.fullmatch(text)
-    if decimal and not (m and m.group(1)):
-        if _DEC_RE.fullmatch(text) and int(text) < 1 << 64:
-            return int(text)
-    elif m:
-        return int(m.group(2), 16)
-    raise UsageError(f"address {text[:40]!r}: give hex as /proc/PID/maps and perf print it "
-                     "(7f3c75c44000 or 0x7f3c75c44000), or decimal with --decimal")
+
+def _hint(table: dict, key: str, limits: dict) -> str:
+    """The hint for key, with the daemon's value of each config key it names (``(now 2M)``)."""
+    text = table.get(key)
+    if text is None:
+        return ""
+    now = {}
+    for name in re.findall(r"\{(\w+)\}", text):
+        v = limits.get(name)
+        now[name] = "" if v is None else f" (now {format_size(v) if name.endswith('_bytes') else v})"
+    return f": {text.format(**now)}"
+
+
+def _by_cause(counts: dict, table: dict, limits: dict) -> str:
+    return "; ".join(f"{k} {v}{_hint(table, k, limits)}" for k, v in sorted(counts.items()))
+
+
+def _ago(time_ns) -> str:
+    return f"{max(0, clock.boot_ns() - time_ns) / 1e9:.0f} s ago" if isinstance(time_ns, int) else "at an unknown time"
+
+
+def _log_lines(s: dict, limits: dict) -> list[str]:
+    """The session log's and the sessions' lines: bytes against their limits, write failures."""
+    out = []
+    lg = s.get("log")
+    if lg:
+        line = (f"log       {lg.get('records_written', 0)} records, {_mib(lg.get('bytes_written'))} written, "
+                f"{lg.get('segments_closed', 0)} segments closed (segment_max_bytes "
+                f"{format_size(limits.get('segment_max_bytes', 0))}); {lg.get('write_errors', 0)} write errors")
+        if lg.get("failing"):
+            line += f"; FAILING ({lg['failing']}) since {_ago(lg.get('failing_since_ns'))}: {lg.get('last_write_error')}"
+        if lg.get("records_lost"):
+            line += f"; records lost: {_by_cause(lg['records_lost'], LOSS_HINTS, limits)}"
+        out.append(line)
+    ss = s.get("sessions")
+    if ss:
+        cap = limits.get("session_max_total_bytes")
+        age = limits.get("session_max_age_s")
+        out.append(f"sessions  {ss.get('count', 0)} under {ss.get('root')}: {_mib(ss.get('bytes'))} of "
+                   + (f"{_mib(cap)} (session_max_total_bytes)" if cap else "no limit (session_max_total_bytes 0)")
+                   + (f", each kept {age / 86400:g} d (session_max_age_s)" if age else ""))
+    return out
+
+
+def _store_lines(snap: dict, limits: dict) -> list[str]:
+    """The snapshots' lines: stored and skipped copies by reason with the key that helps, coverage."""
+    quota = snap.get("quota_bytes")
+    out = [f"snapshots {snap.get('stored', 0)} stored, {snap.get('queued', 0)} queued, "
+           f"{snap.get('failed', 0)} failed; store {_mib(snap.get('store_bytes'))}"
+           f" of {_mib(quota) + ' (store_quota_bytes)' if quota else 'unlimited'}"]
+    skipped = snap.get("skipped") or {}
+    if skipped:
+        quiet = sum((snap.get("log_lines_suppressed") or {}).values())
+        out.append(f"skipped   {sum(skipped.values())} copies: {_by_cause(skipped, SKIP_HINTS, limits)}"
+                   + (f" ({quiet} of their log lines not logged one by one)" if quiet else ""))
+    if snap.get("last_error"):
+        out.append(f"store     last error: {snap['last_error']}")
+    cov = snap.get("coverage")
+    if cov:
+        gaps = cov.get("gaps") or {}
+        out.append(f"coverage  the store holds {cov.get('held', 0)} of the {cov.get('named', 0)} build-ids "
+                   f"this session named" + (f"; lacking: {', '.join(f'{k} {v}' for k, v in sorted(gaps.items()))}"
+                                            if gaps else ""))
+    return out
+
+
+def _error_counts(s: dict) -> str | None:
+    """Every non-zero error counter of status, or None."""
+    parts = [f"{name} {v}" for name, v in (("decode errors", s.get("decode_errors")),
+                                            ("log write errors", s.get("log_write_errors")),
+                                            ("log lines dropped", s.get("log_lines_dropped")),
+                                            ("resolve timeouts", s.get("resolve_timeouts")),
+                                            ("live pids dropped", s.get("live_pids_dropped"))) if v]
+    parts += [f"{k} {v}" for k, v in sorted((s.get("loop_errors") or {}).items())]
+    parts += [f"{k} {v}" for k, v in sorted((s.get("event_errors") or {}).items())]
+    return f"errors    {', '.join(parts)}" if parts else None
 
 
 def _human_status(s: dict) -> str:
+    limits = s.get("limits") or {}
+    step = s.get("last_step_s_ago")
     lines = [f"session   {s['session']}  ({s['session_dir']})",
-             f"uptime    {s['uptime_s']:.0f} s (ready in {s['ready_s']:.2f} s)"]
+             f"uptime    {s['uptime_s']:.0f} s (ready in {s['ready_s']:.2f} s)"
+             + (f"; last step {step:.1f} s ago" if isinstance(step, (int, float)) else "")]
     ev, rate = s.get("events", {}), s.get("events_per_s", {})
     lines.append("events    " + ", ".join(f"{k} {v} ({rate.get(k, 0):.0f}/s)" for k, v in sorted(ev.items())))
     lost = s.get("lost") or {}
-    lines.append(f"lost      {sum(lost.values())}" + (f" ({lost})" if lost else ""))
+    lines.append(f"lost      {sum(lost.values())}" + (f": {_by_cause(lost, LOSS_HINTS, limits)}" if lost else ""))
     ic = s.get("identity_cache", {})
     hr = ic.get("hit_rate")
     lines.append(f"identity  {ic.get('entries', 0)} cached, hit rate {hr * 100:.2f}%" if hr is not None
@@ -52,22 +137,28 @@ def _human_status(s: dict) -> str:
             line += (f"; memo {km['hits']} hits, {km['fills']} filled, {km['confirms']} confirmed, "
                      f"{km['writer_skips']} skipped (file open for writing)")
         lines.append(line)
+    res = s.get("resolve")
+    if res:
+        lines.append(f"resolve   {res.get('threads', 0)} workers ({res.get('stuck', 0)} stuck on a slow file, "
+                     f"{res.get('queued', 0)} queued), deadline {res.get('deadline_s', 0):g} s (resolve_deadline_s): "
+                     f"{res.get('timeouts', 0)} timed out, {res.get('pending', 0)} answers pending; hand-overs "
+                     f"{res.get('handovers_dropped', 0)} dropped")
+    lines += _log_lines(s, limits)
     snap = s.get("snapshots")
     if snap:
-        lines.append(f"snapshots {snap.get('stored', 0)} stored, {snap.get('queued', 0)} queued, "
-                     f"{snap.get('failed', 0)} failed; store {snap.get('store_bytes', 0) / 2**20:.1f} MiB"
-                     f" of {snap.get('quota_bytes') and snap['quota_bytes'] / 2**20 or 'unlimited'} MiB")
-        cov = snap.get("coverage")
-        if cov:
-            gaps = cov.get("gaps") or {}
-            lines.append(f"coverage  the store holds {cov.get('held', 0)} of the {cov.get('named', 0)} build-ids "
-                         f"this session named" + (f"; lacking: {', '.join(f'{k} {v}' for k, v in sorted(gaps.items()))}"
-                                                  if gaps else ""))
+        lines += _store_lines(snap, limits)
     pins = s.get("exec_pins")
     if pins:
         lines.append(f"exec pins {pins.get('held', 0)} held of {pins.get('max_files', 0)} (pin_max_files), "
                      f"{pins.get('taken', 0)} taken, {pins.get('file_cap', 0)} closed at the cap, "
                      f"{pins.get('overflow', 0)} queue overflows; {pins.get('marked', 0)} file systems marked")
+    reload = s.get("last_reload")
+    if reload:
+        lines.append(f"reload    ok {_ago(reload.get('time_ns'))}" if reload.get("ok") else
+                     f"reload    FAILED {_ago(reload.get('time_ns'))}, the previous configuration runs: "
+                     f"{reload.get('error')}")
+    if (errors := _error_counts(s)) is not None:
+        lines.append(errors)
     for e in s.get("last_errors") or []:
         lines.append(f"error     {e.get('error')}")
     return "\n".join(lines)
@@ -86,8 +177,8 @@ def cmd_rotate(args) -> int:
     if args.json:
         print(json.dumps(r))
         return 0
-    print("rotated" + (f"; now writing {r['segment']}" if r.get("segment") else
-                       "; the next segment opens with the next record"))
+    closed = f": closed {r['closed']} (compressed in the background)" if r.get("closed") else ": no segment was open"
+    print("rotated" + closed + (f"; the next record goes to {r['segment']}" if r.get("segment") else ""))
     return 0
 
 

@@ -116,9 +116,11 @@ class Daemon:
         """SIGHUP: apply the re-read configuration (a bad one keeps the old), then rotate."""
         try:
             self.rec.reconfigure(self.reload_config())
+            self.rec.last_reload = {"time_ns": clock.boot_ns(), "ok": True, "error": None}
             log.info("configuration reloaded")
         except BuildiddError as e:
-            self.rec.last_errors.append({"time_ns": clock.boot_ns(), "error": f"config reload: {e}"})
+            self.rec.last_reload = {"time_ns": clock.boot_ns(), "ok": False, "error": str(e)}
+            self.rec.last_errors.append({"time_ns": self.rec.last_reload["time_ns"], "error": f"config reload: {e}"})
             log.error("reload failed, keeping the old configuration: %s", e)
         self.rec.rotate()
 

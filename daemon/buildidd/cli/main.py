@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from buildidd import __version__
-from buildidd.cli import analyze, archive, ctl, record, serve, show
+from buildidd.cli import analyze, archive, checkconfig, ctl, record, serve, show
 from buildidd.errors import BuildiddError
 
 log = logging.getLogger("buildidd")
 
 #: The verb families, in the order ``buildidd --help`` lists them.
-FAMILIES = (record, show, ctl, serve, archive, analyze)
+FAMILIES = (record, show, ctl, checkconfig, serve, archive, analyze)
 
 EXIT_STATUS = """\
 exit status:
@@ -131,8 +132,8 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-#: Options whose value may start with "-" (journalctl's relative times: --since -1h).
-_DASHED_VALUES = ("--since", "--until")
+#: Options whose value may start with "-" (relative times as journalctl's: --since -1h, --time -40s).
+_DASHED_VALUES = ("--since", "--until", "--time")
 
 
 def _attach_dashed_values(argv: list[str]) -> list[str]:
@@ -151,20 +152,51 @@ def _attach_dashed_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _permission_hint(path) -> str:
+    """What to do about a permission refused on path: run as root, or the option naming a directory of
+    one's own when path lies under the system's session or store root."""
+    from buildidd.config import Config
+    path = str(path or "")
+    for root, option in ((Config.session_root, "--session-root"), (Config.store_root, "--store-root")):
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            return f"run as root, or give {option} DIR (a directory of yours)"
+    return "run as root"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: parse, set up logging, run the subcommand; returns the exit status (see module doc)."""
-    args = build_parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else list(argv)))
+    """Entry point: parse, set up logging, run the subcommand; returns the exit status (see module doc).
+
+    A reader of stdout that is gone (``buildidd status --json | head -c100``) has what it wanted:
+    nothing is said, exit status 0.
+    """
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing more to flush at exit
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else list(argv)))
+    except SystemExit:
+        sys.stdout.flush()        # --help, --version: a reader gone is caught by main()
+        raise
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     from buildidd.cli.service import setup_logging
     setup_logging(args.verbose)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()        # here, not at exit: a reader gone (`| head`) is then caught below
+        return rc
+    except BrokenPipeError:
+        raise                     # main(): the reader is gone
     except BuildiddError as e:
         log.error("%s", _one_line(e), exc_info=args.verbose)
         return e.exit_code
     except PermissionError as e:
-        log.error("%s; run as root", _one_line(e), exc_info=args.verbose)
+        log.error("%s; %s", _one_line(e), _permission_hint(getattr(e, "filename", None)), exc_info=args.verbose)
         return 4
     except OSError as e:
         log.error("%s", _one_line(e), exc_info=args.verbose)

@@ -72,8 +72,8 @@ def register(sub) -> None:
     """Add ``serve`` and ``pull`` to the subcommand parsers."""
     sv = sub.add_parser("serve", help="serve the build-id store over the debuginfod protocol (and sessions, metrics)")
     add_roots_options(sv)
-    sv.add_argument("--listen", help="HOST:PORT with an IP address ([V6]:PORT); default 127.0.0.1:8002 "
-                    "(offline.serve.DEFAULT_LISTEN); off loopback needs --token-file")
+    sv.add_argument("--listen", metavar="HOST:PORT", help="an IP address and port ([V6]:PORT); default "
+                    "127.0.0.1:8002; off loopback needs --token-file")
     sv.add_argument("--token-file", help="file holding the bearer token clients must send")
     sv.add_argument("--tls-cert", help="PEM certificate (chain) for HTTPS")
     sv.add_argument("--tls-key", help="PEM private key for HTTPS")

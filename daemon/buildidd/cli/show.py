@@ -21,19 +21,18 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import zstandard
 
-from buildidd import clock
 from buildidd import config as configmod
-from buildidd.cli.common import paragraph, resolve_session
-from buildidd.errors import BuildiddError, ConfigError, SessionLogError, UsageError
+from buildidd.cli.common import effective_session_root, paragraph, resolve_session
+from buildidd.errors import SessionLogError, UsageError
+from buildidd.inputs import SessionClock
 from buildidd.sessionlog import list_segments, read_session
 
-#: Record types ``--type`` accepts (sessionlog/records.py).
-RECORD_TYPES = ("session", "mmap", "exec", "fork", "exit", "comm", "lost", "end")
+#: Record types ``--type`` accepts (sessionlog/records.py; ``resolution``: offline/resolutions.py).
+RECORD_TYPES = ("session", "mmap", "exec", "fork", "exit", "comm", "lost", "end", "resolution")
 #: How far past the next segment's first record a segment's records may reach
 #: (records of different CPUs reach the log up to a few drain intervals apart).
 SEGMENT_SLACK_NS = 2 * 10**9
@@ -41,7 +40,6 @@ SEGMENT_SLACK_NS = 2 * 10**9
 _HEAD_BYTES = 64 << 10
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f, *range(0x80, 0xa0)]}
 _BUILD_ID_RE = re.compile(r"[0-9a-fA-F]{1,128}")
-_RELATIVE_RE = re.compile(r"([+-])\s*(.+)")
 
 
 @dataclass(frozen=True)
@@ -81,41 +79,6 @@ class Filters:
 
 def _glob_any(value, globs: tuple[str, ...]) -> bool:
     return isinstance(value, str) and any(fnmatch.fnmatchcase(value, g) for g in globs)
-
-
-def parse_time(text: str, now_wall_ns: int) -> int:
-    """A --since/--until argument as wall-clock ns since the epoch.
-
-    Accepts ISO 8601 (``2026-11-23T14:05:00``, ``2026-11-23 14:05``, with or
-    without a zone; none means local time), ``now``, ``today``, ``yesterday``,
-    and relative times as journalctl's: ``-1h``, ``-30min``, ``-2d``, ``+5min``
-    (from now_wall_ns).
-
-    Raises:
-        UsageError: none of those forms.
-    """
-    text = text.strip()
-    now = datetime.fromtimestamp(now_wall_ns / 1e9).astimezone()
-    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    named = {"now": now, "today": midnight, "yesterday": midnight - timedelta(days=1),
-             "tomorrow": midnight + timedelta(days=1)}
-    if text in named:
-        return int(named[text].timestamp() * 1e9) if text != "now" else now_wall_ns
-    if m := _RELATIVE_RE.fullmatch(text):
-        try:
-            seconds = configmod.parse_duration(m.group(2))
-        except ConfigError:
-            pass
-        else:
-            return now_wall_ns + int(seconds * 1e9) * (-1 if m.group(1) == "-" else 1)
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"time {text[:40]!r}: give ISO 8601 (2026-11-23T14:05:00, zone optional), "
-                         "now/today/yesterday, or relative like -1h, -30min, -2d") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return int(when.timestamp()) * 10**9 + when.microsecond * 1000
 
 
 # -- segments and their time ranges --------------------------------------------------------------
@@ -229,26 +192,17 @@ def escape(value) -> str:
 class Style:
     """How text lines look: time format and colours."""
 
-    offset_ns: int | None = None    # the session's boot→wall offset, once known
-    utc: bool = False
+    clock: SessionClock             # the session's offset and zone (inputs.SessionClock)
     boot_time: bool = False
     color: bool = False
-    _second: int | None = None      # the wall-clock second _parts were formatted for
-    _parts: tuple[str, str] = ("", "")
 
     def time(self, time_ns) -> str:
         """A record's time: ISO 8601 with zone, or raw boot ns."""
         if not isinstance(time_ns, int):
             return "-"
-        if self.boot_time or self.offset_ns is None:
+        if self.boot_time or self.clock.offset_ns is None:
             return str(time_ns)
-        wall = clock.wall_ns(time_ns, self.offset_ns)
-        second = wall // 10**9
-        if second != self._second:     # records come in bursts: format each second once
-            tz = timezone.utc if self.utc else None
-            dt = datetime.fromtimestamp(second, tz).astimezone(tz)
-            self._second, self._parts = second, (dt.strftime("%Y-%m-%dT%H:%M:%S."), dt.strftime("%z"))
-        return f"{self._parts[0]}{wall % 10**9 // 1000:06d}{self._parts[1]}"
+        return self.clock.format(time_ns)
 
     def paint(self, text: str, code: str) -> str:
         """text in SGR colour code when colour is on."""
@@ -300,27 +254,19 @@ def filters_from_args(args, offset_ns: int | None, now_wall_ns: int) -> Filters:
     """The Filters of a show invocation; --since/--until converted to boot ns with the session's offset.
 
     Raises:
-        UsageError: a malformed time or build-id, or a time filter on a session without a clock offset.
+        UsageError: a malformed time or build-id, an empty or inverted time range, or a wall-clock
+            time on a session without a clock offset.
     """
     for b in args.build_id or ():
         if not _BUILD_ID_RE.fullmatch(b):
             raise UsageError(f"--build-id {b[:40]!r}: give a hex prefix of a build-id")
-    times = []
-    for opt, text in (("--since", args.since), ("--until", args.until)):
-        if text is None:
-            times.append(None)
-            continue
-        wall = parse_time(text, now_wall_ns)
-        if offset_ns is None:
-            raise BuildiddError(f"{opt}: the session has no session record with a clock offset; "
-                                "filter with --boot-time output instead")
-        times.append(wall - offset_ns)
+    since_ns, until_ns = SessionClock(offset_ns, now_wall_ns).parse_range(args.since, args.until)
     return Filters(types=frozenset(args.type) if args.type else None,
                    pids=frozenset(args.pid) if args.pid else None,
                    comms=tuple(args.comm) if args.comm else None,
                    paths=tuple(args.path) if args.path else None,
                    build_ids=tuple(b.lower() for b in args.build_id) if args.build_id else None,
-                   since_ns=times[0], until_ns=times[1])
+                   since_ns=since_ns, until_ns=until_ns)
 
 
 def cmd_show(args) -> int:
@@ -330,13 +276,13 @@ def cmd_show(args) -> int:
         BuildiddError: not a session; UsageError: a malformed filter.
     """
     cfg = configmod.load(args.config, required=args.config != configmod.DEFAULT_CONFIG_PATH)
-    session = resolve_session(args.session, args.session_root or cfg.session_root)
+    session = resolve_session(args.session, effective_session_root(cfg.session_root, args.session_root))
     all_segments = list_segments(session)
     head = _session_head(all_segments)
     offset_ns = head.get("boot_to_wall_offset_ns") if head else None
     filters = filters_from_args(args, offset_ns, time.time_ns())
     segments = segments_in_range(all_segments, filters.since_ns, filters.until_ns)
-    style = Style(offset_ns=offset_ns, utc=args.utc, boot_time=args.boot_time, color=_use_color(sys.stdout))
+    style = Style(SessionClock(offset_ns, utc=args.utc), boot_time=args.boot_time, color=_use_color(sys.stdout))
     torn: list[tuple[str, int]] = []
     shown = 0
     out = sys.stdout
@@ -373,9 +319,11 @@ def register(sub) -> None:
     show.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
                       help="TOML configuration file giving session_root (default %(default)s; absent is fine)")
     show.add_argument("--session-root", metavar="DIR", help="where to look for a session name "
-                      "(default from the config: %s)" % configmod.Config.session_root)
-    show.add_argument("--since", metavar="TIME", help="only records at or after TIME: ISO 8601 "
-                      "(2026-11-23T14:05, local unless a zone is given), now/today/yesterday, or -1h, -30min")
+                      "(default from the config: %s; for a user other than root: $XDG_DATA_HOME/buildidd/sessions, "
+                      "then the system's when readable)" % configmod.Config.session_root)
+    show.add_argument("--since", metavar="TIME", help="only records at or after TIME: ns since boot, perf's "
+                      "sec.usec, ISO 8601 (2026-11-23T14:05, local unless a zone is given), HH:MM[:SS] today, "
+                      "now/today/yesterday, or relative: -40s, -30min, -1h")
     show.add_argument("--until", metavar="TIME", help="only records at or before TIME (forms as --since)")
     show.add_argument("--pid", type=int, action="append", metavar="PID", help="only this pid (repeatable)")
     show.add_argument("--comm", action="append", metavar="GLOB", help="only tasks whose comm matches (repeatable)")

@@ -176,11 +176,12 @@ def make_handlers(recorder, extra_status: Callable[[], dict] | None = None) -> d
             return cache["value"]
 
     def rotate(_args, _peer):
+        closed = recorder.current_segment()
         if not recorder.request_rotate(timeout_s=5.0):
             raise ControlError("timeout", "the recorder did not rotate within 5 s")
         with cache_lock:
             cache["at"] = -1e9  # the next status shows the new segment
-        return {"rotated": True, "segment": recorder.current_segment()}
+        return {"rotated": True, "closed": closed, "segment": recorder.current_segment() or recorder.next_segment()}
 
     def do_lookup(args, peer):
         return lookup(_int_arg(args, "pid"), _int_arg(args, "addr"), peer)

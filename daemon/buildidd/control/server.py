@@ -256,7 +256,9 @@ class ControlServer:
         self._served.wake = self._wake
         self._thread = threading.Thread(target=self._run, name="buildidd-control", daemon=True)
         self._thread.start()
-        log.info("control socket listening on %s (mode %o, gid %s)", self.path, self.options.mode, self.gid)
+        group = (f"{self.options.group} (gid {self.gid})" if self.gid is not None else f"gid {st.st_gid}"
+                 + (f", not {self.options.group!r}" if self.options.group else ""))
+        log.info("control socket listening on %s (mode %o, group %s)", self.path, self.options.mode, group)
 
     def _wake(self) -> None:
         """Wake the server thread (any thread): an answer is ready, or stop."""

@@ -34,23 +34,19 @@ session's later ``resolution`` record for the same file identity
 ``path`` (the ELF the kernel ran; for a ``#!`` script its interpreter, while
 ``filename`` is the script).
 
-Times are ns since boot (CLOCK_BOOTTIME); :func:`parse_time` also takes a
-wall-clock ISO 8601 time and converts it with the session's
-``boot_to_wall_offset_ns``.
+Times are ns since boot (CLOCK_BOOTTIME); what people type (addresses, maps
+ranges, wall-clock and perf times) is parsed by :mod:`buildidd.inputs`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import NamedTuple
 
-from buildidd.errors import AnalysisError
 from buildidd.offline.resolutions import LateResolutions
 from buildidd.sessionlog import read_session
 
@@ -376,55 +372,3 @@ def _uint(value) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"not a non-negative integer: {value!r}")
     return value
-
-
-_HEX_ADDRESS = re.compile(r"(?:0[xX])?([0-9a-fA-F]{1,16})")
-
-
-def parse_address(text: str) -> int:
-    """An address in hex, with or without ``0x`` (``7f12ab``, ``0x7f12ab``) → int.
-
-    Raises:
-        AnalysisError: not hex, or beyond 64 bits.
-    """
-    m = _HEX_ADDRESS.fullmatch(text.strip())
-    if m is None:
-        raise AnalysisError(f"not a 64-bit hex address: {text!r}")
-    return int(m.group(1), 16)
-
-
-_FRACTION = re.compile(r"([T ]\d\d:\d\d:\d\d)[.,](\d{1,9})")
-
-
-def parse_time(text: str, boot_to_wall_offset_ns: int | None) -> int:
-    """A query time → ns since boot.
-
-    Args:
-        text: decimal ns since boot (``3923009122689``), or a wall-clock ISO 8601
-            time (``2026-11-22T10:15:03.123456789+01:00``; no zone: local
-            time); fractions of a second up to ns.
-        boot_to_wall_offset_ns: the session record's offset (wall ns since the
-            epoch minus boot ns); needed for a wall-clock time.
-
-    Raises:
-        AnalysisError: neither form, or a wall-clock time and no offset.
-    """
-    s = text.strip()
-    if s.isdigit():
-        return int(s)
-    frac_ns = 0
-    m = _FRACTION.search(s)
-    if m:
-        frac_ns = int(m.group(2).ljust(9, "0"))
-        s = s[:m.start()] + m.group(1) + s[m.end():]
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00") if s.endswith("Z") else s)
-    except ValueError as e:
-        raise AnalysisError(f"not ns since boot nor an ISO 8601 time: {text!r}") from e
-    if boot_to_wall_offset_ns is None:
-        raise AnalysisError("a wall-clock time needs the session record's boot_to_wall_offset_ns")
-    if dt.tzinfo is None:
-        dt = dt.astimezone()                 # local time, as `date` prints it
-    wall_ns = int(dt.timestamp()) * 1_000_000_000 + frac_ns
-    # The inverse of clock.wall_ns(time_ns, offset) = time_ns + offset.
-    return wall_ns - boot_to_wall_offset_ns

@@ -14,10 +14,10 @@ from ``buildidd.sessionlog``, never from its modules).
 """
 
 from buildidd.sessionlog.reader import list_segments, read_session
-from buildidd.sessionlog.retention import enforce_retention, session_build_ids
+from buildidd.sessionlog.retention import enforce_retention, session_build_ids, sessions_usage
 from buildidd.sessionlog.seal import SealReport, seal_unclosed_sessions
 from buildidd.sessionlog.segments import SEGMENT_GLOB
 from buildidd.sessionlog.writer import SessionWriter
 
 __all__ = ["SEGMENT_GLOB", "SealReport", "SessionWriter", "enforce_retention", "list_segments", "read_session",
-           "seal_unclosed_sessions", "session_build_ids"]
+           "seal_unclosed_sessions", "session_build_ids", "sessions_usage"]

@@ -67,6 +67,24 @@ def _session_usage(directory: str) -> tuple[int, int]:
     return total, newest
 
 
+def sessions_usage(session_root: str | os.PathLike) -> tuple[int, int]:
+    """(sessions, bytes of their files) under session_root, counted as :func:`enforce_retention` counts
+    them (the limit ``session_max_total_bytes`` applies to these bytes); (0, 0) when it cannot be listed."""
+    try:
+        with os.scandir(session_root) as it:
+            dirs = [e.path for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0, 0
+    total = n = 0
+    for d in dirs:
+        try:
+            total += _session_usage(d)[0]
+            n += 1
+        except OSError:
+            continue   # deleted meanwhile
+    return n, total
+
+
 def enforce_retention(session_root: str | os.PathLike, *, max_age_s: float | None,
                       max_total_bytes: int | None, keep: Iterable[str | os.PathLike],
                       now_s: float | None = None) -> list[Path]:

@@ -59,7 +59,7 @@ from buildidd.sessionlog.compress import SegmentFinisher
 from buildidd.sessionlog.writebehind import WINDOW_BYTES, WriteBehind
 from buildidd.sessionlog.segments import (
     MAX_LINE_BYTES, SEGMENT_GLOB, SegmentStats, create_session_dir,
-    lock_session_dir, write_closed_marker,
+    lock_session_dir, segment_name, write_closed_marker,
 )
 
 __all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentStats", "SessionWriter"]
@@ -279,7 +279,8 @@ class SessionWriter:
         ``segments_compressed``, ``write_errors`` (failed write/open/fsync
         calls), ``compress_errors`` (segments left uncompressed),
         ``current_segment`` (path of the open segment as ``str``, or
-        ``None``), ``pending_records``/``pending_bytes`` (the backlog),
+        ``None``), ``next_segment`` (when none is open: the path the next
+        record opens, else ``None``), ``pending_records``/``pending_bytes`` (the backlog),
         ``records_lost`` (records dropped, by cause: ``disk_full``,
         ``io_error``), ``failing`` (the cause while writes fail, else
         ``None``), ``failing_since_ns`` (ns since boot), ``last_write_error``,
@@ -299,6 +300,7 @@ class SessionWriter:
             "write_errors": self._appender.write_errors + chain.close_errors + sync_errors,
             "compress_errors": compress_errors,
             "current_segment": str(segment.stats.path) if segment is not None else None,
+            "next_segment": str(chain.directory / segment_name(chain.next_number)) if segment is None else None,
             "pending_records": backlog.records,
             "pending_bytes": backlog.nbytes,
             "records_lost": dict(backlog.lost),

@@ -47,3 +47,48 @@ class Tally:
             log.warning(msg, *args)
         else:
             self.counters["log_suppressed"] += 1
+
+
+class LogLimiter:
+    """Per-file log lines limited per key (e.g. a refusal's reason): the first :attr:`burst` lines of
+    a key in each :attr:`window_s` seconds are logged, the rest counted, and the count of a window is
+    logged in one line when the key's next window opens (or :meth:`flush` is called).
+
+    Attributes:
+        suppressed: lines not logged, by key, since construction.
+    """
+
+    def __init__(self, logger: logging.Logger, burst: int = 3, window_s: float = 60.0):
+        self.logger = logger
+        self.burst = burst
+        self.window_s = window_s
+        self.suppressed: dict[str, int] = {}
+        self._windows: dict[str, list] = {}    # key -> [window start (monotonic s), logged, suppressed]
+
+    def log(self, key: str, level: int, msg: str, *args) -> bool:
+        """Log msg % args at level unless key's burst is used up in this window; True when logged."""
+        now = time.monotonic()
+        w = self._windows.get(key)
+        if w is None or now - w[0] >= self.window_s:
+            if w is not None:
+                self._summary(key, w)
+            w = self._windows[key] = [now, 0, 0]
+        if w[1] < self.burst:
+            w[1] += 1
+            self.logger.log(level, msg, *args)
+            return True
+        w[2] += 1
+        self.suppressed[key] = self.suppressed.get(key, 0) + 1
+        return False
+
+    def flush(self) -> None:
+        """Log the count of every window's suppressed lines (e.g. at shutdown)."""
+        for key, w in self._windows.items():
+            self._summary(key, w)
+        self._windows.clear()
+
+    def _summary(self, key: str, w: list) -> None:
+        if w[2]:
+            self.logger.log(logging.WARNING, "%d more lines like the above (%s) in %.0f s not logged one by one; "
+                            "counted in buildidd status", w[2], key, min(self.window_s, time.monotonic() - w[0]))
+            w[2] = 0

@@ -41,6 +41,7 @@ from buildidd.resolve.routes import HandOver
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_background
+from buildidd.store.counters import LogLimiter
 from buildidd.store.coverage import HELD, Coverage
 from buildidd.store.origin import origin_of_fd
 from buildidd.store.store import Store
@@ -133,6 +134,7 @@ class Snapshotter:
                       "quota_removed": 0, "seen_full": 0}
         self.skipped: dict[str, int] = {}     # StoreRefusedError.reason → count
         self.last_error: str | None = None
+        self.lines = LogLimiter(log)          # per-file lines (skips, failures), limited per reason
         self._thread = threading.Thread(target=self._run, name="buildidd-snapshot", daemon=True)
 
     # -- producer side (hand-over workers) ------------------------------------
@@ -232,6 +234,7 @@ class Snapshotter:
                 os.close(job[5])
             self.coverage.outcome(job[2], "shutdown", job[3])
         self.stats["abandoned"] += len(left_jobs)
+        self.lines.flush()
         return len(left_jobs)
 
     def status(self) -> dict:
@@ -245,7 +248,7 @@ class Snapshotter:
                 "skipped": dict(self.skipped), "fds_held": sum(self._fds), "coverage": cov,
                 "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
                 "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
-                "last_error": self.last_error}
+                "last_error": self.last_error, "log_lines_suppressed": dict(self.lines.suppressed)}
 
     # -- the worker --------------------------------------------------------
     def _run(self) -> None:
@@ -300,12 +303,12 @@ class Snapshotter:
             self.skipped[e.reason] = self.skipped.get(e.reason, 0) + 1
             self.last_error = str(e)
             self.coverage.outcome(build_id, e.reason, path)
-            log.info("snapshot of %s (%s) skipped: %s", path, build_id, e)
+            self.lines.log(f"skipped: {e.reason}", logging.INFO, "snapshot of %s (%s) skipped: %s", path, build_id, e)
         except StoreError as e:
             self.stats["failed"] += 1
             self.last_error = str(e)
             self.coverage.outcome(build_id, "failed", path)
-            log.warning("snapshot of %s (%s) failed: %s", path, build_id, e)
+            self.lines.log("failed", logging.WARNING, "snapshot of %s (%s) failed: %s", path, build_id, e)
         except OSError as e:
             self.stats["failed"] += 1
             self.coverage.outcome(build_id, "failed", path)
