@@ -67,3 +67,8 @@ def test_the_manual_page_has_the_sections_of_a_section_8_page_in_order():
     assert firsts == sorted(firsts), headings
     assert "COMMENTS" not in headings                        # the exit status has its own section
     assert "/etc/buildidd/buildidd.toml" in r.stdout and ".BR debuginfod (8)" in r.stdout
+
+
+def test_every_verb_has_a_description():
+    missing = [name for name, sub, _line in _subparsers(build_parser()) if not (sub.description or "").strip()]
+    assert not missing, f"verbs without a --help description: {missing}"

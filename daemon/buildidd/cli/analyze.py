@@ -306,7 +306,11 @@ def cmd_inject(args) -> int:
 
 def register(sub) -> None:
     """Add ``buildid-list``, ``resolve``, ``export`` and ``inject`` to the subcommand parsers."""
-    p = sub.add_parser("buildid-list", help="build-id and path of every DSO in a session (like perf buildid-list)")
+    p = sub.add_parser("buildid-list", help="build-id and path of every DSO in a session (like perf buildid-list)",
+                       description="Print each build-id the session names with the path it was mapped from, as "
+                                   "perf buildid-list prints a perf.data's, the kernel's line included; --pid and "
+                                   "--comm keep the DSOs of some processes; --json adds each entry's provenance "
+                                   "in the store.")
     _session_arg(p)
     add_roots_options(p)
     p.add_argument("--pid", type=int, action="append", help="only DSOs this pid mapped (repeatable)")
@@ -332,7 +336,11 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per answer")
     p.set_defaults(func=cmd_resolve)
 
-    p = sub.add_parser("export", help="a session's mapping history as perf.data")
+    p = sub.add_parser("export", help="a session's mapping history as perf.data",
+                       description="Write the session's mappings as a perf.data file: a PERF_RECORD_MMAP2 with the "
+                                   "build-id for each mapping, the task records, and HEADER_BUILD_ID, so that perf "
+                                   "script and perf buildid-list read the session.  To give a profile of your own "
+                                   "the session's build-ids, use buildidd inject.")
     _session_arg(p)
     add_roots_options(p)
     p.add_argument("--perf", action="store_true", help="write perf.data: the one format and the default")

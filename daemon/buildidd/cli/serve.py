@@ -70,7 +70,12 @@ def cmd_pull(args) -> int:
 
 def register(sub) -> None:
     """Add ``serve`` and ``pull`` to the subcommand parsers."""
-    sv = sub.add_parser("serve", help="serve the build-id store over the debuginfod protocol (and sessions, metrics)")
+    sv = sub.add_parser("serve", help="serve the build-id store over the debuginfod protocol (and sessions, metrics)",
+                        description="Serve the build-id store read-only over HTTP as a debuginfod server "
+                                    "(/buildid/HEX/executable, debuginfo, section/NAME), the sessions' archives to "
+                                    "callers with rights to them (a token, or root or the control group on the "
+                                    "unix socket), and /metrics.  Loopback by default; any other address needs "
+                                    "--token-file.  Slow and flooding clients are capped and cut.")
     add_roots_options(sv)
     sv.add_argument("--listen", metavar="HOST:PORT", help="an IP address and port ([V6]:PORT); default "
                     "127.0.0.1:8002; off loopback needs --token-file")
@@ -95,7 +100,11 @@ def register(sub) -> None:
                     help="answers in progress at most per peer address or uid (default %(default)s)")
     sv.set_defaults(func=cmd_serve)
 
-    pl = sub.add_parser("pull", help="fetch session archives from a buildidd serve and import them")
+    pl = sub.add_parser("pull", help="fetch session archives from a buildidd serve and import them",
+                        description="Download the archives of SESSIONs (default: every session it lists) from a "
+                                    "buildidd serve, resuming with Range, within --max-bytes and --deadline, and "
+                                    "import each as buildidd import does.  The token goes only to the URL's own "
+                                    "scheme, host and port.")
     add_roots_options(pl)
     pl.add_argument("url", help="the serve's base URL, e.g. http://host:8002")
     pl.add_argument("sessions", nargs="*", metavar="SESSION", help="session names (default: all it lists)")
