@@ -210,3 +210,27 @@ def test_provenance_is_visible_end_to_end(trust_world, attacker, tmp_path, publi
     assert (entry / PROVENANCE_NAME).read_text() == "untrusted\n"
     true_entry = tmp_path / "marked" / ".build-id" / true_bid[:2] / true_bid[2:]
     assert not (true_entry / PROVENANCE_NAME).exists()
+
+
+def test_archive_import_and_pull_name_each_build_id_left_out_and_how_to_include_it(trust_world, tmp_path):
+    """A private binary left out of an archive is named, with its path, its reason and the option that
+    includes it, by archive and by import; --share-private includes it."""
+    private = trust_world["bids"]["private"]
+    secret = str(trust_world["files"]["private"])
+    out = tmp_path / "a.tar.zst"
+    base = [sys.executable, "-m", "buildidd.cli"]
+    r = subprocess.run([*base, "archive", str(trust_world["session"]), "-o", str(out),
+                        "--store-root", str(trust_world["tmp"] / "store")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "1 missing (1 private)" in r.stdout, r.stdout
+    assert "left out, private (1): " in r.stdout and "--share-private" in r.stdout, r.stdout
+    assert f"    {private}  {secret}" in r.stdout.splitlines(), r.stdout
+    r = subprocess.run([*base, "import", str(out), "--debug-dir", str(tmp_path / "debug"),
+                        "--session-root", str(tmp_path / "sessions")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "1 missing (1 private)" in r.stdout and f"    {private}  {secret}" in r.stdout.splitlines(), r.stdout
+    shared = tmp_path / "shared.tar.zst"
+    r = subprocess.run([*base, "archive", str(trust_world["session"]), "-o", str(shared), "--share-private",
+                        "--store-root", str(trust_world["tmp"] / "store")], capture_output=True, text=True)
+    assert r.returncode == 0 and "0 missing" in r.stdout and "left out" not in r.stdout, r.stdout
+    assert trust_world["files"]["private"].read_bytes() in _archive_members(shared.read_bytes()).values()

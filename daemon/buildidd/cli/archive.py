@@ -39,8 +39,38 @@ def _progress_bar(total_hint: str):
     return bar, progress
 
 
-def _summary(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
+#: Left-out build-ids named one by one at most (the manifest lists them all).
+LEFT_OUT_LISTED_MAX = 50
+
+
+def _summary(manifest) -> str:
+    """``143 archived, 0 upstream, 2 missing (2 private)``: the counts, the missing ones by reason."""
+    return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + _by_reason(manifest)
+
+
+def _by_reason(manifest) -> str:
+    by_reason = manifest.missing_by_reason()
+    return (" (" + ", ".join(f"{len(refs)} {reason}" for reason, refs in sorted(by_reason.items())) + ")"
+            if by_reason else "")
+
+
+def left_out_lines(manifest) -> list[str]:
+    """One line per build-id the archive left out (at most LEFT_OUT_LISTED_MAX, then how many more),
+    with a path it was mapped from, the reason and how to include it (manifest.missing_hint);
+    for archive, import and pull alike."""
+    from buildidd.offline.manifest import missing_hint
+
+    lines, shown, total = [], 0, 0
+    for reason, refs in sorted(manifest.missing_by_reason().items()):
+        hint = missing_hint(reason)
+        total += len(refs)
+        lines.append(f"  left out, {reason} ({len(refs)}){': ' + hint if hint else ''}")
+        for ref in refs[:max(0, LEFT_OUT_LISTED_MAX - shown)]:
+            lines.append(f"    {ref.build_id}  {ref.paths[0] if ref.paths else '-'}")
+            shown += 1
+    if total > shown:
+        lines.append(f"  ... and {total - shown} more: the manifest lists them all (tar -xOf ARCHIVE manifest.json)")
+    return lines
 
 
 def cmd_archive(args) -> int:
@@ -61,7 +91,8 @@ def cmd_archive(args) -> int:
     try:
         with open(tmp, "xb") as f:
             manifest = write_archive(session, _store(cfg), f, exclude_upstream=args.exclude_upstream,
-                                     progress=progress, share_private=cfg.store_share_private)
+                                     progress=progress,
+                                     share_private=cfg.store_share_private or args.share_private)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
@@ -72,7 +103,9 @@ def cmd_archive(args) -> int:
             tmp.unlink()
     # An unreachable --exclude-upstream was logged (stderr) by write_archive and is in the manifest.
     print(f"{out}: session {session.name}, {len(manifest.segments)} segment(s), build-ids: "
-          f"{_summary(manifest.counts())}, {out.stat().st_size} bytes")
+          f"{_summary(manifest)}, {out.stat().st_size} bytes")
+    for line in left_out_lines(manifest):
+        print(line)
     return 0
 
 
@@ -101,10 +134,9 @@ def cmd_import(args) -> int:
         return 0
     print(f"session {r.manifest.session['name']} -> {r.session_dir}" + ("" if r.session_new else " (already there)"))
     print(f"build-ids -> {debug_dir}: {len(r.installed)} installed ({r.bytes} bytes), {len(r.present)} already "
-          f"present, {len(r.upstream)} upstream, {len(r.missing)} missing")
-    reasons = {ref.build_id: ref.reason for ref in r.manifest.build_ids}
-    for bid in r.missing:
-        print(f"  missing {bid}: {reasons.get(bid)}")
+          f"present, {len(r.upstream)} upstream, {len(r.missing)} missing" + _by_reason(r.manifest))
+    for line in left_out_lines(r.manifest):
+        print(line)
     provenance = {ref.build_id: ref.provenance for ref in r.manifest.build_ids}
     for bid in r.untrusted:
         print(f"  {'skipped' if args.untrusted == 'skip' else 'marked'} {bid}: provenance "
@@ -179,6 +211,9 @@ def register(sub) -> None:
                                    "buildidd import).")
     p.add_argument("session", help="session directory, its name under the session root, or 'latest'")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the archive to write")
+    p.add_argument("--share-private", action="store_true",
+                   help="include binaries the store marked private (their source was not readable by every "
+                        "user); the default leaves them out and names each (store_share_private does the same)")
     p.add_argument("--exclude-upstream", metavar="URL",
                    help="leave out the binaries this debuginfod server already serves (listed as 'upstream')")
     add_roots_options(p)

@@ -58,6 +58,23 @@ ELF_FILES = frozenset({ELF_NAME, VDSO_NAME, DEBUG_NAME, VMLINUX_NAME})
 #: status of a build-id in the archive.
 ARCHIVED, UPSTREAM, MISSING = "archived", "upstream", "missing"
 
+#: What to do to include a build-id an archive left out, by BuildIdRef.reason (an ``unreadable: ...``
+#: reason is looked up as ``unreadable``).
+MISSING_HINTS = {
+    "private": "its source was private to a user; archive with --share-private (or store_share_private = true) "
+               "to include it",
+    "not_in_store": "the store never got it, or its quota removed it; the session's end record "
+                    "(store_coverage) says why",
+    "no_store": "archived without a store; give --store-root",
+    "invalid_build_id": "too short for the build-id cache's layout",
+    "unreadable": "the store's copy could not be read; check the store's permissions",
+}
+
+
+def missing_hint(reason: str | None) -> str:
+    """How to include a build-id left out for reason (:data:`MISSING_HINTS`), or ""."""
+    return MISSING_HINTS.get((reason or "").split(":", 1)[0], "")
+
 SEGMENT_RE = re.compile(r"segment-\d{6,12}\.jsonl(\.zst)?")
 
 #: The hidden file a closed session directory holds (buildidd.sessionlog's CLOSED_MARKER, not among its
@@ -157,6 +174,14 @@ class Manifest:
     buildidd_version: str = ""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
+
+    def missing_by_reason(self) -> dict[str, list[BuildIdRef]]:
+        """The build-ids left out (status ``missing``), grouped by their reason (``unreadable: ...`` as ``unreadable``)."""
+        out: dict[str, list[BuildIdRef]] = {}
+        for ref in self.build_ids:
+            if ref.status == MISSING:
+                out.setdefault((ref.reason or "unknown").split(":", 1)[0], []).append(ref)
+        return out
 
     def counts(self) -> dict[str, int]:
         """Build-ids by status: ``{"archived": n, "upstream": n, "missing": n}``."""

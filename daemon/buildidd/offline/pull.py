@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from buildidd.errors import ArchiveError, ServeError
-from buildidd.offline.importer import import_archive
+from buildidd.offline.importer import ImportReport, import_archive
 from buildidd.offline.untar import ImportLimits
 
 log = logging.getLogger(__name__)
@@ -106,12 +106,14 @@ class PullOptions:
 
 @dataclass(frozen=True)
 class PullResult:
-    """One session pulled: its name, where it was imported, the archive's size, whether a transfer resumed."""
+    """One session pulled: its name, where it was imported, the archive's size, whether a transfer resumed,
+    and the import's report (what it installed and what the archive left out)."""
 
     name: str
     session_dir: Path
     archive_bytes: int
     resumed: bool
+    report: "ImportReport | None" = None
 
 
 class _Broken(Exception):
@@ -386,7 +388,7 @@ def _pull_one(client: _Client, name: str, opts: PullOptions, work_dir: Path) -> 
             dl.discard()
             raise
         dl.discard()
-        return PullResult(name, report.session_dir, size, dl.resumed)
+        return PullResult(name, report.session_dir, size, dl.resumed, report)
     raise AssertionError("unreachable")
 
 

@@ -43,6 +43,8 @@ __all__ = ["Enricher", "Offload", "Resolution", "kernel_resolution"]
 SUSPECT_S = 10.0
 #: Suspect devices remembered at most (the oldest forgotten first).
 SUSPECT_MAX = 1024
+#: Mappings made by execve (the executable, its interpreter): their files have exec pins.
+_EXEC_ORIGINS = (MapOrigin.EXEC_MAIN, MapOrigin.EXEC_INTERP)
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,9 @@ class Enricher:
 
     def _handover_pool(self, name: str) -> WorkerPool:
         """Hand-overs' own workers, apart from resolutions the recording thread waits for.  Two
-        pools: live sightings, and the bulk of the start-up synthesis (every DSO of every running
-        process), so that the bulk never queues ahead of a live first sighting."""
+        pools: live sightings of mmap'd files (only their living process reaches them), and the
+        rest: the bulk of the start-up synthesis (every DSO of every running process) and exec'd
+        files already pinned (resolve.execpins), so that neither queues ahead of a live one."""
         p = self.offload.pool
         return WorkerPool(PoolPolicy(workers=1, max_threads=max(2, p.max_threads // 4), queue_max=p.queue_max,
                                      stuck_after_s=p.stuck_after_s), name=name)
@@ -188,7 +191,11 @@ class Enricher:
             return
         self._handed.put(seen, True)
         req = _request(ev, ev.path)
-        pool = self.bulk_handovers if req.bulk else self.handovers
+        pins = self.routes.pins
+        # The live pool is for files only a living process reaches (mmap'd); an exec'd file on a
+        # marked file system is pinned already, so it waits with the bulk.
+        pinned = ev.origin in _EXEC_ORIGINS and pins is not None and pins.covers(ev.identity.dev)
+        pool = self.bulk_handovers if req.bulk or pinned else self.handovers
         if pool.submit(self.routes.hand_over, (req, res)) is None:
             self.handovers_dropped += 1
             self._handed.pop(seen)

@@ -168,6 +168,11 @@ class ExecPins:
             self.stats["taken"] += 1
         return pin.fd
 
+    def covers(self, dev: int) -> bool:
+        """True when execs of files on dev (st_dev) are pinned: its file system is marked.  A set
+        lookup, no system call (the recording thread asks)."""
+        return self.group is not None and dev in self.group.marked
+
     def release(self, ident: Identity) -> None:
         """ident's file needs no pin (settled in the store, or handed over before at its path):
         the reader thread closes its pin and sets its ignore mark.  Any thread; no system call."""
