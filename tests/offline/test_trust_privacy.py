@@ -99,17 +99,29 @@ def test_symbolizer_reads_the_trusted_copy(trust_world):
     assert "bidd_real_fn" in [n for n, _ in table.syms] and "bidd_forged_fn" not in [n for n, _ in table.syms]
 
 
-def test_private_entry_is_404_logged_once_unless_shared(trust_world):
+def test_private_entry_is_403_with_its_reason_logged_once_unless_shared(trust_world, tmp_path):
+    """A held but private entry is not 'not found': 403 says why and which key shares it.  The real
+    elfutils 0.188 client caches every failure alike (a 404, a 403, a 503, a dropped connection), so
+    the answer is for people and logs; debuginfod-find shows it as a failure, not as a cached copy."""
     private, public = trust_world["bids"]["private"], trust_world["bids"]["public"]
     serve = _serve(trust_world, "serve-private")
     try:
         for _ in range(3):
             for artifact in ("executable", "debuginfo", "section/.text"):
-                assert request(serve.url, "GET", f"/buildid/{private}/{artifact}")[0] == 404, artifact
+                status, headers, body = request(serve.url, "GET", f"/buildid/{private}/{artifact}")
+                assert status == 403 and headers.get("x-buildidd-withheld") == "private", (artifact, status)
+                assert b"store_share_private" in body
         assert request(serve.url, "GET", f"/buildid/{public}/executable")[0] == 200
+        assert request(serve.url, "GET", f"/buildid/{'ab' * 20}/executable")[0] == 404     # not held at all
+        env = {**os.environ, "DEBUGINFOD_URLS": serve.url, "DEBUGINFOD_CACHE_PATH": str(tmp_path / "cache")}
+        r = subprocess.run(["debuginfod-find", "executable", private], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode != 0 and not r.stdout.strip(), r
+        _, metrics, text = request(serve.url, "GET", "/metrics")
+        assert b'result="withheld"' in text, text[:2000]
     finally:
         log = serve.stop()
-    assert log.count(f"404 for {private} (elf): its copy is private") == 1, log
+    assert log.count(f"403 for {private} (elf): its copy is private") == 1, log
     shared = _serve(trust_world, "serve-shared", "--config", str(trust_world["share_config"]))
     try:
         status, _, body = request(shared.url, "GET", f"/buildid/{private}/executable")

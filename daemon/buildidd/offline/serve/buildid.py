@@ -36,13 +36,20 @@ def add_routes(app: web.Application, store: Store, privacy: dbg.Privacy) -> None
 
 
 async def _lookup(request: web.Request, artifact: str, find: Callable[[], object]):
-    """Run a store lookup in a thread; count it; 503 for dbg.Unavailable (logged at a limited rate)."""
+    """Run a store lookup in a thread; count it; 503 for dbg.Unavailable (logged at a limited rate), 403
+    for dbg.Withheld (a private copy: the reason, and X-Buildidd-Withheld: private)."""
     loop = asyncio.get_running_loop()
     metrics = request.app[METRICS_KEY]
     try:
         return await loop.run_in_executor(None, find)
+    except dbg.Withheld as e:
+        metrics.lookup(artifact, "withheld")
+        raise web.HTTPForbidden(
+            text="held, but private: its source was not readable by every user on the recording host; the "
+                 "operator shares such copies with store_share_private = true\n",
+            headers={"X-Buildidd-Withheld": "private"}) from e
     except dbg.Unavailable as e:
-        metrics.lookup(artifact, "dbg.unavailable")
+        metrics.lookup(artifact, "unavailable")
         metrics.warn(log, "503: %s", e)
         raise dbg.unavailable(e) from e
 

@@ -88,6 +88,11 @@ class Unavailable(Exception):
     """A file is held but cannot be read right now: the answer is 503 (never 404/500), and it is logged."""
 
 
+class Withheld(Exception):
+    """A build-id is held, but its copy is private and the operator does not share it: the answer is
+    403 with the reason and the key that shares it (``store_share_private``), never a bare 404."""
+
+
 @dataclass(frozen=True)
 class Held:
     """A file the store holds for a build-id.
@@ -137,7 +142,7 @@ class Privacy:
             if first:
                 self.withheld.add((build_id_hex, kind))
         if first:
-            log.info("404 for %s (%s): its copy is private (store_share_private is off)", build_id_hex, kind)
+            log.info("403 for %s (%s): its copy is private (store_share_private is off)", build_id_hex, kind)
         return False
 
 
@@ -210,14 +215,17 @@ def _original_name(main: Path) -> str:
 def find_executable(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOTHING_PRIVATE) -> Held | None:
     """What ``/buildid/HEX/executable`` serves: the binary (``elf``/``vdso``), or a kernel's ``vmlinux``.
 
-    None when not held, or when its copy is private and privacy does not share it.
+    None when not held.
 
     Raises:
         Unavailable: held but cannot be examined right now.
+        Withheld: held, but its copy is private and privacy does not share it.
     """
     main = main_file(store, build_id_hex)
-    if main is None or not privacy.allows(store, build_id_hex, "elf"):
+    if main is None:
         return None
+    if not privacy.allows(store, build_id_hex, "elf"):
+        raise Withheld(build_id_hex)
     try:
         provenance = store.provenance(build_id_hex)
     except OSError as e:
@@ -239,6 +247,7 @@ def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOT
 
     Raises:
         Unavailable: held but cannot be examined right now.
+        Withheld: the executable is held but private (find_executable).
     """
     held = find_executable(store, build_id_hex, privacy)
     if held is None:
