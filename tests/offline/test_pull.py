@@ -81,6 +81,10 @@ def test_pull_imports_the_session_and_its_binaries(served, tmp_path):
     r = pull(served, tmp_path, SESSION_NAME)
     assert r.returncode == 0, r.stderr
     assert f"{SESSION_NAME}: imported" in r.stdout and "resumed" not in r.stdout
+    # What the archive left out is counted by reason and named, with the way to include it.
+    assert "1 missing (1 not_in_store)" in r.stdout, r.stdout
+    assert "left out, not_in_store (1): " in r.stdout, r.stdout
+    assert f"    {served['bids']['gone']}  {served['files']['gone']}" in r.stdout.splitlines(), r.stdout
     check_imported(served, tmp_path)
 
 
