@@ -1,8 +1,9 @@
 """buildidd: record every executable file mapping with the exact build-id.
 
 The package is the pipeline, one subpackage per stage; data flows one way,
-top to bottom, and a stage imports only from the stages below it (checked by
-import-linter, contract in pyproject.toml, run by tests/test_layers.py)::
+top to bottom in the diagram, and a stage imports only from the stages above
+it, the earlier ones (checked by import-linter, contract in pyproject.toml,
+run by tests/test_layers.py)::
 
     kernel      BTF offsets, the BPF loader (BCC), the wire structs of bpf/events.h
       │  raw ring-buffer records (map, exec, fork, exit, comm)

@@ -329,10 +329,10 @@ def _toml_value(key: str, value) -> str:
 
 _TOML_HEADER = """\
 # /etc/buildidd/buildidd.toml: buildidd's configuration.  Every key is optional;
-# each is shown commented out with its default.  Sizes (keys ending in _bytes)
-# take bytes or a string with a K, M, G suffix ("64M", "64MB", "64MiB": bytes;
-# "64Mb", bits, is refused); durations (keys ending in _s) take seconds or a
-# string with a unit ("90s", "5min", "1h", "30d").  An unknown key is an error.
+# each is shown commented out with its default.  Sizes (keys ending in _bytes
+# or _bytes_per_s) take bytes or a string with a K, M, G suffix ("64M", "64MB",
+# "64MiB": bytes; "64Mb", bits, is refused); durations (other keys ending in
+# _s) take seconds or a string with a unit ("90s", "5min", "1h", "30d").  An unknown key is an error.
 # `buildidd check-config` checks this file; `systemctl reload buildidd`
 # (SIGHUP) re-reads it and rotates the current segment.
 #
@@ -346,9 +346,10 @@ def render_markdown() -> str:
     metadata as :func:`render_toml`."""
     out = ["# Configuration keys\n\n",
            "`/etc/buildidd/buildidd.toml` (or `--config FILE`). Every key is optional. Sizes (keys ending in\n",
-           "`_bytes`) take bytes or a string with K, M, G, T (powers of 1024: `\"64M\"`); durations (keys\n",
-           "ending in `_s`) take seconds or a string with a unit (`\"90s\"`, `\"5min\"`, `\"30d\"`). An unknown key\n",
-           "is an error that names it. `systemctl reload buildidd` (SIGHUP) re-reads the file.\n\n",
+           "`_bytes` or `_bytes_per_s`) take bytes or a string with K, M, G, T (powers of 1024: `\"64M\"`);\n",
+           "durations (other keys ending in `_s`) take seconds or a string with a unit (`\"90s\"`, `\"5min\"`,\n",
+           "`\"30d\"`). An unknown key is an error that names it. `systemctl reload buildidd` (SIGHUP)\n",
+           "re-reads the file.\n\n",
            "Generated from daemon/buildidd/config.py by scripts/gen-config (a test checks they agree);\n",
            "systemd/buildidd.toml is the same as a commented file.\n\n",
            "| key | default | unit | meaning |\n| --- | --- | --- | --- |\n"]

@@ -12,7 +12,7 @@ class BuildiddError(Exception):
 
     Attributes:
         exit_code: the ``buildidd`` command's exit status when this error ends
-            it (README "Exit status"): 1 failure, 2 usage, 3 daemon not
+            it (README "Exit codes"): 1 failure, 2 usage, 3 daemon not
             running, 4 permission denied.
     """
 

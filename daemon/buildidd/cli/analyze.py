@@ -28,6 +28,29 @@ def _store(cfg):
 # -- buildid-list ----------------------------------------------------------------------
 
 
+def cmd_which(args) -> int:
+    """`buildidd which PATH`: every build-id PATH had in the sessions (debuginfod's /metadata answer)."""
+    from buildidd.offline.metadata import metadata
+    from buildidd.store import Store
+
+    cfg = roots_from_args(args)
+    store = Store(cfg.store_root) if cfg.store_root and os.path.isdir(cfg.store_root) else None
+    answer = metadata(cfg.session_root, "glob" if args.glob else "file", args.path,
+                      held=store.contains if store is not None else None)
+    if args.json:
+        print(json.dumps(answer))
+        return 0
+    for r in answer["results"]:
+        held = "" if "held" not in r else ("  held" if r["held"] else "  not held")
+        print(f"{r['buildid']}  {r['file']}  {r['first_seen'] or '-'} .. {r['last_seen'] or '-'}  "
+              f"{r['host'] or '-'}{held}")
+    if not answer["results"]:
+        print(f"-- {args.path}: no build-id recorded --", file=sys.stderr)
+    if not answer["complete"]:
+        print("-- incomplete: more sessions or results than one answer holds --", file=sys.stderr)
+    return 0
+
+
 def cmd_buildid_list(args) -> int:
     """`buildidd buildid-list SESSION`: build-id and path of every DSO, kernel first (as ``perf buildid-list``).
 
@@ -305,7 +328,17 @@ def cmd_inject(args) -> int:
 
 
 def register(sub) -> None:
-    """Add ``buildid-list``, ``resolve``, ``export`` and ``inject`` to the subcommand parsers."""
+    """Add ``buildid-list``, ``which``, ``resolve``, ``export`` and ``inject`` to the subcommand parsers."""
+    p = sub.add_parser("which", help="every build-id a path had in the recorded sessions, and when",
+                       description="Print each build-id PATH was mapped or executed with in the sessions, with "
+                                   "when it was first and last seen (UTC), the host, and whether the store holds "
+                                   "it: debuginfod's /metadata answer, which buildidd serve gives too.  --glob "
+                                   "takes PATH as a glob ('*' also crosses '/').")
+    p.add_argument("path", metavar="PATH", help="a path as the mapping named it, or a glob with --glob")
+    p.add_argument("--glob", action="store_true", help="PATH is a glob pattern")
+    p.add_argument("--json", action="store_true", help="the /metadata JSON answer")
+    add_roots_options(p)
+    p.set_defaults(func=cmd_which)
     p = sub.add_parser("buildid-list", help="build-id and path of every DSO in a session (like perf buildid-list)",
                        description="Print each build-id the session names with the path it was mapped from, as "
                                    "perf buildid-list prints a perf.data's, the kernel's line included; --pid and "

@@ -1,6 +1,6 @@
 """Command line: ``buildidd VERB``; each verb family is a module of this package with a register().
 
-Exit status (README "Exit status"; kept stable for scripts): 0 success, 1
+Exit status (README "Exit codes"; kept stable for scripts): 0 success, 1
 failure, 2 usage error, 3 daemon not running, 4 permission denied; ``record``
 exits with its command's status (128+N when a signal N ended it).  Errors are
 one line on stderr naming the thing and the fix; ``-v`` adds the traceback.

@@ -3,7 +3,8 @@
 One module per concern, each owning its routes and their handlers:
 app (options, access, the application and its listeners), buildid
 (``/buildid/...``, the debuginfod protocol, over debuginfod's lookups in
-the store), sessions (``/sessions``, archives), metrics (``/metrics``),
+the store), sessions (``/sessions``, archives), metadata (``/metadata``,
+from the sessions), metrics (``/metrics``),
 guard (caps and deadlines against slow and flooding clients), send
 (streaming a file or a section).
 """

@@ -9,6 +9,7 @@ never the others; files go out with ``sendfile(2)``, byte ranges included)::
     GET|HEAD /buildid/HEX/source/PATH       404: no sources are held
     GET      /sessions                      the session root's sessions, JSON (serve.sessions)
     GET|HEAD /sessions/NAME/archive         a session's archive (tar + zstd), Range-able once built
+    GET      /metadata?key=file|glob&value=V the build-ids a path had, from the sessions (serve.metadata)
     GET      /metrics                       Prometheus text (serve.metrics)
 
 Access: on a loopback address (``ipaddress``' ``is_loopback``: 127.0.0.0/8 and
@@ -48,7 +49,7 @@ from pathlib import Path
 from aiohttp import web
 
 from buildidd.errors import ServeError
-from buildidd.offline.serve import buildid, debuginfod, metrics, sessions
+from buildidd.offline.serve import buildid, debuginfod, metadata, metrics, sessions
 from buildidd.offline.serve.guard import GUARD_KEY, GuardLimits, guard_middleware, make_guard, raise_fd_limit
 from buildidd.offline.serve.metrics import METRICS_KEY, MetricsAccessLogger, ServeMetrics, StatusFn
 from buildidd.store import Store
@@ -187,6 +188,7 @@ def make_app(opts: ServeOptions, store: Store | None = None, fd_limit: int | Non
         sessions.add_routes(app, sessions.SessionsOptions(
             opts.session_root, opts.store_root, opts.spool_dir, opts.share_private,
             token_required=opts.token is not None, group_gid=opts.group_gid))
+        metadata.add_routes(app)
     return app
 
 
