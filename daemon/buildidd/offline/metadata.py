@@ -9,7 +9,7 @@ short).  The sessions know more than any scan: every build-id a path was
 mapped or executed with, and when.  :func:`metadata` answers from them: one
 ``executable`` result per (build-id, path), with the extra fields clients
 ignore: ``first_seen``/``last_seen`` (ISO 8601, UTC, wall clock), ``host``
-and ``held`` (the store has its bytes).  Used by ``buildidd serve``
+(where it was first seen) and ``held`` (the store has its bytes).  Used by ``buildidd serve``
 (``/metadata``) and ``buildidd which``.
 
 Bounded: at most :data:`MAX_RESULTS` results (``complete`` false beyond) and
@@ -145,6 +145,7 @@ def _scan(directory: Path, match: Callable[[str], bool], seen: dict[tuple[str, s
             seen[(bid, path)] = _Seen(wall, wall, host)
             continue
         if wall is not None:
-            s.first_wall_ns = wall if s.first_wall_ns is None else min(s.first_wall_ns, wall)
+            if s.first_wall_ns is None or wall < s.first_wall_ns:
+                s.first_wall_ns, s.host = wall, host      # the host where it was first seen
             s.last_wall_ns = wall if s.last_wall_ns is None else max(s.last_wall_ns, wall)
     return True
