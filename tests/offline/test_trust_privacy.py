@@ -8,6 +8,7 @@ build-id of a root-owned binary under /usr/lib, ``buildidd serve`` and ``buildid
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -246,3 +247,29 @@ def test_archive_import_and_pull_name_each_build_id_left_out_and_how_to_include_
                         "--store-root", str(trust_world["tmp"] / "store")], capture_output=True, text=True)
     assert r.returncode == 0 and "0 missing" in r.stdout and "left out" not in r.stdout, r.stdout
     assert trust_world["files"]["private"].read_bytes() in _archive_members(shared.read_bytes()).values()
+
+
+def test_each_entrys_quality_is_in_buildid_list_the_manifest_serves_headers_and_metrics(trust_world):
+    """What a copy is good for (store.quality): gcc without -g leaves a symbol table (symtab)."""
+    public = trust_world["bids"]["public"]
+    m = write_archive(trust_world["session"], trust_world["store"], io.BytesIO())
+    refs = {r.build_id: r for r in m.build_ids}
+    assert refs[public].quality == "symtab" and refs[trust_world["bids"]["private"]].quality == "symtab"
+    listed = subprocess.run([sys.executable, "-m", "buildidd.cli", "buildid-list", str(trust_world["session"]),
+                             "--json", "--store-root", str(trust_world["tmp"] / "store")],
+                            capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["build_id"]: r for r in map(json.loads, listed.stdout.splitlines()) if r["build_id"]}
+    assert rows[public]["quality"] == "symtab"
+    text = subprocess.run([sys.executable, "-m", "buildidd.cli", "buildid-list", str(trust_world["session"]),
+                           "--quality", "--store-root", str(trust_world["tmp"] / "store")],
+                          capture_output=True, text=True)
+    assert f"{public} {trust_world['files']['public']} symtab" in text.stdout.splitlines(), text.stdout
+    serve = _serve(trust_world, "serve-quality")
+    try:
+        status, headers, _ = request(serve.url, "GET", f"/buildid/{public}/executable")
+        assert status == 200 and headers["x-buildidd-quality"] == "symtab"
+        _, _, metrics = request(serve.url, "GET", "/metrics")
+        assert b'buildidd_serve_served_by_quality_total{artifact="executable",quality="symtab"} 1' in metrics
+    finally:
+        serve.stop()

@@ -62,8 +62,10 @@ def cmd_buildid_list(args) -> int:
     (``BUILDID PATH``); ``--json`` also lists those without one, with the
     reason (``error``), and for exec records the ``filename``.  Each build-id the
     store holds carries its provenance (``Store.provenance``: trusted, untrusted,
-    conflict, unknown; ``null`` when not stored): a JSON field, and with
-    ``--provenance`` a third text column (``-`` when not stored).
+    conflict, unknown; ``null`` when not stored) and its quality
+    (``Store.quality``: dwarf, symtab, minidebuginfo, go_pclntab, dynsym,
+    none): JSON fields, and with ``--provenance`` / ``--quality`` further text
+    columns (``-`` when not stored).
     """
     from buildidd.offline.resolutions import LateResolutions
     from buildidd.sessionlog import read_session
@@ -98,24 +100,27 @@ def cmd_buildid_list(args) -> int:
     store = _store(cfg)
     out = sys.stdout
     for row in rows:
-        row["provenance"] = _provenance(store, row["build_id"])
+        row["provenance"] = _held_fact(store, row["build_id"], "provenance")
+        row["quality"] = _held_fact(store, row["build_id"], "quality")
         if args.json:
             row = dict(row, pids=sorted(p for p in row["pids"] if isinstance(p, int)))
             if "filenames" in row:
                 row["filenames"] = sorted(str(f) for f in row["filenames"])
             out.write(json.dumps(row, separators=(",", ":")) + "\n")
         elif row["build_id"]:
-            tail = f" {row['provenance'] or '-'}" if args.provenance else ""
+            tail = (f" {row['provenance'] or '-'}" if args.provenance else "") + \
+                (f" {row['quality'] or '-'}" if args.quality else "")
             out.write(f"{row['build_id']} {row['path']}{tail}\n")
     return 0
 
 
-def _provenance(store, bid: str | None) -> str | None:
-    """The store's provenance of bid (``Store.provenance``), None when not stored or no store."""
+def _held_fact(store, bid: str | None, fact: str) -> str | None:
+    """The store's ``provenance`` or ``quality`` of bid (Store.provenance, Store.quality), None when not
+    stored or no store."""
     if store is None or not bid:
         return None
     try:
-        return store.provenance(bid)
+        return getattr(store, fact)(bid)
     except ValueError:     # not a build-id the store's layout can hold
         return None
 
@@ -351,6 +356,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="JSON lines, DSOs without a build-id included")
     p.add_argument("--provenance", action="store_true", help="a third column: the store copy's provenance "
                    "(trusted, untrusted, conflict, unknown; - when not stored)")
+    p.add_argument("--quality", action="store_true", help="a column: what the stored copy is good for "
+                   "(dwarf, symtab, minidebuginfo, go_pclntab, dynsym, none; - when not stored)")
     p.set_defaults(func=cmd_buildid_list)
 
     p = sub.add_parser("resolve", help="the mapping (file, build-id, offset, symbol) that covered ADDR in PID",

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from buildidd.errors import ArchiveError
 from buildidd.store import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, MODULES_NAME, PROBES_NAME,
                             PROVENANCES, VDSO_NAME)
+from buildidd.store.quality import QUALITIES
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SESSION_PREFIX", "CACHE_PREFIX", "ENTRY_FILES",
            "ELF_FILES", "FileRef", "BuildIdRef", "SegmentRef", "Manifest"]
@@ -136,6 +137,8 @@ class BuildIdRef:
         provenance: where the store's copies came from (``Store.provenance``: ``trusted``,
             ``untrusted``, ``conflict``, ``unknown``); ``None`` when not in the store.  The
             importer can refuse or mark what is not ``trusted``.
+        quality: what the store's copies are good for (``Store.quality``: ``dwarf``, ``symtab``,
+            ``minidebuginfo``, ``go_pclntab``, ``dynsym``, ``none``); ``None`` when not in the store.
         entry: the entry's directory relative to the cache, ``<path>/<build-id>``.
         files: the entry's files (:class:`FileRef`), archived or upstream.
     """
@@ -147,6 +150,7 @@ class BuildIdRef:
     status: str = MISSING
     reason: str | None = None
     provenance: str | None = None
+    quality: str | None = None
     entry: str | None = None
     files: list[FileRef] = field(default_factory=list)
 
@@ -302,6 +306,9 @@ def _ref(r) -> BuildIdRef:
     provenance = r.get("provenance")
     _check(provenance is None or provenance in PROVENANCES, f"{bid}: provenance {provenance!r}")
     ref.provenance = provenance
+    quality = r.get("quality")
+    _check(quality is None or quality in QUALITIES, f"{bid}: quality {quality!r}")
+    ref.quality = quality
     if status != MISSING:
         ref.entry = check_entry(r.get("entry"), bid)
         names = set()

@@ -27,40 +27,52 @@ _MAX_SHSTRTAB_BYTES = 1 << 20
 def has_debug_sections(fd: int) -> bool:
     """Whether the ELF file on fd has a section named in :data:`DEBUG_SECTION_NAMES` (ELF gABI section headers).
 
+    Bounded as :func:`section_names`; anything malformed or out of bounds answers False.
+
+    Raises:
+        OSError: reading failed.
+    """
+    return not DEBUG_SECTION_NAMES.isdisjoint(section_names(fd))
+
+
+def section_names(fd: int) -> frozenset[bytes]:
+    """The section names of the ELF file on fd (ELF gABI section headers and ``e_shstrndx``).
+
     Bounded: at most :data:`_MAX_SHDRS` headers and 1 MiB of section names are
-    read (positioned reads); anything malformed or out of bounds answers False.
+    read (positioned reads); anything malformed or out of bounds answers an empty set.
 
     Raises:
         OSError: reading failed.
     """
     head = os.pread(fd, 64, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF" or head[5] not in (1, 2) or head[4] not in (1, 2):
-        return False
+        return frozenset()
     order = "<" if head[5] == 1 else ">"
     is64 = head[4] == 2
     if is64 and len(head) < 64:
-        return False
+        return frozenset()
     shoff = struct.unpack_from(order + ("Q" if is64 else "I"), head, 0x28 if is64 else 0x20)[0]
     shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", head, 0x3A if is64 else 0x2E)
     if not 0 < shnum <= _MAX_SHDRS or shentsize < (64 if is64 else 40) or shstrndx >= shnum:
-        return False
+        return frozenset()
     size = os.fstat(fd).st_size
     if shoff + shnum * shentsize > size:
-        return False
+        return frozenset()
     table = os.pread(fd, shnum * shentsize, shoff)
     if len(table) < shnum * shentsize:
-        return False
+        return frozenset()
     strtab_hdr = shstrndx * shentsize
     str_off, str_size = struct.unpack_from(order + ("QQ" if is64 else "II"), table, strtab_hdr + (0x18 if is64 else 0x10))
     if str_off + str_size > size:
-        return False
+        return frozenset()
     names = os.pread(fd, min(str_size, _MAX_SHSTRTAB_BYTES), str_off)
+    out = set()
     for i in range(shnum):
         name_off = struct.unpack_from(order + "I", table, i * shentsize)[0]
         end = names.find(b"\0", name_off) if name_off < len(names) else -1
-        if end >= 0 and names[name_off:end] in DEBUG_SECTION_NAMES:
-            return True
-    return False
+        if end >= 0:
+            out.add(names[name_off:end])
+    return frozenset(out)
 
 
 class Debuginfo:

@@ -13,6 +13,7 @@ from pathlib import Path
 from buildidd.store.layout import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, Entry, Layout, alt_dirs, hex_build_id, \
     main_file
 from buildidd.store.origin import Origin, read_origin
+from buildidd.store.quality import best_quality, path_quality
 
 KINDS = ("elf", "debug")
 """What :meth:`StoreLookups.best` is asked for: the file that ran, or the file with the most symbols."""
@@ -117,6 +118,22 @@ class StoreLookups:
             return False
         origin = read_origin(path.parent)
         return origin is not None and origin.private
+
+    def quality(self, build_id_hex: str) -> str | None:
+        """What the entry is good for (store.quality.QUALITIES): the best of its main copy and its
+        debuginfo (:meth:`best` ``elf`` and ``debug``), ``symtab`` for the kernel's kallsyms; None when
+        the store does not hold build_id_hex.
+
+        Raises:
+            ValueError: not a build-id in hex.
+        """
+        main = self.best(build_id_hex, "elf")
+        if main is None:
+            return None
+        if main.name == KALLSYMS_NAME:
+            return "symtab"          # the kernel's entry: /proc/kallsyms lists its symbols
+        debug = self.best(build_id_hex, "debug")
+        return best_quality(path_quality(main), path_quality(debug) if debug is not None else None)
 
     def provenance(self, build_id_hex: str) -> str | None:
         """The entry's provenance, one of :data:`PROVENANCES`; None when the store does not hold build_id_hex.

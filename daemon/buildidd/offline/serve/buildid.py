@@ -61,6 +61,7 @@ async def _send_held(request: web.Request, artifact: str, held: dbg.Held | None)
         raise web.HTTPNotFound(text="not held\n")
     resp = await _lookup(request, artifact, lambda: dbg.open_held(held))
     metrics.lookup(artifact, "hit")
+    metrics.served(artifact, held.quality)
     return resp
 
 
@@ -95,6 +96,7 @@ async def handle_section(request: web.Request) -> web.StreamResponse:
         request.app[METRICS_KEY].lookup("section", "miss")
         raise web.HTTPNotFound(text="no such section held\n")
     request.app[METRICS_KEY].lookup("section", "hit")
+    request.app[METRICS_KEY].served("section", resp.headers.get("X-Buildidd-Quality"))
     return resp
 
 

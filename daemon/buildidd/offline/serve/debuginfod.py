@@ -102,11 +102,13 @@ class Held:
         name: the basename clients see in ``X-DEBUGINFOD-FILE``: the original
             file's name (``true``), ``NAME.debug`` for its debuginfo.
         provenance: the entry's provenance (``Store.provenance``), sent as ``X-Buildidd-Provenance``.
+        quality: what the entry is good for (``Store.quality``), sent as ``X-Buildidd-Quality``.
     """
 
     path: Path
     name: str
     provenance: str | None = None
+    quality: str | None = None
 
 
 @dataclass
@@ -227,14 +229,15 @@ def find_executable(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NO
     if not privacy.allows(store, build_id_hex, "elf"):
         raise Withheld(build_id_hex)
     try:
-        provenance = store.provenance(build_id_hex)
+        provenance, quality = store.provenance(build_id_hex), store.quality(build_id_hex)
     except OSError as e:
         raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if main.name == KALLSYMS_NAME:
         vmlinux = main.parent / VMLINUX_NAME
         st = _lstat_held(vmlinux)
-        return Held(vmlinux, VMLINUX_NAME, provenance) if st is not None and stat.S_ISREG(st.st_mode) else None
-    return Held(main, _original_name(main), provenance)
+        return Held(vmlinux, VMLINUX_NAME, provenance, quality) if st is not None and stat.S_ISREG(st.st_mode) \
+            else None
+    return Held(main, _original_name(main), provenance, quality)
 
 
 def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOTHING_PRIVATE) -> Held | None:
@@ -257,11 +260,12 @@ def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOT
     except OSError as e:
         raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if best is not None and privacy.allows(store, build_id_hex, "debug"):
-        return Held(best, held.name + ".debug" if best.name == DEBUG_NAME else held.name, held.provenance)
+        return Held(best, held.name + ".debug" if best.name == DEBUG_NAME else held.name, held.provenance,
+                    held.quality)
     debug = held.path.parent / DEBUG_NAME
     st = _lstat_held(debug)
     if st is not None and stat.S_ISREG(st.st_mode):
-        return Held(debug, held.name + ".debug", held.provenance)
+        return Held(debug, held.name + ".debug", held.provenance, held.quality)
     if has_symtab(held.path):
         return held
     return None
@@ -358,7 +362,7 @@ def open_section(section: Section, name: str) -> SectionResponse:
     try:
         if section.offset + section.size_bytes > st.st_size:
             raise Unavailable(f"{path}: section {name} extends past the end of the file")
-        headers = file_headers(Held(path, name, section.held.provenance), section.size_bytes)
+        headers = file_headers(Held(path, name, section.held.provenance, section.held.quality), section.size_bytes)
         return SectionResponse(fd, section.offset, section.size_bytes, headers)
     except BaseException:
         os.close(fd)
@@ -388,6 +392,8 @@ def file_headers(held: Held, size_bytes: int) -> dict[str, str]:
                "X-DEBUGINFOD-FILE": held.name}
     if held.provenance is not None:
         headers["X-Buildidd-Provenance"] = held.provenance   # buildidd's: Store.provenance of the entry
+    if held.quality is not None:
+        headers["X-Buildidd-Quality"] = held.quality         # buildidd's: Store.quality of the entry
     return headers
 
 

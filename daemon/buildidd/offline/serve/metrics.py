@@ -62,6 +62,7 @@ class ServeMetrics:
         self.requests: Counter[tuple[str, int]] = Counter()
         self.sent_bytes: Counter[str] = Counter()
         self.lookups: Counter[tuple[str, str]] = Counter()
+        self.served_quality: Counter[tuple[str, str]] = Counter()    # (artifact, store.quality) of hits
         self.refused: Counter[str] = Counter()
         self.log_suppressed = 0
         self._log_window = (0.0, 0)
@@ -100,6 +101,11 @@ class ServeMetrics:
         with self._lock:
             self.lookups[(artifact, result)] += 1
 
+    def served(self, artifact: str, quality: str | None) -> None:
+        """Count one file sent for artifact by the quality of its entry (store.quality.QUALITIES; ``unknown``)."""
+        with self._lock:
+            self.served_quality[(artifact, quality or "unknown")] += 1
+
     def render(self, status: dict | None, status_error: str | None, gauges: dict[str, int] | None = None) -> str:
         """The Prometheus text of the counters, plus the daemon's status.
 
@@ -112,6 +118,7 @@ class ServeMetrics:
             requests = sorted(self.requests.items())
             sent = sorted(self.sent_bytes.items())
             lookups = sorted(self.lookups.items())
+            qualities = sorted(self.served_quality.items())
             refused = sorted(self.refused.items())
             suppressed = self.log_suppressed
         out = ["# HELP buildidd_serve_requests_total HTTP answers sent, by route pattern and status code.",
@@ -121,9 +128,14 @@ class ServeMetrics:
                 "# TYPE buildidd_serve_sent_bytes_total counter"]
         out += [f'buildidd_serve_sent_bytes_total{{route="{_esc(r)}"}} {n}' for r, n in sent]
         out += ["# HELP buildidd_serve_lookups_total Build-id lookups by artifact type and result "
-                "(hit: sent, miss: 404, unavailable: held but unreadable, 503).",
+                "(hit: sent, miss: 404, unavailable: held but unreadable, 503; withheld: private, 403).",
                 "# TYPE buildidd_serve_lookups_total counter"]
         out += [f'buildidd_serve_lookups_total{{artifact="{a}",result="{r}"}} {n}' for (a, r), n in lookups]
+        out += ["# HELP buildidd_serve_served_by_quality_total Files sent, by artifact and what the entry is "
+                "good for (dwarf, symtab, minidebuginfo, go_pclntab, dynsym, none).",
+                "# TYPE buildidd_serve_served_by_quality_total counter"]
+        out += [f'buildidd_serve_served_by_quality_total{{artifact="{a}",quality="{q}"}} {n}'
+                for (a, q), n in qualities]
         out += ["# HELP buildidd_serve_refused_total Connections closed, requests refused (503) and clients cut, "
                 "by reason.", "# TYPE buildidd_serve_refused_total counter"]
         out += [f'buildidd_serve_refused_total{{reason="{_esc(r)}"}} {n}' for r, n in refused]
