@@ -111,7 +111,10 @@ class ExecPins:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread, close every pin and the group."""
+        """Stop the thread, close every pin and the group.  The group's descriptor is closed only
+        with no read of it in progress (a hand-over may be reading it: take), and the thread's
+        own descriptors only once it has ended (a descriptor number closed under a reader could
+        be reused by another file meanwhile)."""
         self._stop.set()
         if self._wake_w >= 0:
             try:
@@ -124,12 +127,15 @@ class ExecPins:
             for pin in self._pins.values():
                 os.close(pin.fd)
             self._pins.clear()
+        if self._thread is not None and self._thread.is_alive():
+            return                       # left to the process's exit
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:
                 os.close(fd)
         self._wake_r = self._wake_w = -1
         if self.group is not None:
-            self.group.close()
+            with self._reading:
+                self.group.close()
 
     @property
     def enabled(self) -> bool:

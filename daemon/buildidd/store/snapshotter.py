@@ -167,6 +167,9 @@ class Snapshotter:
                 priority = HandOver.AT_RISK
         dup = None
         with self._cv:
+            if self._stop:                      # a hand-over that finished after stop(): nothing copies it now
+                self.coverage.outcome(build_id, "shutdown", path)
+                return
             if len(self._heap) >= self.max_queue:
                 self.stats["dropped"] += 1
                 self.coverage.outcome(build_id, "queue_full", path)
