@@ -31,3 +31,17 @@ def test_snapshot_thread_is_batch_for_cpu_and_idle_for_io(tmp_path):
         assert psutil.Process().ionice().ioclass != psutil.IOPRIO_CLASS_IDLE
     finally:
         snap.stop()
+
+
+def test_the_same_build_id_at_the_same_path_from_another_file_is_queued_again(tmp_path):
+    """A user's file claiming a build-id at a path (a bind mount in their own namespace) must not
+    stand for the root-owned file met at that path later: the queue keys on the file too."""
+    from buildidd.kernel.events import Identity
+    from buildidd.store import Snapshotter, Store
+
+    snap = Snapshotter(Store(tmp_path / "store"))
+    users, roots = Identity(1, 10, 0, 100, 1), Identity(1, 20, 0, 100, 1)
+    snap.submit("ab" * 20, "/usr/bin/x", users, None)
+    snap.submit("ab" * 20, "/usr/bin/x", users, None)          # the same file again: once
+    snap.submit("ab" * 20, "/usr/bin/x", roots, None)          # another file at that path: queued
+    assert snap.queued() == 2

@@ -101,7 +101,9 @@ class Enricher:
         self._suspect: dict[int, float] = {}
         self._budget_s = float("inf")
         #: (build-id, path) pairs the kernel read whose file was handed to on_build_id (bounded).
-        self._handed: LruCache[tuple[str, str], bool] = LruCache("kernel_handed", cache_entries)
+        #: Keyed by (build-id, path, dev, inode): a user's file claiming a build-id at a path (a bind
+        #: mount in their own namespace) never stands for the root-owned file met there later.
+        self._handed: LruCache[tuple[str, str, int, int], bool] = LruCache("kernel_handed", cache_entries)
         self.handovers_dropped = 0
 
     def _handover_pool(self, name: str) -> WorkerPool:
@@ -184,7 +186,7 @@ class Enricher:
         """The first sighting of a build-id at a path (the kernel read it) goes to a hand-over
         worker: the store still wants the file, and a root-owned copy met after a user's must
         reach it too.  A later one lets the file's exec pin go (Routes.pins)."""
-        seen = (res.build_id, ev.path)
+        seen = (res.build_id, ev.path, ev.identity.dev, ev.identity.ino)
         if seen in self._handed:
             if self.routes.pins is not None:
                 self.routes.pins.release(ev.identity)

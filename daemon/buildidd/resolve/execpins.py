@@ -89,7 +89,7 @@ class ExecPins:
         self._lock = threading.Lock()
         self._reading = threading.Lock()         # one reader of the group's queue at a time
         self._pins: collections.OrderedDict[tuple[int, int], _Pin] = collections.OrderedDict()
-        self._released: collections.deque[tuple[int, int]] = collections.deque(maxlen=65536)
+        self._released: collections.deque[Identity] = collections.deque(maxlen=65536)
         self._stop = threading.Event()
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
@@ -133,9 +133,13 @@ class ExecPins:
             if fd >= 0:
                 os.close(fd)
         self._wake_r = self._wake_w = -1
-        if self.group is not None:
-            with self._reading:
+        if self.group is not None and self._reading.acquire(timeout=2.0):
+            try:
                 self.group.close()
+            finally:
+                self._reading.release()
+        # else: a hand-over is stuck reading the group (a file system that does not answer): the
+        # descriptor is left to the process's exit rather than closed under it.
 
     @property
     def enabled(self) -> bool:
@@ -162,6 +166,11 @@ class ExecPins:
             self._read_events()
         with self._lock:
             pin = self._pins.get(key)
+            if pin is None and os.major(ident.dev) == 0:
+                # btrfs gives stat(2) a subvolume's anonymous dev and the kernel side the super
+                # block's (resolve.procfs.mismatch): the same inode under another major-0 dev.
+                key = next((k for k in self._pins if k[1] == ident.ino and os.major(k[0]) == 0), key)
+                pin = self._pins.get(key)
             if pin is None:
                 return None
             try:
@@ -182,7 +191,7 @@ class ExecPins:
     def release(self, ident: Identity) -> None:
         """ident's file needs no pin (settled in the store, or handed over before at its path):
         the reader thread closes its pin and sets its ignore mark.  Any thread; no system call."""
-        self._released.append((ident.dev, ident.ino))
+        self._released.append(ident)
 
     def ignore(self, fd: int) -> None:
         """FanotifyGroup.ignore: fd's file (handed to the store) makes no exec event until modified."""
@@ -294,11 +303,15 @@ class ExecPins:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        released = []
+        released: dict[tuple[int, int], Identity] = {}
         while self._released:
-            released.append(self._released.popleft())
+            ident = self._released.popleft()
+            released[(ident.dev, ident.ino)] = ident
         with self._lock:
-            drop = [(k, self._pins.pop(k)) for k in released if k in self._pins]
+            # Only the pin of the very contents released: a newer pin of the inode (modified since) stays.
+            drop = [(k, self._pins.pop(k)) for k, ident in released.items()
+                    if k in self._pins and self._pins[k].st.st_size == ident.size
+                    and self._pins[k].st.st_mtime_ns == ident.mtime_ns]
             self.stats["released"] += len(drop)
             while self._pins:
                 k, pin = next(iter(self._pins.items()))

@@ -44,6 +44,12 @@ PINNABLE_FS = {"ext2": 0xEF53, "ext3": 0xEF53, "ext4": 0xEF53, "xfs": 0x58465342
                "tmpfs": 0x01021994, "ramfs": 0x858458F6, "squashfs": 0x73717368, "erofs": 0xE0F5E1E2,
                "f2fs": 0xF2F52010, "overlay": 0x794C7630, "vfat": 0x4D44, "iso9660": 0x9660}
 _PINNABLE_MAGIC = frozenset(PINNABLE_FS.values())
+#: A file system first met through another mount namespace's process (mark_exe_of) may be one a user
+#: mounted in their own user namespace: an overlay there may have a FUSE layer below it, so overlays
+#: are marked only from this namespace's mount table.
+_FOREIGN_MAGIC = _PINNABLE_MAGIC - {PINNABLE_FS["overlay"]}
+#: Super blocks marked (and refused) at most: file systems come and go, their numbers are reused.
+MARKED_MAX = 4096
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
@@ -135,7 +141,7 @@ class FanotifyGroup:
                 dev = os.makedev(int(major), int(minor))
             except ValueError:
                 continue
-            if dev not in self.marked and self._mark_fs(mnt.encode("utf-8", "surrogateescape"), dev):
+            if dev not in self.marked and self._mark_checked(mnt, dev, _PINNABLE_MAGIC):
                 added += 1
         return added
 
@@ -148,23 +154,30 @@ class FanotifyGroup:
         """
         if dev in self.marked or dev in self.unmarkable or self.fd < 0:
             return False
-        link = f"/proc/{pid}/exe"
+        if self._mark_checked(f"/proc/{pid}/exe", dev, _FOREIGN_MAGIC):
+            return True
+        if len(self.unmarkable) < MARKED_MAX:
+            self.unmarkable.add(dev)
+        return False
+
+    def _mark_checked(self, path: str, dev: int, allowed: frozenset[int]) -> bool:
+        """Mark the super block of the file path names, when its statfs type is in allowed and its
+        st_dev is dev.  The check and the mark are made on one O_PATH descriptor (the mark through
+        /proc/self/fd/N), so a mount put over path, or an exec, in between changes neither."""
+        if len(self.marked) >= MARKED_MAX:
+            return False
         try:
-            pfd = os.open(link, os.O_PATH | os.O_CLOEXEC)
+            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return False
         try:
-            if fs_type(pfd) not in _PINNABLE_MAGIC or os.fstat(pfd).st_dev != dev:
+            if fs_type(pfd) not in allowed or os.fstat(pfd).st_dev != dev:
                 return False
+            return self._mark_fs(f"/proc/self/fd/{pfd}".encode(), dev)
         except OSError:
             return False
         finally:
             os.close(pfd)
-        if self._mark_fs(link.encode(), dev):
-            return True
-        if len(self.unmarkable) < 4096:
-            self.unmarkable.add(dev)
-        return False
 
     def _mark_fs(self, path: bytes, dev: int) -> bool:
         rc = _libc.fanotify_mark(self.fd, FAN_MARK_ADD | FAN_MARK_FILESYSTEM, FAN_OPEN_EXEC, _AT_FDCWD, path)

@@ -145,7 +145,7 @@ class Routes:
         self.on_gap: OnGap | None = None
         #: (build-id, path) of hand-overs that reached no file (appended on workers, drained by the
         #: recording thread, which then hands the next sighting over again; deque appends are atomic).
-        self.unreached: deque[tuple[str, str]] = deque(maxlen=4096)
+        self.unreached: deque[tuple[str, str, int, int]] = deque(maxlen=4096)
         #: build-id hex -> True when the store needs no file for it (Snapshotter.settled); set
         #: once a store exists.  settled_handovers counts the hand-overs it spared.
         self.settled: Callable[[str], bool] | None = None
@@ -208,7 +208,7 @@ class Routes:
         kernel's build-id, and is closed after on_build_id returns.  False
         when nothing reaches it: on_gap then gets the reason
         (``replaced_before_pin``, ``process_gone`` or ``unreachable``) and its
-        (build-id, path) goes to :attr:`unreached`, so a later mapping of it
+        (build-id, path, dev, inode) goes to :attr:`unreached`, so a later mapping of it
         (with a vma) is handed over again.
         """
         req, res = arg
@@ -247,7 +247,7 @@ class Routes:
                     return True
             finally:
                 os.close(fd)
-        self.unreached.append((res.build_id, req.path))
+        self.unreached.append((res.build_id, req.path, req.identity.dev, req.identity.ino))
         if self.on_gap is not None:
             gone = not os.path.exists(f"/proc/{req.pid}")
             reason = ("replaced_before_pin" if replaced else "process_gone") if gone else "unreachable"

@@ -58,14 +58,15 @@ class TokenBucket:
         self.t = time.monotonic()
 
     def __call__(self, nbytes: int) -> None:
-        if self.rate <= 0:
+        rate = self.rate            # read once: stop() lifts it (to 0) from another thread
+        if rate <= 0:
             return
         now = time.monotonic()
-        self.tokens = min(self.rate, self.tokens + (now - self.t) * self.rate)
+        self.tokens = min(rate, self.tokens + (now - self.t) * rate)
         self.t = now
         self.tokens -= nbytes
         if self.tokens < 0:
-            time.sleep(-self.tokens / self.rate)
+            time.sleep(-self.tokens / rate)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,9 @@ class Snapshotter:
         self._cv = threading.Condition()
         self._stop = False
         self._seen: set[str] = set()          # build-ids submitted this session
-        self._seen_paths: set[tuple[str, str]] = set()   # (build-id, path) pairs submitted this session
+        #: (build-id, path, dev, inode) submitted this session: the same build-id at the same path from
+        #: another file (a user's claim first, root's file later) is queued again.
+        self._seen_paths: set[tuple[str, str, int, int]] = set()
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "bulk": 0, "no_fd": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
@@ -140,11 +143,13 @@ class Snapshotter:
     # -- producer side (hand-over workers) ------------------------------------
     def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None, *,
                priority: HandOver = HandOver.LIVE) -> None:
-        """Queue a copy of the file with build_id (first sighting of this build-id at this path); fd is dup'ed.
+        """Queue a copy of the file with build_id (first sighting of this build-id at this path, from this
+        file); fd is dup'ed.
 
-        The same build-id at another path is queued again: it may be the
-        trusted copy of a build-id a user's file claimed first (the worker
-        skips it when the stored copy is trusted and public already).
+        The same build-id at another path, or from another file at the same path
+        (dev, inode), is queued again: it may be the trusted copy of a build-id a
+        user's file claimed first (the worker skips it when the stored copy is
+        trusted and public already).
 
         Args:
             build_id: lower-case hex.
@@ -155,7 +160,8 @@ class Snapshotter:
                 left (``fstat(fd).st_nlink == 0``: deleted or replaced by a rename, or a memfd) or
                 its path is not absolute; no call is made on path.
         """
-        if (build_id, path) in self._seen_paths:
+        seen = (build_id, path, ident.dev if ident else 0, ident.ino if ident else 0)
+        if seen in self._seen_paths:
             return
         if not path.startswith("/") or path.endswith(" (deleted)"):
             priority = HandOver.AT_RISK
@@ -184,7 +190,7 @@ class Snapshotter:
                 self.stats["no_fd"] += 1
             if len(self._seen_paths) < self.max_seen:
                 self._seen.add(build_id)
-                self._seen_paths.add((build_id, path))
+                self._seen_paths.add(seen)
             else:
                 self.stats["seen_full"] += 1
             if priority == HandOver.AT_RISK:
@@ -269,7 +275,13 @@ class Snapshotter:
                 if job is not None and job[5] is not None:
                     self._fds[job[0]] = max(0, self._fds[job[0]] - 1)
             if job is not None:
-                self._copy(*job[2:])
+                try:
+                    self._copy(*job[2:])
+                except Exception as e:      # a bug: counted, named, and the worker goes on
+                    self.stats["failed"] += 1
+                    self.last_error = f"snapshot worker: {e!r}"
+                    self.coverage.outcome(job[2], "failed", job[3])
+                    log.exception("snapshot of %s failed", job[3])
             if time.monotonic() >= next_housekeeping and not self._stop:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
                 self.housekeeping()
