@@ -1,21 +1,34 @@
-"""A binary's separate debuginfo: found on the host by build-id, copied next to its ``elf``.
+"""A binary's separate debuginfo: found on the host, copied next to its ``elf``.
 
-perf: util/build-id.c ``build_id_cache__find_debug`` looks for the same
-build-id under ``/usr/lib/debug/.build-id/xx/rest.debug`` and skips paths
-ending in ``.ko``; the store does the same and keeps the file as ``debug``.
+Looked for, in gdb's order (gdb "Separate Debug Files"), and kept as ``debug``:
+
+1. by build-id: ``/usr/lib/debug/.build-id/xx/rest.debug`` (perf: util/build-id.c
+   ``build_id_cache__find_debug``; paths ending in ``.ko`` are skipped, as perf does);
+2. by path: ``/usr/lib/debug/PATH.debug``;
+3. by the binary's ``.gnu_debuglink`` (a file name and the CRC-32 of that file,
+   binutils' ``--add-gnu-debuglink``): ``/usr/lib/debug/DIR/NAME``, ``DIR/.debug/NAME``
+   and ``DIR/NAME``, DIR the binary's directory; accepted only when the CRC agrees.
+
+A candidate is read only if it is a regular file owned by root and not writable by
+others (a user's file never becomes a system binary's debuginfo), opened without
+following a last symlink and without blocking; one with a build-id note must carry
+the entry's.  ``.gnu_debugdata`` (MiniDebugInfo) travels inside the binary itself and
+shows in the entry's quality (store.quality).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import struct
+import zlib
 from pathlib import Path
 
 from buildidd.errors import ElfError, StoreError
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.store.counters import Tally
 from buildidd.store.install import CopyRequest, Installed, Installer
-from buildidd.store.layout import BUILD_ID_DIR, DEBUG_NAME
+from buildidd.store.layout import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME
 
 DEBUG_SECTION_NAMES = frozenset({b".debug_info", b".zdebug_info", b".symtab"})
 """Sections that make a copy useful for symbols beyond its dynamic symbols (DWARF, the full symbol table)."""
@@ -38,41 +51,71 @@ def has_debug_sections(fd: int) -> bool:
 def section_names(fd: int) -> frozenset[bytes]:
     """The section names of the ELF file on fd (ELF gABI section headers and ``e_shstrndx``).
 
-    Bounded: at most :data:`_MAX_SHDRS` headers and 1 MiB of section names are
-    read (positioned reads); anything malformed or out of bounds answers an empty set.
+    Bounded as :func:`sections`; anything malformed or out of bounds answers an empty set.
+
+    Raises:
+        OSError: reading failed.
+    """
+    found = sections(fd)
+    return frozenset(name for name, _off, _size in found[1]) if found else frozenset()
+
+
+def sections(fd: int) -> tuple[str, list[tuple[bytes, int, int]]] | None:
+    """(byte order for struct, [(name, sh_offset, sh_size)]) of the ELF file on fd; None when it is
+    not ELF or its section headers are malformed or out of bounds.
+
+    Bounded: at most :data:`_MAX_SHDRS` headers and 1 MiB of section names are read
+    (positioned reads).
 
     Raises:
         OSError: reading failed.
     """
     head = os.pread(fd, 64, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF" or head[5] not in (1, 2) or head[4] not in (1, 2):
-        return frozenset()
+        return None
     order = "<" if head[5] == 1 else ">"
     is64 = head[4] == 2
     if is64 and len(head) < 64:
-        return frozenset()
+        return None
     shoff = struct.unpack_from(order + ("Q" if is64 else "I"), head, 0x28 if is64 else 0x20)[0]
     shentsize, shnum, shstrndx = struct.unpack_from(order + "HHH", head, 0x3A if is64 else 0x2E)
     if not 0 < shnum <= _MAX_SHDRS or shentsize < (64 if is64 else 40) or shstrndx >= shnum:
-        return frozenset()
+        return None
     size = os.fstat(fd).st_size
     if shoff + shnum * shentsize > size:
-        return frozenset()
+        return None
     table = os.pread(fd, shnum * shentsize, shoff)
     if len(table) < shnum * shentsize:
-        return frozenset()
-    strtab_hdr = shstrndx * shentsize
-    str_off, str_size = struct.unpack_from(order + ("QQ" if is64 else "II"), table, strtab_hdr + (0x18 if is64 else 0x10))
+        return None
+    where = order + ("QQ" if is64 else "II")
+    at = 0x18 if is64 else 0x10
+    str_off, str_size = struct.unpack_from(where, table, shstrndx * shentsize + at)
     if str_off + str_size > size:
-        return frozenset()
+        return None
     names = os.pread(fd, min(str_size, _MAX_SHSTRTAB_BYTES), str_off)
-    out = set()
+    out = []
     for i in range(shnum):
         name_off = struct.unpack_from(order + "I", table, i * shentsize)[0]
         end = names.find(b"\0", name_off) if name_off < len(names) else -1
         if end >= 0:
-            out.add(names[name_off:end])
-    return frozenset(out)
+            off, sz = struct.unpack_from(where, table, i * shentsize + at)
+            out.append((names[name_off:end], off, sz))
+    return order, out
+
+
+def _section_bytes(fd: int, name: bytes, max_bytes: int) -> tuple[bytes, str] | None:
+    """The first max_bytes of the first section called name, and the byte order; None when absent
+    or out of the file."""
+    found = sections(fd)
+    if found is None:
+        return None
+    order, table = found
+    for sname, off, sz in table:
+        if sname == name:
+            if off + sz > os.fstat(fd).st_size:
+                return None
+            return os.pread(fd, min(sz, max_bytes), off), order
+    return None
 
 
 class Debuginfo:
@@ -92,49 +135,133 @@ class Debuginfo:
         """``debug_root/.build-id/xx/rest.debug`` for a lower-case hex build-id."""
         return self.debug_root / BUILD_ID_DIR / bid[:2] / f"{bid[2:]}.debug"
 
-    def add(self, entry_dir: Path, bid: str, path: str, done: Installed) -> int:
-        """Copy debug_root/.build-id/xx/rest.debug to entry_dir/debug; bytes added (0: none).
+    def candidates(self, bid: str, path: str, elf: Path | None = None) -> list[tuple[Path, int | None]]:
+        """Where the debuginfo of the binary at path may be, in gdb's order: ``(file, CRC-32)``,
+        the CRC given for a ``.gnu_debuglink`` candidate (read from elf, the stored copy), else None.
+        """
+        out: list[tuple[Path, int | None]] = [(self.source(bid), None)]
+        if not path.startswith("/") or "\0" in path:
+            return out
+        out.append((self.debug_root / (path.lstrip("/") + ".debug"), None))
+        link = read_debuglink(elf) if elf is not None else None
+        if link is not None:
+            name, crc = link
+            directory = os.path.dirname(path)
+            out += [(self.debug_root / directory.lstrip("/") / name, crc), (Path(directory) / ".debug" / name, crc),
+                    (Path(directory) / name, crc)]
+        return out
 
-        perf: ``build_id_cache__find_debug`` (the same name under
-        ``/usr/lib/debug``), skipped for names ending in ``.ko``.  Failures are
-        counted (``debuginfo_mismatch``, ``debuginfo_errors``) and logged; the
-        entry is added without debuginfo.  Nothing is raised.
+    def add(self, entry_dir: Path, bid: str, path: str, done: Installed) -> int:
+        """Copy the first debuginfo found (:meth:`candidates`) to entry_dir/debug; bytes added (0: none).
+
+        Failures are counted (``debuginfo_mismatch``, ``debuginfo_errors``) and
+        logged; the entry is added without debuginfo.  Nothing is raised.
 
         Args:
-            entry_dir: the entry's directory (exists).
+            entry_dir: the entry's directory (exists, with its ``elf``).
             bid: the entry's build-id, lower-case hex.
-            path: the original file's path (only its ``.ko`` suffix matters).
+            path: the original file's path: its ``.ko`` suffix, and its directory for the debuglink.
             done: what this add made so far; the debug file is added to it.
         """
         if path.endswith(".ko") or (entry_dir / DEBUG_NAME).exists():
             return 0
-        source = self.source(bid)
+        for source, crc in self.candidates(bid, path, entry_dir / ELF_NAME):
+            fd = _open_system_file(source)
+            if fd is None:
+                continue
+            try:
+                if crc is not None and _crc32(fd) != crc:
+                    self.tally.count("debuginfo_mismatch")
+                    self.tally.warn("%s: CRC-32 does not match the debuglink; not stored", source)
+                    continue
+                return self._install(fd, source, entry_dir, bid, done)
+            finally:
+                os.close(fd)
+        return 0
+
+    def _install(self, fd: int, source: Path, entry_dir: Path, bid: str, done: Installed) -> int:
+        """Copy the debuginfo open on fd to entry_dir/debug when its build-id is bid; bytes (0: not)."""
         try:
-            fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
+            got = read_build_id_fd(fd)
+        except (ElfError, OSError) as e:
+            got = None
+            self.tally.warn("%s: cannot read its build-id: %s", source, e)
+        if got is None or got.hex != bid:
+            self.tally.count("debuginfo_mismatch")
+            self.tally.warn("%s: build-id %s, not %s; not stored", source, got.hex if got else None, bid)
             return 0
-        except OSError as e:
+        try:
+            _, size = self.installer.install_copy(
+                CopyRequest(fd, os.fstat(fd), entry_dir / DEBUG_NAME, bid, what=str(source)), done)
+        except (StoreError, OSError) as e:
             self.tally.count("debuginfo_errors")
-            self.tally.warn("%s: cannot open debuginfo: %s", source, e.strerror)
+            self.tally.warn("%s: debuginfo not stored: %s", source, e)
             return 0
-        try:
-            try:
-                got = read_build_id_fd(fd)
-            except (ElfError, OSError) as e:
-                got = None
-                self.tally.warn("%s: cannot read its build-id: %s", source, e)
-            if got is None or got.hex != bid:
-                self.tally.count("debuginfo_mismatch")
-                self.tally.warn("%s: build-id %s, not %s; not stored", source, got.hex if got else None, bid)
-                return 0
-            try:
-                _, size = self.installer.install_copy(
-                    CopyRequest(fd, os.fstat(fd), entry_dir / DEBUG_NAME, bid, what=str(source)), done)
-            except (StoreError, OSError) as e:
-                self.tally.count("debuginfo_errors")
-                self.tally.warn("%s: debuginfo not stored: %s", source, e)
-                return 0
-            self.tally.count("debuginfo_added")
-            return size
-        finally:
-            os.close(fd)
+        self.tally.count("debuginfo_added")
+        return size
+
+
+#: Longest debuglink name taken (a file name: NAME_MAX).
+DEBUGLINK_NAME_MAX = 255
+#: Largest debuginfo file whose CRC-32 is computed (bytes).
+DEBUGLINK_CRC_MAX_BYTES = 4 << 30
+
+
+def read_debuglink(elf: Path) -> tuple[str, int] | None:
+    """The ``.gnu_debuglink`` of the ELF file at elf (a store copy): (file name, CRC-32), or None.
+
+    The section holds the name, NUL-terminated and padded to 4 bytes, then the CRC-32 in the
+    file's byte order (binutils bfd/opncls.c bfd_create_gnu_debuglink_section).  Bounded reads;
+    a name with a ``/`` or none is refused.
+    """
+    try:
+        fd = os.open(elf, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        found = _section_bytes(fd, b".gnu_debuglink", DEBUGLINK_NAME_MAX + 8)
+        if found is None:
+            return None
+        data, order = found
+        end = data.find(b"\0")
+        if end <= 0 or end > DEBUGLINK_NAME_MAX or b"/" in data[:end]:
+            return None
+        crc_at = (end + 4) & ~3
+        if crc_at + 4 > len(data):
+            return None
+        name = data[:end].decode("utf-8", "surrogateescape")
+        return (name, struct.unpack_from(order + "I", data, crc_at)[0]) if name not in (".", "..") else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open_system_file(path: Path) -> int | None:
+    """A read descriptor of path when it is a regular file owned by root and not writable by others
+    (opened O_NOFOLLOW | O_NONBLOCK: a FIFO or a symlink at the last component is never followed
+    into); None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o002 and \
+                st.st_size <= DEBUGLINK_CRC_MAX_BYTES:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _crc32(fd: int) -> int:
+    """zlib's CRC-32 of the whole file on fd (gnu_debuglink_crc32 is the same polynomial)."""
+    crc, offset = 0, 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return crc & 0xFFFFFFFF
+        crc = zlib.crc32(chunk, crc)
+        offset += len(chunk)
