@@ -85,6 +85,8 @@ class Result:
     name: str
     reps: list[Rep] = field(default_factory=list)
     bidd_cpu_us_per_event: list[float] = field(default_factory=list)
+    #: the part of bidd_cpu_us_per_event that compresses the session log (Buildidd.zstd_s)
+    bidd_zstd_us_per_event: list[float] = field(default_factory=list)
     perf_cpu_us_per_event: list[float] = field(default_factory=list)
     bidd_events: list[int] = field(default_factory=list)
     rss_steady: list[int] = field(default_factory=list)
@@ -129,6 +131,7 @@ class Result:
             "kernel_only_over_perf": self.paired("kern_s"), "kernel_only_losses": self.kern_losses,
             "against_over_perf": self.paired("against_s"), "against_losses": self.against_losses,
             "against_cpu_us_per_event": med(self.against_cpu_us_per_event),
+            "zstd_us_per_event": med(self.bidd_zstd_us_per_event),
             "cpu_us_per_event": {"buildidd": med(self.bidd_cpu_us_per_event), "perf": med(self.perf_cpu_us_per_event)},
             "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
             "buildidd_events": med(self.bidd_events),
@@ -146,9 +149,12 @@ class Result:
 @dataclass
 class Attached:
     """One workload run with a buildidd attached: wall seconds, daemon CPU per mapping event (None
-    without events), mapping events recorded, losses, memory (bytes) and READY seconds."""
+    without events; the compression of the window's session log included: zstd_us_per_event, None
+    when the tree does not report it), mapping events recorded, losses, memory (bytes) and READY
+    seconds."""
     wall_s: float
     cpu_us_per_event: float | None
+    zstd_us_per_event: float | None
     events: int
     losses: int
     rss_steady: int
@@ -166,20 +172,22 @@ def tree_env(tree: Path) -> dict[str, str]:
 def run_attached(workload: list[str], workdir: Path, env: dict | None, store: Path | None,
                  daemon_env: dict | None = None) -> Attached:
     """Start buildidd (daemon_env: e.g. PYTHONPATH of another tree), run the workload once, stop it."""
-    d = Buildidd(workdir, store=store, env=daemon_env)
+    d = Buildidd(workdir, store=store, env=daemon_env, compress=True)
     try:
         time.sleep(SETTLE_S)
-        c0 = d.cpu_s()
+        c0, b0 = d.cpu_s(), d.log_bytes()
         t = time.monotonic()
         subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
         wall = time.monotonic() - t
         time.sleep(0.2)   # let it drain
-        c1 = d.cpu_s()
+        c1, b1 = d.cpu_s(), d.log_bytes()
         steady, uss = d.rss.last, d.uss()
         records = d.stop()
         n = len(mapping_records(records))
-        return Attached(wall, (c1 - c0) * 1e6 / n if n else None, n, lost_count(records), steady, d.rss.peak, uss,
-                        d.ready_s)
+        zstd = d.zstd_s(b1 - b0)
+        cpu = (c1 - c0 + (zstd or 0.0)) * 1e6 / n if n else None
+        return Attached(wall, cpu, zstd * 1e6 / n if n and zstd is not None else None, n, lost_count(records),
+                        steady, d.rss.peak, uss, d.ready_s)
     finally:
         d.kill_if_running()             # the workload failed: do not leave the daemon attached
         d.cleanup()
@@ -258,6 +266,8 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 res.bidd_events.append(a.events)
                 if a.cpu_us_per_event is not None:
                     res.bidd_cpu_us_per_event.append(a.cpu_us_per_event)
+                if a.zstd_us_per_event is not None:
+                    res.bidd_zstd_us_per_event.append(a.zstd_us_per_event)
                 res.rss_peak.append(a.rss_peak)
                 res.losses += a.losses
         res.reps.append(rep)
@@ -344,22 +354,26 @@ def ramp(w: dict, workdir: Path, rates: list[tuple[int, int]], seconds: float, s
     """
     out = []
     for rate, procs in rates:
-        d = Buildidd(workdir, store=store)
+        d = Buildidd(workdir, store=store, compress=True)
         time.sleep(SETTLE_S)
-        c0, t0 = d.cpu_s(), time.monotonic()
+        c0, t0, b0 = d.cpu_s(), time.monotonic(), d.log_bytes()
         count, achieved = storms(w, rate, procs, seconds)
         dt = time.monotonic() - t0
         cpu_s = d.cpu_s() - c0
-        cpu_share = cpu_s / dt
+        window_bytes = d.log_bytes() - b0
         time.sleep(0.5)
         peak = d.rss.peak
         records = d.stop()
+        zstd_s = d.zstd_s(window_bytes) or 0.0
+        cpu_s += zstd_s
+        cpu_share = cpu_s / dt
         got = sum(1 for x in records if x.get("type") == "mmap" and x.get("path") == str(w["lib0"])
                   and x.get("origin") == "mmap")
         row = {"target_per_s": rate * procs or "max", "procs": procs, "achieved_per_s": achieved,
                "events": count, "recorded": got, "losses": lost_count(records),
                "daemon_cpu_share": round(cpu_share, 3), "kept_up": got == count and lost_count(records) == 0,
-               "cpu_us_per_event": round(cpu_s * 1e6 / count, 3), "rss_peak_mib": round(peak / 2**20, 1)}
+               "cpu_us_per_event": round(cpu_s * 1e6 / count, 3), "zstd_us_per_event": round(zstd_s * 1e6 / count, 3),
+               "rss_peak_mib": round(peak / 2**20, 1)}
         d.cleanup()
         perf = PerfRecorder(workdir / "perf.data")
         time.sleep(SETTLE_S)
@@ -451,8 +465,48 @@ def _mem(m: dict) -> str:
     return f"{m['steady']:.1f}/{m['uss_steady']:.1f}/{m['peak']:.1f}"
 
 
+#: Issue 36's goals: daemon CPU per event (compression included) at most this many times perf's.
+CPU_GOALS = (("exec storm", 10.0), ("dlopen storm M", 10.0), ("mmap storm", 3.0))
+#: ... the cold-store dlopen storm at most this many µs per event; the saturated two-storm ramp's rate
+#: with buildidd at least this share of its rate with perf.
+COLD_DLOPEN_GOAL_US = 5.0
+SATURATED_GOAL = 0.90
+
+
+def fmt_goals(results: list[Result], ramp_rows: list[dict]) -> list[str]:
+    """One line per goal: buildidd's figure beside perf's in this run, and whether it is met."""
+    def line(what: str, mine: float, theirs: str, verdict: bool, limit: str) -> str:
+        return f"  {what:<34} {mine:>8.2f} {theirs:>22}  goal {limit:<14} {'met' if verdict else 'NOT met'}"
+    out = []
+    for r in results:
+        d = r.as_dict()
+        cpu = d["cpu_us_per_event"]
+        if cpu["buildidd"] is None or not cpu["perf"]:
+            continue
+        if r.name.startswith("dlopen storm, cold"):
+            out.append(line(f"{r.name} µs/ev", cpu["buildidd"], f"perf {cpu['perf']:.2f}",
+                            cpu["buildidd"] <= COLD_DLOPEN_GOAL_US, f"<= {COLD_DLOPEN_GOAL_US:g} µs"))
+            continue
+        for prefix, limit in CPU_GOALS:
+            if r.name.startswith(prefix):
+                x = cpu["buildidd"] / cpu["perf"]
+                out.append(line(f"{r.name} µs/ev", cpu["buildidd"], f"perf {cpu['perf']:.2f} = {x:.1f}x",
+                                x <= limit, f"<= {limit:g}x perf"))
+    for row in ramp_rows:
+        if row["target_per_s"] != "max":
+            x = row["cpu_us_per_event"] / row["perf_cpu_us_per_event"] if row["perf_cpu_us_per_event"] else 0.0
+            out.append(line(f"paced ramp {row['target_per_s']}/s µs/ev", row["cpu_us_per_event"],
+                            f"perf {row['perf_cpu_us_per_event']:.2f} = {x:.1f}x", x <= 3.0, "<= 3x perf"))
+        elif row["procs"] >= 2 and row["perf_achieved_per_s"]:
+            x = row["achieved_per_s"] / row["perf_achieved_per_s"]
+            out.append(line(f"{row['procs']} unpaced storms, maps/s", row["achieved_per_s"] / 1e3,
+                            f"perf {row['perf_achieved_per_s'] / 1e3:.1f}k = {x:.2f}", x >= SATURATED_GOAL,
+                            f">= {SATURATED_GOAL:.0%} perf"))
+    return out
+
+
 def fmt_table(results: list[Result]) -> str:
-    hdr = (f"{'scenario':<24} {'none s':>8} {'perf':>14} {'buildidd':>14} {'bidd µs/ev':>10} "
+    hdr = (f"{'scenario':<24} {'none s':>8} {'perf':>14} {'buildidd':>14} {'bidd µs/ev (zstd)':>17} "
            f"{'perf µs/ev':>10} {'bidd RSS/USS/peak':>17} {'perf RSS/USS/peak':>17} {'lost':>5} "
            f"{'READY s bidd/perf':>18} "
            f"{'complete (wrong)':>18} {'perf-no-bid resolved':>20}")
@@ -471,7 +525,7 @@ def fmt_table(results: list[Result]) -> str:
         ready = d["ready_s"]
         lines.append(
             f"{r.name:<24} {w['none'] or 0:>8.3f} {cell(w['perf'], o['perf']):>14} {cell(w['buildidd'], o['buildidd']):>14} "
-            f"{cpu['buildidd'] or 0:>10.2f} {cpu['perf'] or 0:>10.2f} "
+            f"{cpu['buildidd'] or 0:>9.2f} ({d['zstd_us_per_event'] or 0:.2f}) {cpu['perf'] or 0:>10.2f} "
             f"{_mem(d['rss_mib']):>17} {_mem(d['rss_mib']['perf']):>17} {d['losses']:>5} "
             f"{ready['buildidd'] or 0:>8.2f}/{ready['perf'] or 0:<8.2f} {comp:>18} {nob:>20}")
     lines += ["", "buildidd against perf in the same repetition (wall time, buildidd / perf; below 1: buildidd cost less):"]
@@ -487,7 +541,8 @@ def fmt_table(results: list[Result]) -> str:
             med = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
             lines.append(f"  {'  --against tree':<24} median {o['median']:.3f}  95% CI [{o['ci95'][0]:.3f}, "
                          f"{o['ci95'][1]:.3f}]; this tree / that one {statistics.median(mine):.3f} "
-                         f"[{lo:.3f}, {hi:.3f}]; daemon µs CPU per event {med(r.bidd_cpu_us_per_event):.2f} "
+                         f"[{lo:.3f}, {hi:.3f}]; daemon µs CPU per event without zstd "
+                         f"{med([c - z for c, z in zip(r.bidd_cpu_us_per_event, r.bidd_zstd_us_per_event)]):.2f} "
                          f"against {med(r.against_cpu_us_per_event):.2f}; lost {r.losses} against "
                          f"{r.against_losses}")
         k = r.paired("kern_s")
@@ -598,6 +653,7 @@ def main(argv=None) -> int:
             line = (f"  target {row['target_per_s']!s:>7}/s x{row['procs']} achieved {row['achieved_per_s']:>7}/s "
                     f"recorded {row['recorded']}/{row['events']} lost {row['losses']} "
                     f"daemon CPU {row['daemon_cpu_share'] * 100:.0f}% {row['cpu_us_per_event']:.2f} µs/ev "
+                    f"(zstd {row['zstd_us_per_event']:.2f}) "
                     f"peak RSS {row['rss_peak_mib']} MiB {'OK' if row['kept_up'] else 'FELL BEHIND'}")
             line += (f" | perf: achieved {row['perf_achieved_per_s']}/s, {row['perf_cpu_us_per_event']:.2f} µs/ev, "
                      f"MMAP2 {row['perf_mmap2']}, lost {row['perf_lost']}")
@@ -606,6 +662,10 @@ def main(argv=None) -> int:
             print(f"\nidle host ({args.idle_seconds:g} s each, median of {max(1, min(args.reps, 3))}): "
                   + " | ".join(f"{m} {v['cpu_ms_per_s']:.2f} ms CPU/s, {v['wakeups_per_s']:.1f} wake-ups/s"
                                for m, v in idle.items()))
+        goals = fmt_goals(results, ramp_rows)
+        if goals:
+            print("\ngoals (daemon CPU per event with the session log's compression; the two-storm rate in k maps/s):")
+            print("\n".join(goals))
         print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
         print("\n".join("  " + line for line in prof))
         out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release,

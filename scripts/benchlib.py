@@ -6,6 +6,7 @@ Run the benchmarks as root after scripts/setup, with the project's .venv python.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ import psutil
 from buildidd.sessionlog import read_session
 from workloads import build
 
-__all__ = ["PY", "SETTLE_S", "Buildidd", "RssSampler", "build", "cpu_s_of", "lost_count", "mapping_records",
+__all__ = ["ONE_SEGMENT", "PY", "SETTLE_S", "Buildidd", "RssSampler", "build", "cpu_s_of", "lost_count", "mapping_records",
            "page_touch_cost", "parse_ramp", "storms", "uss_of", "warm_store"]
 
 PY = sys.executable
@@ -73,8 +74,17 @@ class RssSampler:
         self._t.join()
 
 
+#: --segment-max-bytes of a daemon whose compression is counted: one segment for the whole run,
+#: compressed when it stops (Buildidd.zstd_s), never in the middle of a measured window.
+ONE_SEGMENT = "64G"
+
+
 class Buildidd:
-    """`buildidd run` as a daemon; READY is awaited on our own NOTIFY_SOCKET."""
+    """`buildidd run` as a daemon; READY is awaited on our own NOTIFY_SOCKET.
+
+    compress: closed segments are zstd-compressed (the daemon's default) and kept in one segment
+    (ONE_SEGMENT), so that zstd_s() can count a window's share of the compression.
+    """
 
     def __init__(self, workdir: Path, *, extra: list[str] = (), env: dict | None = None, compress: bool = False,
                  store: Path | None = None):
@@ -87,7 +97,7 @@ class Buildidd:
         self.sock.settimeout(60)
         t0 = time.monotonic()
         self.proc = subprocess.Popen([PY, "-m", "buildidd.cli", "run", "--session-root", str(self.root),
-                                      *([] if compress else ["--no-compress"]),
+                                      *(["--segment-max-bytes", ONE_SEGMENT] if compress else ["--no-compress"]),
                                       "--store-root", str(self.store), "--control-socket", "", *extra],
                                      env={**os.environ, **(env or {}), "NOTIFY_SOCKET": str(sock_path)},
                                      stderr=subprocess.PIPE)
@@ -112,6 +122,20 @@ class Buildidd:
 
     def cpu_s(self) -> float:
         return cpu_s_of(self.proc.pid)
+
+    def log_bytes(self) -> int:
+        """Bytes of the session's open (uncompressed) segments so far."""
+        return sum(p.stat().st_size for p in self.root.glob("*/segment-*.jsonl"))
+
+    def zstd_s(self, window_bytes: int) -> float | None:
+        """After stop(): CPU seconds the daemon's finishing thread spent on window_bytes of the
+        session log (its reading, zstd and fsync of closed segments, per byte, from the session's
+        closed marker: finish_cpu_ns / finished_bytes); None when the tree does not report it."""
+        try:
+            marker = json.loads((self.session_dir / ".closed").read_text())
+            return marker["finish_cpu_ns"] / 1e9 * window_bytes / marker["finished_bytes"]
+        except (OSError, ValueError, KeyError, ZeroDivisionError):
+            return None
 
     def kill_if_running(self) -> None:
         """SIGKILL a daemon that was not stopped (a workload or check failed): never leave one attached."""

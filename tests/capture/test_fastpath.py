@@ -18,6 +18,7 @@ from buildidd.config import Config
 from buildidd.memo import Memo
 from buildidd.capture.recorder import Recorder
 from buildidd.capture.tables import HeldExec, Tables
+from tests.capture.ringmem import MemRings
 from buildidd.kernel.events import (KERNEL_FINAL, EventType, ExecEvent, MapEvent, TaskEvent, answer_key, decode,
                                      file_key, st_dev_to_kdev)
 from buildidd.resolve.procfs import identity_of
@@ -36,10 +37,16 @@ class FakeTracer:
 
     def __init__(self):
         self.batch: list[bytes] = []
+        self.rings = MemRings(1)
 
     def drain(self):
         out, self.batch = self.batch, []
         return out
+
+    def take(self):
+        """Rings.take: the batch laid into a ring in memory and taken in place, as from BPF."""
+        self.rings.feed(self.drain())
+        return self.rings.take()
 
     def reset_wakeups(self):
         """Tracer.reset_wakeups: no BPF side here, nothing to wake."""
@@ -261,8 +268,8 @@ def test_fast_path_stops_at_what_it_cannot_record(tmp_path, elfs):
     comm_json, filename_json = _memos(b'"x"', b'"p"')
     t = Tables(missing={}, fast=rec.tables.fast, comm_json=comm_json, filename_json=filename_json,
                origins=(b"mmap",) * 5)
-    lines = t.lines
     assert _fastpath.run(raws, 0, t)[:4] == (5, 4, 4, 1)          # another path is its own: stops at the unknown type
+    lines = t.lines
     assert len(lines) == 5 and b'"path":"' + p + b'.new"' in lines[3]
     t.held = {1: HeldExec((None, 0, b"another file".ljust(len(file_key(elfs[p]))), b"{"))}
     assert _fastpath.run([plain], 0, t)[0] == 0   # its tid holds another exec
@@ -374,7 +381,6 @@ def test_configure_rejects_a_template_it_cannot_fill():
     # A rejected set leaves the templates in use untouched.
     comm_json, filename_json = _memos(b'"x"', b'"p"')
     t = Tables(missing={}, comm_json=comm_json, filename_json=filename_json, origins=(b"mmap",))
-    lines = t.lines
     comm = task_raw(EventType.COMM, pid=7, tid=8, time_ns=9, comm=b"x", a=0, b=0)
     assert _fastpath.run([comm], 0, t)[0] == 1
-    assert lines == [COMM_LINE % (9, 7, 8, b'"x"')]
+    assert t.lines == [COMM_LINE % (9, 7, 8, b'"x"')]

@@ -15,6 +15,8 @@
  * Record layouts come from bpf/events.h, the one definition of the wire format.
  *
  * The parts: fastpath/rings.c (ring reads, the quiet wait, ordering by time),
+ * fastpath/batch.c (a step's records read in place: take() and Batch),
+ * fastpath/linebuf.c (the pending lines: LineBuffer),
  * fastpath/templates.c (records.py's templates and line formatting),
  * fastpath/records.c (run()), fastpath/fastpath.h (what they share); this
  * file holds the named types and the module.
@@ -71,7 +73,7 @@ FP_INTERNAL PyTypeObject *HeldExec, *FastEntry, *RunCounts;
 
 /* Attribute names read from run()'s tables object and from a Memo. */
 FP_INTERNAL PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_path_json, *s_origins,
-	*s_missing, *s_lines, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json;
+	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json;
 
 static PyMethodDef methods[] = {
 	{"read_ring", read_ring, METH_VARARGS, read_ring_doc},
@@ -79,6 +81,7 @@ static PyMethodDef methods[] = {
 	{"quiet_wait", quiet_wait, METH_VARARGS, quiet_wait_doc},
 	{"configure", configure, METH_VARARGS, configure_doc},
 	{"run", run, METH_VARARGS, run_doc},
+	{"take", take, METH_O, take_doc},
 	{NULL, NULL, 0, NULL},
 };
 
@@ -105,7 +108,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 		{&s_fast, "fast"}, {&s_held, "held"}, {&s_live, "live"}, {&s_comm_json, "comm_json"},
 		{&s_filename_json, "filename_json"}, {&s_path_json, "path_json"}, {&s_path_cut_json, "path_cut_json"},
 		{&s_origins, "origins"}, {&s_missing, "missing"},
-		{&s_lines, "lines"}, {&s_step, "step"}, {&s_entries, "entries"}, {&s_fill, "fill"},
+		{&s_out, "out"}, {&s_step, "step"}, {&s_entries, "entries"}, {&s_fill, "fill"},
 		{&s_hits, "hits"},
 	};
 
@@ -116,7 +119,11 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 	if (m == NULL)
 		return NULL;
 	if (add_type(m, &HeldExec, &held_exec_desc) < 0 || add_type(m, &FastEntry, &fast_entry_desc) < 0 ||
-	    add_type(m, &RunCounts, &run_counts_desc) < 0) {
+	    add_type(m, &RunCounts, &run_counts_desc) < 0 ||
+	    (Batch = (PyTypeObject *)PyType_FromSpec(&batch_spec)) == NULL ||
+	    PyModule_AddObjectRef(m, "Batch", (PyObject *)Batch) < 0 ||
+	    (LineBuffer = (PyTypeObject *)PyType_FromSpec(&linebuf_spec)) == NULL ||
+	    PyModule_AddObjectRef(m, "LineBuffer", (PyObject *)LineBuffer) < 0) {
 		Py_DECREF(m);
 		return NULL;
 	}

@@ -1,6 +1,6 @@
 """The session log as the recorder writes it: a step's lines at once, rotation between steps.
 
-Lines queue in Tables.lines while a step records; :meth:`LogSink.flush`
+Lines queue in Tables.out while a step records; :meth:`LogSink.flush`
 writes them at the end of the step.  A failed write keeps them (bounded by
 Config.pending_lines_max_bytes, the oldest dropped first) for the next step.
 Rotation asked from another thread (the control socket) happens on the
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class LogSink:
-    """Writes Tables.lines to a SessionWriter; counts failures in stats and last_errors.
+    """Writes Tables.out to a SessionWriter; counts failures in stats and last_errors.
 
     Args:
         tables: where the lines queue.
@@ -62,10 +62,10 @@ class LogSink:
     def flush(self) -> None:
         """Write the queued lines; on failure keep them (bounded) for the next call."""
         tables = self.tables
-        if not tables.lines or self.writer is None:
+        if not tables.out or self.writer is None:
             return
         try:
-            self.writer.write_lines(tables.lines, trusted=True)
+            self.writer.write_block(tables.out, tables.out.lines)
         except SessionLogError as e:
             self.stats.log_write_errors += 1
             self.last_errors.append({"time_ns": clock.boot_ns(), "error": f"session log: {e}"})
@@ -73,7 +73,7 @@ class LogSink:
                 log.warning("session log write failed (%d times): %s", self.stats.log_write_errors, e)
             self.stats.log_lines_dropped += tables.drop_oldest_lines(self.max_pending_bytes)
             return
-        tables.lines = []
+        tables.out.clear()
 
     def rotate(self) -> None:
         """Flush, close the current segment (compressed in the background) and start the next.

@@ -200,7 +200,7 @@ class Recorder:
         write, no held exec, no late answer to write (Enricher.idle), no rescan after drops
         pending, no rotation asked."""
         tables = self.tables
-        return (not (tables.lines or tables.held) and self.enricher.idle() and not self.recovery.rescan_pending
+        return (not (tables.out or tables.held) and self.enricher.idle() and not self.recovery.rescan_pending
                 and not self.log.rotate_pending())
 
     def step(self) -> int:
@@ -216,12 +216,17 @@ class Recorder:
         records that one, and the fast path resumes after it.
         """
         self.enricher.begin_step(self.config.resolve_deadline_s)
-        raws = self.rings.drain()
-        if raws:
-            self.tracer.reset_wakeups()
-        if self.follow_filter is not None:
-            raws = self.follow_filter.filter(raws)
-        self._record_raws(raws)
+        batch = self.rings.take()
+        try:
+            n = len(batch)
+            if n:
+                self.tracer.reset_wakeups()
+            if self.follow_filter is not None or self._run_fast is None:
+                self._record_raws(self.follow_filter.filter(list(batch)) if self.follow_filter else list(batch))
+            else:
+                self._record_raws(batch)        # read in place (the common records make no object)
+        finally:
+            batch.release()
         self.join.release()
         self.slow.record_resolutions(self.enricher.take_late())
         self.stats.live_pids_dropped += self.tables.trim_live()
@@ -233,10 +238,11 @@ class Recorder:
                 self.rate_window.append((now, dict(self.stats.events)))
         self.log.flush()
         self.log.rotate_if_requested()
-        return len(raws)
+        return n
 
-    def _record_raws(self, raws: list[bytes]) -> None:
-        """Record raw ring records in order: the C fast path, and the slow path for what it leaves."""
+    def _record_raws(self, raws: list[bytes] | _fastpath.Batch) -> None:
+        """Record raw ring records in order (a list of bytes, or a Batch read in place): the C fast
+        path, and the slow path for what it leaves (raws[i]: a copy of a Batch's record)."""
         run, tables = self._run_fast, self.tables
         i, n = 0, len(raws)
         counts = [0] * len(RUN_COUNTS)      # the fast path's, by name in RUN_COUNTS

@@ -1,8 +1,9 @@
 """Consuming the kernel's ring buffers: the records of every ring, merged in time order.
 
 The kernel side (bpf/buildidd.bpf.c) writes into one BPF ring buffer per CPU
-(at most kernel.tracer.MAX_RINGS); this module maps them and reads them with
-the C fast path's read_ring, then merges the per-ring runs by time.
+(at most kernel.tracer.MAX_RINGS); this module maps them.  A step takes the
+records of every ring at once, in place and merged by time (Rings.take: the C
+fast path's Batch), and copies only those that Python records.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class RingReader:
         self._cons = _mmap.mmap(map_fd, page, _mmap.MAP_SHARED, _mmap.PROT_READ | _mmap.PROT_WRITE, offset=0)
         self._data = _mmap.mmap(map_fd, page + 2 * size_bytes, _mmap.MAP_SHARED, _mmap.PROT_READ, offset=page)
         self._page = page
+
+    def view(self) -> tuple:
+        """(cons, data, page, mask): this ring as _fastpath.take and read_ring read it."""
+        return self._cons, self._data, self._page, self.mask
 
     def read(self, out: list[bytes]) -> tuple[int, int]:
         """Append every complete record now in the buffer to out; returns (records, bytes of ring consumed)."""
@@ -87,6 +92,7 @@ class Rings:
         self._kick_lock = threading.Lock()
         self._signals = False
         self._positions: tuple = ()
+        self._views: tuple = ()
         try:
             for fd, size in ring_maps:
                 self.rings.append(RingReader(fd, size))
@@ -112,6 +118,7 @@ class Rings:
         self.quiet_since: float | None = None
         #: per ring, the consumer page then the producer page (and data): their positions
         self._positions = tuple(m for ring in self.rings for m in (ring._cons, ring._data))
+        self._views = tuple(ring.view() for ring in self.rings)
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep up to timeout_s (seconds), or until the BPF side wakes a ring or a kick() or signal
@@ -182,26 +189,28 @@ class Rings:
         except BlockingIOError:
             pass
 
-    def drain(self) -> list[bytes]:
-        """Consume every record now in the ring buffers; returns them as raw bytes, in time order.
+    def take(self) -> _fastpath.Batch:
+        """Every record now in the ring buffers, in place and in time order (_fastpath.take).
 
-        Each ring is in order; when several held records, they are merged by
-        event_header.time_ns (a stable merge of the presorted runs).  Sets
-        fill: the largest share (0..1) of a ring that this drain found
-        occupied, the backlog the consumer let build up since the last one.
+        Each ring is in order; records of several rings are merged by
+        event_header.time_ns (a stable merge of the presorted runs).  Sets fill: the
+        largest share (0..1) of a ring that the batch holds, the backlog the
+        consumer let build up since the last one.  The caller records the batch
+        (_fastpath.run reads it in place; batch[i] is a copy) and must release() it:
+        only then is the rings' space given back to the kernel.
         """
-        out: list[bytes] = []
-        nonempty = 0
-        fill = 0.0
-        for ring in self.rings:
-            n, nbytes = ring.read(out)
-            if n:
-                nonempty += 1
-                fill = max(fill, nbytes / ring.size)
-        if nonempty > 1:
-            _fastpath.sort_by_time(out)
-        self.fill = fill
-        return out
+        batch = _fastpath.take(self._views)
+        self.fill = batch.fill
+        return batch
+
+    def drain(self) -> list[bytes]:
+        """Consume every record now in the ring buffers; returns them as raw bytes, in time order
+        (take(), copied and released)."""
+        batch = self.take()
+        try:
+            return list(batch)
+        finally:
+            batch.release()
 
     def close(self) -> None:
         """Unmap every ring."""
@@ -219,7 +228,7 @@ class Rings:
         if self._epoll is not None:
             self._epoll.close()
             self._epoll = None
-        self._positions = ()
+        self._positions = self._views = ()
         for ring in self.rings:
             ring.close()
         self.rings = []

@@ -2,7 +2,7 @@
 
 :class:`Tables` holds what the loop (recorder.py), the exec join
 (execjoin.py), loss recovery (rescan.py) and the C fast path (_fastpath.c)
-all read or write: the pending lines, the fast path's identity table, the
+all read or write: the pending lines (one buffer), the fast path's identity table, the
 held execs, the live mappings per process.  ``_fastpath.run(raws, start,
 tables)`` reads these attributes by name.  :class:`Stats` are the session's
 counters.  The named types that cross into C (HeldExec, FastEntry, RunCounts)
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from buildidd.capture import _fastpath
-from buildidd.capture._fastpath import FastEntry, HeldExec, RunCounts
+from buildidd.capture._fastpath import FastEntry, HeldExec, LineBuffer, RunCounts
 from buildidd.memo import Memo
 from buildidd.sessionlog.records import (COMM_JSON, COMM_LINE, EXEC_LINE, EXEC_PREFIX, EXIT_LINE, FILENAME_JSON,
                                          FORK_LINE, KERNEL_STATUS_JSON, MMAP_LINE, ORIGIN_NAMES, PATH_CUT_JSON,
@@ -48,7 +48,9 @@ class Tables:
     Attributes:
         missing: the enricher's mappings without a build-id, reason -> count
             (Enricher.missing: the fast path counts into it).
-        lines: session-log lines not yet written (bytes, no newline).
+        out: session-log lines not yet written, each followed by b"\n", in one
+            _fastpath.LineBuffer (the C fast path formats its lines straight into it;
+            :attr:`lines` lists them).
         fast: identity key (kernel.events.file_key bytes) -> FastEntry, for
             identities with a final answer (their lines' identity and build-id fields).
         held: tid -> HeldExec, execs waiting for their executable's mapping.
@@ -62,7 +64,7 @@ class Tables:
     """
 
     missing: dict[str, int]
-    lines: list[bytes] = field(default_factory=list)
+    out: LineBuffer = field(default_factory=LineBuffer)
     fast: dict[bytes, FastEntry] = field(default_factory=dict)
     held: dict[int, HeldExec] = field(default_factory=dict)
     live: dict[int, set[tuple[int, bytes]]] = field(default_factory=dict)
@@ -74,20 +76,22 @@ class Tables:
     step: int = 0
 
     def emit(self, line: bytes) -> None:
-        """Queue one session-log line (the recorder writes them at the end of a step)."""
-        self.lines.append(line)
+        """Queue one session-log line (no newline; the recorder writes them at the end of a step)."""
+        self.out.append(line)
+
+    @property
+    def lines(self) -> list[bytes]:
+        """The pending lines, without their newlines (a copy)."""
+        return bytes(self.out).split(b"\n")[:-1]
 
     def drop_oldest_lines(self, max_bytes: int) -> int:
         """Drop the oldest pending lines until the rest (newline each) fit in max_bytes; how many went."""
-        lines = self.lines
-        excess = sum(map(len, lines)) + len(lines) - max_bytes
-        drop = 0
-        while excess > 0 and drop < len(lines):
-            excess -= len(lines[drop]) + 1
-            drop += 1
-        if drop:
-            del lines[:drop]
-        return drop
+        out = self.out
+        excess = len(out) - max_bytes
+        if excess <= 0:
+            return 0
+        cut = bytes(out).find(b"\n", excess - 1) + 1 or len(out)     # whole lines only
+        return out.drop_front(cut)
 
     def add_live(self, pid: int, start: int, key: bytes) -> None:
         """Remember a recorded mapping of pid at start (bytes) of the identity key."""

@@ -67,24 +67,30 @@ class Appender:
         Never raises for an I/O error: what is not written waits in the
         backlog, what does not fit in it is dropped and counted.
         """
+        self.append_block(b"\n".join([*lines, b""]), len(lines), lines)    # one copy, ends in b"\n"
+
+    def append_block(self, block, records: int, lines: Sequence[bytes] | None = None) -> None:
+        """Write ``block`` (bytes-like), ``records`` whole records each ending in ``b"\\n"``,
+        after everything before them.
+
+        ``lines``: the same records without their newlines when the caller has them; else the
+        block is split only when a write fails.  Never raises for an I/O error (see :meth:`append`).
+        """
         backlog = self.backlog
         if backlog:
             self.drain()
-        if backlog:
-            backlog.offer(lines, failure_ns=self.outage.since_ns, now_ns=boot_clock.boot_ns())
-            return
-        segment = self._writable()
+        segment = None if backlog else self._writable()
         if segment is None:
-            backlog.offer(lines, failure_ns=self.outage.since_ns, now_ns=boot_clock.boot_ns())
+            backlog.offer(_records(block, lines), failure_ns=self.outage.since_ns, now_ns=boot_clock.boot_ns())
             self._start_retry()
             return
-        written, error = self.chain.write(b"\n".join([*lines, b""]))   # one copy, ends in b"\n"
+        written, error = self.chain.write(block)
         if error is None:
-            segment.stats.records += len(lines)
-            self.records_written += len(lines)
+            segment.stats.records += records
+            self.records_written += records
             self.outage.recovered(boot_clock.boot_ns(), backlog)
             return
-        done = backlog.keep_rest(lines, written)
+        done = backlog.keep_rest(_records(block, lines), written)
         segment.stats.records += done
         self.records_written += done
         self._failed(segment.stats.path, error)
@@ -136,3 +142,8 @@ class Appender:
                 if not self.backlog:
                     self._retry = None
                     return
+
+
+def _records(block: bytes | bytearray, lines: Sequence[bytes] | None) -> Sequence[bytes]:
+    """The records of a block (each ending in b"\\n") without their newlines: lines when given."""
+    return lines if lines is not None else bytes(block).split(b"\n")[:-1]

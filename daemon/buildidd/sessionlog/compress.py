@@ -19,6 +19,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 
 import zstandard
@@ -69,6 +70,8 @@ class SegmentFinisher:
         self._segments_compressed = 0
         self._compress_errors = 0
         self._sync_errors = 0
+        self._finish_cpu_ns = 0
+        self._finished_bytes = 0
 
     def submit(self, path: Path) -> None:
         """Queue the closed ``.jsonl`` segment ``path`` to be synced (and compressed)."""
@@ -95,9 +98,22 @@ class SegmentFinisher:
         with self._counter_lock:
             return self._segments_compressed, self._compress_errors, self._sync_errors
 
+    @property
+    def cost(self) -> tuple[int, int]:
+        """``(finish_cpu_ns, finished_bytes)``: the finishing thread's CPU (ns, the thread's own
+        clock: reading, zstd compression, fsync) and the ``.jsonl`` bytes of the segments it made
+        final, so far; the daemon's CPU per event counts its share (scripts/bench)."""
+        with self._counter_lock:
+            return self._finish_cpu_ns, self._finished_bytes
+
     def _finish_loop(self) -> None:
         make_current_thread_background()
         while (path := self._queue.get()) is not None:
+            cpu0 = time.thread_time_ns()
+            try:
+                size = path.stat().st_size
+            except OSError:
+                size = 0
             try:
                 self._finish(path)
             except Exception as e:
@@ -112,6 +128,9 @@ class SegmentFinisher:
                     log.warning("%s: finishing the segment failed: %s", path, e)
                 else:
                     log.exception("%s: finishing the segment failed", path)
+            with self._counter_lock:
+                self._finish_cpu_ns += time.thread_time_ns() - cpu0
+                self._finished_bytes += size
 
     def _finish(self, path: Path) -> None:
         """Sync (and compress) a closed segment.

@@ -43,7 +43,7 @@ from buildidd.errors import SessionLogError
 from buildidd.sessionlog.compress import compress_segment
 from buildidd.sessionlog.reader import list_segments, read_segment
 from buildidd.sessionlog.segments import (
-    CLOSED_MARKER, SEGMENT_RE, fsync_dir, lock_session_dir, write_closed_marker,
+    CLOSED_MARKER, SEGMENT_RE, ZSTD_LEVEL, fsync_dir, lock_session_dir, write_closed_marker,
 )
 
 __all__ = ["SealReport", "seal_unclosed_sessions"]
@@ -72,7 +72,7 @@ class SealReport:
 
 
 def seal_unclosed_sessions(session_root: str | os.PathLike, *, exclude: Iterable[str | os.PathLike] = (),
-                           compress: bool = True, zstd_level: int = 3) -> list[SealReport]:
+                           compress: bool = True, zstd_level: int = ZSTD_LEVEL) -> list[SealReport]:
     """Seal every session under ``session_root`` that was not closed (see the module docstring).
 
     Args:

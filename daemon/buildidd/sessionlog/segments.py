@@ -30,7 +30,7 @@ from pathlib import Path
 
 from buildidd.errors import SessionLogError
 
-__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "SegmentFile", "SegmentStats", "create_session_dir", "fsync_dir",
+__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "ZSTD_LEVEL", "SegmentFile", "SegmentStats", "create_session_dir", "fsync_dir",
            "CLOSED_MARKER", "lock_session_dir", "write_closed_marker"]
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 #: closed segments and in-progress ``.zst.tmp`` files.  Use
 #: :func:`~.reader.list_segments` for the set of segments to read.
 SEGMENT_GLOB = "segment-[0-9]*.jsonl*"
+#: zstd level of closed segments: on the recorder's JSON lines level 1 compresses both faster and
+#: smaller than the library's default 3 (their records repeat whole fields; docs/benchmarks.md).
+ZSTD_LEVEL = 1
 
 #: Longest accepted line in bytes, without its ``b"\\n"``.  The writer refuses
 #: longer records; the reader skips longer lines as corrupt, which bounds its

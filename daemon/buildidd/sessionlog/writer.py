@@ -58,7 +58,7 @@ from buildidd.sessionlog.chain import RotationLimits, SegmentChain
 from buildidd.sessionlog.compress import SegmentFinisher
 from buildidd.sessionlog.writebehind import WINDOW_BYTES, WriteBehind
 from buildidd.sessionlog.segments import (
-    MAX_LINE_BYTES, SEGMENT_GLOB, SegmentStats, create_session_dir,
+    MAX_LINE_BYTES, SEGMENT_GLOB, ZSTD_LEVEL, SegmentStats, create_session_dir,
     lock_session_dir, segment_name, write_closed_marker,
 )
 
@@ -87,7 +87,7 @@ class SessionWriter:
         max_segment_bytes: int = 64 << 20,
         max_segment_age_s: float = 3600.0,
         compress: bool = True,
-        zstd_level: int = 3,
+        zstd_level: int = ZSTD_LEVEL,
         clock: Callable[[], float] = time.monotonic,
     ):
         """Create the session directory (or adopt an empty one) and lock it.
@@ -102,7 +102,7 @@ class SessionWriter:
                 first byte was written at least this many seconds ago
                 (measured with ``clock``).
             compress: compress closed segments to ``.jsonl.zst``.
-            zstd_level: zstd compression level (1-22).
+            zstd_level: zstd compression level (1-22; default segments.ZSTD_LEVEL).
             clock: monotonic time in seconds; tests pass a fake one.
 
         The backlog kept while writes fail holds
@@ -193,6 +193,26 @@ class SessionWriter:
                 raise SessionLogError(f"{self._dir}: session writer is closed")
             self._appender.append(lines)
 
+    def write_block(self, block, records: int) -> None:
+        """Append records already encoded and joined: ``block`` (bytes-like) is ``records`` whole
+        lines, each a JSON object followed by ``b"\\n"`` (the recorder's own, formatted in one
+        buffer, capture/tables.py; the line rules are the caller's, as with ``trusted=True``).
+        Written as :meth:`write_lines` writes a batch.
+
+        Raises:
+            SessionLogError: after :meth:`close`.
+            ValueError: ``block`` does not end in ``b"\\n"``.
+        """
+        with memoryview(block) as view:      # released on return: the caller may reuse block
+            if not view:
+                return
+            if view[-1] != 0x0A:
+                raise ValueError("a block of records must end in a newline")
+            with self._lock:
+                if self._closed:
+                    raise SessionLogError(f"{self._dir}: session writer is closed")
+                self._appender.append_block(view, records)
+
     def write(self, record: dict) -> None:
         """Encode ``record`` as compact JSON and append it (see :meth:`write_lines`).
 
@@ -257,6 +277,9 @@ class SessionWriter:
                 self.write_behind.close()
         stats = self.stats
         write_closed_marker(self._dir, {"clean": True, "records_written": stats["records_written"],
+                                        "bytes_written": stats["bytes_written"],
+                                        "finish_cpu_ns": stats["finish_cpu_ns"],
+                                        "finished_bytes": stats["finished_bytes"],
                                         "records_lost": stats["records_lost"]})
         os.close(self._dir_fd)
         if error is not None:
@@ -277,7 +300,9 @@ class SessionWriter:
         Keys: ``records_written`` (records wholly written), ``bytes_written``
         (bytes accepted by the kernel), ``segments_closed``,
         ``segments_compressed``, ``write_errors`` (failed write/open/fsync
-        calls), ``compress_errors`` (segments left uncompressed),
+        calls), ``compress_errors`` (segments left uncompressed), ``finish_cpu_ns`` and
+        ``finished_bytes`` (CPU ns the finishing thread spent making closed segments final:
+        reading, zstd, fsync; and their ``.jsonl`` bytes),
         ``current_segment`` (path of the open segment as ``str``, or
         ``None``), ``next_segment`` (when none is open: the path the next
         record opens, else ``None``), ``pending_records``/``pending_bytes`` (the backlog),
@@ -291,6 +316,7 @@ class SessionWriter:
         chain = self._chain
         segment = chain.segment
         compressed, compress_errors, sync_errors = chain.finisher.counts
+        finish_cpu_ns, finished_bytes = chain.finisher.cost
         backlog, outage = self._backlog, self._appender.outage
         return {
             "records_written": self._appender.records_written,
@@ -299,6 +325,8 @@ class SessionWriter:
             "segments_compressed": compressed,
             "write_errors": self._appender.write_errors + chain.close_errors + sync_errors,
             "compress_errors": compress_errors,
+            "finish_cpu_ns": finish_cpu_ns,
+            "finished_bytes": finished_bytes,
             "current_segment": str(segment.stats.path) if segment is not None else None,
             "next_segment": str(chain.directory / segment_name(chain.next_number)) if segment is None else None,
             "pending_records": backlog.records,

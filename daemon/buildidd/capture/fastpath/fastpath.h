@@ -103,32 +103,19 @@ static inline char *put_u64(char *o, uint64_t v)
 	return o + (U64_DIGITS - n);
 }
 
-/*
- * A new bytes object: the template with args substituted.  The line is put
- * together in a scratch buffer and copied once into a bytes object of its
- * exact size: an object allocated at the worst case and shrunk afterwards
- * costs a realloc per line (most lines are over pymalloc's 512 bytes).  One
- * static scratch is enough: callers hold the GIL, and nothing here releases it.
- */
-static inline PyObject *format_line(const struct tmpl *t, const struct arg *a)
+/* The most bytes t filled with a can take (each %d at its widest). */
+static inline Py_ssize_t tmpl_cap(const struct tmpl *t, const struct arg *a)
 {
-	static char scratch[8192];
 	Py_ssize_t cap = t->fixed;
-	PyObject *out;
-	char *o, *base;
 
 	for (int i = 0; i < t->nconv; i++)
 		cap += t->conv[i] == 'd' ? U64_DIGITS : a[i].len;
-	if (cap <= (Py_ssize_t)sizeof(scratch)) {
-		out = NULL;
-		base = scratch;
-	} else {
-		out = PyBytes_FromStringAndSize(NULL, cap);
-		if (out == NULL)
-			return NULL;
-		base = PyBytes_AS_STRING(out);
-	}
-	o = base;
+	return cap;
+}
+
+/* The template t with args a substituted, at o (tmpl_cap() bytes of room); returns the end. */
+static inline char *format_into(char *o, const struct tmpl *t, const struct arg *a)
+{
 	for (int i = 0; i < t->nconv; i++) {
 		memcpy(o, t->lit[i], t->litlen[i]);
 		o += t->litlen[i];
@@ -140,25 +127,97 @@ static inline PyObject *format_line(const struct tmpl *t, const struct arg *a)
 		}
 	}
 	memcpy(o, t->lit[t->nconv], t->litlen[t->nconv]);
-	o += t->litlen[t->nconv];
+	return o + t->litlen[t->nconv];
+}
+
+/*
+ * A new bytes object: the template with args substituted.  The line is put
+ * together in a scratch buffer and copied once into a bytes object of its
+ * exact size: an object allocated at the worst case and shrunk afterwards
+ * costs a realloc per line (most lines are over pymalloc's 512 bytes).  One
+ * static scratch is enough: callers hold the GIL, and nothing here releases it.
+ */
+static inline PyObject *format_line(const struct tmpl *t, const struct arg *a)
+{
+	static char scratch[8192];
+	Py_ssize_t cap = tmpl_cap(t, a);
+	PyObject *out;
+	char *end;
+
+	if (cap <= (Py_ssize_t)sizeof(scratch))
+		return PyBytes_FromStringAndSize(scratch, format_into(scratch, t, a) - scratch);
+	out = PyBytes_FromStringAndSize(NULL, cap);
 	if (out == NULL)
-		return PyBytes_FromStringAndSize(scratch, o - base);
-	if (_PyBytes_Resize(&out, o - base) < 0)
+		return NULL;
+	end = format_into(PyBytes_AS_STRING(out), t, a);
+	if (_PyBytes_Resize(&out, end - PyBytes_AS_STRING(out)) < 0)
 		return NULL;
 	return out;
 }
 
+/* The LineBuffer type (linebuf.c): a step's pending lines, each ending in a newline. */
+struct linebuf {
+	PyObject_HEAD
+	char *buf;
+	Py_ssize_t len, cap;	/* bytes used, allocated */
+	Py_ssize_t lines;	/* newlines in buf[0..len) */
+	Py_ssize_t exports;	/* buffer views alive: no change meanwhile */
+};
+extern FP_INTERNAL PyTypeObject *LineBuffer;
+extern FP_INTERNAL PyType_Spec linebuf_spec;
+/* Room for more bytes after len (grown by doubling): 0, or -1 with an error set. */
+FP_INTERNAL int linebuf_reserve(struct linebuf *b, Py_ssize_t more);
+
+/*
+ * Append the template with args substituted, and a newline, to the
+ * LineBuffer out: formatted in place, no object per line.  0, or -1 with an
+ * error set.
+ */
+static inline int append_line(struct linebuf *out, const struct tmpl *t, const struct arg *a)
+{
+	char *end;
+
+	if (linebuf_reserve(out, tmpl_cap(t, a) + 1) < 0)
+		return -1;
+	end = format_into(out->buf + out->len, t, a);
+	*end++ = '\n';
+	out->len = end - out->buf;
+	out->lines++;
+	return 0;
+}
+
+/* A record and its event_header.time_ns, as the merge orders them. */
+struct timed {
+	uint64_t time_ns;
+	const void *p;		/* sort_by_time: the bytes object (borrowed); Batch: the record in ring memory */
+	uint32_t len;		/* Batch: the record's bytes */
+};
+
+/*
+ * Stable natural merge of v[0..n) by time_ns into v or tmp (rings.c); returns
+ * the one that holds the result, NULL when out of memory.
+ */
+FP_INTERNAL struct timed *merge_runs(struct timed *v, struct timed *tmp, Py_ssize_t n);
+
+/* The Batch type (batch.c): a step's records in ring memory. */
+extern FP_INTERNAL PyTypeObject *Batch;
+extern FP_INTERNAL PyType_Spec batch_spec;
+FP_INTERNAL int batch_record(PyObject *batch, Py_ssize_t i, const char **r, Py_ssize_t *len);
+FP_INTERNAL Py_ssize_t batch_len(PyObject *batch);
+
 /* The named types and the interned attribute names (_fastpath.c). */
 extern FP_INTERNAL PyTypeObject *HeldExec, *FastEntry, *RunCounts;
 extern FP_INTERNAL PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_path_json, *s_origins,
-	*s_missing, *s_lines, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json;
+	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json;
 
 /* The module's functions and their docs. */
-extern FP_INTERNAL const char read_ring_doc[], quiet_wait_doc[], sort_by_time_doc[], configure_doc[], run_doc[];
+extern FP_INTERNAL const char read_ring_doc[], quiet_wait_doc[], sort_by_time_doc[], configure_doc[], run_doc[],
+	take_doc[];
 FP_INTERNAL PyObject *read_ring(PyObject *self, PyObject *args);
 FP_INTERNAL PyObject *quiet_wait(PyObject *self, PyObject *args);
 FP_INTERNAL PyObject *sort_by_time(PyObject *self, PyObject *arg);
 FP_INTERNAL PyObject *configure(PyObject *self, PyObject *args);
 FP_INTERNAL PyObject *run(PyObject *self, PyObject *args);
+FP_INTERNAL PyObject *take(PyObject *self, PyObject *arg);
 
 #endif /* BUILDIDD_FASTPATH_H */

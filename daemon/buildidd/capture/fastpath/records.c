@@ -14,13 +14,18 @@ struct memo_ref {
 
 /* State of one run() call: the tables' attributes it reads and updates (owned). */
 struct run_state {
-	PyObject *fast, *held, *live, *origins, *missing, *lines, *step;
+	PyObject *fast, *held, *live, *origins, *missing, *out, *step;
 	struct memo_ref comm, filename, path;
 	PyObject *path_cut;	/* owned: tables.path_cut_json, 2 bytes: read whole / cut */
 	char last_comm[BUILDIDD_COMM_LEN];
 	PyObject *last_comm_json;	/* owned: the JSON of last_comm */
 	PyObject *last_path;	/* owned: raw bytes of the previous mapping's path */
 	PyObject *last_path_json;	/* owned: its JSON */
+	/* The last (pid, vm_start, identity key object) added to live: a mapping made again at the
+	 * same place (a storm of mmap/munmap) needs no set lookup. */
+	uint32_t live_pid;
+	uint64_t live_start;
+	PyObject *live_key;	/* borrowed: held by last_key.id_obj while it is the same */
 };
 
 static PyObject *get_attr_of(PyObject *obj, PyObject *name, PyTypeObject *type)
@@ -76,7 +81,7 @@ static int load_state(struct run_state *st, PyObject *tables)
 	    (st->live = get_attr_of(tables, s_live, &PyDict_Type)) == NULL ||
 	    (st->origins = get_attr_of(tables, s_origins, &PyTuple_Type)) == NULL ||
 	    (st->missing = get_attr_of(tables, s_missing, &PyDict_Type)) == NULL ||
-	    (st->lines = get_attr_of(tables, s_lines, &PyList_Type)) == NULL ||
+	    (st->out = get_attr_of(tables, s_out, LineBuffer)) == NULL ||
 	    (st->step = get_attr_of(tables, s_step, &PyLong_Type)) == NULL ||
 	    (st->path_cut = get_attr_of(tables, s_path_cut_json, &PyTuple_Type)) == NULL ||
 	    load_memo(&st->comm, tables, s_comm_json) < 0 || load_memo(&st->filename, tables, s_filename_json) < 0 ||
@@ -113,7 +118,7 @@ static void release_state(struct run_state *st)
 	Py_CLEAR(st->live);
 	Py_CLEAR(st->origins);
 	Py_CLEAR(st->missing);
-	Py_CLEAR(st->lines);
+	Py_CLEAR(st->out);
 	Py_CLEAR(st->step);
 }
 
@@ -203,22 +208,14 @@ static PyObject *path_cut_of(struct run_state *st, uint32_t id_flags)
 	return PyTuple_GET_ITEM(st->path_cut, (id_flags & (BUILDIDD_PATH_TRUNCATED | BUILDIDD_PATH_UNREACHABLE)) ? 1 : 0);
 }
 
-static int emit(struct run_state *st, PyObject *line)
-{
-	int r;
-
-	if (line == NULL)
-		return -1;
-	r = PyList_Append(st->lines, line);
-	Py_DECREF(line);
-	return r;
-}
 
 /* The pid's live mappings are gone (exit, exec): live.pop(pid, None).  0, or -1 with an error set. */
 static int forget_pid(struct run_state *st, uint32_t pid)
 {
 	PyObject *k = PyLong_FromUnsignedLong(pid);
 	int r;
+
+	st->live_key = NULL;
 
 	if (k == NULL)
 		return -1;
@@ -259,7 +256,7 @@ static int task_record(struct run_state *st, const char *r, uint32_t type, long 
 	} else if (type == BUILDIDD_EV_EXIT) {
 		args[4].u = ld_u32(r + offsetof(struct task_event, exit.exit_code));
 	}
-	if (emit(st, format_line(&templates[which], args)) < 0)
+	if (append_line((struct linebuf *)st->out, &templates[which], args) < 0)
 		return -1;
 	counts[which]++;
 	return 1;
@@ -306,7 +303,7 @@ static int held_exec(struct run_state *st, uint32_t tid, const struct last_key *
 	args[0].len = PyBytes_GET_SIZE(prefix);
 	args[1].s = PyBytes_AS_STRING(res_tail);
 	args[1].len = PyBytes_GET_SIZE(res_tail);
-	if (emit(st, format_line(&templates[T_EXEC], args)) < 0 || PyDict_DelItem(st->held, t) < 0) {
+	if (append_line((struct linebuf *)st->out, &templates[T_EXEC], args) < 0 || PyDict_DelItem(st->held, t) < 0) {
 		Py_DECREF(t);
 		return -1;
 	}
@@ -369,6 +366,9 @@ static int add_live(struct run_state *st, uint32_t pid, uint64_t start, PyObject
 		}
 		Py_DECREF(item);
 	}
+	st->live_pid = pid;
+	st->live_start = start;
+	st->live_key = key;
 	return 0;
 }
 
@@ -445,6 +445,7 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 		Py_XSETREF(lk->hit, hit);
 		Py_XSETREF(lk->key_obj, key);
 		Py_XSETREF(lk->id_obj, id);
+		st->live_key = NULL;	/* its address may come back as another key's */
 		memcpy(lk->key, key_now, klen);
 		lk->key_len = klen;
 	}
@@ -485,13 +486,15 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 	args[13].len = PyBytes_GET_SIZE(tail);
 	args[14].s = PyBytes_AS_STRING(ks);
 	args[14].len = PyBytes_GET_SIZE(ks);
-	if (emit(st, format_line(&templates[T_MMAP], args)) < 0)
+	if (append_line((struct linebuf *)st->out, &templates[T_MMAP], args) < 0)
 		return -1;
 	counts[T_N]++;
 	if (error == Py_None)
 		counts[T_N + 1]++;
 	else if (count_missing(st, error) < 0)
 		return -1;
+	if (st->live_key == lk->id_obj && st->live_pid == pid && st->live_start == start)
+		return 1;		/* added already */
 	return add_live(st, pid, start, lk->id_obj) < 0 ? -1 : 1;
 }
 
@@ -547,15 +550,19 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	prefix = format_line(&templates[T_EXEC_PREFIX], args);
 	Py_DECREF(fj);
 	key = prefix ? PyBytes_FromStringAndSize(r + offsetof(struct exec_event, file), KEY_LEN) : NULL;
-	if (key != NULL && (held = PyStructSequence_New(HeldExec)) != NULL) {
+	if (raw != NULL)
 		Py_INCREF(raw);
+	else if (key != NULL)
+		raw = PyBytes_FromStringAndSize(r, len);	/* a record in ring memory: held as a copy */
+	if (key != NULL && raw != NULL && (held = PyStructSequence_New(HeldExec)) != NULL) {
 		Py_INCREF(st->step);
 		PyStructSequence_SET_ITEM(held, HELD_F_RECORD, raw);
 		PyStructSequence_SET_ITEM(held, HELD_F_STEP, st->step);
 		PyStructSequence_SET_ITEM(held, HELD_F_KEY, key);
 		PyStructSequence_SET_ITEM(held, HELD_F_PREFIX, prefix);
-		key = prefix = NULL;	/* held owns them */
+		key = prefix = raw = NULL;	/* held owns them */
 	}
+	Py_XDECREF(raw);
 	rc = held ? PyDict_SetItem(st->held, t, held) : -1;
 	Py_XDECREF(held);
 	Py_XDECREF(key);
@@ -568,7 +575,8 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 
 FP_INTERNAL const char run_doc[] =
 "run(raws, start, tables) -> RunCounts\n\n"
-"Record raws[start:] (raw ring records, bytes) for as long as each is one of:\n"
+"Record raws[start:] (raw ring records: a list of bytes, or a Batch from\n"
+"take(), read in place) for as long as each is one of:\n"
 "  * a MAP record (struct map_event) whose answer key (the struct file_id\n"
 "    bytes before nlink, then for a kernel-final bid.status that status byte\n"
 "    and the kernel's build-id: events.py answer_key) is in tables.fast\n"
@@ -581,8 +589,8 @@ FP_INTERNAL const char run_doc[] =
 "  * an EXEC record (struct exec_event) from a tid that holds none: it is\n"
 "    held, tables.held[tid] = HeldExec((record, tables.step, key, EXEC_PREFIX\n"
 "    line)), and its pid leaves tables.live.\n"
-"Each becomes one line (records.py's templates, see configure()) appended to\n"
-"the list tables.lines.  The other attributes of tables: comm_json,\n"
+"Each becomes one line (records.py's templates, see configure()) and a\n"
+"newline, appended to the LineBuffer tables.out.  The other attributes of tables: comm_json,\n"
 "filename_json and path_json, memo.Memo of raw comm (16 bytes) / raw exec filename / raw path -> JSON\n"
 "bytes (entries read here, hits counted but not made recent, fill() called\n"
 "on a miss); origins: tuple of bytes indexed by map_event.origin (index 0 for an\n"
@@ -601,10 +609,15 @@ FP_INTERNAL PyObject *run(PyObject *self, PyObject *args)
 	struct run_state st = {0};
 	struct last_key lk = {0};
 	long counts[T_N + 2] = {0};	/* per template index, then mmap, resolved */
-	int rc = 1;
+	int rc = 1, in_place;
 
-	if (!PyArg_ParseTuple(args, "O!nO", &PyList_Type, &raws, &i, &tables))
+	if (!PyArg_ParseTuple(args, "OnO", &raws, &i, &tables))
 		return NULL;
+	in_place = Py_IS_TYPE(raws, Batch);
+	if (!in_place && !PyList_Check(raws)) {
+		PyErr_SetString(PyExc_TypeError, "run(): raws must be a list of bytes or a Batch");
+		return NULL;
+	}
 	if (templates[T_MMAP].owner == NULL) {
 		PyErr_SetString(PyExc_RuntimeError, "_fastpath.configure() was not called");
 		return NULL;
@@ -613,19 +626,27 @@ FP_INTERNAL PyObject *run(PyObject *self, PyObject *args)
 		release_state(&st);
 		return NULL;
 	}
-	n = PyList_GET_SIZE(raws);
+	n = in_place ? batch_len(raws) : PyList_GET_SIZE(raws);
 	if (i < 0)
 		i = 0;
 	for (; i < n; i++) {
-		PyObject *raw = PyList_GET_ITEM(raws, i);
+		PyObject *raw = NULL;
 		const char *r;
 		Py_ssize_t len;
 		uint32_t type;
 
-		if (!PyBytes_Check(raw))
-			break;
-		r = PyBytes_AS_STRING(raw);
-		len = PyBytes_GET_SIZE(raw);
+		if (in_place) {
+			if (batch_record(raws, i, &r, &len) < 0) {
+				rc = -1;
+				break;
+			}
+		} else {
+			raw = PyList_GET_ITEM(raws, i);
+			if (!PyBytes_Check(raw))
+				break;
+			r = PyBytes_AS_STRING(raw);
+			len = PyBytes_GET_SIZE(raw);
+		}
 		if (len < (Py_ssize_t)sizeof(struct event_header))
 			break;
 		type = ld_u32(r);

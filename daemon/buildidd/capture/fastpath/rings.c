@@ -234,17 +234,12 @@ out:
 	return PyLong_FromLong(rc);
 }
 
-struct timed {
-	uint64_t time_ns;
-	PyObject *obj;		/* borrowed from the list being sorted */
-};
-
 /*
  * Stable natural merge sort: the records come as one ascending run per ring,
  * so this takes log2(rings) linear passes.  Equal times keep list order.
  * Returns v or tmp, whichever holds the result; NULL when out of memory.
  */
-static struct timed *merge_runs(struct timed *v, struct timed *tmp, Py_ssize_t n)
+FP_INTERNAL struct timed *merge_runs(struct timed *v, struct timed *tmp, Py_ssize_t n)
 {
 	Py_ssize_t *starts = PyMem_Malloc(sizeof(*starts) * (size_t)(n + 1));
 	Py_ssize_t nruns = 0;
@@ -323,7 +318,7 @@ FP_INTERNAL PyObject *sort_by_time(PyObject *self, PyObject *arg)
 			return NULL;
 		}
 		v[i].time_ns = record_time(o);
-		v[i].obj = o;
+		v[i].p = o;
 	}
 	sorted = merge_runs(v, v + n, n);
 	if (sorted == NULL) {
@@ -332,7 +327,7 @@ FP_INTERNAL PyObject *sort_by_time(PyObject *self, PyObject *arg)
 	}
 	/* Same objects, permuted: the list's references carry over unchanged. */
 	for (Py_ssize_t i = 0; i < n; i++)
-		PyList_SET_ITEM(arg, i, sorted[i].obj);
+		PyList_SET_ITEM(arg, i, (PyObject *)sorted[i].p);
 	PyMem_Free(v);
 	Py_RETURN_NONE;
 }
