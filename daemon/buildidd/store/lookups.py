@@ -8,11 +8,12 @@ and the choice among the copies one build-id may have (see
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from buildidd.store.layout import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, Entry, Layout, alt_dirs, hex_build_id, \
     main_file
-from buildidd.store.origin import Origin, read_origin
+from buildidd.store.origin import ORIGIN_NAME, Origin, read_origin
 from buildidd.store.quality import best_quality, path_quality
 
 KINDS = ("elf", "debug")
@@ -67,6 +68,23 @@ class StoreLookups:
         """
         directory = self._layout.entry_dir(hex_build_id(build_id_hex))
         return read_origin(directory) if directory is not None else None
+
+    def origin_stamp(self, build_id_hex: str) -> tuple[str, int, int] | None:
+        """What changes whenever the entry's main copy or its origin does: (the link's target, the
+        inode and mtime in ns of its ``origin.json``), by one readlink and one stat (no parse), or
+        ``None`` without an entry or an origin.  A removal, an eviction, a copy that replaced the
+        main one or a new origin all change it (each writes a new file, renamed into place).
+
+        Raises:
+            ValueError: not a build-id in hex.
+        """
+        link = self._layout.linkname(hex_build_id(build_id_hex))
+        try:
+            target = os.readlink(link)
+            st = os.stat(os.path.join(link.parent, target, ORIGIN_NAME))
+        except OSError:
+            return None
+        return target, st.st_ino, st.st_mtime_ns
 
     def _candidates(self, directory: Path) -> list[tuple[Path, Origin | None]]:
         """The entry's main copy, then its alternatives, best first (trusted, then public; main before alt)."""

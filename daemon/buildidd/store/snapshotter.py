@@ -48,6 +48,12 @@ from buildidd.store.store import Store
 
 log = logging.getLogger(__name__)
 
+#: Seconds a settled answer (Snapshotter.settled) is kept while its entry's stamp is unchanged, and
+#: between two touches of a settled entry (the quota's recency needs no finer grain).
+SETTLED_TTL_S = 300.0
+#: Settled answers kept at most (the memory is dropped whole beyond).
+SETTLED_MAX = 65536
+
 
 class TokenBucket:
     """Limits a byte stream to rate_bytes_per_s (burst: one second's worth); 0 = unlimited."""
@@ -132,6 +138,9 @@ class Snapshotter:
         #: (build-id, path, dev, inode) submitted this session: the same build-id at the same path from
         #: another file (a user's claim first, root's file later) is queued again.
         self._seen_paths: set[tuple[str, str, int, int]] = set()
+        #: build-id -> (time.monotonic() when found settled, its Store.origin_stamp, when last touched):
+        #: settled() answers again from a readlink and a stat while the stamp is the same.
+        self._settled: dict[str, tuple[float, tuple, float]] = {}
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "bulk": 0, "no_fd": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
@@ -289,17 +298,39 @@ class Snapshotter:
     def settled(self, build_id: str) -> bool:
         """True when the store holds a trusted, public copy of build_id (hex): nothing another file
         could improve, so a sighting needs no file (submit with fd None only touches the entry).
-        Reads the store's entry (Store.contains, Store.origin); any thread may ask."""
+        Reads the store's entry (Store.contains, Store.origin) once; while its Store.origin_stamp
+        stays the same (no removal, eviction or new copy since), for SETTLED_TTL_S, the answer is
+        remembered.  Any thread may ask."""
         try:
+            stamp = self.store.origin_stamp(build_id)
+            known = self._settled.get(build_id)
+            if stamp is not None and known is not None and known[1] == stamp \
+                    and time.monotonic() - known[0] < SETTLED_TTL_S:
+                return True
             present = self.store.origin(build_id) if self.store.contains(build_id) else None
         except (ValueError, OSError, StoreError):
             return False
-        return present is not None and present.trusted and not present.private
+        ok = present is not None and present.trusted and not present.private
+        if ok and stamp is not None:
+            if len(self._settled) >= SETTLED_MAX:
+                self._settled.clear()
+            self._settled[build_id] = (time.monotonic(), stamp, known[2] if known else 0.0)
+        return ok
+
+    def _touch_settled(self, build_id: str) -> None:
+        """Store.touch a settled entry (its recency for the quota), at most once per SETTLED_TTL_S."""
+        known = self._settled.get(build_id)
+        now = time.monotonic()
+        if known is not None and now - known[2] < SETTLED_TTL_S:
+            return
+        self.store.touch(build_id)
+        if known is not None:
+            self._settled[build_id] = (known[0], known[1], now)
 
     def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
         try:
             if self.settled(build_id):
-                self.store.touch(build_id)   # nothing another file could improve
+                self._touch_settled(build_id)    # nothing another file could improve
                 self.stats["already_present"] += 1
                 self.coverage.outcome(build_id, HELD, path)
                 return
