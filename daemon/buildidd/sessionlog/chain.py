@@ -102,10 +102,13 @@ class SegmentChain:
         return self.segment
 
     def write(self, data: bytes) -> tuple[int, OSError | None]:
-        """Write ``data`` to the open segment (:meth:`SegmentFile.write`); bytes are accounted."""
+        """Write ``data`` to the open segment (:meth:`SegmentFile.write`); bytes are accounted, and
+        those the kernel accepted are fed to the finisher (compressed as they come)."""
         segment = self.segment
         written, error = segment.write(data, self.clock)
         self.bytes_written += written
+        if written:
+            self.finisher.feed(segment.stats.path, memoryview(data)[:written])
         if self.write_behind is not None:
             self.write_behind.written(segment.fd, segment.stats.size_bytes)
         return written, error

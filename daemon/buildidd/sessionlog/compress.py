@@ -11,6 +11,13 @@ into ``….jsonl.zst.tmp`` (one zstd frame with checksum), ``fsync``,
 ``.zst``: the reader then reads the ``.jsonl`` and ignores the rest, so no
 record is read twice.  A segment that cannot be compressed stays a readable
 ``.jsonl`` and is counted.
+
+While a segment is open, the writer feeds this thread what it wrote
+(:meth:`SegmentFinisher.feed`), and the ``.zst.tmp`` is made from those bytes
+as they come (:mod:`.stream`), not read back from a file whose pages the
+write-behind has dropped; what the thread has not taken yet is bounded
+(:data:`STREAM_PENDING_MAX`), beyond which that segment is compressed from its
+file at close, as before.
 """
 
 from __future__ import annotations
@@ -28,10 +35,15 @@ from buildidd.errors import SessionLogError
 from buildidd.kernel.sched import make_current_thread_background
 from buildidd.sessionlog.writebehind import WriteBehind, drop_cached_file
 from buildidd.sessionlog.segments import FILE_MODE, READ_CHUNK_BYTES, fsync_dir
+from buildidd.sessionlog.stream import SegmentStream
 
-__all__ = ["SegmentFinisher", "compress_segment", "sync_segment"]
+__all__ = ["STREAM_PENDING_MAX", "SegmentFinisher", "compress_segment", "sync_segment"]
 
 log = logging.getLogger(__name__)
+
+#: Bytes fed to the finishing thread and not compressed yet, at most: beyond, the segment they
+#: belong to is compressed from its file when closed (the thread fell behind the writer).
+STREAM_PENDING_MAX = 32 << 20
 
 
 class SegmentFinisher:
@@ -59,7 +71,11 @@ class SegmentFinisher:
         self._dir = directory
         self._zstd_level = zstd_level
         self._write_behind = write_behind
-        self._queue: queue.Queue[Path | None] = queue.Queue()
+        #: ("feed", path, bytes), ("close", path), ("abandon", path), or None to end
+        self._queue: queue.Queue[tuple | None] = queue.Queue()
+        self._streams: dict[Path, SegmentStream] = {}     # the finishing thread's
+        self._pending = 0                                  # bytes fed, not taken yet (under _counter_lock)
+        self._unstreamed: set[Path] = set()                # open segments left to compress_segment
         self._worker: threading.Thread | None = None
         # Changed by the finishing thread, under self._counter_lock.
         self._counter_lock = threading.Lock()
@@ -73,14 +89,33 @@ class SegmentFinisher:
         self._finish_cpu_ns = 0
         self._finished_bytes = 0
 
+    def feed(self, path: Path, data) -> None:
+        """The bytes (bytes-like) the writer just wrote at the end of the open segment ``path``,
+        in order: compressed on this thread as they come (no-op without compression).  Beyond
+        STREAM_PENDING_MAX bytes waiting, the segment is left to be compressed from its file."""
+        if self._zstd_level is None or not len(data) or path in self._unstreamed:
+            return
+        with self._counter_lock:
+            if self._pending + len(data) > STREAM_PENDING_MAX:
+                self._unstreamed.add(path)
+                item: tuple = ("abandon", path)
+            else:
+                self._pending += len(data)
+                item = ("feed", path, bytes(data))
+        self._start()
+        self._queue.put(item)
+
     def submit(self, path: Path) -> None:
         """Queue the closed ``.jsonl`` segment ``path`` to be synced (and compressed)."""
+        self._start()
+        self._queue.put(("close", path))
+
+    def _start(self) -> None:
         if self._worker is None:
             self._worker = threading.Thread(
                 target=self._finish_loop, name="buildidd-sessionlog-finish", daemon=True
             )
             self._worker.start()
-        self._queue.put(path)
 
     def close(self) -> None:
         """Wait until every submitted segment is final (or has failed)."""
@@ -108,8 +143,14 @@ class SegmentFinisher:
 
     def _finish_loop(self) -> None:
         make_current_thread_background()
-        while (path := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            kind, path = item[0], item[1]
             cpu0 = time.thread_time_ns()
+            if kind != "close":
+                self._stream(kind, path, item[2] if kind == "feed" else b"")
+                with self._counter_lock:
+                    self._finish_cpu_ns += time.thread_time_ns() - cpu0
+                continue
             try:
                 size = path.stat().st_size
             except OSError:
@@ -132,17 +173,42 @@ class SegmentFinisher:
                 self._finish_cpu_ns += time.thread_time_ns() - cpu0
                 self._finished_bytes += size
 
+    def _stream(self, kind: str, path: Path, data: bytes) -> None:
+        """A feed of the open segment path (compressed into its SegmentStream), or its abandon."""
+        if kind == "feed":
+            with self._counter_lock:
+                self._pending -= len(data)
+            if self._cctx is None:
+                self._cctx = compressor(self._zstd_level)
+            stream = self._streams.get(path)
+            if stream is None:
+                stream = self._streams[path] = SegmentStream(path, self._cctx)
+            stream.write(data)
+        else:
+            stream = self._streams.pop(path, None)
+            if stream is not None:
+                stream.abandon()
+
     def _finish(self, path: Path) -> None:
-        """Sync (and compress) a closed segment.
+        """Sync (and compress) a closed segment: from its stream when all of it was fed, else
+        from its file.
 
         Raises:
             OSError: the fsync failed (uncompressed); SessionLogError:
                 compression failed (the ``.jsonl`` stays).
         """
+        stream = self._streams.pop(path, None)
+        streamed = stream is not None and path not in self._unstreamed
+        self._unstreamed.discard(path)
         if self._zstd_level is None:
             sync_segment(path)
             final = path
+        elif streamed and stream.failed is None and (final := _finish_stream(stream)) is not None:
+            with self._counter_lock:
+                self._segments_compressed += 1
         else:
+            if stream is not None:
+                stream.abandon()
             if self._cctx is None:
                 self._cctx = compressor(self._zstd_level)
             final = compress_segment(path, self._zstd_level, self._cctx)
@@ -150,6 +216,16 @@ class SegmentFinisher:
                 self._segments_compressed += 1
         if self._write_behind is not None and self._write_behind.window_bytes:
             drop_cached_file(final)
+
+
+def _finish_stream(stream: SegmentStream) -> Path | None:
+    """stream.finish(); None when it failed (logged): the caller compresses the file instead."""
+    try:
+        return stream.finish()
+    except SessionLogError as e:
+        log.warning("%s: the stream of its bytes cannot be finished (%s); compressing the file",
+                    stream.path, e.__cause__ or e)
+        return None
 
 
 def sync_segment(path: Path) -> None:
