@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 #: Bytes fed to the finishing thread and not compressed yet, at most: beyond, the segment they
 #: belong to is compressed from its file when closed (the thread fell behind the writer).
 STREAM_PENDING_MAX = 32 << 20
+#: Fed bytes are handed to the finishing thread this many at a time (and at the segment's close):
+#: one wake-up of it per batch, not one per write (a trickle of records would wake it at every step).
+FEED_BATCH_BYTES = 1 << 20
 
 
 class SegmentFinisher:
@@ -71,11 +74,14 @@ class SegmentFinisher:
         self._dir = directory
         self._zstd_level = zstd_level
         self._write_behind = write_behind
-        #: ("feed", path, bytes), ("close", path), ("abandon", path), or None to end
+        #: ("feed", path, [bytes]), ("close", path), ("abandon", path), or None to end
         self._queue: queue.Queue[tuple | None] = queue.Queue()
         self._streams: dict[Path, SegmentStream] = {}     # the finishing thread's
         self._pending = 0                                  # bytes fed, not taken yet (under _counter_lock)
         self._unstreamed: set[Path] = set()                # open segments left to compress_segment
+        self._batch: list[bytes] = []                      # fed, not handed over yet (writer's side)
+        self._batch_path: Path | None = None
+        self._batch_bytes = 0
         self._worker: threading.Thread | None = None
         # Changed by the finishing thread, under self._counter_lock.
         self._counter_lock = threading.Lock()
@@ -95,18 +101,35 @@ class SegmentFinisher:
         STREAM_PENDING_MAX bytes waiting, the segment is left to be compressed from its file."""
         if self._zstd_level is None or not len(data) or path in self._unstreamed:
             return
+        if self._batch_path != path:
+            self._hand_over()
+            self._batch_path = path
+        self._batch.append(bytes(data))
+        self._batch_bytes += len(data)
+        if self._batch_bytes >= FEED_BATCH_BYTES:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Queue the fed bytes not handed over yet (writer's side), or abandon their segment's stream
+        when the thread is STREAM_PENDING_MAX behind."""
+        path, chunks, size = self._batch_path, self._batch, self._batch_bytes
+        self._batch, self._batch_bytes = [], 0
+        if path is None or not chunks:
+            return
         with self._counter_lock:
-            if self._pending + len(data) > STREAM_PENDING_MAX:
+            if self._pending + size > STREAM_PENDING_MAX:
                 self._unstreamed.add(path)
                 item: tuple = ("abandon", path)
             else:
-                self._pending += len(data)
-                item = ("feed", path, bytes(data))
+                self._pending += size
+                item = ("feed", path, chunks)
         self._start()
         self._queue.put(item)
 
     def submit(self, path: Path) -> None:
         """Queue the closed ``.jsonl`` segment ``path`` to be synced (and compressed)."""
+        if self._batch_path == path:
+            self._hand_over()
         self._start()
         self._queue.put(("close", path))
 
@@ -147,7 +170,7 @@ class SegmentFinisher:
             kind, path = item[0], item[1]
             cpu0 = time.thread_time_ns()
             if kind != "close":
-                self._stream(kind, path, item[2] if kind == "feed" else b"")
+                self._stream(kind, path, item[2] if kind == "feed" else [])
                 with self._counter_lock:
                     self._finish_cpu_ns += time.thread_time_ns() - cpu0
                 continue
@@ -173,17 +196,18 @@ class SegmentFinisher:
                 self._finish_cpu_ns += time.thread_time_ns() - cpu0
                 self._finished_bytes += size
 
-    def _stream(self, kind: str, path: Path, data: bytes) -> None:
+    def _stream(self, kind: str, path: Path, chunks: list[bytes]) -> None:
         """A feed of the open segment path (compressed into its SegmentStream), or its abandon."""
         if kind == "feed":
             with self._counter_lock:
-                self._pending -= len(data)
+                self._pending -= sum(map(len, chunks))
             if self._cctx is None:
                 self._cctx = compressor(self._zstd_level)
             stream = self._streams.get(path)
             if stream is None:
                 stream = self._streams[path] = SegmentStream(path, self._cctx)
-            stream.write(data)
+            for data in chunks:
+                stream.write(data)
         else:
             stream = self._streams.pop(path, None)
             if stream is not None:
