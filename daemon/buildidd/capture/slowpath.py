@@ -17,7 +17,7 @@ from buildidd.capture.tables import FastEntry, Stats, Tables
 from buildidd.kernel.events import (DecodeError, EventType, RawEvent, answer_key, decode, decode_task, exec_head,
                                      file_key)
 from buildidd.resolve.enrich import Enricher, Resolution
-from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, res_tail, task_line
+from buildidd.sessionlog.records import ORIGIN_NAMES, file_id_line, mmap_line, res_tail, task_line
 
 
 #: A ``resolution`` record: the answer for an identity whose mappings were
@@ -104,8 +104,12 @@ class SlowPath:
         self.tables.emit(mmap_line(ev, origin, res))
 
     def record_resolutions(self, answers: list[tuple[object, Resolution]]) -> None:
-        """Write a ``resolution`` record for each late answer (Enricher.take_late)."""
+        """Write a ``resolution`` record for each late answer (Enricher.take_late), then a ``file_id``
+        record for each htlhash the hand-overs computed since (Enricher.take_file_keys)."""
         now = clock.boot_ns()
         for _ident, res in answers:
             self.stats.count("resolution")
             self.tables.emit(RESOLUTION_LINE % (now, res_tail(res)))
+        for key in self.enricher.take_file_keys():
+            self.stats.count("file_id")
+            self.tables.emit(file_id_line(now, key))
