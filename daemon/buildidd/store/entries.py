@@ -235,6 +235,8 @@ class FileEntries:
                 self.installer.own(unit, dir_mode(better))
             except OSError as e:
                 raise StoreError(f"{unit}: cannot set its mode: {e.strerror}") from e
+            if unit == present and better.trusted and not stored.trusted:
+                self._index_go(present, req.bid)     # now trusted: the Go index may name it over a user's
         debug_bytes = 0
         if present.parent != self.layout.root / KALLSYMS_DSO and req.key == KEY_GNU:
             debug_bytes = self.debuginfo.add(present, req.bid, req.path, Installed())
