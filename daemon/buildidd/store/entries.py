@@ -35,6 +35,7 @@ from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.store.counters import Tally
 from buildidd.store.debuginfo import Debuginfo, has_debug_sections
+from buildidd.store.goindex import GoIndex
 from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir
 from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALLSYMS_DSO, MAX_ALT_DIRS,
                                    PRIVATE_DIR_MODE, PROBES_NAME, TEMP_INFIX, Layout, alt_dirs, main_file)
@@ -96,6 +97,7 @@ class FileEntries:
         self.tally = tally
         self.quota = quota
         self.limits = Limits()
+        self.go_index = GoIndex(layout, installer, tally)
 
     def add(self, req: AddRequest) -> AddResult:
         """Add req's file (see :meth:`buildidd.store.Store.add_from_fd`)."""
@@ -119,7 +121,7 @@ class FileEntries:
         except BaseException:
             self.installer.undo(done)
             raise
-        self._index_go(entry_dir, req.bid)
+        self.go_index.index(entry_dir, req.bid)
         self.tally.count("added")
         self._count_origin(origin)
         return AddResult(True, entry_dir / ELF_NAME, size[1], size[0], size[2] > 0)
@@ -236,7 +238,7 @@ class FileEntries:
             except OSError as e:
                 raise StoreError(f"{unit}: cannot set its mode: {e.strerror}") from e
             if unit == present and better.trusted and not stored.trusted:
-                self._index_go(present, req.bid)     # now trusted: the Go index may name it over a user's
+                self.go_index.index(present, req.bid)     # now trusted: the Go index may name it over a user's
         debug_bytes = 0
         if present.parent != self.layout.root / KALLSYMS_DSO and req.key == KEY_GNU:
             debug_bytes = self.debuginfo.add(present, req.bid, req.path, Installed())
@@ -274,7 +276,7 @@ class FileEntries:
         except OSError as e:
             self.tally.count("copy_errors")
             raise StoreError(f"{final}: cannot promote the trusted copy: {e.strerror}") from e
-        self._index_go(final, req.bid)
+        self.go_index.index(final, req.bid)
         self.tally.count("promoted")
         self.tally.count("added")
         return AddResult(True, final / ELF_NAME, size[1], size[0], size[2] > 0)
@@ -290,29 +292,6 @@ class FileEntries:
         shutil.rmtree(demoted / ALT_NAME, ignore_errors=True)
         self.installer.own(demoted, DIR_MODE if not (read_origin(demoted) or Origin(0, 0, 0, "")).private
                            else PRIVATE_DIR_MODE)
-
-    def _index_go(self, entry_dir: Path, bid: str) -> None:
-        """Point ``.go-build-id/<name>`` at bid's link when the entry's main copy has a Go build ID and the
-        index names no entry yet, or one whose main copy is not trusted while this one is.  A failure is
-        counted (``copy_errors``) and logged: the entry stays, findable by its key."""
-        new = read_origin(entry_dir)
-        if new is None or not new.go_build_id:
-            return
-        try:
-            present = self.layout.go_key(new.go_build_id)
-        except ValueError:
-            return                          # not a Go build ID the index can name
-        if present == bid:
-            return
-        if present is not None:
-            old_dir = self.layout.entry_dir(present)
-            old = read_origin(old_dir) if old_dir is not None else None
-            if old is not None and (old.trusted or not new.trusted):
-                return
-        try:
-            self.installer.publish_go(new.go_build_id, bid)
-        except StoreError as e:
-            self.tally.warn("Go build ID %s: cannot index: %s", new.go_build_id, e)
 
     def _source_stat(self, fd: int, path: str) -> os.stat_result:
         """fstat of the source, which must be a regular file (else StoreError, counted in ``copy_errors``)."""

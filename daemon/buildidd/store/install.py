@@ -35,14 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from buildidd.errors import ElfError, StoreError
+from buildidd.errors import StoreError
 from buildidd.kernel.events import Identity
-from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.procfs import identity_of, mismatch
 from buildidd.store.counters import Tally
-from buildidd.store.layout import BUILD_ID_DIR, DIR_MODE, FILE_MODE, PRIVATE_DIR_MODE, TEMP_INFIX, Layout
-from buildidd.store.origin import KEY_GNU, KEY_HTLHASH, dir_closed
-from buildidd.resolve.fileid import file_id
+from buildidd.store.layout import DIR_MODE, FILE_MODE, PRIVATE_DIR_MODE, TEMP_INFIX, Layout
+from buildidd.store.origin import KEY_GNU, dir_closed
+from buildidd.store.verify import copy_mismatch
 
 COPY_CHUNK_BYTES = 1 << 20
 """Bytes per copy step when not reflinking; ``Store.throttle`` is called after each."""
@@ -323,35 +322,11 @@ class Installer(DataCopier):
         return reflinked, size
 
     def _verify(self, dst: int, req: CopyRequest) -> None:
-        """Raise StoreError (``verify_failed``) unless the copy's build-id is req.build_id_hex (for an
-        htlhash key: unless the copy's file_id is req.build_id_hex and it has no GNU build-id)."""
-        if req.key == KEY_HTLHASH:
-            self._verify_htlhash(dst, req)
-            return
-        try:
-            got = read_build_id_fd(dst)
-        except (ElfError, OSError) as e:
+        """Raise StoreError (``verify_failed``) unless the copy is what req's key names (store.verify)."""
+        why = copy_mismatch(dst, req.build_id_hex, req.key)
+        if why is not None:
             self.tally.count("verify_failed")
-            raise StoreError(f"{req.what}: copy has no readable build-id: {e}") from e
-        if got is None or got.hex != req.build_id_hex:
-            self.tally.count("verify_failed")
-            raise StoreError(f"{req.what}: copy has build-id {got.hex if got else None}, not {req.build_id_hex}")
-
-    def _verify_htlhash(self, dst: int, req: CopyRequest) -> None:
-        try:
-            got = file_id(dst)
-            bid = read_build_id_fd(dst)
-        except ElfError:
-            bid = None              # not ELF, or malformed: it has no GNU build-id either
-        except OSError as e:
-            self.tally.count("verify_failed")
-            raise StoreError(f"{req.what}: cannot read the copy back: {e}") from e
-        if got != req.build_id_hex:
-            self.tally.count("verify_failed")
-            raise StoreError(f"{req.what}: copy has htlhash {got}, not {req.build_id_hex}")
-        if bid is not None:
-            self.tally.count("verify_failed")
-            raise StoreError(f"{req.what}: has the GNU build-id {bid.hex}: it is kept under that, not its htlhash")
+            raise StoreError(f"{req.what}: {why}")
 
     def install_stream(self, source: Path, final: Path, mode: int, done: Installed,
                        *, check: Callable[[bytes], None] | None = None) -> int:
@@ -438,25 +413,6 @@ class Installer(DataCopier):
         temp = _temp_name(link)
         try:
             os.symlink(target, temp)
-            os.rename(temp, link)
-            fsync_dir(link.parent)
-        except OSError as e:
-            _unlink_quietly(temp)
-            self.tally.count("copy_errors")
-            raise StoreError(f"{link}: cannot link: {e.strerror}") from e
-
-    def publish_go(self, go_build_id: str, bid: str) -> None:
-        """Make (or replace) ``.go-build-id/<name> -> ../.build-id/xx/rest`` atomically (layout.go_index_name).
-
-        Raises:
-            StoreError: an OS error (counted in ``copy_errors``).
-            ValueError: not a Go build ID the index can name.
-        """
-        link = self.layout.go_link(go_build_id)
-        self.makedirs(link.parent, Installed())
-        temp = _temp_name(link)
-        try:
-            os.symlink(f"../{BUILD_ID_DIR}/{bid[:2]}/{bid[2:]}", temp)
             os.rename(temp, link)
             fsync_dir(link.parent)
         except OSError as e:
