@@ -157,3 +157,33 @@ def test_debuginfod_find_fetches_by_htlhash_from_serve_and_through_a_federating_
         fed.wait()
         serve.stop()
     assert readelf_build_id(world["nobid"]) is None
+
+
+def test_serve_finds_a_go_binary_by_its_go_build_id(tmp_path, public_tmp_factory):
+    from store.test_htlhash import go_build
+    from buildidd.resolve.fileid import read_go_build_id
+    import urllib.error
+    import urllib.request
+    go = go_build(public_tmp_factory("buildidd-go-"), "gobin")
+    store = Store(tmp_path / "store")
+    fd = os.open(go, os.O_RDONLY)
+    try:
+        go_id, key = read_go_build_id(fd), file_id(fd)
+        store.add_from_fd(fd, str(go), key, key="htlhash")
+    finally:
+        os.close(fd)
+    assert readelf_build_id(go) is None and go_id.count("/") >= 1
+    serve = ServeProcess(store.root, tmp_path / "serve.log")
+    try:
+        with urllib.request.urlopen(f"{serve.url}/go-buildid/{go_id}/executable", timeout=30) as r:
+            assert r.read() == go.read_bytes()
+        with urllib.request.urlopen(f"{serve.url}/buildid/{key}/executable", timeout=30) as r:
+            assert r.read() == go.read_bytes()
+        for bad, code in ((go_id[:-1] + ("A" if go_id[-1] != "A" else "B"), 404), ("a..b/c", 400)):
+            try:
+                urllib.request.urlopen(f"{serve.url}/go-buildid/{bad}/executable", timeout=30)
+                raise AssertionError(f"{bad} answered")
+            except urllib.error.HTTPError as e:
+                assert e.code == code, (bad, e.code)
+    finally:
+        serve.stop()
