@@ -141,3 +141,21 @@ def test_every_executable_mapping_of_the_session_resolves_to_stored_bytes_throug
     assert not unkeyed, [(r.get("path"), r.get("error")) for r in unkeyed[:10]]
     assert not missing, missing
     assert served == len(maps)
+
+
+def test_a_restart_keys_a_settled_system_binary_from_the_htlhash_its_copy_recorded(daemon, tmp_path):  # noqa: F811
+    """/usr/bin/true (a trusted system binary, its build-id read by the kernel): the first session's
+    hand-over copies it and records its htlhash in origin.json; after a restart the store is settled
+    for it, and its mappings get that htlhash without the file being read again."""
+    true = Path(os.path.realpath("/usr/bin/true"))
+    store_root = tmp_path / "store"
+    want = htlhash(true)
+    for run in (1, 2):
+        d = daemon(store_root)
+        subprocess.run([str(true)], check=True, timeout=30)
+        subprocess.run(["/bin/sh", "-c", f"exec {true}"], check=True, timeout=30)
+        d.stop()
+        mine = [r for r in _mapping_keys(d.session_dir) if r.get("path") == str(true)]
+        assert mine and all(r.get("file_id") == want for r in mine), (run, mine)
+        origin = Store(store_root).origin(mine[0]["build_id"])
+        assert origin.trusted and origin.file_id == want and origin.key == "gnu", origin

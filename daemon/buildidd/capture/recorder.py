@@ -273,6 +273,7 @@ class Recorder:
         if self.snapshotter is not None:     # hand-overs still queued reach the snapshotter first
             for pool in (self.enricher.handovers, self.enricher.bulk_handovers):
                 pool.drain(max(0.0, budget_end - time.monotonic()))
+            self.slow.record_resolutions([])     # the htlhashes those hand-overs computed: file_id records
         abandoned = self.enricher.close()
         if self.snapshotter is not None:
             left = max(0.0, budget_end - time.monotonic())
