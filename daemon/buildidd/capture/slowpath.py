@@ -50,7 +50,8 @@ class SlowPath:
         self.enricher = enricher
         self.join = join
         self._kernel_keys: dict[bytes, None] = {}
-        #: named(build_id_hex, path): told of every build-id recorded (store.coverage.Coverage.named)
+        #: named(build_id_hex, path): told of every build-id recorded, and of the htlhash of a file without
+        #: one (the store's key for it; store.coverage.Coverage.named)
         self.named: Callable[[str, str], None] | None = None
 
     def record(self, raw: bytes) -> None:
@@ -87,8 +88,9 @@ class SlowPath:
         """
         self.enricher.count(res)
         self.stats.count("mmap")
-        if res.build_id and self.named is not None:
-            self.named(res.build_id, ev.path)
+        key = res.build_id or res.file_id     # a file without a GNU build-id is stored under its htlhash
+        if key and self.named is not None:
+            self.named(key, ev.path)
         key = file_key(ev.identity)
         self.tables.add_live(ev.pid, ev.start, key)
         fast = self.tables.fast
