@@ -187,3 +187,16 @@ def test_serve_finds_a_go_binary_by_its_go_build_id(tmp_path, public_tmp_factory
                 assert e.code == code, (bad, e.code)
     finally:
         serve.stop()
+
+
+def test_buildid_list_json_gives_each_dso_its_htlhash_and_the_stored_facts(world):
+    import sys
+    r = subprocess.run([sys.executable, "-m", "buildidd.cli", "buildid-list", str(world["session"]), "--json",
+                        "--store-root", str(world["store"].root), "--session-root", str(world["session"].parent)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = {row["path"]: row for row in map(json.loads, r.stdout.splitlines())}
+    nobid, withbid = rows[str(world["nobid"])], rows[str(world["withbid"])]
+    assert nobid["build_id"] is None and nobid["file_id"] == world["key"] and nobid["provenance"] == "untrusted"
+    assert withbid["build_id"] == world["bid"] and withbid["file_id"] == _fid(world["withbid"])
+    assert "file_id" not in rows["/other"]
