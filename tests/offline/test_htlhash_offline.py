@@ -178,7 +178,8 @@ def test_serve_finds_a_go_binary_by_its_go_build_id(tmp_path, public_tmp_factory
         with urllib.request.urlopen(f"{serve.url}/go-buildid/{go_id}/executable", timeout=30) as r:
             assert r.read() == go.read_bytes()
         with urllib.request.urlopen(f"{serve.url}/buildid/{key}/executable", timeout=30) as r:
-            assert r.read() == go.read_bytes()
+            assert r.read() == go.read_bytes() and r.headers["X-Buildidd-Key"] == "htlhash"
+            assert r.headers["X-Buildidd-Quality"] == store.quality(key) == "dwarf"   # go build keeps DWARF
         for bad, code in ((go_id[:-1] + ("A" if go_id[-1] != "A" else "B"), 404), ("a..b/c", 400)):
             try:
                 urllib.request.urlopen(f"{serve.url}/go-buildid/{bad}/executable", timeout=30)
