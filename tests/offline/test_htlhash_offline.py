@@ -201,3 +201,21 @@ def test_buildid_list_json_gives_each_dso_its_htlhash_and_the_stored_facts(world
     assert nobid["build_id"] is None and nobid["file_id"] == world["key"] and nobid["provenance"] == "untrusted"
     assert withbid["build_id"] == world["bid"] and withbid["file_id"] == _fid(world["withbid"])
     assert "file_id" not in rows["/other"]
+
+
+def test_the_file_id_line_the_recorder_writes_is_what_the_reader_joins():
+    from buildidd.kernel.events import Identity
+    from buildidd.resolve.routes import FileKey
+    from buildidd.sessionlog.records import file_id_line
+    ident = Identity(dev=2049, ino=77, generation=3, size=1234, mtime_ns=5, ctime_ns=0)
+    line = json.loads(file_id_line(42, FileKey(ident, "ab" * 20, "cd" * 16)))
+    assert line == {"type": "file_id", "time_ns": 42, "dev": 2049, "ino": 77, "ino_generation": 3, "size": 1234,
+                    "mtime_ns": 5, "build_id": "ab" * 20, "file_id": "cd" * 16}
+    go = json.loads(file_id_line(43, FileKey(ident, None, "ef" * 16, 'a/b"c')))
+    assert go["build_id"] is None and go["go_build_id"] == 'a/b"c'
+    late = LateResolutions()
+    late.add_key(line)
+    rec = _mmap(1, "/x", dict(IDENT, ino_generation=3), "ab" * 20)
+    assert late.complete(rec)["file_id"] == "cd" * 16
+    late.add_key(dict(line, file_id="not hex"))
+    assert late.dropped == 1
