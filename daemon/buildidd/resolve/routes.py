@@ -15,6 +15,7 @@ import enum
 import errno
 import json
 import os
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -174,10 +175,11 @@ class Routes:
         self.tick_ns = coarse_tick_ns()
         self.wall_offset_ns = clock.boot_to_wall_offset_ns()
         #: FileKeys computed by hand-overs (appended on workers, drained by the recording thread:
-        #: Enricher.take_file_keys); file_keys_dropped counts those a full deque pushed out.
+        #: Enricher.take_file_keys); file_keys_dropped counts those not queued, the deque being full.
         self.file_keys: deque[FileKey] = deque()
         self.file_keys_dropped = 0
         self._keyed: LruCache[Identity, bool] = LruCache("file_id_keyed", FILE_IDS_MAX)
+        self._keyed_lock = threading.Lock()     # hand-over workers share _keyed
         #: stored_file_id(build-id hex, identity) -> the htlhash the store recorded for that very file
         #: (its origin's dev, inode, size, mtime), or None; set once a store exists.  A settled
         #: hand-over then opens no file for the key either.
@@ -325,13 +327,15 @@ class Routes:
         return True
 
     def _queue_key(self, key: FileKey) -> None:
-        if key.identity in self._keyed:
-            return
-        self._keyed.put(key.identity, True)
-        if len(self.file_keys) >= FILE_IDS_MAX:
-            self.file_keys_dropped += 1
-            return
-        self.file_keys.append(key)
+        """Queue key for its file_id record unless its identity has one queued already (any worker)."""
+        with self._keyed_lock:
+            if key.identity in self._keyed:
+                return
+            self._keyed.put(key.identity, True)
+            if len(self.file_keys) >= FILE_IDS_MAX:
+                self.file_keys_dropped += 1
+                return
+            self.file_keys.append(key)
 
     def _keyed_resolution(self, req: Request, res: Resolution, fd: int) -> Resolution | None:
         """res with the htlhash of fd's file, which is queued as a FileKey (once per identity); None when
