@@ -187,3 +187,33 @@ def test_go_index_points_at_a_trusted_copy_over_a_users(bins, tmp_path, attacker
         shutil.rmtree(system.parent, ignore_errors=True)
     assert store.origin(fid_of(go)).trusted and store.provenance(fid_of(go)) == "trusted"
     assert store.go_key(go_id) == fid_of(go)
+
+
+def test_a_users_file_with_a_system_files_htlhash_never_stands_for_it(bins, tmp_path, attacker):
+    """The htlhash covers only the edges and the length: a user's file with another middle has the
+    same one.  Met first, it is kept, untrusted; the root-owned system file met later takes its place
+    (promoted), the user's content kept aside, and the trusted copy is the one served."""
+    store = Store(tmp_path / "store", group=None)
+    system = Path("/usr/local/lib/buildidd-test-htl") / tmp_path.name / "prog"
+    system.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copy(bins["static"], system)
+        data = bytearray(system.read_bytes())
+        assert len(data) > 3 * 4096
+        data[len(data) // 2] ^= 0xFF                         # the middle differs, the edges do not
+        forged = tmp_path / "forged"
+        forged.write_bytes(bytes(data))
+        os.chown(forged, attacker[0], attacker[1])
+        key = fid_of(system)
+        assert fid_of(forged) == key and htlhash(forged) == key
+        for p in (forged, system):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                store.add_from_fd(fd, str(p), key, key="htlhash")
+            finally:
+                os.close(fd)
+        assert store.best(key).read_bytes() == system.read_bytes()
+        assert store.origin(key).trusted and store.provenance(key) == "conflict"
+        assert store.counters["promoted"] == 1 and store.counters["conflicts"] == 1
+    finally:
+        shutil.rmtree(system.parent.parent, ignore_errors=True)
