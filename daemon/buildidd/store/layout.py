@@ -28,6 +28,11 @@ with perf 6.1 (Debian linux-perf) on this project's test host::
   buildidd with 0o750 root:group and its files 0o640 (:data:`DIR_MODE`, :data:`FILE_MODE`).
 * buildidd adds ``origin.json`` and ``alt/<sha256>/`` to an entry (:mod:`buildidd.store.origin`);
   perf ignores both.
+* A file without a GNU build-id has an entry of the same shape named by its htlhash (32 hex
+  digits, resolve.fileid.file_id; ``origin.json`` says ``"key": "htlhash"``).  perf lists only
+  entries whose file carries the GNU build-id they are named by, so it passes these over.
+  ``ROOT/.go-build-id/<Go build ID, each / written .>`` links to the entry of a Go binary
+  (:data:`GO_INDEX_DIR`, store.goindex); perf ignores it.
 * The link is ``ROOT/.build-id/`` + the first two hex digits + ``/`` + the
   rest, a *relative* symlink ``"../.."`` + path + ``/`` + build-id
   (``build_id_cache__add``: ``memcpy(tmp, "../..", 5)``).  A file is found by

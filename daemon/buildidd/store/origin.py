@@ -21,6 +21,10 @@ with ``lstat``; one that cannot be checked counts as private), or it is a
 memfd (``/memfd:NAME``, which has no path at all).  A private entry is kept,
 but its directory is mode 0o700 and readers do not archive or serve it unless
 the operator says so (``store_share_private``).
+
+The same rules hold for a file without a GNU build-id, kept under its htlhash
+(``"key": "htlhash"``): the htlhash is a claim too (it covers only the file's
+first and last 4 KiB and its length).
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 Pipeline stage: enrichment → session log **and store** → clients.  Enrichment
 hands over an open fd of a file it has identified (its identity checked, its
 build-id read); the store keeps a copy under that build-id so that the file can
-be symbolized after it was replaced, deleted or the host is gone.
+be symbolized after it was replaced, deleted or the host is gone.  A file
+without a GNU build-id is kept the same way under its htlhash (``key="htlhash"``,
+see :meth:`Store.add_from_fd`), and a Go binary is found by its Go build ID too
+(:meth:`Store.go_key`).
 
 :class:`Store` composes the parts, each in its module: the tree and its names
 (layout), atomic verified copies (install), the host's debuginfo (debuginfo),
