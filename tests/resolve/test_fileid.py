@@ -87,9 +87,11 @@ def test_file_id_of_a_file_without_build_id(tmp_path):
     (tmp_path / "small").write_bytes(b"not elf at all\n")
     small = _resolve(tmp_path / "small")
     assert small.error == "not_elf" and small.file_id == _otel_file_id(b"not elf at all\n")
-    # A file with a GNU build-id gets neither key.
-    withid = _resolve(gcc("int main(void) { return 0; }\n", tmp_path / "w", "-Wl,--build-id=sha1"))
-    assert withid.build_id and withid.file_id is None and '"file_id"' not in withid.json_tail
+    # A file with a GNU build-id gets its htlhash too (OpenTelemetry recommends it on every mapping), no Go key.
+    w = gcc("int main(void) { return 0; }\n", tmp_path / "w", "-Wl,--build-id=sha1")
+    withid = _resolve(w)
+    assert withid.build_id and withid.go_build_id is None
+    assert withid.file_id == _otel_file_id(w.read_bytes()) and f'"file_id":"{withid.file_id}"' in withid.json_tail
 
 
 def test_go_reader_is_bounded_on_hostile_headers(tmp_path):

@@ -50,6 +50,7 @@ from buildidd.resolve.enrich import Enricher, Offload, Resolution
 from buildidd.resolve.execpins import ExecPins, PinPolicy
 from buildidd.resolve.routes import HandOver, Routes
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
+from buildidd.store.origin import KEY_HTLHASH
 from buildidd.sessionlog import seal_unclosed_sessions
 from buildidd.sessionlog.segments import DIR_MODE
 
@@ -278,6 +279,7 @@ class Recorder:
         if self.snapshotter is not None:     # hand-overs still queued reach the snapshotter first
             for pool in (self.enricher.handovers, self.enricher.bulk_handovers):
                 pool.drain(max(0.0, budget_end - time.monotonic()))
+            self.slow.record_resolutions([])     # the htlhashes those hand-overs computed: file_id records
         abandoned = self.enricher.close()
         if self.snapshotter is not None:
             left = max(0.0, budget_end - time.monotonic())
@@ -334,8 +336,13 @@ class Recorder:
         return report.summary(self)
 
     def _on_build_id(self, ident: Identity, res: Resolution, fd: int | None, urgency: HandOver) -> None:
-        if self.snapshotter is not None:
+        """A hand-over (a worker): the file goes to the store under its GNU build-id, else its htlhash."""
+        if self.snapshotter is None:
+            return
+        if res.build_id:
             self.snapshotter.submit(res.build_id, res.path, ident, fd, priority=urgency)
+        elif res.file_id:
+            self.snapshotter.submit(res.file_id, res.path, ident, fd, priority=urgency, key=KEY_HTLHASH)
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
@@ -385,6 +392,7 @@ def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
                               housekeeping=Housekeeping(store, retention))
     snapshotter.start()
     routes.settled = snapshotter.settled
+    routes.stored_file_id = snapshotter.stored_file_id
     routes.on_gap = lambda bid, path, reason: snapshotter.coverage.outcome(bid, reason, path)
     return snapshotter
 

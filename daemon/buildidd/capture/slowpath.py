@@ -17,7 +17,7 @@ from buildidd.capture.tables import FastEntry, Stats, Tables
 from buildidd.kernel.events import (DecodeError, EventType, RawEvent, answer_key, decode, decode_task, exec_head,
                                      file_key)
 from buildidd.resolve.enrich import Enricher, Resolution
-from buildidd.sessionlog.records import ORIGIN_NAMES, mmap_line, res_tail, task_line
+from buildidd.sessionlog.records import ORIGIN_NAMES, file_id_line, mmap_line, res_tail, task_line
 
 
 #: A ``resolution`` record: the answer for an identity whose mappings were
@@ -50,7 +50,8 @@ class SlowPath:
         self.enricher = enricher
         self.join = join
         self._kernel_keys: dict[bytes, None] = {}
-        #: named(build_id_hex, path): told of every build-id recorded (store.coverage.Coverage.named)
+        #: named(build_id_hex, path): told of every build-id recorded, and of the htlhash of a file without
+        #: one (the store's key for it; store.coverage.Coverage.named)
         self.named: Callable[[str, str], None] | None = None
 
     def record(self, raw: bytes) -> None:
@@ -87,8 +88,9 @@ class SlowPath:
         """
         self.enricher.count(res)
         self.stats.count("mmap")
-        if res.build_id and self.named is not None:
-            self.named(res.build_id, ev.path)
+        key = res.build_id or res.file_id     # a file without a GNU build-id is stored under its htlhash
+        if key and self.named is not None:
+            self.named(key, ev.path)
         key = file_key(ev.identity)
         self.tables.add_live(ev.pid, ev.start, key)
         fast = self.tables.fast
@@ -104,8 +106,12 @@ class SlowPath:
         self.tables.emit(mmap_line(ev, origin, res))
 
     def record_resolutions(self, answers: list[tuple[object, Resolution]]) -> None:
-        """Write a ``resolution`` record for each late answer (Enricher.take_late)."""
+        """Write a ``resolution`` record for each late answer (Enricher.take_late), then a ``file_id``
+        record for each htlhash the hand-overs computed since (Enricher.take_file_keys)."""
         now = clock.boot_ns()
         for _ident, res in answers:
             self.stats.count("resolution")
             self.tables.emit(RESOLUTION_LINE % (now, res_tail(res)))
+        for key in self.enricher.take_file_keys():
+            self.stats.count("file_id")
+            self.tables.emit(file_id_line(now, key))

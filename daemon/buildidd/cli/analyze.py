@@ -60,7 +60,8 @@ def cmd_buildid_list(args) -> int:
     takes the build-id of the session's later ``resolution`` record for the
     same file (offline.resolutions).  Text lists DSOs with a build-id
     (``BUILDID PATH``); ``--json`` also lists those without one, with the
-    reason (``error``), and for exec records the ``filename``.  Each build-id the
+    reason (``error``), and for exec records the ``filename``, and each DSO's ``file_id`` (htlhash,
+    joined from the ``file_id`` records) and ``go_build_id`` when known.  Each build-id (or htlhash) the
     store holds carries its provenance (``Store.provenance``: trusted, untrusted,
     conflict, unknown; ``null`` when not stored) and its quality
     (``Store.quality``: dwarf, symtab, minidebuginfo, go_pclntab, dynsym,
@@ -92,6 +93,9 @@ def cmd_buildid_list(args) -> int:
         key = (r.get("build_id"), path)
         if key not in seen:
             seen[key] = {"build_id": r.get("build_id"), "path": path, "error": r.get("error"), "pids": set()}
+        for name in ("file_id", "go_build_id"):
+            if r.get(name) and name not in seen[key]:
+                seen[key][name] = r[name]
         if kind == "exec" and r.get("filename") not in (None, path):
             seen[key].setdefault("filenames", set()).add(r.get("filename"))
         seen[key]["pids"].add(r.get("pid"))
@@ -100,8 +104,9 @@ def cmd_buildid_list(args) -> int:
     store = _store(cfg)
     out = sys.stdout
     for row in rows:
-        row["provenance"] = _held_fact(store, row["build_id"], "provenance")
-        row["quality"] = _held_fact(store, row["build_id"], "quality")
+        held_as = row["build_id"] or row.get("file_id")       # a file without a GNU build-id: its htlhash
+        row["provenance"] = _held_fact(store, held_as, "provenance")
+        row["quality"] = _held_fact(store, held_as, "quality")
         if args.json:
             row = dict(row, pids=sorted(p for p in row["pids"] if isinstance(p, int)))
             if "filenames" in row:

@@ -212,6 +212,7 @@ def _ref(use, store: Store | None, share_private: bool, sources: Sources) -> Bui
         ref.reason = "not_in_store"
         return ref
     ref.provenance = store.provenance(use.build_id_hex)
+    ref.key = store.key_kind(use.build_id_hex) or ref.key
     ref.quality = store.quality(use.build_id_hex)
     try:
         if not share_private and store.is_private(use.build_id_hex, "elf"):

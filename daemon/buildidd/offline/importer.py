@@ -81,6 +81,8 @@ from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import MISSING, UPSTREAM, Manifest
 from buildidd.offline.untar import Bounded, ImportLimits, check_name, check_symlink, check_type, tarinfo_class
 from buildidd.resolve.buildid import read_build_id_fd
+from buildidd.resolve.fileid import file_id
+from buildidd.store.origin import KEY_GNU, KEY_HTLHASH
 from buildidd.store import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, TRUSTED
 
 __all__ = ["ImportLimits", "ImportReport", "PROVENANCE_NAME", "UNTRUSTED_POLICIES", "import_archive"]  # ImportLimits lives in offline.untar
@@ -134,6 +136,7 @@ class _Expect:
     session: bool                 # under the session root (else the cache)
     build_id: str | None = None
     fname: str | None = None
+    key: str = KEY_GNU
 
 
 def _expected(m: Manifest) -> tuple[dict[str, _Expect], dict[str, str]]:
@@ -148,7 +151,7 @@ def _expected(m: Manifest) -> tuple[dict[str, _Expect], dict[str, str]]:
         held = [f for f in ref.files if not f.upstream]
         for f in held:
             files[mf.cache_member(ref.entry, f.name)] = _Expect(
-                f.size_bytes, (*ref.entry.split("/"), f.name), False, ref.build_id, f.name)
+                f.size_bytes, (*ref.entry.split("/"), f.name), False, ref.build_id, f.name, ref.key)
         if held:
             links[mf.link_member(ref.build_id)] = mf.link_target(ref.entry)
     return files, links
@@ -228,6 +231,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _verify_build_id(fd: int, exp: _Expect) -> None:
+    if exp.key == KEY_HTLHASH and exp.fname == ELF_NAME:
+        _verify_htlhash(fd, exp)
+        return
     try:
         got = read_build_id_fd(fd)
     except ElfError as e:
@@ -236,6 +242,18 @@ def _verify_build_id(fd: int, exp: _Expect) -> None:
     if got is None or got.hex != exp.build_id:
         raise ArchiveError("build_id_mismatch", f"{'/'.join(exp.rel)}: has build-id "
                            f"{got.hex if got else 'none'}, filed under {exp.build_id}")
+
+
+def _verify_htlhash(fd: int, exp: _Expect) -> None:
+    """An entry filed under an htlhash: the file's file_id is that, and it has no GNU build-id."""
+    got = file_id(fd)
+    try:
+        gnu = read_build_id_fd(fd)
+    except ElfError:
+        gnu = None
+    if got != exp.build_id or gnu is not None:
+        raise ArchiveError("build_id_mismatch", f"{'/'.join(exp.rel)}: has htlhash {got} and build-id "
+                           f"{gnu.hex if gnu else 'none'}, filed under the htlhash {exp.build_id}")
 
 
 def _symlink_over(link: Path, target: str) -> None:
@@ -250,6 +268,8 @@ def _install_links(debug_dir: Path, ref) -> None:
     link = heads / ref.build_id[2:]
     if not (os.path.islink(link) and os.path.isdir(link)):
         _symlink_over(link, mf.link_target(ref.entry))
+    if ref.key != KEY_GNU:
+        return                  # gdb looks for rest.debug by GNU build-id: an htlhash is none
     entry = debug_dir / ref.entry
     name = DEBUG_NAME if (entry / DEBUG_NAME).is_file() else ELF_NAME if (entry / ELF_NAME).is_file() else None
     if name is None:

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from buildidd.errors import ArchiveError
 from buildidd.store import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, MODULES_NAME, PROBES_NAME,
                             PROVENANCES, VDSO_NAME)
+from buildidd.store.origin import KEY_GNU, KEYS
 from buildidd.store.quality import QUALITIES
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "SESSION_PREFIX", "CACHE_PREFIX", "ENTRY_FILES",
@@ -141,6 +142,9 @@ class BuildIdRef:
             ``minidebuginfo``, ``go_pclntab``, ``dynsym``, ``none``); ``None`` when not in the store.
         entry: the entry's directory relative to the cache, ``<path>/<build-id>``.
         files: the entry's files (:class:`FileRef`), archived or upstream.
+        key: what build_id is (store.origin.KEYS): ``gnu``, a GNU build-id; ``htlhash``, the
+            file_id (OpenTelemetry htlhash) of a file without one, under which it is stored and
+            served; the importer verifies the file by it.
     """
 
     build_id: str
@@ -153,6 +157,7 @@ class BuildIdRef:
     quality: str | None = None
     entry: str | None = None
     files: list[FileRef] = field(default_factory=list)
+    key: str = KEY_GNU
 
 
 @dataclass
@@ -309,6 +314,9 @@ def _ref(r) -> BuildIdRef:
     quality = r.get("quality")
     _check(quality is None or quality in QUALITIES, f"{bid}: quality {quality!r}")
     ref.quality = quality
+    key = r.get("key", KEY_GNU)
+    _check(key in KEYS and (key == KEY_GNU or len(bid) == 32), f"{bid}: key {key!r}")
+    ref.key = key
     if status != MISSING:
         ref.entry = check_entry(r.get("entry"), bid)
         names = set()

@@ -9,6 +9,11 @@ its ``stat``, as on the mapping records) and the answer (``build_id``,
 ``build_id_source``, ``error``, perhaps ``go_build_id``/``file_id``).  It
 completes every earlier ``mmap`` and ``exec`` record of that identity.
 
+A ``file_id`` record (sessionlog.records.FILE_ID_LINE) gives the htlhash of a
+file whose build-id the kernel read, computed by its hand-over to the store:
+every ``mmap`` and ``exec`` record of that identity without a ``file_id``
+(before or after it) gets it, so each mapping carries its htlhash.
+
 :class:`LateResolutions` holds a session's resolution records by identity and
 completes records with them; the readers that stream a session (buildid-list,
 export --perf, replay) read the session's resolutions first with
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 
 from buildidd.sessionlog import read_session
 
-__all__ = ["IDENTITY_FIELDS", "LATE_FIELDS", "MAX_RESOLUTIONS", "TIMEOUT", "LateResolutions", "identity_of"]
+__all__ = ["IDENTITY_FIELDS", "KEY_FIELDS", "LATE_FIELDS", "MAX_RESOLUTIONS", "TIMEOUT", "LateResolutions", "identity_of"]
 
 IDENTITY_FIELDS = ("dev", "ino", "ino_generation", "size", "mtime_ns")
 """The fields naming one file's content on mmap, exec and resolution records."""
@@ -31,11 +36,19 @@ IDENTITY_FIELDS = ("dev", "ino", "ino_generation", "size", "mtime_ns")
 LATE_FIELDS = ("build_id", "build_id_source", "error", "go_build_id", "file_id")
 """The fields a resolution record gives a completed record (absent ones are removed from it)."""
 
+KEY_FIELDS = ("build_id", "file_id", "go_build_id")
+"""The fields of a ``file_id`` record (sessionlog.records.FILE_ID_LINE) a record of its identity is given
+(build_id only to check it is the same answer)."""
+
 TIMEOUT = "timeout"
 """The error of a record whose resolution missed its deadline (a resolution record may follow)."""
 
 MAX_RESOLUTIONS = 1_000_000
 """Resolution records kept at most (one per timed-out file; further ones are counted in ``dropped``)."""
+
+
+def _is_file_id(value) -> bool:
+    return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
 
 
 def identity_of(r: dict) -> tuple | None:
@@ -51,13 +64,16 @@ class LateResolutions:
     """A session's resolution records, by identity, in time order.
 
     Attributes:
-        dropped: resolution records not kept (beyond :data:`MAX_RESOLUTIONS`, or malformed).
+        dropped: resolution and file_id records not kept (beyond :data:`MAX_RESOLUTIONS`, or malformed).
         completed: records :meth:`complete` gave a late answer to.
+        keyed: records :meth:`complete` gave the htlhash of a ``file_id`` record to.
     """
 
     dropped: int = 0
     completed: int = 0
+    keyed: int = 0
     _by_identity: dict[tuple, tuple[list[int], list[dict]]] = field(default_factory=dict)
+    _keys: dict[tuple, dict] = field(default_factory=dict)
     _count: int = 0
 
     def __len__(self) -> int:
@@ -88,16 +104,31 @@ class LateResolutions:
         i = bisect_left(times, t)
         return answers[i] if i < len(times) else None
 
+    def add_key(self, r: dict) -> None:
+        """Keep one ``file_id`` record (the htlhash a hand-over computed for a file identity)."""
+        key, fid = identity_of(r), r.get("file_id")
+        if key is None or not _is_file_id(fid) or len(self._keys) >= MAX_RESOLUTIONS:
+            self.dropped += 1
+            return
+        self._keys[key] = {k: r[k] for k in KEY_FIELDS if k in r and r[k] is not None}
+
     def complete(self, r: dict) -> dict:
         """r with its late answer applied (a new dict whose build_id, build_id_source, error, go_build_id
-        and file_id are the resolution's), or r itself when it has none."""
+        and file_id are the resolution's), and then with the ``file_id`` (and ``go_build_id``) of its
+        identity's ``file_id`` record when it has none; r itself when neither applies."""
         late = self.answer(r)
-        if late is None:
-            return r
-        self.completed += 1
-        out = {k: v for k, v in r.items() if k not in LATE_FIELDS}
-        out.update(late)
-        out.setdefault("error", None)
+        out = r
+        if late is not None:
+            self.completed += 1
+            out = {k: v for k, v in r.items() if k not in LATE_FIELDS}
+            out.update(late)
+            out.setdefault("error", None)
+        if self._keys and not out.get("file_id") and out.get("type") in ("mmap", "exec"):
+            key = identity_of(out)
+            known = self._keys.get(key) if key is not None else None
+            if known is not None and (out.get("build_id") or None) == known.get("build_id"):
+                out = {**out, **known}
+                self.keyed += 1
         return out
 
     @classmethod
@@ -109,6 +140,9 @@ class LateResolutions:
         """
         late = cls()
         for r in read_session(session_dir):
-            if r.get("type") == "resolution":
+            kind = r.get("type")
+            if kind == "resolution":
                 late.add(r)
+            elif kind == "file_id":
+                late.add_key(r)
         return late

@@ -4,7 +4,8 @@ One streaming pass over a session's records (:func:`buildidd.sessionlog.read_ses
 bounded memory: one line and one decoded chunk at a time) collects what
 ``buildidd sessions`` prints and what ``buildidd archive`` writes into its
 manifest: host, boot id, kernel, time range, record counts by type, lost events,
-and every build-id the session references with the paths it was seen at.
+and every build-id the session references with the paths it was seen at (for a
+file without a GNU build-id, its htlhash: the ``file_id`` the store keeps it under).
 
 Memory grows with the number of *distinct* build-ids (and at most
 :data:`MAX_PATHS_PER_BUILD_ID` paths each, :data:`MAX_UNRESOLVED` unresolved
@@ -189,6 +190,10 @@ class _Scan:
                 info.lost += sum(v for v in counts.values() if isinstance(v, int) and v > 0)
         elif kind == "resolution":
             self._resolution(r)
+        elif kind == "file_id" and not r.get("build_id"):
+            fid = r.get("file_id")
+            if _is_hex(fid) and len(fid) == 32:      # the htlhash a kernel verdict's file is stored under
+                self.use(fid, KIND_FILE)
         elif kind == "end":
             info.closed = True
             info.clean = r.get("clean") is not False
@@ -206,7 +211,14 @@ class _Scan:
             if use is not None:
                 use.records += 1
                 use.add_path(path)
-        elif self.with_uses:
+            return
+        fid = r.get("file_id")
+        if _is_hex(fid) and len(fid) == 32:      # a file without a GNU build-id, stored under its htlhash
+            use = self.use(fid, KIND_FILE)
+            if use is not None:
+                use.records += 1
+                use.add_path(path)
+        if self.with_uses:
             key = (path if isinstance(path, str) else "?", str(r.get("error") or "no_build_id"))
             facts = self.facts
             if key in facts.unresolved or len(facts.unresolved) < MAX_UNRESOLVED:
@@ -215,10 +227,12 @@ class _Scan:
                 facts.unresolved_dropped += 1
 
     def _resolution(self, r: dict) -> None:
-        """A late build-id: referenced by the paths its identity's timed-out mappings had."""
+        """A late build-id (or htlhash): referenced by the paths its identity's timed-out mappings had."""
         bid = r.get("build_id")
         if not _is_hex(bid):
-            return
+            bid = r.get("file_id")
+            if not (_is_hex(bid) and len(bid) == 32):
+                return
         use = self.use(bid, KIND_FILE)
         if use is not None:
             for path in sorted(self.timeouts.get(identity_of(r), ())):

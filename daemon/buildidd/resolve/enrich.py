@@ -19,8 +19,11 @@ record).  While a device has a job past its deadline (or did in the last
 :data:`SUSPECT_S` seconds), new jobs for files on it are queued without
 waiting: one stuck file system costs one deadline, not one per file.
 
-Files without a GNU build-id get, when they could be read, a ``file_id``
-content key and, for Go binaries, their ``go_build_id`` (resolve.fileid).
+Every file read here gets its ``file_id`` (htlhash, resolve.fileid) on its
+resolution, and a Go binary without a GNU build-id its ``go_build_id``.  A
+file whose build-id the kernel read gets its htlhash from its hand-over
+(routes.Routes.hand_over, a worker: the recording thread never reads a file),
+once per identity, written later as a ``file_id`` record (:meth:`Enricher.take_file_keys`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from buildidd.kernel.events import KERNEL_FINAL, Identity, MapOrigin, RawEvent
 from buildidd.memo import LruCache
 from buildidd.resolve.procfs import Source
 from buildidd.resolve.reasons import MissReason
-from buildidd.resolve.routes import OnBuildId, Request, Resolution, Routes, kernel_resolution, make_resolution
+from buildidd.resolve.routes import FileKey, OnBuildId, Request, Resolution, Routes, kernel_resolution, make_resolution
 from buildidd.resolve.workers import Job, PoolPolicy, WorkerPool
 
 __all__ = ["Enricher", "Offload", "Resolution", "kernel_resolution"]
@@ -162,8 +165,8 @@ class Enricher:
             res = kernel_resolution(ev)
             while self.routes.unreached:     # hand-overs that found no route: the next sighting tries again
                 self._handed.pop(self.routes.unreached.popleft())
-            if res.build_id and self.routes.on_build_id is not None:
-                self._hand_over(ev, res)
+            if self.routes.on_build_id is not None:
+                self._hand_over(ev, res)     # with or without a build-id: the store keeps it, and its htlhash
             return res
         ident = ev.identity
         res = self.cache.peek(ident)
@@ -201,7 +204,7 @@ class Enricher:
         if pool.submit(self.routes.hand_over, (req, res)) is None:
             self.handovers_dropped += 1
             self._handed.pop(seen)
-            if self.routes.on_gap is not None:
+            if self.routes.on_gap is not None and res.build_id:
                 self.routes.on_gap(res.build_id, ev.path, "handover_dropped")
 
     def resolve_scanned(self, pid: int, vma: tuple[int, int], path: str) -> tuple[Identity, Resolution] | None:
@@ -250,9 +253,16 @@ class Enricher:
         return out
 
     def idle(self) -> bool:
-        """True when no late answer waits to be written (as a ``resolution`` record): one still in
-        flight is not waited for, its worker calls pool.on_late when it finishes."""
-        return not self.pool.has_late()
+        """True when no late answer waits to be written (as a ``resolution`` record), nor an htlhash (as
+        a ``file_id`` record): one still in flight is not waited for, its worker calls pool.on_late when
+        it finishes."""
+        return not self.pool.has_late() and not self.routes.file_keys
+
+    def take_file_keys(self) -> list[FileKey]:
+        """The htlhashes hand-overs computed since the last call (routes.FileKey), to be written as
+        ``file_id`` records; recording thread."""
+        keys = self.routes.file_keys
+        return [keys.popleft() for _ in range(len(keys))]
 
     def status(self) -> dict:
         """Worker pool and deadline counters (JSON-ready)."""
@@ -260,6 +270,7 @@ class Enricher:
         return {**self.pool.status(), "timeouts": self.timeouts, "pending": len(self._pending),
                 "suspect_devices": sum(1 for t in self._suspect.values() if t > now),
                 "deadline_s": self.offload.deadline_s, "handovers_dropped": self.handovers_dropped,
+                "file_ids_dropped": self.routes.file_keys_dropped,
                 "handovers_settled": self.routes.settled_handovers,
                 "handover_pool": self.handovers.status(), "bulk_handover_pool": self.bulk_handovers.status()}
 

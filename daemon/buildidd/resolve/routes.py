@@ -15,6 +15,7 @@ import enum
 import errno
 import json
 import os
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -118,7 +119,28 @@ class HandOver(enum.IntEnum):
 
 OnBuildId = Callable[[Identity, "Resolution", "int | None", HandOver], None]
 """``on_build_id(identity, resolution, fd, urgency)``: a build-id was just read from fd (still open:
-the callee may dup it; None when the store is settled for it), called on a worker thread."""
+the callee may dup it; None when the store is settled for it), called on a worker thread.  A
+resolution without a build-id but with a ``file_id`` (a file without a GNU build-id) is handed over
+too: the store keeps it under that htlhash."""
+
+#: File identities whose htlhash was queued as a ``file_id`` record, remembered at most.
+FILE_IDS_MAX = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class FileKey:
+    """The htlhash of a file whose build-id the kernel read (or judged), computed by its hand-over:
+    the session's ``file_id`` record (sessionlog.records.file_id_line).
+
+    Attributes:
+        identity: the file's; build_id: lower-case hex, or None (a kernel verdict without one);
+        file_id: 32 hex digits (resolve.fileid.file_id); go_build_id: its Go build ID, or None.
+    """
+
+    identity: Identity
+    build_id: str | None
+    file_id: str
+    go_build_id: str | None = None
 
 OnGap = Callable[[str, str, str], None]
 """``on_gap(build_id_hex, path, reason)``: a hand-over reached no file (reason as store.coverage's)."""
@@ -152,6 +174,16 @@ class Routes:
         self.settled_handovers = 0
         self.tick_ns = coarse_tick_ns()
         self.wall_offset_ns = clock.boot_to_wall_offset_ns()
+        #: FileKeys computed by hand-overs (appended on workers, drained by the recording thread:
+        #: Enricher.take_file_keys); file_keys_dropped counts those not queued, the deque being full.
+        self.file_keys: deque[FileKey] = deque()
+        self.file_keys_dropped = 0
+        self._keyed: LruCache[Identity, bool] = LruCache("file_id_keyed", FILE_IDS_MAX)
+        self._keyed_lock = threading.Lock()     # hand-over workers share _keyed
+        #: stored_file_id(build-id hex, identity) -> the htlhash the store recorded for that very file
+        #: (its origin's dev, inode, size, mtime), or None; set once a store exists.  A settled
+        #: hand-over then opens no file for the key either.
+        self.stored_file_id: Callable[[str, Identity], str | None] | None = None
 
     def _read(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
         reason = None
@@ -161,16 +193,23 @@ class Routes:
             bid, reason = None, MissReason(e.reason)
         except OSError:
             return make_resolution(ident, None, Source.NONE, MissReason.IO_ERROR, path)
+        try:
+            fid = file_id(fd)            # the htlhash of every file read: the mapping record carries it
+        except OSError:
+            fid = None                   # the answer stands, without a content key
         if bid is not None:
-            res = make_resolution(ident, bid.hex, source, None, path)
+            res = make_resolution(ident, bid.hex, source, None, path, (None, fid))
             if self.on_build_id is not None:
                 self.on_build_id(ident, res, fd, HandOver.LIVE)
             return res
         try:
-            keys = (read_go_build_id(fd) if reason is None else None, file_id(fd))
+            go = read_go_build_id(fd) if reason is None else None
         except OSError:
-            keys = (None, None)          # the verdict stands, without a content key
-        return make_resolution(ident, None, source, reason or MissReason.NO_BUILD_ID, path, keys)
+            go = None
+        res = make_resolution(ident, None, source, reason or MissReason.NO_BUILD_ID, path, (go, fid))
+        if fid is not None and self.on_build_id is not None:
+            self.on_build_id(ident, res, fd, HandOver.LIVE)     # kept under its htlhash
+        return res
 
     def _open_read(self, req: Request, source: Source, vma: tuple[int, int]) -> Resolution:
         """Open one route, check it is the mapped file, read it.
@@ -213,7 +252,7 @@ class Routes:
         """
         req, res = arg
         pins = self.pins
-        if self.settled is not None and self.settled(res.build_id):
+        if res.build_id and self.settled is not None and self.settled(res.build_id) and self._key_known(req, res):
             # A trusted copy is stored already: the sighting only touches it, no file is opened
             # (on a restart, every DSO of every running process would be read again).
             self.settled_handovers += 1
@@ -248,7 +287,7 @@ class Routes:
             finally:
                 os.close(fd)
         self.unreached.append((res.build_id, req.path, req.identity.dev, req.identity.ino))
-        if self.on_gap is not None:
+        if self.on_gap is not None and res.build_id:
             gone = not os.path.exists(f"/proc/{req.pid}")
             reason = ("replaced_before_pin" if replaced else "process_gone") if gone else "unreachable"
             self.on_gap(res.build_id, req.path, reason)
@@ -259,9 +298,14 @@ class Routes:
         process is gone (only this descriptor reaches the file now), BULK for a synthesized one."""
         try:
             bid = read_build_id_fd(fd)
-        except (OSError, ElfError):
+        except ElfError:
+            bid = None
+        except OSError:
             return False
-        if bid is None or bid.hex != res.build_id:
+        if (bid.hex if bid is not None else None) != res.build_id:
+            return False
+        res = self._keyed_resolution(req, res, fd)
+        if res is None:
             return False
         if not os.path.exists(f"/proc/{req.pid}"):
             urgency = HandOver.AT_RISK
@@ -269,6 +313,40 @@ class Routes:
             urgency = HandOver.BULK if req.bulk else HandOver.LIVE
         self.on_build_id(req.identity, res, fd, urgency)
         return True
+
+    def _key_known(self, req: Request, res: Resolution) -> bool:
+        """Whether req's file has its htlhash queued already, or the store recorded it for this very
+        file (then it is queued here): a settled hand-over need not open the file for it."""
+        ident = req.identity
+        if ident in self._keyed:
+            return True
+        fid = self.stored_file_id(res.build_id, ident) if self.stored_file_id is not None else None
+        if fid is None:
+            return False
+        self._queue_key(FileKey(ident, res.build_id, fid))
+        return True
+
+    def _queue_key(self, key: FileKey) -> None:
+        """Queue key for its file_id record unless its identity has one queued already (any worker)."""
+        with self._keyed_lock:
+            if key.identity in self._keyed:
+                return
+            self._keyed.put(key.identity, True)
+            if len(self.file_keys) >= FILE_IDS_MAX:
+                self.file_keys_dropped += 1
+                return
+            self.file_keys.append(key)
+
+    def _keyed_resolution(self, req: Request, res: Resolution, fd: int) -> Resolution | None:
+        """res with the htlhash of fd's file, which is queued as a FileKey (once per identity); None when
+        the file cannot be read (or, without a build-id, has no htlhash to be kept under)."""
+        try:
+            fid = file_id(fd)
+            go = read_go_build_id(fd) if res.build_id is None else None
+        except OSError:
+            return res if res.build_id else None
+        self._queue_key(FileKey(req.identity, res.build_id, fid, go))
+        return make_resolution(req.identity, res.build_id, Source(res.source), res.error, res.path, (go, fid))
 
     @staticmethod
     def _routes_of(req: Request):

@@ -19,6 +19,8 @@ One JSON object per line, with a ``"type"``:
 ``fork``     pid/tid created by ppid/ptid.
 ``exit``     a process ended (exit_code as in task_struct.exit_code).
 ``comm``     a task's comm changed.
+``file_id``  the htlhash (``file_id``) of a file whose mappings were recorded without one (the
+             kernel read their build-id): identity fields, build_id, file_id (FILE_ID_LINE).
 ``lost``     the kernel side dropped events: counts per cause and the gap's
              time range; mappings recovered by a rescan follow with
              origin "recovered".
@@ -153,6 +155,26 @@ def exec_prefix(head: ExecHead) -> bytes:
 def res_tail(res: Resolution) -> bytes:
     """The identity and build-id fields of a Resolution, encoded."""
     return res.json_tail.encode("utf-8", "surrogateescape")
+
+
+#: A ``file_id`` record: the htlhash of a file whose build-id the kernel read at its mapping (the
+#: mapping and exec records then carry none), computed once per file identity by the worker that
+#: hands the file to the store: time_ns (ns since boot, when it was written), the identity fields
+#: (dev, ino, ino_generation, size, mtime_ns, as on mmap records), build_id (hex, or null for a
+#: kernel verdict without one), file_id (32 hex digits), go_build_id (only when known).  Offline
+#: readers give file_id (and go_build_id) to every mmap/exec record of that identity
+#: (offline.resolutions).
+FILE_ID_LINE = (b'{"type":"file_id","time_ns":%d,"dev":%d,"ino":%d,"ino_generation":%d,"size":%d,"mtime_ns":%d,'
+                b'"build_id":%s,"file_id":"%s"%s}')
+
+
+def file_id_line(time_ns: int, key) -> bytes:
+    """The JSON line of a ``file_id`` record for key (a resolve.routes.FileKey) at time_ns (ns since boot)."""
+    ident = key.identity
+    bid = b'"%s"' % key.build_id.encode() if key.build_id else b"null"
+    go = b',"go_build_id":%s' % json.dumps(key.go_build_id).encode() if key.go_build_id else b""
+    return FILE_ID_LINE % (time_ns, ident.dev, ident.ino, ident.generation, ident.size, ident.mtime_ns, bid,
+                           key.file_id.encode(), go)
 
 
 #: An exec record: exec_prefix(), then res_tail() of the executable's Resolution.

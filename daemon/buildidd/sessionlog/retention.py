@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 def session_build_ids(session_dir: str | os.PathLike) -> set[str]:
     """Every build-id a session references (lower-case hex).
 
-    From ``mmap`` and ``exec`` records (``build_id``) and the ``session``
+    From ``mmap`` and ``exec`` records (``build_id``, else the ``file_id`` of a file without one: the
+    htlhash the store keeps it under; also from ``file_id`` records) and the ``session``
     record (``kernel_build_id`` and the values of ``module_build_ids``), so
     that the kernel's entry is protected as well.  Reads the whole session
     (closed segments are decompressed): callers should remember the answer
@@ -41,8 +42,8 @@ def session_build_ids(session_dir: str | os.PathLike) -> set[str]:
 
     for record in read_session(session_dir):
         kind = record.get("type")
-        if kind in ("mmap", "exec"):
-            add(record.get("build_id"))
+        if kind in ("mmap", "exec", "file_id"):
+            add(record.get("build_id") or record.get("file_id"))   # no GNU build-id: its htlhash keys it
         elif kind == "session":
             add(record.get("kernel_build_id"))
             modules = record.get("module_build_ids")

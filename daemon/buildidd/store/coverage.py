@@ -7,7 +7,8 @@ a session (and in ``status``) every named build-id that the store does not
 hold is listed with the last reason given for it, so that no missing binary
 goes uncounted.  The reasons (:data:`GAP_REASONS`) are fixed strings; the
 store's own refusals (``quota``, ``uid_share``, ``too_large``, ``alt_limit``)
-pass through under their own names.
+pass through under their own names.  A file without a GNU build-id is tracked
+under its htlhash (``file_id``), the key the store keeps it under.
 """
 
 from __future__ import annotations

@@ -35,10 +35,12 @@ from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.store.counters import Tally
 from buildidd.store.debuginfo import Debuginfo, has_debug_sections
+from buildidd.store.goindex import GoIndex
 from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir
 from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALLSYMS_DSO, MAX_ALT_DIRS,
                                    PRIVATE_DIR_MODE, PROBES_NAME, TEMP_INFIX, Layout, alt_dirs, main_file)
-from buildidd.store.origin import ORIGIN_NAME, Origin, origin_of_fd, read_origin, sha256_fd
+from buildidd.store.origin import KEY_GNU, ORIGIN_NAME, Origin, origin_of_fd, read_origin, sha256_fd
+from buildidd.resolve.fileid import file_id, read_go_build_id
 from buildidd.store.quota import Quota
 from buildidd.store.sdt import probes_text
 
@@ -54,7 +56,8 @@ class AddRequest:
     Attributes:
         fd: the open source; path: its absolute path; rel: the path without its
         leading ``/``; bid: lower-case hex; identity: the mapped file, or None;
-        origin: the source's facts (None: taken from fd and path here).
+        origin: the source's facts (None: taken from fd and path here);
+        key: what bid is (store.origin.KEYS): the GNU build-id, or the htlhash of a file without one.
     """
 
     fd: int
@@ -63,6 +66,7 @@ class AddRequest:
     bid: str
     identity: Identity | None = None
     origin: Origin | None = None
+    key: str = KEY_GNU
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,13 @@ class FileEntries:
         self.tally = tally
         self.quota = quota
         self.limits = Limits()
+        self.go_index = GoIndex(layout, installer, tally)
 
     def add(self, req: AddRequest) -> AddResult:
         """Add req's file (see :meth:`buildidd.store.Store.add_from_fd`)."""
         before = self._source_stat(req.fd, req.path)
         origin = req.origin if req.origin is not None else origin_of_fd(req.fd, req.path)
+        origin = origin.replace(key=req.key)
         limit = self.limits.file_max_bytes
         if limit is not None and before.st_size > limit:
             self.tally.count("skipped_too_large")
@@ -115,6 +121,7 @@ class FileEntries:
         except BaseException:
             self.installer.undo(done)
             raise
+        self.go_index.index(entry_dir, req.bid)
         self.tally.count("added")
         self._count_origin(origin)
         return AddResult(True, entry_dir / ELF_NAME, size[1], size[0], size[2] > 0)
@@ -133,13 +140,14 @@ class FileEntries:
         self.installer.makedirs(unit, done, dir_mode(origin))
         elf = unit / ELF_NAME
         reflinked, elf_bytes = self.installer.install_copy(
-            CopyRequest(req.fd, before, elf, req.bid, what=req.path, identity=req.identity), done)
+            CopyRequest(req.fd, before, elf, req.bid, what=req.path, identity=req.identity, key=req.key), done)
         origin = self._described(origin, elf, origin.sha256)
         total = elf_bytes + self.installer.install_bytes(unit / ORIGIN_NAME, origin.to_json(), FILE_MODE, done,
                                                          sync_dir=False)
         debug_bytes = 0
         if main:
-            debug_bytes = self.debuginfo.add(unit, req.bid, req.path, done)
+            if req.key == KEY_GNU:      # the host's debuginfo is found by GNU build-id (and checked against it)
+                debug_bytes = self.debuginfo.add(unit, req.bid, req.path, done)
             total += debug_bytes + self.installer.install_bytes(
                 unit / PROBES_NAME, probes_text(elf, req.path), FILE_MODE, done, sync_dir=False)
         try:
@@ -151,7 +159,8 @@ class FileEntries:
         return total, reflinked, debug_bytes
 
     def _described(self, origin: Origin, elf: Path, sha: str = "", *, hashed: bool = False) -> Origin:
-        """origin with the stored copy's has_debug, and its sha256: sha when known, computed when hashed.
+        """origin with the stored copy's has_debug, file_id (htlhash) and Go build ID, and its sha256: sha
+        when known, computed when hashed.
 
         A main copy's sha256 is computed only when another content claims its
         build-id (:meth:`_add_present`): most build-ids never meet a second file.
@@ -163,7 +172,8 @@ class FileEntries:
         try:
             if hashed:
                 sha = sha256_fd(fd, os.fstat(fd).st_size)
-            return origin.replace(sha256=sha, has_debug=has_debug_sections(fd))
+            return origin.replace(sha256=sha, has_debug=has_debug_sections(fd), file_id=file_id(fd),
+                                  go_build_id=read_go_build_id(fd) or "")
         except OSError as e:
             raise StoreError(f"{elf}: cannot read the copy: {e.strerror}") from e
         finally:
@@ -227,8 +237,10 @@ class FileEntries:
                 self.installer.own(unit, dir_mode(better))
             except OSError as e:
                 raise StoreError(f"{unit}: cannot set its mode: {e.strerror}") from e
+            if unit == present and better.trusted and not stored.trusted:
+                self.go_index.index(present, req.bid)     # now trusted: the Go index may name it over a user's
         debug_bytes = 0
-        if present.parent != self.layout.root / KALLSYMS_DSO:
+        if present.parent != self.layout.root / KALLSYMS_DSO and req.key == KEY_GNU:
             debug_bytes = self.debuginfo.add(present, req.bid, req.path, Installed())
         return AddResult(False, main_file(present), False, debug_bytes, debug_bytes > 0)
 
@@ -264,6 +276,7 @@ class FileEntries:
         except OSError as e:
             self.tally.count("copy_errors")
             raise StoreError(f"{final}: cannot promote the trusted copy: {e.strerror}") from e
+        self.go_index.index(final, req.bid)
         self.tally.count("promoted")
         self.tally.count("added")
         return AddResult(True, final / ELF_NAME, size[1], size[0], size[2] > 0)

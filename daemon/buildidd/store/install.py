@@ -35,13 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from buildidd.errors import ElfError, StoreError
+from buildidd.errors import StoreError
 from buildidd.kernel.events import Identity
-from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.procfs import identity_of, mismatch
 from buildidd.store.counters import Tally
 from buildidd.store.layout import DIR_MODE, FILE_MODE, PRIVATE_DIR_MODE, TEMP_INFIX, Layout
-from buildidd.store.origin import dir_closed
+from buildidd.store.origin import KEY_GNU, dir_closed
+from buildidd.store.verify import copy_mismatch
 
 COPY_CHUNK_BYTES = 1 << 20
 """Bytes per copy step when not reflinking; ``Store.throttle`` is called after each."""
@@ -123,6 +123,8 @@ class CopyRequest:
         build_id_hex: the build-id the copy must have (lower-case hex).
         what: how the source is named in errors (its path).
         identity: when given, ``identity_of(src_fd)`` must still match it after copying.
+        key: how build_id_hex names the file (store.origin.KEYS): ``gnu``, its GNU build-id; ``htlhash``,
+            the copy's file_id (resolve.fileid), and then the copy must have no GNU build-id.
     """
 
     src_fd: int
@@ -131,6 +133,7 @@ class CopyRequest:
     build_id_hex: str
     what: str
     identity: Identity | None = None
+    key: str = KEY_GNU
 
 
 class DataCopier:
@@ -319,15 +322,11 @@ class Installer(DataCopier):
         return reflinked, size
 
     def _verify(self, dst: int, req: CopyRequest) -> None:
-        """Raise StoreError (``verify_failed``) unless the copy's build-id is req.build_id_hex."""
-        try:
-            got = read_build_id_fd(dst)
-        except (ElfError, OSError) as e:
+        """Raise StoreError (``verify_failed``) unless the copy is what req's key names (store.verify)."""
+        why = copy_mismatch(dst, req.build_id_hex, req.key)
+        if why is not None:
             self.tally.count("verify_failed")
-            raise StoreError(f"{req.what}: copy has no readable build-id: {e}") from e
-        if got is None or got.hex != req.build_id_hex:
-            self.tally.count("verify_failed")
-            raise StoreError(f"{req.what}: copy has build-id {got.hex if got else None}, not {req.build_id_hex}")
+            raise StoreError(f"{req.what}: {why}")
 
     def install_stream(self, source: Path, final: Path, mode: int, done: Installed,
                        *, check: Callable[[bytes], None] | None = None) -> int:

@@ -28,6 +28,11 @@ with perf 6.1 (Debian linux-perf) on this project's test host::
   buildidd with 0o750 root:group and its files 0o640 (:data:`DIR_MODE`, :data:`FILE_MODE`).
 * buildidd adds ``origin.json`` and ``alt/<sha256>/`` to an entry (:mod:`buildidd.store.origin`);
   perf ignores both.
+* A file without a GNU build-id has an entry of the same shape named by its htlhash (32 hex
+  digits, resolve.fileid.file_id; ``origin.json`` says ``"key": "htlhash"``).  perf lists only
+  entries whose file carries the GNU build-id they are named by, so it passes these over.
+  ``ROOT/.go-build-id/<Go build ID, each / written .>`` links to the entry of a Go binary
+  (:data:`GO_INDEX_DIR`, store.goindex); perf ignores it.
 * The link is ``ROOT/.build-id/`` + the first two hex digits + ``/`` + the
   rest, a *relative* symlink ``"../.."`` + path + ``/`` + build-id
   (``build_id_cache__add``: ``memcpy(tmp, "../..", 5)``).  A file is found by
@@ -146,6 +151,31 @@ def origname(target: str) -> str:
     if inner.startswith("/["):
         inner = inner[1:]  # a DSO name such as [kernel.kallsyms], not a path
     return inner
+
+
+GO_INDEX_DIR = ".go-build-id"
+"""``ROOT/.go-build-id/<name>``: the index from a Go build ID to the entry of the file that carries it
+(:func:`go_index_name`), a relative symlink to that entry's ``.build-id`` link; buildidd's addition."""
+
+GO_BUILD_ID_NAME_MAX = 200
+"""Longest Go build ID indexed (``go build`` writes 83 characters: four base64url parts joined by ``/``)."""
+
+_GO_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_/")
+
+
+def go_index_name(go_build_id: str) -> str:
+    """The file name of a Go build ID in :data:`GO_INDEX_DIR`: its text with each ``/`` written ``.``.
+
+    Go build IDs are base64url parts joined by ``/`` (cmd/go/internal/work buildid.go), so the
+    name is reversible and can be no path.
+
+    Raises:
+        ValueError: empty, longer than :data:`GO_BUILD_ID_NAME_MAX`, or a character Go does not write.
+    """
+    if (not isinstance(go_build_id, str) or not 0 < len(go_build_id) <= GO_BUILD_ID_NAME_MAX
+            or not set(go_build_id) <= _GO_CHARS or go_build_id.strip("/") != go_build_id or "//" in go_build_id):
+        raise ValueError(f"not a Go build ID the store indexes: {go_build_id!r}")
+    return go_build_id.replace("/", ".")
 
 
 ALT_NAME = "alt"
@@ -274,6 +304,27 @@ class Layout:
         except OSError:
             return None
         return directory
+
+    def go_link(self, go_build_id: str) -> Path:
+        """``ROOT/.go-build-id/<name>`` for a Go build ID, present or not. Raises ValueError (see go_index_name)."""
+        return self.root / GO_INDEX_DIR / go_index_name(go_build_id)
+
+    def go_key(self, go_build_id: str) -> str | None:
+        """The key (hex) of the entry the Go build ID's index link names, when that entry exists; else None.
+
+        Raises:
+            ValueError: not a Go build ID (see :func:`go_index_name`).
+        """
+        link = self.go_link(go_build_id)
+        try:
+            target = os.readlink(link)
+        except OSError:
+            return None
+        parts = target.split("/")
+        if len(parts) != 4 or parts[:2] != ["..", BUILD_ID_DIR] or len(parts[2]) != 2 or not is_hex(parts[2] + parts[3]):
+            return None
+        key = (parts[2] + parts[3]).lower()
+        return key if self.entry_dir(key) is not None else None
 
     def path_of(self, bid: str) -> Path | None:
         """The entry's main file (see :func:`main_file`), or ``None`` when bid has no entry."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from buildidd.store.layout import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, Entry, Layout, alt_dirs, hex_build_id, \
     main_file
-from buildidd.store.origin import ORIGIN_NAME, Origin, read_origin
+from buildidd.store.origin import KEY_GNU, KEYS, ORIGIN_NAME, Origin, read_origin
 from buildidd.store.quality import best_quality, path_quality
 
 KINDS = ("elf", "debug")
@@ -171,6 +171,29 @@ class StoreLookups:
         if origin is None:
             return UNKNOWN
         return TRUSTED if origin.trusted else UNTRUSTED
+
+    def key_kind(self, build_id_hex: str) -> str | None:
+        """What the entry's name is (store.origin.KEYS): ``gnu`` (a GNU build-id; also for an entry
+        without ``origin.json``: perf's, the kernel's) or ``htlhash`` (the file_id of a file without one);
+        None when the store does not hold it.
+
+        Raises:
+            ValueError: not a build-id in hex.
+        """
+        directory = self._layout.entry_dir(hex_build_id(build_id_hex))
+        if directory is None or main_file(directory) is None:
+            return None
+        origin = read_origin(directory)
+        return origin.key if origin is not None and origin.key in KEYS else KEY_GNU
+
+    def go_key(self, go_build_id: str) -> str | None:
+        """The key (hex: a GNU build-id or an htlhash) of the entry whose copy carries this Go build ID
+        (``.go-build-id/<name>``, the trusted copy's when one was stored), or None.
+
+        Raises:
+            ValueError: not a Go build ID the index can name (layout.go_index_name).
+        """
+        return self._layout.go_key(go_build_id)
 
     def entries(self) -> list[Entry]:
         """Every entry reachable through a ``.build-id`` link, in build-id order.

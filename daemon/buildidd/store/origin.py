@@ -21,6 +21,10 @@ with ``lstat``; one that cannot be checked counts as private), or it is a
 memfd (``/memfd:NAME``, which has no path at all).  A private entry is kept,
 but its directory is mode 0o700 and readers do not archive or serve it unless
 the operator says so (``store_share_private``).
+
+The same rules hold for a file without a GNU build-id, kept under its htlhash
+(``"key": "htlhash"``): the htlhash is a claim too (it covers only the file's
+first and last 4 KiB and its length).
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/opt", "/boot")
 MEMFD_PREFIX = "/memfd:"
 """How the kernel names a memfd (``memfd_create``) in /proc/PID/maps and /proc/PID/fd."""
 
+KEY_GNU, KEY_HTLHASH = "gnu", "htlhash"
+KEYS = (KEY_GNU, KEY_HTLHASH)
+"""What names an entry (:attr:`Origin.key`): a GNU build-id, or the htlhash of a file without one."""
+
 ORIGIN_MAX_BYTES = 64 << 10
 """An ``origin.json`` longer than this is not read (the store writes < 1 KiB)."""
 
@@ -67,6 +75,11 @@ class Origin:
         sha256: the copy's content hash, lower-case hex ("" until computed).
         has_debug: the copy has a ``.debug_info`` or ``.symtab`` section.
         time_ns: ns since the epoch when it was stored.
+        key: what the entry's name (``.build-id/xx/rest``) is: ``gnu``, the GNU build-id the copy
+            carries, or ``htlhash``, the copy's :func:`buildidd.resolve.fileid.file_id` (OpenTelemetry's
+            ``process.executable.build_id.htlhash``) for a file without a GNU build-id (:data:`KEYS`).
+        file_id: the copy's htlhash, 32 lower-case hex digits ("" when not computed: an older entry).
+        go_build_id: the copy's Go build ID (``.note.go.buildid``), "" when it has none.
     """
 
     uid: int
@@ -82,6 +95,9 @@ class Origin:
     sha256: str = ""
     has_debug: bool = False
     time_ns: int = 0
+    key: str = "gnu"
+    file_id: str = ""
+    go_build_id: str = ""
 
     def same_file(self, st: os.stat_result) -> bool:
         """Whether st names the same unchanged source (dev, inode, size, mtime)."""

@@ -43,7 +43,7 @@ from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_background
 from buildidd.store.counters import LogLimiter
 from buildidd.store.coverage import HELD, Coverage
-from buildidd.store.origin import origin_of_fd
+from buildidd.store.origin import KEY_GNU, origin_of_fd
 from buildidd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class Snapshotter:
 
     # -- producer side (hand-over workers) ------------------------------------
     def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None, *,
-               priority: HandOver = HandOver.LIVE) -> None:
+               priority: HandOver = HandOver.LIVE, key: str = KEY_GNU) -> None:
         """Queue a copy of the file with build_id (first sighting of this build-id at this path, from this
         file); fd is dup'ed.
 
@@ -164,6 +164,8 @@ class Snapshotter:
             build_id: lower-case hex.
             path: the mapping's path (the store's origin facts come from it).
             ident: the mapped file's identity; fd: a descriptor of it (None: only the path).
+            key: what build_id is (store.origin.KEYS): the GNU build-id, or ``htlhash``, the file_id of a
+                file without one (Store.add_from_fd's key); the ledger and the housekeeping name it alike.
             priority: LIVE, or AT_RISK when the caller knows no other route is left, or BULK for
                 the start-up synthesis.  A job is made AT_RISK here too when the file has no name
                 left (``fstat(fd).st_nlink == 0``: deleted or replaced by a rename, or a memfd) or
@@ -206,7 +208,7 @@ class Snapshotter:
                 self.stats["urgent"] += 1
             elif priority == HandOver.BULK:
                 self.stats["bulk"] += 1
-            heapq.heappush(self._heap, (int(priority), next(self._seq), build_id, path, ident, dup))
+            heapq.heappush(self._heap, (int(priority), next(self._seq), build_id, path, ident, dup, key))
             self._cv.notify()
 
     def _fd_allowed(self, priority: HandOver) -> bool:
@@ -327,7 +329,19 @@ class Snapshotter:
         if known is not None:
             self._settled[build_id] = (known[0], known[1], now)
 
-    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None) -> None:
+    def stored_file_id(self, build_id: str, ident: Identity) -> str | None:
+        """The htlhash (32 hex) the store recorded for build_id's main copy when that copy was made from
+        this very file (origin's dev, inode, size and mtime equal ident's), else None; any thread may ask."""
+        try:
+            o = self.store.origin(build_id)
+        except (ValueError, OSError, StoreError):
+            return None
+        if o is None or not o.file_id or (o.dev, o.ino, o.size_bytes, o.mtime_ns) != (
+                ident.dev, ident.ino, ident.size, ident.mtime_ns):
+            return None
+        return o.file_id
+
+    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None, key: str = KEY_GNU) -> None:
         try:
             if self.settled(build_id):
                 self._touch_settled(build_id)    # nothing another file could improve
@@ -340,7 +354,7 @@ class Snapshotter:
                     self.stats["gone"] += 1
                     self.coverage.outcome(build_id, "gone", path)
                     return
-            res = self.store.add_from_fd(fd, path, build_id, identity=ident, origin=origin_of_fd(fd, path))
+            res = self.store.add_from_fd(fd, path, build_id, identity=ident, origin=origin_of_fd(fd, path), key=key)
             self.stats["stored" if res.added else "already_present"] += 1
             self.coverage.outcome(build_id, HELD, path)
             if not res.added:

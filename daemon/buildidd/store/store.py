@@ -3,7 +3,10 @@
 Pipeline stage: enrichment → session log **and store** → clients.  Enrichment
 hands over an open fd of a file it has identified (its identity checked, its
 build-id read); the store keeps a copy under that build-id so that the file can
-be symbolized after it was replaced, deleted or the host is gone.
+be symbolized after it was replaced, deleted or the host is gone.  A file
+without a GNU build-id is kept the same way under its htlhash (``key="htlhash"``,
+see :meth:`Store.add_from_fd`), and a Go binary is found by its Go build ID too
+(:meth:`Store.go_key`).
 
 :class:`Store` composes the parts, each in its module: the tree and its names
 (layout), atomic verified copies (install), the host's debuginfo (debuginfo),
@@ -43,7 +46,7 @@ from buildidd.store.install import AddResult, Installer
 from buildidd.store.kernelfiles import KernelFiles, check_running
 from buildidd.store.layout import DIR_MODE, Layout, hex_build_id, relative
 from buildidd.store.lookups import KINDS, StoreLookups
-from buildidd.store.origin import Origin
+from buildidd.store.origin import KEY_GNU, KEY_HTLHASH, KEYS, Origin
 from buildidd.store.quota import Quota
 
 def group_id(name: str | None) -> int:
@@ -174,7 +177,8 @@ class Store(StoreLookups):
     # -- adding -------------------------------------------------------------------
 
     def add_from_fd(self, fd: int, path: str | os.PathLike, build_id_hex: str, *,
-                    identity: Identity | None = None, origin: Origin | None = None) -> AddResult:
+                    identity: Identity | None = None, origin: Origin | None = None,
+                    key: str = KEY_GNU) -> AddResult:
         """Copy the open file fd into the store as ``path`` with build-id ``build_id_hex``.
 
         The file is read with positioned reads (or cloned), so fd's offset is
@@ -196,6 +200,12 @@ class Store(StoreLookups):
             path: its absolute path, as the mapping names it; the entry's directory.
             build_id_hex: the build-id the caller read from fd.
             identity: the file the kernel mapped; ``None``: not checked.
+            key: what build_id_hex is (store.origin.KEYS): ``gnu``, the GNU build-id read from fd; or
+                ``htlhash``, fd's file_id (32 hex digits, resolve.fileid) for a file without a GNU
+                build-id.  An htlhash entry has the same layout, trust, privacy, quota and
+                archive rules; its ``origin.json`` says ``"key": "htlhash"``; the copy is verified
+                by its htlhash (and must have no GNU build-id); no host debuginfo is looked for.
+                Either kind's Go build ID, when the copy has one, is indexed (:meth:`go_key`).
 
         Returns:
             An :class:`~buildidd.store.install.AddResult`.
@@ -210,10 +220,12 @@ class Store(StoreLookups):
             ValueError: path is not absolute (or has ``..``), build_id_hex is not hex.
         """
         bid = hex_build_id(build_id_hex)
+        if key not in KEYS or (key == KEY_HTLHASH and len(bid) != 32):
+            raise ValueError(f"{key!r} key {build_id_hex!r}: not one of {KEYS}, or an htlhash not of 32 hex digits")
         path = os.fspath(path)
         rel = relative(path)
         with self._lock:
-            return self._files.add(AddRequest(fd, path, rel, bid, identity, origin))
+            return self._files.add(AddRequest(fd, path, rel, bid, identity, origin, key))
 
     def add_kallsyms(self, kernel_build_id_hex: str, *,
                      kallsyms_path: str | os.PathLike = "/proc/kallsyms",

@@ -7,6 +7,7 @@ never the others; files go out with ``sendfile(2)``, byte ranges included)::
     GET|HEAD /buildid/HEX/debuginfo         its debuginfo, else the binary if not stripped
     GET|HEAD /buildid/HEX/section/NAME      a section's raw bytes
     GET|HEAD /buildid/HEX/source/PATH       404: no sources are held
+    GET|HEAD /go-buildid/GOID/executable    the binary whose Go build ID is GOID (the store's index)
     GET      /sessions                      the session root's sessions, JSON (serve.sessions)
     GET|HEAD /sessions/NAME/archive         a session's archive (tar + zstd), Range-able once built
     GET      /metadata?key=file|glob&value=V the build-ids a path had, from the sessions (serve.metadata)

@@ -33,6 +33,7 @@ def add_routes(app: web.Application, store: Store, privacy: dbg.Privacy) -> None
     app.router.add_get("/buildid/{build_id}/source/{path:.+}", handle_source)
     app.router.add_get("/buildid/{build_id}/{artifact}", handle_artifact)
     app.router.add_route("*", "/buildid/{tail:.*}", handle_bad_buildid)
+    app.router.add_get("/go-buildid/{go_build_id:.+}/executable", handle_go_executable)
 
 
 async def _lookup(request: web.Request, artifact: str, find: Callable[[], object]):
@@ -77,6 +78,26 @@ async def handle_artifact(request: web.Request) -> web.StreamResponse:
     else:
         raise web.HTTPBadRequest(text=f"unknown artifact type {artifact!r}\n")
     return await _send_held(request, artifact, held)
+
+
+async def handle_go_executable(request: web.Request) -> web.StreamResponse:
+    """``/go-buildid/GOID/executable``: the binary whose Go build ID (``go tool buildid``'s text, its ``/``
+    as they are) is GOID, through the store's Go build ID index (Store.go_key), under the same rules as
+    ``/buildid/KEY/executable``; 400 for text that is no Go build ID."""
+    store, privacy = request.app[STORE_KEY], request.app[PRIVACY_KEY]
+    go_id = request.match_info["go_build_id"]
+
+    def find():
+        try:
+            key = store.go_key(go_id)
+        except ValueError:
+            return ValueError
+        return dbg.find_executable(store, key, privacy) if key is not None else None
+
+    held = await _lookup(request, "executable", find)
+    if held is ValueError:
+        raise web.HTTPBadRequest(text="not a Go build ID (base64url parts joined by /)\n")
+    return await _send_held(request, "executable", held)
 
 
 async def handle_section(request: web.Request) -> web.StreamResponse:

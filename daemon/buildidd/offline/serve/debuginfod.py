@@ -103,12 +103,15 @@ class Held:
             file's name (``true``), ``NAME.debug`` for its debuginfo.
         provenance: the entry's provenance (``Store.provenance``), sent as ``X-Buildidd-Provenance``.
         quality: what the entry is good for (``Store.quality``), sent as ``X-Buildidd-Quality``.
+        key: what the entry is named by (``Store.key_kind``: ``gnu``, ``htlhash``), sent as
+            ``X-Buildidd-Key`` when it is not a GNU build-id.
     """
 
     path: Path
     name: str
     provenance: str | None = None
     quality: str | None = None
+    key: str | None = None
 
 
 @dataclass
@@ -230,6 +233,7 @@ def find_executable(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NO
         raise Withheld(build_id_hex)
     try:
         provenance, quality = store.provenance(build_id_hex), store.quality(build_id_hex)
+        key = store.key_kind(build_id_hex)
     except OSError as e:
         raise Unavailable(f"{build_id_hex}: {e.strerror}") from e
     if main.name == KALLSYMS_NAME:
@@ -237,7 +241,7 @@ def find_executable(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NO
         st = _lstat_held(vmlinux)
         return Held(vmlinux, VMLINUX_NAME, provenance, quality) if st is not None and stat.S_ISREG(st.st_mode) \
             else None
-    return Held(main, _original_name(main), provenance, quality)
+    return Held(main, _original_name(main), provenance, quality, key)
 
 
 def find_debuginfo(store: Store, build_id_hex: str, privacy: Privacy = SHARE_NOTHING_PRIVATE) -> Held | None:
@@ -394,6 +398,8 @@ def file_headers(held: Held, size_bytes: int) -> dict[str, str]:
         headers["X-Buildidd-Provenance"] = held.provenance   # buildidd's: Store.provenance of the entry
     if held.quality is not None:
         headers["X-Buildidd-Quality"] = held.quality         # buildidd's: Store.quality of the entry
+    if held.key not in (None, "gnu"):
+        headers["X-Buildidd-Key"] = held.key                 # buildidd's: the id asked for is an htlhash
     return headers
 
 
