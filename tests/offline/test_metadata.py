@@ -101,3 +101,19 @@ def test_which_prints_each_build_id_a_path_had(sessions, tmp_path):
     assert r.returncode == 0 and [x["buildid"] for x in json.loads(r.stdout)["results"]] == [LIB]
     r = subprocess.run([*base, "/nowhere"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == "" and "no build-id recorded" in r.stderr
+
+
+def test_a_file_without_a_gnu_build_id_is_given_by_its_htlhash(tmp_path):
+    root = tmp_path / "sessions"
+    w = SessionWriter(root / "20251124T160000Z-3", compress=True)
+    w.write({"type": "session", "time_ns": 1, "host": "h", "boot_to_wall_offset_ns": OFFSET_NS})
+    fid = "0f" * 16
+    w.write({"type": "mmap", "time_ns": 5 * 10**9, "pid": 5, "tid": 5, "comm": "x", "start": 0x400000,
+             "len": 4096, "pgoff": 0, "path": "/opt/go/app", "build_id": None, "error": "no_build_id",
+             "go_build_id": "abc/def", "file_id": fid})
+    w.write({"type": "mmap", "time_ns": 6 * 10**9, "pid": 5, "tid": 5, "comm": "x", "start": 0x500000,
+             "len": 4096, "pgoff": 0, "path": "/opt/go/lib.so", "build_id": "10" * 16, "error": None})
+    w.close()
+    results = md.metadata(root, "glob", "/opt/go/*")["results"]
+    assert [(r["file"], r["buildid"], r.get("key")) for r in results] == [
+        ("/opt/go/app", fid, "htlhash"), ("/opt/go/lib.so", "10" * 16, None)]   # a 16-byte GNU build-id is one

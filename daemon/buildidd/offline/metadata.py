@@ -46,6 +46,7 @@ class _Seen:
     first_wall_ns: int | None
     last_wall_ns: int | None
     host: str | None
+    htlhash: bool = False       # the key is the file's htlhash (file_id): it has no GNU build-id
 
 
 def _matcher(key: str, value: str) -> Callable[[str], bool]:
@@ -90,7 +91,9 @@ def metadata(session_root: str | os.PathLike, key: str, value: str,
         held: True when the store holds a build-id (Store.contains), for the ``held`` field; None: not asked.
     Returns:
         ``{"results": [{"type": "executable", "buildid", "file", "first_seen", "last_seen", "host", "held"}],
-        "complete": bool}``, results sorted by path, then first_seen.
+        "complete": bool}``, results sorted by path, then first_seen.  A file without a GNU build-id
+        is given by its htlhash (the record's ``file_id``, which serve answers for), with
+        ``"key": "htlhash"``.
     Raises:
         UsageError: a bad key or value (the caller's 400, or exit 2).
     """
@@ -112,6 +115,8 @@ def metadata(session_root: str | os.PathLike, key: str, value: str,
             break
         item = {"type": "executable", "buildid": bid, "file": path, "first_seen": _iso(s.first_wall_ns),
                 "last_seen": _iso(s.last_wall_ns), "host": s.host}
+        if s.htlhash:
+            item["key"] = "htlhash"     # a file without a GNU build-id: serve's /buildid/<htlhash>/ has it
         if held is not None:
             try:
                 item["held"] = bool(held(bid))
@@ -133,7 +138,7 @@ def _scan(directory: Path, match: Callable[[str], bool], seen: dict[tuple[str, s
             continue
         if kind not in ("mmap", "exec"):
             continue
-        bid, path = r.get("build_id"), r.get("path")
+        bid, path = r.get("build_id") or r.get("file_id"), r.get("path")   # no GNU build-id: its htlhash
         if not isinstance(bid, str) or not isinstance(path, str) or not match(path):
             continue
         t = r.get("time_ns")
@@ -142,7 +147,7 @@ def _scan(directory: Path, match: Callable[[str], bool], seen: dict[tuple[str, s
         if s is None:
             if len(seen) >= MAX_RESULTS:
                 return False
-            seen[(bid, path)] = _Seen(wall, wall, host)
+            seen[(bid, path)] = _Seen(wall, wall, host, not r.get("build_id"))
             continue
         if wall is not None:
             if s.first_wall_ns is None or wall < s.first_wall_ns:
