@@ -23,7 +23,7 @@ import psutil
 from buildidd.sessionlog import read_session
 from workloads import build
 
-__all__ = ["ONE_SEGMENT", "PY", "SETTLE_S", "Buildidd", "RssSampler", "build", "cpu_s_of", "lost_count", "mapping_records",
+__all__ = ["FINISHER", "ONE_SEGMENT", "PY", "SETTLE_S", "Buildidd", "RssSampler", "build", "cpu_s_of", "lost_count", "mapping_records",
            "page_touch_cost", "parse_ramp", "storms", "uss_of", "warm_store"]
 
 PY = sys.executable
@@ -74,6 +74,8 @@ class RssSampler:
         self._t.join()
 
 
+#: The kernel name of the daemon's thread that compresses the session log (sessionlog/compress.py).
+FINISHER = "sessionlog-fini"
 #: --segment-max-bytes of a daemon whose compression is counted: one segment for the whole run,
 #: compressed when it stops (Buildidd.zstd_s), never in the middle of a measured window.
 ONE_SEGMENT = "64G"
@@ -123,14 +125,27 @@ class Buildidd:
     def cpu_s(self) -> float:
         return cpu_s_of(self.proc.pid)
 
+    def thread_cpu_s(self, comm: str) -> float:
+        """CPU seconds of the daemon's threads whose kernel name is comm (kernel.sched.name_current_thread),
+        from /proc/PID/task/TID/schedstat (ns on CPU); 0.0 for none."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                if (task / "comm").read_text().strip() == comm:
+                    total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        return total / 1e9
+
     def log_bytes(self) -> int:
         """Bytes of the session's open (uncompressed) segments so far."""
         return sum(p.stat().st_size for p in self.root.glob("*/segment-*.jsonl"))
 
     def zstd_s(self, window_bytes: int) -> float | None:
         """After stop(): CPU seconds the daemon's finishing thread spent on window_bytes of the
-        session log (its reading, zstd and fsync of closed segments, per byte, from the session's
-        closed marker: finish_cpu_ns / finished_bytes); None when the tree does not report it."""
+        session log (its zstd, writes and fsyncs, per byte, from the session's closed marker:
+        finish_cpu_ns / finished_bytes); None when the tree does not report it.  Part of it ran in
+        the window already (FINISHER's CPU there): the caller counts that part once."""
         try:
             marker = json.loads((self.session_dir / ".closed").read_text())
             return marker["finish_cpu_ns"] / 1e9 * window_bytes / marker["finished_bytes"]

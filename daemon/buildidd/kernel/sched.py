@@ -27,14 +27,28 @@ import threading
 import psutil
 
 
+def name_current_thread() -> None:
+    """Give the calling thread its Python name as its kernel name (``/proc/thread-self/comm``, at
+    most 15 bytes, without the ``buildidd-`` prefix every thread's name has), so that ``top -H``,
+    ``ps -L`` and per-thread CPU readers (scripts/benchlib.py) tell the threads apart; best effort."""
+    name = threading.current_thread().name.removeprefix("buildidd-").encode()[:15]
+    try:
+        with open("/proc/thread-self/comm", "wb") as f:
+            f.write(name)
+    except OSError:
+        pass
+
+
 def make_current_thread_background() -> bool:
-    """Put the calling thread in SCHED_BATCH (at the process's nice) and the idle I/O class.
+    """Put the calling thread in SCHED_BATCH (at the process's nice) and the idle I/O class, and
+    give it its name in the kernel (name_current_thread).
 
     Not SCHED_IDLE and not a high nice: the thread holds the GIL at times,
     and a starved GIL holder stalls the recording thread (module docstring).
 
     Returns True if the CPU policy took (the I/O class is best effort).
     """
+    name_current_thread()
     tid = threading.get_native_id()
     try:
         psutil.Process(tid).ionice(psutil.IOPRIO_CLASS_IDLE)

@@ -43,10 +43,10 @@ log = logging.getLogger(__name__)
 
 #: Bytes fed to the finishing thread and not compressed yet, at most: beyond, the segment they
 #: belong to is compressed from its file when closed (the thread fell behind the writer).
-STREAM_PENDING_MAX = 32 << 20
+STREAM_PENDING_MAX = 8 << 20
 #: Fed bytes are handed to the finishing thread this many at a time (and at the segment's close):
 #: one wake-up of it per batch, not one per write (a trickle of records would wake it at every step).
-FEED_BATCH_BYTES = 1 << 20
+FEED_BATCH_BYTES = 512 << 10
 
 
 class SegmentFinisher:

@@ -11,7 +11,7 @@
 #include "fastpath.h"
 
 /* clear() gives back memory above this (a burst's buffer is not kept for ever). */
-#define LINEBUF_KEEP_MAX (4 << 20)
+#define LINEBUF_KEEP_MAX (1 << 20)
 #define LINEBUF_MIN (64 << 10)
 
 FP_INTERNAL PyTypeObject *LineBuffer;
@@ -148,7 +148,7 @@ static PyMethodDef linebuf_methods[] = {
 	{"append", (PyCFunction)linebuf_append, METH_O,
 	 "append(line) -> None\n\nAdd one line (bytes-like, without its newline) and a newline."},
 	{"clear", (PyCFunction)linebuf_clear, METH_NOARGS,
-	 "clear() -> None\n\nNo line left; the memory is kept for the next step (up to 4 MiB).\n"
+	 "clear() -> None\n\nNo line left; the memory is kept for the next step (up to 1 MiB).\n"
 	 "Raises BufferError while a view of it exists."},
 	{"drop_front", (PyCFunction)linebuf_drop_front, METH_O,
 	 "drop_front(nbytes) -> int\n\nDrop the first nbytes (whole lines: byte nbytes - 1 is a newline); "
