@@ -46,3 +46,56 @@ def test_a_settled_entry_is_touched_once_per_period(public_tmp_factory):
     os.utime(entry, (1, 1))
     snap._touch_settled(bid)
     assert entry.stat().st_mtime == 1                        # not again within SETTLED_TTL_S
+
+
+def test_an_untrusted_copy_is_settled_for_its_own_unchanged_file_only(public_tmp_factory):
+    from buildidd.resolve.procfs import identity_of
+
+    d = public_tmp_factory()
+    store = Store(d / "store")
+    lib = d / "libuser.so"                                   # where any user could have put it: untrusted
+    shutil.copy(_libm(), lib)
+    os.chmod(lib, 0o755)
+    bid = store_add(store, lib)
+    assert not store.origin(bid).trusted
+
+    def ident():
+        fd = os.open(lib, os.O_RDONLY)
+        try:
+            return identity_of(fd)
+        finally:
+            os.close(fd)
+
+    snap = Snapshotter(store)
+    assert not snap.settled(bid)                             # not for any file
+    assert snap.settled(bid, ident(), str(lib)) and snap.settled(bid, ident(), str(lib))
+    assert not snap.settled(bid, ident(), str(d / "elsewhere.so"))     # another path: its facts may differ
+    os.chmod(lib, 0o700)                                     # a new ctime: owner or mode may have changed
+    assert not snap.settled(bid, ident(), str(lib))
+    assert not snap.settled(bid)
+
+
+def test_the_same_content_from_a_new_file_moves_the_origin_to_it(public_tmp_factory):
+    from buildidd.resolve.procfs import identity_of
+
+    d = public_tmp_factory()
+    store = Store(d / "store")
+    lib = d / "libuser.so"
+    shutil.copy(_libm(), lib)
+    os.chmod(lib, 0o755)
+    bid = store_add(store, lib)
+    old_ino = store.origin(bid).ino
+    new = d / "libuser.so.new"                               # a rebuild: the same bytes, a new inode
+    shutil.copy(_libm(), new)
+    os.chmod(new, 0o755)
+    os.rename(new, lib)
+    fd = os.open(lib, os.O_RDONLY)
+    try:
+        ident = identity_of(fd)
+        snap = Snapshotter(store)
+        assert not snap.settled(bid, ident, str(lib))        # the stored copy came from the old file
+        assert not store.add_from_fd(fd, str(lib), bid).added
+    finally:
+        os.close(fd)
+    assert store.origin(bid).ino == ident.ino != old_ino
+    assert snap.settled(bid, ident, str(lib))                # its next sighting needs no copy

@@ -168,9 +168,10 @@ class Routes:
         #: (build-id, path) of hand-overs that reached no file (appended on workers, drained by the
         #: recording thread, which then hands the next sighting over again; deque appends are atomic).
         self.unreached: deque[tuple[str, str, int, int]] = deque(maxlen=4096)
-        #: build-id hex -> True when the store needs no file for it (Snapshotter.settled); set
-        #: once a store exists.  settled_handovers counts the hand-overs it spared.
-        self.settled: Callable[[str], bool] | None = None
+        #: (build-id hex, the sighting's Identity, its path) -> True when the store needs no file for
+        #: it (Snapshotter.settled); set once a store exists.  settled_handovers counts the hand-overs
+        #: it spared.
+        self.settled: Callable[[str, Identity, str], bool] | None = None
         self.settled_handovers = 0
         self.tick_ns = coarse_tick_ns()
         self.wall_offset_ns = clock.boot_to_wall_offset_ns()
@@ -252,7 +253,8 @@ class Routes:
         """
         req, res = arg
         pins = self.pins
-        if res.build_id and self.settled is not None and self.settled(res.build_id) and self._key_known(req, res):
+        if res.build_id and self.settled is not None and self.settled(res.build_id, req.identity, req.path) \
+                and self._key_known(req, res):
             # A trusted copy is stored already: the sighting only touches it, no file is opened
             # (on a restart, every DSO of every running process would be read again).
             self.settled_handovers += 1

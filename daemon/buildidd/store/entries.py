@@ -228,10 +228,17 @@ class FileEntries:
         """The same content is stored in unit: maybe upgrade its origin; add host debuginfo that appeared."""
         self.tally.count("already_present")
         better = stored.replace(trusted=stored.trusted or origin.trusted, private=stored.private and origin.private)
+        source = dict(dev=origin.dev, ino=origin.ino, size_bytes=origin.size_bytes, mtime_ns=origin.mtime_ns,
+                      ctime_ns=origin.ctime_ns)
+        if better == stored and (stored.uid, stored.gid, stored.mode, stored.path) == (
+                origin.uid, origin.gid, origin.mode, origin.path):
+            # The same content from another file with the same facts (a rebuild, a reinstall): the origin
+            # names the newest, so that its next sighting is settled without a copy (Snapshotter.settled).
+            better = stored.replace(**source)
         if better != stored:
             if origin.trusted and not stored.trusted:
                 better = better.replace(uid=origin.uid, gid=origin.gid, mode=origin.mode, path=origin.path,
-                                        dev=origin.dev, ino=origin.ino, mtime_ns=origin.mtime_ns)
+                                        **source)
             self.installer.install_bytes(unit / ORIGIN_NAME, better.to_json(), FILE_MODE, Installed())
             try:
                 self.installer.own(unit, dir_mode(better))

@@ -70,6 +70,7 @@ class Origin:
         dev, ino: its ``st_dev``, ``st_ino`` (to tell whether a process still maps it).
         size_bytes: its ``st_size``.
         mtime_ns: its ``st_mtime_ns``.
+        ctime_ns: its ``st_ctime_ns`` (a chmod or chown changes it; 0 in older entries).
         trusted: root-owned, not writable by others, under :data:`SYSTEM_DIRS`.
         private: not readable by every user at its source, or a memfd.
         sha256: the copy's content hash, lower-case hex ("" until computed).
@@ -90,6 +91,7 @@ class Origin:
     ino: int = 0
     size_bytes: int = 0
     mtime_ns: int = 0
+    ctime_ns: int = 0
     trusted: bool = False
     private: bool = True
     sha256: str = ""
@@ -179,7 +181,8 @@ def origin_of(st: os.stat_result, path: str, *, fd_name: str = "") -> Origin:
     trusted = st.st_uid == 0 and not writable_by_others and not memfd and under_system_dir(path)
     private = memfd or not mode & stat.S_IROTH or path_private(path)
     return Origin(uid=st.st_uid, gid=st.st_gid, mode=mode, path=path, dev=st.st_dev, ino=st.st_ino,
-                  size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, trusted=trusted, private=private,
+                  size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, trusted=trusted,
+                  private=private,
                   time_ns=time.time_ns())
 
 

@@ -55,6 +55,13 @@ SETTLED_TTL_S = 300.0
 SETTLED_MAX = 65536
 
 
+def _file_of(ident: Identity | None, path: str | None) -> tuple | None:
+    """What names one unchanged source file: (path, dev, inode, size, mtime ns, ctime ns), or None."""
+    if ident is None or path is None:
+        return None
+    return path, ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns
+
+
 class TokenBucket:
     """Limits a byte stream to rate_bytes_per_s (burst: one second's worth); 0 = unlimited."""
 
@@ -138,9 +145,10 @@ class Snapshotter:
         #: (build-id, path, dev, inode) submitted this session: the same build-id at the same path from
         #: another file (a user's claim first, root's file later) is queued again.
         self._seen_paths: set[tuple[str, str, int, int]] = set()
-        #: build-id -> (time.monotonic() when found settled, its Store.origin_stamp, when last touched):
-        #: settled() answers again from a readlink and a stat while the stamp is the same.
-        self._settled: dict[str, tuple[float, tuple, float]] = {}
+        #: build-id -> (time.monotonic() when found settled, its Store.origin_stamp, when last touched,
+        #: the file it is settled for (_file_of) or None for every one): settled() answers again from
+        #: a readlink and a stat while the stamp is the same.
+        self._settled: dict[str, tuple[float, tuple, float, tuple | None]] = {}
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "bulk": 0, "no_fd": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
@@ -297,9 +305,13 @@ class Snapshotter:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
                 self.housekeeping()
 
-    def settled(self, build_id: str) -> bool:
-        """True when the store holds a trusted, public copy of build_id (hex): nothing another file
-        could improve, so a sighting needs no file (submit with fd None only touches the entry).
+    def settled(self, build_id: str, ident: Identity | None = None, path: str | None = None) -> bool:
+        """True when a sighting of build_id (hex) needs no file: the store holds a trusted, public
+        copy (nothing another file could improve), or, given the sighting's file (ident, path), its
+        main copy was made from that very file, unchanged since (same path, dev, inode, size, mtime
+        and ctime: the owner and mode are the same, so its origin facts would be too).  Submit with fd
+        None then only touches the entry.
+
         Reads the store's entry (Store.contains, Store.origin) once; while its Store.origin_stamp
         stays the same (no removal, eviction or new copy since), for SETTLED_TTL_S, the answer is
         remembered.  Any thread may ask."""
@@ -307,17 +319,24 @@ class Snapshotter:
             stamp = self.store.origin_stamp(build_id)
             known = self._settled.get(build_id)
             if stamp is not None and known is not None and known[1] == stamp \
-                    and time.monotonic() - known[0] < SETTLED_TTL_S:
+                    and time.monotonic() - known[0] < SETTLED_TTL_S and known[3] in (None, _file_of(ident, path)):
                 return True
             present = self.store.origin(build_id) if self.store.contains(build_id) else None
         except (ValueError, OSError, StoreError):
             return False
-        ok = present is not None and present.trusted and not present.private
-        if ok and stamp is not None:
-            if len(self._settled) >= SETTLED_MAX:
-                self._settled.clear()
-            self._settled[build_id] = (time.monotonic(), stamp, known[2] if known else 0.0)
-        return ok
+        if present is None or stamp is None:
+            return False
+        if present.trusted and not present.private:
+            source = None                   # settled for every sighting
+        elif present.ctime_ns and _file_of(ident, path) == (present.path, present.dev, present.ino,
+                                                            present.size_bytes, present.mtime_ns, present.ctime_ns):
+            source = _file_of(ident, path)  # settled for this file only
+        else:
+            return False
+        if len(self._settled) >= SETTLED_MAX:
+            self._settled.clear()
+        self._settled[build_id] = (time.monotonic(), stamp, known[2] if known else 0.0, source)
+        return True
 
     def _touch_settled(self, build_id: str) -> None:
         """Store.touch a settled entry (its recency for the quota), at most once per SETTLED_TTL_S."""
@@ -327,7 +346,7 @@ class Snapshotter:
             return
         self.store.touch(build_id)
         if known is not None:
-            self._settled[build_id] = (known[0], known[1], now)
+            self._settled[build_id] = (known[0], known[1], now, known[3])
 
     def stored_file_id(self, build_id: str, ident: Identity) -> str | None:
         """The htlhash (32 hex) the store recorded for build_id's main copy when that copy was made from
@@ -343,7 +362,7 @@ class Snapshotter:
 
     def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None, key: str = KEY_GNU) -> None:
         try:
-            if self.settled(build_id):
+            if self.settled(build_id, ident, path):
                 self._touch_settled(build_id)    # nothing another file could improve
                 self.stats["already_present"] += 1
                 self.coverage.outcome(build_id, HELD, path)
