@@ -104,6 +104,8 @@ class Result:
     kern_losses: int = 0
     #: --against: the other tree's daemon CPU per mapping event and its losses.
     against_cpu_us_per_event: list[float] = field(default_factory=list)
+    #: its zstd part, when that tree reports it (its session's .closed marker)
+    against_zstd_us_per_event: list[float] = field(default_factory=list)
     against_losses: int = 0
 
     def ratio(self, attr: str) -> float | None:
@@ -257,6 +259,8 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
                 rep.against_s = a.wall_s
                 if a.cpu_us_per_event is not None:
                     res.against_cpu_us_per_event.append(a.cpu_us_per_event)
+                if a.zstd_us_per_event is not None:
+                    res.against_zstd_us_per_event.append(a.zstd_us_per_event)
                 res.against_losses += a.losses
             else:
                 a = run_attached(workload, workdir, env, store)
@@ -508,6 +512,17 @@ def fmt_goals(results: list[Result], ramp_rows: list[dict]) -> list[str]:
     return out
 
 
+def _vs(r: Result) -> str:
+    """This tree's daemon CPU per event against the --against tree's, like with like: both with
+    zstd when both report it, else both without it."""
+    med = statistics.median
+    this = r.bidd_cpu_us_per_event
+    if r.against_zstd_us_per_event and len(r.against_zstd_us_per_event) == len(r.against_cpu_us_per_event):
+        return f"{med(this):.2f} against {med(r.against_cpu_us_per_event):.2f} (zstd counted in both)"
+    bare = [c - z for c, z in zip(this, r.bidd_zstd_us_per_event)] or this
+    return f"without zstd {med(bare):.2f} against {med(r.against_cpu_us_per_event):.2f}"
+
+
 def fmt_table(results: list[Result]) -> str:
     hdr = (f"{'scenario':<24} {'none s':>8} {'perf':>14} {'buildidd':>14} {'bidd µs/ev (zstd)':>17} "
            f"{'perf µs/ev':>10} {'bidd RSS/USS/peak':>17} {'perf RSS/USS/peak':>17} {'lost':>5} "
@@ -544,9 +559,7 @@ def fmt_table(results: list[Result]) -> str:
             med = lambda xs: statistics.median(xs) if xs else 0.0  # noqa: E731
             lines.append(f"  {'  --against tree':<24} median {o['median']:.3f}  95% CI [{o['ci95'][0]:.3f}, "
                          f"{o['ci95'][1]:.3f}]; this tree / that one {statistics.median(mine):.3f} "
-                         f"[{lo:.3f}, {hi:.3f}]; daemon µs CPU per event without zstd "
-                         f"{med([c - z for c, z in zip(r.bidd_cpu_us_per_event, r.bidd_zstd_us_per_event)]):.2f} "
-                         f"against {med(r.against_cpu_us_per_event):.2f}; lost {r.losses} against "
+                         f"[{lo:.3f}, {hi:.3f}]; daemon µs CPU per event {_vs(r)}; lost {r.losses} against "
                          f"{r.against_losses}")
         k = r.paired("kern_s")
         if k:
