@@ -28,8 +28,8 @@ class RingReader:
     contiguous.  Each record starts with an 8-byte header, u32 len (with
     BPF_RINGBUF_BUSY_BIT 1<<31 while the producer writes it,
     BPF_RINGBUF_DISCARD_BIT 1<<30 when discarded) and u32 page offset; records
-    are 8-byte aligned.  The reading is _fastpath.read_ring's (C): one bytes
-    object per record, against a ctypes callback per record through libbpf.
+    are 8-byte aligned.  Rings.take reads them in place (_fastpath.take, C), against a ctypes
+    callback per record through libbpf.
 
     Args:
         map_fd: the ring buffer map's fd; size_bytes: its max_entries (power of two).
@@ -47,12 +47,8 @@ class RingReader:
         self._page = page
 
     def view(self) -> tuple:
-        """(cons, data, page, mask): this ring as _fastpath.take and read_ring read it."""
+        """(cons, data, page, mask): this ring as _fastpath.take (and read_ring) read it."""
         return self._cons, self._data, self._page, self.mask
-
-    def read(self, out: list[bytes]) -> tuple[int, int]:
-        """Append every complete record now in the buffer to out; returns (records, bytes of ring consumed)."""
-        return _fastpath.read_ring(self._cons, self._data, self._page, self.mask, out)
 
     def close(self) -> None:
         """Unmap the ring."""

@@ -34,7 +34,7 @@ import zstandard
 from buildidd.errors import SessionLogError
 from buildidd.kernel.sched import make_current_thread_background
 from buildidd.sessionlog.writebehind import WriteBehind, drop_cached_file
-from buildidd.sessionlog.segments import FILE_MODE, READ_CHUNK_BYTES, fsync_dir
+from buildidd.sessionlog.segments import READ_CHUNK_BYTES, fsync_dir
 from buildidd.sessionlog.stream import SegmentStream
 
 __all__ = ["STREAM_PENDING_MAX", "SegmentFinisher", "compress_segment", "sync_segment"]
@@ -274,10 +274,10 @@ def compressor(zstd_level: int) -> zstandard.ZstdCompressor:
 def compress_segment(path: Path, zstd_level: int, cctx: zstandard.ZstdCompressor | None = None) -> Path:
     """Compress the closed ``.jsonl`` segment ``path`` into ``.jsonl.zst`` and unlink it.
 
-    The steps of the module docstring: ``fsync`` of ``path``, ``.zst.tmp`` (one zstd frame with
-    checksum; a torn last line gets its ``b"\\n"``), ``fsync``, ``rename``,
-    ``fsync`` of the directory, unlink of the ``.jsonl``.  A ``.zst`` already
-    beside ``path`` (a crash before the unlink) is replaced.
+    Read into a :class:`~.stream.SegmentStream`, made final by its steps (those of the module
+    docstring): ``fsync`` of ``path``, ``.zst.tmp`` (one zstd frame with checksum; a torn last line
+    gets its ``b"\\n"``), ``fsync``, ``rename``, ``fsync`` of the directory, unlink of the
+    ``.jsonl``.  A ``.zst`` already beside ``path`` (a crash before the unlink) is replaced.
 
     Args:
         path: the segment, ``segment-NNNNNN.jsonl``.
@@ -291,31 +291,12 @@ def compress_segment(path: Path, zstd_level: int, cctx: zstandard.ZstdCompressor
         SessionLogError: reading, writing or renaming failed; the ``.jsonl``
             stays, no ``.zst.tmp`` is left.
     """
-    zst = path.with_name(path.name + ".zst")
-    tmp = path.with_name(path.name + ".zst.tmp")
+    stream = SegmentStream(path, cctx if cctx is not None else compressor(zstd_level))
     try:
-        if cctx is None:
-            cctx = compressor(zstd_level)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
-        with open(path, "rb") as src, open(fd, "wb") as dst:
-            os.fsync(src.fileno())  # the closed segment is on disk before anything else
-            with cctx.stream_writer(dst, closefd=False) as zw:
-                last = b"\n"
-                while chunk := src.read(READ_CHUNK_BYTES):
-                    zw.write(chunk)
-                    last = chunk[-1:]
-                if last != b"\n":
-                    # A torn tail the writer could not terminate (disk full, crash).
-                    zw.write(b"\n")
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.rename(tmp, zst)
-        fsync_dir(path.parent)
-        os.unlink(path)
-    except (OSError, zstandard.ZstdError) as e:
-        try:
-            tmp.unlink(missing_ok=True)  # absent: failed before creating it, or after the rename
-        except OSError as e2:
-            log.warning("%s: cannot remove: %s", tmp, e2.strerror)
+        with open(path, "rb") as src:
+            while chunk := src.read(READ_CHUNK_BYTES):
+                stream.write(chunk)
+    except OSError as e:
+        stream.abandon()
         raise SessionLogError(f"{path}: compression failed, keeping it uncompressed: {e}") from e
-    return zst
+    return stream.finish()      # the frame of what was read, made final as the writer's stream is

@@ -24,10 +24,10 @@ import struct
 import zlib
 from pathlib import Path
 
-from buildidd.errors import ElfError, StoreError
+from buildidd.errors import ElfError
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.store.counters import Tally
-from buildidd.store.install import CopyRequest, Installed, Installer
+from buildidd.store.install import Installed, Installer
 from buildidd.store.layout import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME
 
 DEBUG_SECTION_NAMES = frozenset({b".debug_info", b".zdebug_info", b".symtab"})
@@ -190,15 +190,7 @@ class Debuginfo:
             self.tally.count("debuginfo_mismatch")
             self.tally.warn("%s: build-id %s, not %s; not stored", source, got.hex if got else None, bid)
             return 0
-        try:
-            _, size = self.installer.install_copy(
-                CopyRequest(fd, os.fstat(fd), entry_dir / DEBUG_NAME, bid, what=str(source)), done)
-        except (StoreError, OSError) as e:
-            self.tally.count("debuginfo_errors")
-            self.tally.warn("%s: debuginfo not stored: %s", source, e)
-            return 0
-        self.tally.count("debuginfo_added")
-        return size
+        return self.installer.install_beside(fd, entry_dir / DEBUG_NAME, bid, str(source), done)
 
 
 #: Longest debuglink name taken (a file name: NAME_MAX).

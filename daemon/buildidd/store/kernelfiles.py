@@ -22,7 +22,7 @@ from buildidd.errors import ElfError, StoreError
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.host import kernel_build_id
 from buildidd.store.counters import Tally
-from buildidd.store.install import AddResult, CopyRequest, Installed, Installer
+from buildidd.store.install import AddResult, Installed, Installer
 from buildidd.store.layout import BUILD_ID_DIR, FILE_MODE, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME, VMLINUX_NAME, Layout, is_hex
 
 _KALLSYMS_MODE = FILE_MODE
@@ -143,15 +143,7 @@ class KernelFiles:
                     continue
                 if got is None or got.hex != bid:
                     continue
-                try:
-                    _, size = self.installer.install_copy(
-                        CopyRequest(fd, os.fstat(fd), entry_dir / VMLINUX_NAME, bid, what=str(candidate)), done)
-                except (StoreError, OSError) as e:
-                    self.tally.count("debuginfo_errors")
-                    self.tally.warn("%s: vmlinux not stored: %s", candidate, e)
-                    return 0
-                self.tally.count("debuginfo_added")
-                return size
+                return self.installer.install_beside(fd, entry_dir / VMLINUX_NAME, bid, str(candidate), done)
             finally:
                 os.close(fd)
         return 0

@@ -61,67 +61,6 @@ static void batch_dealloc(BatchObject *b)
 	Py_DECREF(tp);		/* a heap type: its instances hold it */
 }
 
-/* event_header.time_ns of a record in place (of a short one: the bytes present of 16..24). */
-static uint64_t time_in_place(const unsigned char *s, uint32_t len)
-{
-	uint64_t t = 0;
-
-	if (len >= 24)
-		return ld_u64((const char *)s + 16);
-	for (int i = (int)len - 1; i >= 16; i--)
-		t = (t << 8) | s[i];
-	return t;
-}
-
-/*
- * Note every complete record of ring v from consumer_pos to producer_pos
- * into *recs (grown as needed); v->end becomes the position after the last.
- * 0, or -1 with an error set.
- */
-static int walk_ring(struct ring_view *v, Py_ssize_t page, uint64_t mask, struct timed **recs, Py_ssize_t *n,
-		     Py_ssize_t *cap, uint64_t *taken)
-{
-	const uint64_t *prod_pos = (const uint64_t *)v->data.buf;
-	const char *area = (const char *)v->data.buf + page;
-	uint64_t c = __atomic_load_n((const uint64_t *)v->cons.buf, __ATOMIC_RELAXED), start = c;
-	uint64_t p = __atomic_load_n(prod_pos, __ATOMIC_ACQUIRE);
-
-	while (c < p) {
-		const char *rec = area + (c & mask);
-		uint32_t len = __atomic_load_n((const uint32_t *)rec, __ATOMIC_ACQUIRE), size;
-
-		if (len & RINGBUF_BUSY_BIT)
-			break;
-		size = len & ~(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT);
-		if (size > mask + 1 - RINGBUF_HDR_SZ) {
-			PyErr_Format(PyExc_ValueError, "ring record of %u bytes in a %llu-byte ring", size,
-				     (unsigned long long)(mask + 1));
-			return -1;
-		}
-		if (!(len & RINGBUF_DISCARD_BIT)) {
-			if (*n == *cap) {
-				Py_ssize_t grow = *cap ? *cap * 2 : 1024;
-				struct timed *m = PyMem_Realloc(*recs, sizeof(**recs) * (size_t)grow);
-
-				if (m == NULL) {
-					PyErr_NoMemory();
-					return -1;
-				}
-				*recs = m;
-				*cap = grow;
-			}
-			(*recs)[*n].p = rec + RINGBUF_HDR_SZ;
-			(*recs)[*n].len = size;
-			(*recs)[*n].time_ns = time_in_place((const unsigned char *)rec + RINGBUF_HDR_SZ, size);
-			(*n)++;
-		}
-		c += (size + RINGBUF_HDR_SZ + 7) & ~7ULL;
-	}
-	v->end = c;
-	*taken = c - start;
-	return 0;
-}
-
 FP_INTERNAL const char take_doc[] =
 "take(rings) -> Batch\n\n"
 "Every complete record now in the BPF ring buffers, in place and ordered by\n"
@@ -163,7 +102,7 @@ FP_INTERNAL PyObject *take(PyObject *self, PyObject *arg)
 		PyObject *cons_obj, *data_obj;
 		Py_ssize_t page;
 		unsigned long long mask;
-		uint64_t taken;
+		uint64_t start;
 
 		if (!PyArg_ParseTuple(PyTuple_GET_ITEM(arg, k), "OOnK", &cons_obj, &data_obj, &page, &mask))
 			goto fail;
@@ -175,16 +114,13 @@ FP_INTERNAL PyObject *take(PyObject *self, PyObject *arg)
 		}
 		v->held = 1;
 		b->nrings = k + 1;
-		if (v->cons.len < 8 || page < 8 || (mask & (mask + 1)) != 0 ||
-		    (unsigned long long)v->data.len < (unsigned long long)page + 2 * (mask + 1)) {
-			PyErr_SetString(PyExc_ValueError, "ring buffer mappings smaller than their layout");
+		if (ring_layout_check(&v->cons, &v->data, page, mask) < 0)
 			goto fail;
-		}
-		v->end = __atomic_load_n((const uint64_t *)v->cons.buf, __ATOMIC_RELAXED);
-		if (walk_ring(v, page, mask, &b->recs, &b->n, &cap, &taken) < 0)
+		start = __atomic_load_n((const uint64_t *)v->cons.buf, __ATOMIC_RELAXED);
+		if (walk_ring(&v->cons, &v->data, page, mask, &b->recs, &b->n, &cap, &v->end) < 0)
 			goto fail;
-		if ((double)taken / (double)(mask + 1) > b->fill)
-			b->fill = (double)taken / (double)(mask + 1);
+		if ((double)(v->end - start) / (double)(mask + 1) > b->fill)
+			b->fill = (double)(v->end - start) / (double)(mask + 1);
 	}
 	if (b->n > 1) {
 		struct timed *tmp = PyMem_Malloc(sizeof(*tmp) * (size_t)b->n), *sorted;

@@ -193,6 +193,32 @@ struct timed {
 	uint32_t len;		/* Batch: the record's bytes */
 };
 
+/* event_header.time_ns of a record at s, len bytes (of a short one: the bytes present of 16..24). */
+static inline uint64_t record_time_at(const char *s, Py_ssize_t len)
+{
+	uint64_t t = 0;
+
+	if (len >= 24)
+		return ld_u64(s + 16);
+	for (Py_ssize_t i = len - 1; i >= 16; i--)
+		t = (t << 8) | (unsigned char)s[i];
+	return t;
+}
+
+/* A BPF ring's mappings hold its layout (read_ring's doc): 0, or -1 with ValueError set. */
+FP_INTERNAL int ring_layout_check(const Py_buffer *cons, const Py_buffer *data, Py_ssize_t page, uint64_t mask);
+
+/*
+ * The one walk of a ring (kernel/bpf/ringbuf.c's layout and ordering): every
+ * complete record from consumer_pos to producer_pos is noted in place into
+ * *recs (n used, cap allocated; grown as needed), stopping at one still being
+ * written (BUSY), discarded ones skipped.  *end: the position after the last
+ * record walked (at a bad record when it fails).  Stores nothing.  0, or -1
+ * with an error set (a record larger than the ring, no memory).
+ */
+FP_INTERNAL int walk_ring(const Py_buffer *cons, const Py_buffer *data, Py_ssize_t page, uint64_t mask,
+			  struct timed **recs, Py_ssize_t *n, Py_ssize_t *cap, uint64_t *end);
+
 /*
  * Stable natural merge of v[0..n) by time_ns into v or tmp (rings.c); returns
  * the one that holds the result, NULL when out of memory.

@@ -4,6 +4,62 @@
 
 /* ---- ring buffers ------------------------------------------------------ */
 
+FP_INTERNAL int ring_layout_check(const Py_buffer *cons, const Py_buffer *data, Py_ssize_t page, uint64_t mask)
+{
+	if (cons->len < 8 || page < 8 || (mask & (mask + 1)) != 0 ||
+	    (unsigned long long)data->len < (unsigned long long)page + 2 * (mask + 1)) {
+		PyErr_SetString(PyExc_ValueError, "ring buffer mappings smaller than their layout");
+		return -1;
+	}
+	return 0;
+}
+
+FP_INTERNAL int walk_ring(const Py_buffer *cons, const Py_buffer *data, Py_ssize_t page, uint64_t mask,
+			  struct timed **recs, Py_ssize_t *n, Py_ssize_t *cap, uint64_t *end)
+{
+	const uint64_t *prod_pos = (const uint64_t *)data->buf;
+	const char *area = (const char *)data->buf + page;
+	uint64_t c = __atomic_load_n((const uint64_t *)cons->buf, __ATOMIC_RELAXED);
+	uint64_t p = __atomic_load_n(prod_pos, __ATOMIC_ACQUIRE);
+	int rc = 0;
+
+	while (c < p) {
+		const char *rec = area + (c & mask);
+		uint32_t len = __atomic_load_n((const uint32_t *)rec, __ATOMIC_ACQUIRE), size;
+
+		if (len & RINGBUF_BUSY_BIT)
+			break;
+		size = len & ~(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT);
+		if (size > mask + 1 - RINGBUF_HDR_SZ) {
+			PyErr_Format(PyExc_ValueError, "ring record of %u bytes in a %llu-byte ring", size,
+				     (unsigned long long)(mask + 1));
+			rc = -1;
+			break;
+		}
+		if (!(len & RINGBUF_DISCARD_BIT)) {
+			if (*n == *cap) {
+				Py_ssize_t grow = *cap ? *cap * 2 : 1024;
+				struct timed *m = PyMem_Realloc(*recs, sizeof(**recs) * (size_t)grow);
+
+				if (m == NULL) {
+					PyErr_NoMemory();
+					rc = -1;
+					break;
+				}
+				*recs = m;
+				*cap = grow;
+			}
+			(*recs)[*n].p = rec + RINGBUF_HDR_SZ;
+			(*recs)[*n].len = size;
+			(*recs)[*n].time_ns = record_time_at(rec + RINGBUF_HDR_SZ, size);
+			(*n)++;
+		}
+		c += (size + RINGBUF_HDR_SZ + 7) & ~7ULL;
+	}
+	*end = c;
+	return rc;
+}
+
 FP_INTERNAL const char read_ring_doc[] =
 "read_ring(cons, data, page, mask, out) -> (records, bytes)\n\n"
 "Append every complete record now in one BPF ring buffer to the list out (as\n"
@@ -15,7 +71,9 @@ FP_INTERNAL const char read_ring_doc[] =
 "and the ordering rules are the kernel's (kernel/bpf/ringbuf.c): producer_pos\n"
 "and each length are read with acquire semantics, consumer_pos is stored with\n"
 "release semantics.  Stops at a record still being written (BUSY bit).\n"
-"Raises ValueError when a buffer is smaller than the layout needs.";
+"Raises ValueError when a buffer is smaller than the layout needs, or at a\n"
+"record larger than the ring (the records before it are appended and consumed);\n"
+"MemoryError (then nothing is consumed).  The walk is take()'s (walk_ring).";
 
 FP_INTERNAL PyObject *read_ring(PyObject *self, PyObject *args)
 {
@@ -34,44 +92,35 @@ FP_INTERNAL PyObject *read_ring(PyObject *self, PyObject *args)
 		PyBuffer_Release(&cons);
 		return NULL;
 	}
-	if (cons.len < 8 || page < 8 || (mask & (mask + 1)) != 0 ||
-	    (unsigned long long)data.len < (unsigned long long)page + 2 * (mask + 1)) {
-		PyErr_SetString(PyExc_ValueError, "ring buffer mappings smaller than their layout");
+	if (ring_layout_check(&cons, &data, page, mask) < 0)
 		goto out;
-	}
 	{
-		uint64_t *cons_pos = (uint64_t *)cons.buf;
-		const uint64_t *prod_pos = (const uint64_t *)data.buf;
-		const char *area = (const char *)data.buf + page;
-		uint64_t c = __atomic_load_n(cons_pos, __ATOMIC_RELAXED);
-		uint64_t p = __atomic_load_n(prod_pos, __ATOMIC_ACQUIRE);
+		uint64_t start = __atomic_load_n((const uint64_t *)cons.buf, __ATOMIC_RELAXED), end;
+		struct timed *recs = NULL;
+		Py_ssize_t nrecs = 0, cap = 0;
+		PyObject *et, *ev, *tb;
 
-		while (c < p) {
-			const char *rec = area + (c & mask);
-			uint32_t len = __atomic_load_n((const uint32_t *)rec, __ATOMIC_ACQUIRE);
+		walk_ring(&cons, &data, page, mask, &recs, &nrecs, &cap, &end);
+		PyErr_Fetch(&et, &ev, &tb);	/* a bad record: those before it still come, then it raises */
+		for (; n < nrecs; n++) {
+			PyObject *b = PyBytes_FromStringAndSize(recs[n].p, recs[n].len);
 
-			if (len & RINGBUF_BUSY_BIT)
-				break;
-			uint32_t size = len & ~(RINGBUF_BUSY_BIT | RINGBUF_DISCARD_BIT);
-			if (size > mask + 1 - RINGBUF_HDR_SZ) {
-				PyErr_Format(PyExc_ValueError, "ring record of %u bytes in a %llu-byte ring",
-					     size, mask + 1);
+			if (b == NULL || PyList_Append(out, b) < 0) {
+				Py_XDECREF(b);
 				break;
 			}
-			if (!(len & RINGBUF_DISCARD_BIT)) {
-				PyObject *b = PyBytes_FromStringAndSize(rec + RINGBUF_HDR_SZ, size);
-				if (b == NULL || PyList_Append(out, b) < 0) {
-					Py_XDECREF(b);
-					break;
-				}
-				Py_DECREF(b);
-				n++;
-			}
-			c += (size + RINGBUF_HDR_SZ + 7) & ~7ULL;
+			Py_DECREF(b);
 		}
-		/* Records before c are consumed even when an error stopped the loop. */
-		consumed = c - __atomic_load_n(cons_pos, __ATOMIC_RELAXED);
-		__atomic_store_n(cons_pos, c, __ATOMIC_RELEASE);
+		PyMem_Free(recs);
+		if (n == nrecs) {	/* every record walked is in out: consumed */
+			consumed = end - start;
+			__atomic_store_n((uint64_t *)cons.buf, end, __ATOMIC_RELEASE);
+			PyErr_Restore(et, ev, tb);
+		} else {		/* out of memory: nothing consumed, that error raised */
+			Py_XDECREF(et);
+			Py_XDECREF(ev);
+			Py_XDECREF(tb);
+		}
 	}
 out:
 	PyBuffer_Release(&data);
@@ -276,18 +325,6 @@ FP_INTERNAL struct timed *merge_runs(struct timed *v, struct timed *tmp, Py_ssiz
 	return v;
 }
 
-/* event_header.time_ns, little-endian (of a short record: the bytes present of 16..24) */
-static uint64_t record_time(PyObject *b)
-{
-	const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(b);
-	Py_ssize_t len = PyBytes_GET_SIZE(b), end = len < 24 ? len : 24;
-	uint64_t t = 0;
-
-	for (Py_ssize_t i = end - 1; i >= 16; i--)
-		t = (t << 8) | s[i];
-	return t;
-}
-
 FP_INTERNAL const char sort_by_time_doc[] =
 "sort_by_time(records) -> None\n\n"
 "Sort a list of raw records (bytes) in place by event_header.time_ns (ns since\n"
@@ -317,7 +354,7 @@ FP_INTERNAL PyObject *sort_by_time(PyObject *self, PyObject *arg)
 			PyErr_SetString(PyExc_TypeError, "sort_by_time() needs a list of bytes");
 			return NULL;
 		}
-		v[i].time_ns = record_time(o);
+		v[i].time_ns = record_time_at(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o));
 		v[i].p = o;
 	}
 	sorted = merge_runs(v, v + n, n);
