@@ -24,10 +24,10 @@ import struct
 import zlib
 from pathlib import Path
 
-from buildidd.errors import ElfError
+from buildidd.errors import ElfError, StoreError
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.store.counters import Tally
-from buildidd.store.install import Installed, Installer
+from buildidd.store.install import CopyRequest, Installed, Installer
 from buildidd.store.layout import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME
 
 DEBUG_SECTION_NAMES = frozenset({b".debug_info", b".zdebug_info", b".symtab"})
@@ -190,13 +190,28 @@ class Debuginfo:
             self.tally.count("debuginfo_mismatch")
             self.tally.warn("%s: build-id %s, not %s; not stored", source, got.hex if got else None, bid)
             return 0
-        return self.installer.install_beside(fd, entry_dir / DEBUG_NAME, bid, str(source), done)
+        return install_beside(self.installer, fd, entry_dir / DEBUG_NAME, bid, str(source), done)
 
 
 #: Longest debuglink name taken (a file name: NAME_MAX).
 DEBUGLINK_NAME_MAX = 255
 #: Largest debuginfo file whose CRC-32 is computed (bytes).
 DEBUGLINK_CRC_MAX_BYTES = 4 << 30
+
+
+def install_beside(installer: Installer, fd: int, final: Path, bid: str, what: str, done: Installed) -> int:
+    """Copy fd, a file kept beside an entry (its separate debuginfo, the kernel's vmlinux), to final,
+    verified to carry build-id bid (hex) as Installer.install_copy does; its bytes, or 0 when it could
+    not be stored: counted (``debuginfo_errors``) and warned, never raised, since the entry stands
+    without it.  A stored one is counted in ``debuginfo_added``."""
+    try:
+        _, size = installer.install_copy(CopyRequest(fd, os.fstat(fd), final, bid, what=what), done)
+    except (StoreError, OSError) as e:
+        installer.tally.count("debuginfo_errors")
+        installer.tally.warn("%s: %s not stored: %s", what, final.name, e)
+        return 0
+    installer.tally.count("debuginfo_added")
+    return size
 
 
 def read_debuglink(elf: Path) -> tuple[str, int] | None:

@@ -321,20 +321,6 @@ class Installer(DataCopier):
             self.tally.count("reflinks")
         return reflinked, size
 
-    def install_beside(self, fd: int, final: Path, bid: str, what: str, done: Installed) -> int:
-        """Copy fd, a file kept beside an entry (its separate debuginfo, the kernel's vmlinux), to
-        final, verified to carry build-id bid (hex) as install_copy does; its bytes, or 0 when it
-        could not be stored: counted (``debuginfo_errors``) and warned, never raised, since the
-        entry itself stands without it.  A stored one is counted in ``debuginfo_added``."""
-        try:
-            _, size = self.install_copy(CopyRequest(fd, os.fstat(fd), final, bid, what=what), done)
-        except (StoreError, OSError) as e:
-            self.tally.count("debuginfo_errors")
-            self.tally.warn("%s: %s not stored: %s", what, final.name, e)
-            return 0
-        self.tally.count("debuginfo_added")
-        return size
-
     def _verify(self, dst: int, req: CopyRequest) -> None:
         """Raise StoreError (``verify_failed``) unless the copy is what req's key names (store.verify)."""
         why = copy_mismatch(dst, req.build_id_hex, req.key)

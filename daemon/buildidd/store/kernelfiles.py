@@ -22,6 +22,7 @@ from buildidd.errors import ElfError, StoreError
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.host import kernel_build_id
 from buildidd.store.counters import Tally
+from buildidd.store.debuginfo import install_beside
 from buildidd.store.install import AddResult, Installed, Installer
 from buildidd.store.layout import BUILD_ID_DIR, FILE_MODE, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME, VMLINUX_NAME, Layout, is_hex
 
@@ -143,7 +144,7 @@ class KernelFiles:
                     continue
                 if got is None or got.hex != bid:
                     continue
-                return self.installer.install_beside(fd, entry_dir / VMLINUX_NAME, bid, str(candidate), done)
+                return install_beside(self.installer, fd, entry_dir / VMLINUX_NAME, bid, str(candidate), done)
             finally:
                 os.close(fd)
         return 0
