@@ -99,3 +99,38 @@ def test_the_same_content_from_a_new_file_moves_the_origin_to_it(public_tmp_fact
         os.close(fd)
     assert store.origin(bid).ino == ident.ino != old_ino
     assert snap.settled(bid, ident, str(lib))                # its next sighting needs no copy
+
+
+def test_a_user_who_rewrites_the_file_and_puts_its_mtime_back_is_not_settled(public_tmp_factory, attacker):
+    """The owner of an untrusted stored file changes its bytes, then sets its mtime back (touch -d):
+    the ctime the kernel keeps still moves, so the next sighting is not taken for the stored copy."""
+    from conftest import as_user
+    from buildidd.resolve.procfs import identity_of
+
+    uid, gid, _ = attacker
+    d = public_tmp_factory()
+    lib = d / "libmine.so"
+    shutil.copy(_libm(), lib)
+    os.chown(lib, uid, gid)
+    os.chmod(lib, 0o755)
+    store = Store(d / "store")
+    bid = store_add(store, lib)
+    snap = Snapshotter(store)
+
+    def ident():
+        fd = os.open(lib, os.O_RDONLY)
+        try:
+            return identity_of(fd)
+        finally:
+            os.close(fd)
+
+    before = ident()
+    assert snap.settled(bid, before, str(lib))
+    stamp = f"@{before.mtime_ns // 10**9}.{before.mtime_ns % 10**9:09d}"
+    r = as_user(attacker, ["sh", "-c", f'printf x | dd of="{lib}" bs=1 seek=100 conv=notrunc 2>/dev/null && '
+                                       f'touch -d "{stamp}" "{lib}"'])
+    assert r.returncode == 0, r.stderr
+    after = ident()
+    assert (after.ino, after.size, after.mtime_ns) == (before.ino, before.size, before.mtime_ns)
+    assert after.ctime_ns != before.ctime_ns
+    assert not snap.settled(bid, after, str(lib))
