@@ -31,13 +31,14 @@ class MemRing:
         self.data = bytearray(PAGE + 2 * size)
         self.prod = 0
 
-    def put(self, record: bytes, flags: int = 0) -> None:
-        """Commit record at producer_pos (flags: BUSY_BIT or DISCARD_BIT to leave it so)."""
+    def put(self, record: bytes, flags: int = 0) -> int:
+        """Commit record at producer_pos (flags: BUSY_BIT or DISCARD_BIT to leave it so); returns
+        its position (of its header).  Raises ValueError when the ring has no room for it."""
         total = (len(record) + 8 + 7) & ~7
         if self.prod + total - self.consumer() > self.size:
             raise ValueError("ring full")
         chunk = struct.pack("<II", len(record) | flags, 0) + record
-        at = self.prod % self.size
+        pos, at = self.prod, self.prod % self.size
         for base in (PAGE + at, PAGE + self.size + at):          # the area is mapped twice
             end = min(base + len(chunk), PAGE + 2 * self.size)
             self.data[base:end] = chunk[:end - base]
@@ -46,6 +47,7 @@ class MemRing:
             self.data[PAGE:PAGE + len(rest)] = rest
         self.prod += total
         struct.pack_into("<Q", self.data, 0, self.prod)
+        return pos
 
     def consumer(self) -> int:
         """consumer_pos as the reader left it."""

@@ -108,3 +108,91 @@ def test_bad_rings_are_refused_and_nothing_is_consumed():
     assert ring.consumer() == 0
     with pytest.raises(TypeError):
         _fastpath.take([ring.view()])
+
+
+def _rings_out_of_order(n: int, size: int = 1 << 17) -> tuple[list[MemRing], dict[int, tuple[int, int]]]:
+    """Two rings holding n records whose times fall back now and then within a ring (a program
+    preempted between its clock read and its reserve), so the merge orders some of a ring's
+    records before earlier ones of the same ring.  Returns the rings and tag -> (ring, position)."""
+    rng = random.Random(n)
+    rings = [MemRing(size), MemRing(size)]
+    where: dict[int, tuple[int, int]] = {}
+    t = [10_000, 10_000]
+    for tag in range(n):
+        k = rng.randrange(2)
+        t[k] += rng.choice((1, 2, 3)) if rng.random() > 0.05 else -rng.randrange(50)
+        where[tag] = (k, rings[k].put(_rec(t[k], tag)))
+    return rings, where
+
+
+def _tag(record: bytes) -> int:
+    return struct.unpack_from("<I", record, 24)[0]
+
+
+def test_release_to_gives_back_only_the_space_no_later_record_needs():
+    n, stride = 3000, 1024
+    rings, where = _rings_out_of_order(n)
+    batch = _fastpath.take(tuple(r.view() for r in rings))
+    copies = list(batch)
+    tags = [_tag(r) for r in copies]
+    ends = [r.prod for r in rings]
+    for k in (0, 1):                    # the merge put some of a ring's records before earlier ones
+        in_merge = [where[g][1] for g in tags if where[g][0] == k]
+        assert in_merge != sorted(in_merge)
+    for i in (0, 500, 1024, 1500, 2048, 2999, n):
+        batch.release_to(i)
+        q = min(i, n) // stride * stride
+        for k, ring in enumerate(rings):
+            needed = [where[g][1] for g in tags[q:] if where[g][0] == k]
+            assert ring.consumer() == (min(needed) if needed else ends[k])
+        # The kernel may now reuse what was given back: fill it, and the records still to be
+        # recorded must be intact.
+        for ring in rings:
+            while True:
+                try:
+                    ring.put(b"\xee" * 40)
+                except ValueError:
+                    break
+        assert [batch[j] for j in range(q, n)] == copies[q:]
+    batch.release()
+    assert [r.consumer() for r in rings] == ends
+
+
+def test_a_small_batch_holds_its_space_until_release():
+    rings, _where = _rings_out_of_order(100)
+    batch = _fastpath.take(tuple(r.view() for r in rings))
+    batch.release_to(100)
+    assert [r.consumer() for r in rings] == [0, 0]
+    batch.release()
+    assert [r.consumer() for r in rings] == [r.prod for r in rings]
+
+
+def test_run_gives_the_kernel_space_back_as_it_goes():
+    """run() over one ring of fork records: what the memo's fill() sees of consumer_pos while run()
+    is at record i shows the space of the records before i's checkpoint given back already."""
+    from buildidd.capture.tables import Tables
+    from buildidd.kernel.events import EventType, TaskEvent
+    from buildidd.memo import Memo
+
+    ring = MemRing(1 << 19)
+    positions = []
+    for i in range(5000):
+        ev = TaskEvent()
+        ev.hdr.type, ev.hdr.pid, ev.hdr.tid, ev.hdr.time_ns = EventType.FORK, 7, 7, 1000 + i
+        ev.hdr.comm = b"c%d" % (i // 500)       # a new comm every 500: the memo fills
+        positions.append(ring.put(bytes(ev)))
+    seen = []
+
+    def fill_comm(raw):
+        seen.append(ring.consumer())
+        return b'"c"'
+
+    t = Tables(missing={}, comm_json=Memo("comm", 64, fill_comm),
+               filename_json=Memo("filename", 16, lambda raw: b'"f"'), origins=(b"mmap",))
+    batch = _fastpath.take((ring.view(),))
+    assert _fastpath.run(batch, 0, t).next == 5000
+    # fill() ran at records 0, 500, ..., 4500: by then the checkpoints at or below each were given back
+    assert seen == [positions[i // 1024 * 1024] for i in range(0, 5000, 500)]
+    assert ring.consumer() == positions[4096]    # run() ends at the last checkpoint; release() does the rest
+    batch.release()
+    assert ring.consumer() == ring.prod

@@ -223,9 +223,11 @@ class Recorder:
             if n:
                 self.tracer.reset_wakeups()
             if self.follow_filter is not None or self._run_fast is None:
-                self._record_raws(self.follow_filter.filter(list(batch)) if self.follow_filter else list(batch))
+                raws = list(batch)              # copies: the rings' space goes back at once
+                batch.release()
+                self._record_raws(self.follow_filter.filter(raws) if self.follow_filter else raws)
             else:
-                self._record_raws(batch)        # read in place (the common records make no object)
+                self._record_raws(batch)        # read in place; run() gives the space back as it goes
         finally:
             batch.release()
         self.join.release()

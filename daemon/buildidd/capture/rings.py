@@ -192,8 +192,9 @@ class Rings:
         event_header.time_ns (a stable merge of the presorted runs).  Sets fill: the
         largest share (0..1) of a ring that the batch holds, the backlog the
         consumer let build up since the last one.  The caller records the batch
-        (_fastpath.run reads it in place; batch[i] is a copy) and must release() it:
-        only then is the rings' space given back to the kernel.
+        (_fastpath.run reads it in place; batch[i] is a copy) and must release() it.
+        The rings' space is given back as run() goes (Batch.release_to, every 1024
+        records), and wholly at release().
         """
         batch = _fastpath.take(self._views)
         self.fill = batch.fill

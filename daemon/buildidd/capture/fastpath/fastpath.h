@@ -191,6 +191,7 @@ struct timed {
 	uint64_t time_ns;
 	const void *p;		/* sort_by_time: the bytes object (borrowed); Batch: the record in ring memory */
 	uint32_t len;		/* Batch: the record's bytes */
+	uint32_t ring;		/* Batch: the index of its ring */
 };
 
 /* event_header.time_ns of a record at s, len bytes (of a short one: the bytes present of 16..24). */
@@ -230,6 +231,14 @@ extern FP_INTERNAL PyTypeObject *Batch;
 extern FP_INTERNAL PyType_Spec batch_spec;
 FP_INTERNAL int batch_record(PyObject *batch, Py_ssize_t i, const char **r, Py_ssize_t *len);
 FP_INTERNAL Py_ssize_t batch_len(PyObject *batch);
+/*
+ * Give back to the kernel the rings' space of every record before index i of
+ * the batch that is no longer needed (to the last checkpoint at or below i:
+ * batch.c RELEASE_STRIDE); the mappings stay held.  Never fails.
+ */
+FP_INTERNAL void batch_release_to(PyObject *batch, Py_ssize_t i);
+/* Records between two partial releases inside run() (a power of two). */
+#define RELEASE_STRIDE 1024
 
 /* The named types and the interned attribute names (_fastpath.c). */
 extern FP_INTERNAL PyTypeObject *HeldExec, *FastEntry, *RunCounts;

@@ -597,6 +597,8 @@ FP_INTERNAL const char run_doc[] =
 "unknown one); missing: dict reason -> count, incremented for each mapping\n"
 "without a build-id; live: dict pid -> set of (vm_start, key), added to (at\n"
 "most 4096 per pid), a pid removed on EXIT and EXEC; step: int.\n"
+"A Batch's space before the records still to be recorded is given back to\n"
+"the kernel as run() goes (every 1024 records: Batch.release_to).\n"
 "Returns a RunCounts: the index of the first record not handled (len(raws)\n"
 "when all were) and the counts of what was handled.\n"
 "Raises RuntimeError before configure(); TypeError or ValueError for tables\n"
@@ -636,6 +638,8 @@ FP_INTERNAL PyObject *run(PyObject *self, PyObject *args)
 		uint32_t type;
 
 		if (in_place) {
+			if ((i & (RELEASE_STRIDE - 1)) == 0)	/* the kernel gets the space of those done */
+				batch_release_to(raws, i);
 			if (batch_record(raws, i, &r, &len) < 0) {
 				rc = -1;
 				break;
@@ -661,6 +665,8 @@ FP_INTERNAL PyObject *run(PyObject *self, PyObject *args)
 		if (rc <= 0)
 			break;
 	}
+	if (in_place)
+		batch_release_to(raws, i);	/* Python copies the record at i (batch[i]) */
 	Py_XDECREF(lk.key_obj);
 	Py_XDECREF(lk.id_obj);
 	Py_XDECREF(lk.hit);

@@ -51,6 +51,7 @@ FP_INTERNAL int walk_ring(const Py_buffer *cons, const Py_buffer *data, Py_ssize
 			}
 			(*recs)[*n].p = rec + RINGBUF_HDR_SZ;
 			(*recs)[*n].len = size;
+			(*recs)[*n].ring = 0;
 			(*recs)[*n].time_ns = record_time_at(rec + RINGBUF_HDR_SZ, size);
 			(*n)++;
 		}
