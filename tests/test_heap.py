@@ -40,3 +40,40 @@ def test_trim_returns_freed_arena_pages_to_the_kernel():
     t.join()
     assert rss["released"] is True
     assert rss["before"] - rss["after"] > 32 << 20, rss
+
+
+#: Run in a fresh interpreter (a thread keeps the arena it got first): threads started after
+#: configure() allocate from the main arena, the [heap] of /proc/self/maps; without it, each gets
+#: an arena of its own, mapped elsewhere.
+_ARENA_PROBE = r"""
+import ctypes, sys, threading
+from buildidd import heap
+if sys.argv[1] == "configured":
+    assert heap.configure()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = (ctypes.c_size_t,)
+got = []
+def alloc():
+    got.append(libc.malloc(16 * 1024))
+threads = [threading.Thread(target=alloc) for _ in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+lo, hi = next([int(x, 16) for x in line.split()[0].split("-")]
+              for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]"))
+print(sum(1 for p in got if not lo <= p < hi))
+"""
+
+
+def test_worker_threads_share_the_main_arena_after_configure():
+    import subprocess
+    import sys
+
+    def outside_main_arena(mode: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", _ARENA_PROBE, mode], check=True, capture_output=True,
+                                  text=True).stdout)
+
+    assert outside_main_arena("default") > 0       # the probe can tell
+    assert outside_main_arena("configured") == 0
