@@ -134,3 +134,49 @@ def test_a_user_who_rewrites_the_file_and_puts_its_mtime_back_is_not_settled(pub
     assert (after.ino, after.size, after.mtime_ns) == (before.ino, before.size, before.mtime_ns)
     assert after.ctime_ns != before.ctime_ns
     assert not snap.settled(bid, after, str(lib))
+
+
+def test_stamped_origin_reads_the_stamp_and_origin_together_and_refuses_what_is_not_an_entry(public_tmp_factory):
+    d = public_tmp_factory()
+    store = Store(d / "store")
+    bid = store_add(store, _libm())
+    stamp, origin = store.stamped_origin(bid)
+    assert stamp == store.origin_stamp(bid) and origin == store.origin(bid)
+    link = store.linkname(bid)
+    entry = link.resolve()
+    main = store.path_of(bid)
+    os.rename(main, entry / "elf.aside")                     # no main file: not an entry
+    assert store.stamped_origin(bid) is None and not store.contains(bid)
+    os.rename(entry / "elf.aside", main)
+    target = os.readlink(link)
+    os.unlink(link)
+    os.symlink("../../../" + "x" * 8, link)                 # a link out of the store
+    assert store.stamped_origin(bid) is None and store.origin_stamp(bid) is None
+    os.unlink(link)
+    os.symlink(target, link)
+    (entry / "origin.json").write_text("not json")           # an origin that is not one
+    assert store.stamped_origin(bid) is None
+
+
+def test_stored_file_id_reads_again_once_the_entry_changed(public_tmp_factory):
+    """The htlhash settled() remembered with the origin is given only while the entry's stamp holds."""
+    from buildidd.resolve.procfs import identity_of
+
+    d = public_tmp_factory()
+    store = Store(d / "store")
+    bid = store_add(store, _libm())
+    fd = os.open(_libm(), os.O_RDONLY)
+    try:
+        ident = identity_of(fd, True)
+    finally:
+        os.close(fd)
+    snap = Snapshotter(store)
+    assert snap.settled(bid)
+    fid = store.origin(bid).file_id
+    assert fid and snap.stored_file_id(bid, ident) == fid
+    origin = store.linkname(bid).resolve() / "origin.json"
+    text = origin.read_text().replace(fid, "0" * 32)
+    tmp = origin.with_name("origin.json.new")                # a new origin, renamed into place
+    tmp.write_text(text)
+    os.rename(tmp, origin)
+    assert snap.stored_file_id(bid, ident) == "0" * 32

@@ -232,13 +232,13 @@ def files_size(directory: Path) -> int:
     return entry_usage(directory)[0]
 
 
-def main_file(directory: Path) -> Path | None:
+def main_file(directory: str | os.PathLike) -> Path | None:
     """The entry's main file in directory (the first of :data:`MAIN_FILE_NAMES` that is a regular file)."""
     for name in MAIN_FILE_NAMES:
-        candidate = directory / name
+        candidate = os.path.join(directory, name)
         try:
             if stat.S_ISREG(os.lstat(candidate).st_mode):
-                return candidate
+                return Path(candidate)
         except OSError:
             continue
     return None
@@ -282,28 +282,40 @@ class Layout:
 
     def __init__(self, root: Path):
         self.root = root
+        # The lookups of a sighting (link_target, entry_dir) work on strings: pathlib's
+        # parsing was most of what they cost.
+        self._root = os.path.normpath(root)
+        self._inside = self._root.rstrip(os.sep) + os.sep
 
     def linkname(self, bid: str) -> Path:
         """``ROOT/.build-id/xx/rest`` for a build-id, present or not (perf's ``build_id_cache__linkname``)."""
         return self.root / BUILD_ID_DIR / bid[:2] / bid[2:]
 
-    def entry_dir(self, bid: str) -> Path | None:
-        """The directory the link of bid points to, if it is a directory inside the store."""
-        link = self.linkname(bid)
+    def link_target(self, bid: str) -> tuple[str, str] | None:
+        """(the target of bid's link as read, the directory it names, normalized), when the link
+        exists and names a path inside the store other than its root; whether that is a directory
+        is not checked.  One readlink."""
+        head = os.path.join(self._root, BUILD_ID_DIR, bid[:2])
         try:
-            target = os.readlink(link)
+            target = os.readlink(os.path.join(head, bid[2:]))
         except OSError:
             return None
-        directory = Path(os.path.normpath(os.path.join(link.parent, target)))
-        root = os.path.normpath(self.root)
-        if os.path.commonpath([root, directory]) != root or directory == Path(root):
+        directory = os.path.normpath(os.path.join(head, target))
+        if not directory.startswith(self._inside):
+            return None
+        return target, directory
+
+    def entry_dir(self, bid: str) -> Path | None:
+        """The directory the link of bid points to, if it is a directory inside the store."""
+        found = self.link_target(bid)
+        if found is None:
             return None
         try:
-            if not stat.S_ISDIR(os.stat(directory).st_mode):
+            if not stat.S_ISDIR(os.stat(found[1]).st_mode):
                 return None
         except OSError:
             return None
-        return directory
+        return Path(found[1])
 
     def go_link(self, go_build_id: str) -> Path:
         """``ROOT/.go-build-id/<name>`` for a Go build ID, present or not. Raises ValueError (see go_index_name)."""

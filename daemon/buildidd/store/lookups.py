@@ -13,7 +13,7 @@ from pathlib import Path
 
 from buildidd.store.layout import DEBUG_NAME, ELF_NAME, KALLSYMS_NAME, Entry, Layout, alt_dirs, hex_build_id, \
     main_file
-from buildidd.store.origin import KEY_GNU, KEYS, ORIGIN_NAME, Origin, read_origin
+from buildidd.store.origin import KEY_GNU, KEYS, ORIGIN_NAME, Origin, read_origin, read_origin_stat
 from buildidd.store.quality import best_quality, path_quality
 
 KINDS = ("elf", "debug")
@@ -78,13 +78,33 @@ class StoreLookups:
         Raises:
             ValueError: not a build-id in hex.
         """
-        link = self._layout.linkname(hex_build_id(build_id_hex))
+        found = self._layout.link_target(hex_build_id(build_id_hex))
+        if found is None:
+            return None
         try:
-            target = os.readlink(link)
-            st = os.stat(os.path.join(link.parent, target, ORIGIN_NAME))
+            st = os.stat(os.path.join(found[1], ORIGIN_NAME))
         except OSError:
             return None
-        return target, st.st_ino, st.st_mtime_ns
+        return found[0], st.st_ino, st.st_mtime_ns
+
+    def stamped_origin(self, build_id_hex: str) -> tuple[tuple[str, int, int], Origin] | None:
+        """(:meth:`origin_stamp`, :meth:`origin`) of an entry that holds its main file (see
+        :meth:`contains`), read together: one readlink, one lstat per main file name tried, and the
+        ``origin.json`` opened once (read_origin_stat: its stamp from that descriptor, so the two
+        agree).  ``None`` without such an entry, or without an origin.
+
+        Raises:
+            ValueError: not a build-id in hex.
+        """
+        found = self._layout.link_target(hex_build_id(build_id_hex))
+        if found is None:
+            return None
+        target, directory = found
+        read = read_origin_stat(directory) if main_file(directory) is not None else None
+        if read is None:
+            return None
+        st, origin = read
+        return (target, st.st_ino, st.st_mtime_ns), origin
 
     def _candidates(self, directory: Path) -> list[tuple[Path, Origin | None]]:
         """The entry's main copy, then its alternatives, best first (trusted, then public; main before alt)."""

@@ -197,16 +197,31 @@ def origin_of_fd(fd: int, path: str) -> Origin:
 
 def read_origin(directory: Path) -> Origin | None:
     """The ``origin.json`` in directory; ``None`` when absent or unreadable (an entry perf or an older buildidd made)."""
+    found = read_origin_stat(directory)
+    return found[1] if found is not None else None
+
+
+def read_origin_stat(directory: str | os.PathLike) -> tuple[os.stat_result, Origin] | None:
+    """:func:`read_origin`, with the ``fstat`` of the file it read (its inode and mtime: the
+    entry's stamp, Store.origin_stamp, as of that content)."""
     try:
-        fd = os.open(directory / ORIGIN_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(os.path.join(directory, ORIGIN_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        st = os.fstat(fd)
         data = os.read(fd, ORIGIN_MAX_BYTES + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
+    origin = parse_origin(data)
+    return (st, origin) if origin is not None else None
+
+
+def parse_origin(data: bytes) -> Origin | None:
+    """An ``origin.json``'s bytes as an :class:`Origin`; ``None`` when larger than ORIGIN_MAX_BYTES
+    or not an origin (fields it does not know are ignored, so newer files stay readable)."""
     if len(data) > ORIGIN_MAX_BYTES:
         return None
     try:

@@ -43,7 +43,7 @@ from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_background
 from buildidd.store.counters import LogLimiter
 from buildidd.store.coverage import HELD, Coverage
-from buildidd.store.origin import KEY_GNU, origin_of_fd
+from buildidd.store.origin import KEY_GNU, Origin, origin_of_fd
 from buildidd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -146,9 +146,9 @@ class Snapshotter:
         #: another file (a user's claim first, root's file later) is queued again.
         self._seen_paths: set[tuple[str, str, int, int]] = set()
         #: build-id -> (time.monotonic() when found settled, its Store.origin_stamp, when last touched,
-        #: the file it is settled for (_file_of) or None for every one): settled() answers again from
-        #: a readlink and a stat while the stamp is the same.
-        self._settled: dict[str, tuple[float, tuple, float, tuple | None]] = {}
+        #: the file it is settled for (_file_of) or None for every one, the Origin read): settled() and
+        #: stored_file_id() answer again from a readlink and a stat while the stamp is the same.
+        self._settled: dict[str, tuple[float, tuple, float, tuple | None, Origin]] = {}
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "bulk": 0, "no_fd": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
@@ -312,20 +312,20 @@ class Snapshotter:
         and ctime: the owner and mode are the same, so its origin facts would be too).  Submit with fd
         None then only touches the entry.
 
-        Reads the store's entry (Store.contains, Store.origin) once; while its Store.origin_stamp
-        stays the same (no removal, eviction or new copy since), for SETTLED_TTL_S, the answer is
+        Reads the store's entry once (Store.stamped_origin); while its Store.origin_stamp stays the
+        same (no removal, eviction or new copy since), for SETTLED_TTL_S, the answer is
         remembered.  Any thread may ask."""
         try:
-            stamp = self.store.origin_stamp(build_id)
             known = self._settled.get(build_id)
-            if stamp is not None and known is not None and known[1] == stamp \
-                    and time.monotonic() - known[0] < SETTLED_TTL_S and known[3] in (None, _file_of(ident, path)):
+            if known is not None and time.monotonic() - known[0] < SETTLED_TTL_S \
+                    and known[3] in (None, _file_of(ident, path)) and known[1] == self.store.origin_stamp(build_id):
                 return True
-            present = self.store.origin(build_id) if self.store.contains(build_id) else None
+            found = self.store.stamped_origin(build_id)
         except (ValueError, OSError, StoreError):
             return False
-        if present is None or stamp is None:
+        if found is None:
             return False
+        stamp, present = found
         if present.trusted and not present.private:
             source = None                   # settled for every sighting
         elif present.ctime_ns and _file_of(ident, path) == (present.path, present.dev, present.ino,
@@ -335,7 +335,7 @@ class Snapshotter:
             return False
         if len(self._settled) >= SETTLED_MAX:
             self._settled.clear()
-        self._settled[build_id] = (time.monotonic(), stamp, known[2] if known else 0.0, source)
+        self._settled[build_id] = (time.monotonic(), stamp, known[2] if known else 0.0, source, present)
         return True
 
     def _touch_settled(self, build_id: str) -> None:
@@ -346,13 +346,18 @@ class Snapshotter:
             return
         self.store.touch(build_id)
         if known is not None:
-            self._settled[build_id] = (known[0], known[1], now, known[3])
+            self._settled[build_id] = (known[0], known[1], now, known[3], known[4])
 
     def stored_file_id(self, build_id: str, ident: Identity) -> str | None:
         """The htlhash (32 hex) the store recorded for build_id's main copy when that copy was made from
-        this very file (origin's dev, inode, size and mtime equal ident's), else None; any thread may ask."""
+        this very file (origin's dev, inode, size and mtime equal ident's), else None; any thread may ask.
+        A settled entry's origin is the one settled() read, while its stamp is the same."""
         try:
-            o = self.store.origin(build_id)
+            known = self._settled.get(build_id)
+            if known is not None and known[1] == self.store.origin_stamp(build_id):
+                o = known[4]
+            else:
+                o = self.store.origin(build_id)
         except (ValueError, OSError, StoreError):
             return None
         if o is None or not o.file_id or (o.dev, o.ino, o.size_bytes, o.mtime_ns) != (
