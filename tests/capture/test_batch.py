@@ -110,17 +110,24 @@ def test_bad_rings_are_refused_and_nothing_is_consumed():
         _fastpath.take([ring.view()])
 
 
-def _rings_out_of_order(n: int, size: int = 1 << 17) -> tuple[list[MemRing], dict[int, tuple[int, int]]]:
-    """Two rings holding n records whose times fall back now and then within a ring (a program
+def _rings_out_of_order(n: int, size: int = 1 << 17, at: int = 0) -> tuple[list[MemRing], dict[int, tuple[int, int]]]:
+    """Two rings holding n records from position at (near the end of the area: the batch wraps),
+    some discarded ones between them, whose times fall back now and then within a ring (a program
     preempted between its clock read and its reserve), so the merge orders some of a ring's
     records before earlier ones of the same ring.  Returns the rings and tag -> (ring, position)."""
     rng = random.Random(n)
     rings = [MemRing(size), MemRing(size)]
+    for r in rings:
+        r.prod = at
+        struct.pack_into("<Q", r.cons, 0, at)
+        struct.pack_into("<Q", r.data, 0, at)
     where: dict[int, tuple[int, int]] = {}
     t = [10_000, 10_000]
     for tag in range(n):
         k = rng.randrange(2)
         t[k] += rng.choice((1, 2, 3)) if rng.random() > 0.05 else -rng.randrange(50)
+        if rng.random() < 0.03:
+            rings[k].put(b"\0" * 40, DISCARD_BIT)
         where[tag] = (k, rings[k].put(_rec(t[k], tag)))
     return rings, where
 
@@ -129,9 +136,10 @@ def _tag(record: bytes) -> int:
     return struct.unpack_from("<I", record, 24)[0]
 
 
-def test_release_to_gives_back_only_the_space_no_later_record_needs():
+@pytest.mark.parametrize("at", [0, (1 << 17) - 40_000, (5 << 17) - 4000, (1 << 40) + 123 * 8])
+def test_release_to_gives_back_only_the_space_no_later_record_needs(at):
     n, stride = 3000, 1024
-    rings, where = _rings_out_of_order(n)
+    rings, where = _rings_out_of_order(n, at=at)
     batch = _fastpath.take(tuple(r.view() for r in rings))
     copies = list(batch)
     tags = [_tag(r) for r in copies]
@@ -139,12 +147,12 @@ def test_release_to_gives_back_only_the_space_no_later_record_needs():
     for k in (0, 1):                    # the merge put some of a ring's records before earlier ones
         in_merge = [where[g][1] for g in tags if where[g][0] == k]
         assert in_merge != sorted(in_merge)
-    for i in (0, 500, 1024, 1500, 2048, 2999, n):
+    for i in (0, 500, 1023, 1024, 1500, 2047, 2048, 2999, n, n + 2000):
         batch.release_to(i)
         q = min(i, n) // stride * stride
         for k, ring in enumerate(rings):
             needed = [where[g][1] for g in tags[q:] if where[g][0] == k]
-            assert ring.consumer() == (min(needed) if needed else ends[k])
+            assert ring.consumer() == (at if q == 0 else min(needed) if needed else ends[k])
         # The kernel may now reuse what was given back: fill it, and the records still to be
         # recorded must be intact.
         for ring in rings:
@@ -156,6 +164,38 @@ def test_release_to_gives_back_only_the_space_no_later_record_needs():
         assert [batch[j] for j in range(q, n)] == copies[q:]
     batch.release()
     assert [r.consumer() for r in rings] == ends
+
+
+def test_a_ring_with_few_records_keeps_the_lowest_one_still_needed():
+    """Ring 1's first record in ring order comes late in the merge, its second early: the
+    checkpoints hold the lowest position from each on, not the span's own."""
+    r0, r1 = MemRing(1 << 18), MemRing(1 << 18)
+    for j in range(3000):
+        r0.put(_rec(100 + j, j))
+    late = r1.put(_rec(100 + 2500, 90_000))        # merged into the third span
+    r1.put(_rec(100 + 1500, 90_001))                # merged into the second
+    batch = _fastpath.take((r0.view(), r1.view()))
+    for i in (1024, 2048):
+        batch.release_to(i)
+        assert r1.consumer() == late
+    batch.release()
+    assert r1.consumer() == r1.prod
+
+
+@pytest.mark.parametrize("n", [1024, 2048])
+def test_a_busy_record_ends_what_a_whole_batch_gives_back(n):
+    rings = [MemRing(1 << 17), MemRing(1 << 17)]
+    for j in range(n):
+        rings[j % 2].put(_rec(1000 + j, j))
+    busy_at = rings[0].put(_rec(1, 99_999), BUSY_BIT)
+    rings[0].put(_rec(1, 99_998))
+    batch = _fastpath.take(tuple(r.view() for r in rings))
+    assert len(batch) == n
+    batch.release_to(n)
+    assert [r.consumer() for r in rings] == [busy_at, rings[1].prod]
+    batch.release()
+    batch.release_to(n)                 # a released batch: nothing
+    assert rings[0].consumer() == busy_at
 
 
 def test_a_small_batch_holds_its_space_until_release():
@@ -196,3 +236,28 @@ def test_run_gives_the_kernel_space_back_as_it_goes():
     assert ring.consumer() == positions[4096]    # run() ends at the last checkpoint; release() does the rest
     batch.release()
     assert ring.consumer() == ring.prod
+
+
+def test_run_keeps_the_record_it_stops_at():
+    """run() stops at record 1023 (a type it does not know), just before a checkpoint: its space is
+    not given back, since Python copies it next (batch[1023])."""
+    from buildidd.capture.tables import Tables
+    from buildidd.kernel.events import EventType, TaskEvent
+    from buildidd.memo import Memo
+
+    ring = MemRing(1 << 19)
+    positions = []
+    for i in range(3000):
+        ev = TaskEvent()
+        ev.hdr.type, ev.hdr.pid, ev.hdr.tid, ev.hdr.time_ns = EventType.FORK, 7, 7, 1000 + i
+        if i == 1023:
+            ev.hdr.type = 0xDEAD
+        positions.append(ring.put(bytes(ev)))
+    t = Tables(missing={}, comm_json=Memo("comm", 64, lambda raw: b'"c"'),
+               filename_json=Memo("filename", 16, lambda raw: b'"f"'), origins=(b"mmap",))
+    batch = _fastpath.take((ring.view(),))
+    assert _fastpath.run(batch, 0, t).next == 1023
+    assert ring.consumer() == 0
+    assert _fastpath.run(batch, 1024, t).next == 3000
+    assert ring.consumer() == positions[2048]
+    batch.release()

@@ -142,7 +142,7 @@ FP_INTERNAL void batch_release_to(PyObject *obj, Py_ssize_t i)
 FP_INTERNAL const char take_doc[] =
 "take(rings) -> Batch\n\n"
 "Every complete record now in the BPF ring buffers, in place and ordered by\n"
-"event_header.time_ns (stably: one ring's records keep their order), as\n"
+"event_header.time_ns (stably: records of equal times keep their ring's order), as\n"
 "read_ring() and sort_by_time() would give them but without a copy.\n"
 "rings: a tuple of (cons, data, page, mask) per ring, read_ring()'s arguments.\n"
 "The Batch is a sequence: len(batch), batch[i] (a copy of record i, bytes);\n"
@@ -198,9 +198,8 @@ FP_INTERNAL PyObject *take(PyObject *self, PyObject *arg)
 		b->nrings = k + 1;
 		if (ring_layout_check(&v->cons, &v->data, page, mask) < 0)
 			goto fail;
-		start = __atomic_load_n((const uint64_t *)v->cons.buf, __ATOMIC_RELAXED);
 		first = b->n;
-		if (walk_ring(&v->cons, &v->data, page, mask, &b->recs, &b->n, &cap, &v->end) < 0)
+		if (walk_ring(&v->cons, &v->data, page, mask, &b->recs, &b->n, &cap, &start, &v->end) < 0)
 			goto fail;
 		for (Py_ssize_t j = first; j < b->n; j++)
 			b->recs[j].ring = (uint32_t)k;

@@ -215,10 +215,11 @@ FP_INTERNAL int ring_layout_check(const Py_buffer *cons, const Py_buffer *data, 
  * *recs (n used, cap allocated; grown as needed), stopping at one still being
  * written (BUSY), discarded ones skipped.  *end: the position after the last
  * record walked (at a bad record when it fails).  Stores nothing.  0, or -1
- * with an error set (a record larger than the ring, no memory).
+ * with an error set (a record larger than the ring, no memory).  *begin: the
+ * consumer_pos the walk started from (read once, here).
  */
 FP_INTERNAL int walk_ring(const Py_buffer *cons, const Py_buffer *data, Py_ssize_t page, uint64_t mask,
-			  struct timed **recs, Py_ssize_t *n, Py_ssize_t *cap, uint64_t *end);
+			  struct timed **recs, Py_ssize_t *n, Py_ssize_t *cap, uint64_t *begin, uint64_t *end);
 
 /*
  * Stable natural merge of v[0..n) by time_ns into v or tmp (rings.c); returns

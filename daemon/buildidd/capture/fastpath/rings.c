@@ -15,7 +15,7 @@ FP_INTERNAL int ring_layout_check(const Py_buffer *cons, const Py_buffer *data, 
 }
 
 FP_INTERNAL int walk_ring(const Py_buffer *cons, const Py_buffer *data, Py_ssize_t page, uint64_t mask,
-			  struct timed **recs, Py_ssize_t *n, Py_ssize_t *cap, uint64_t *end)
+			  struct timed **recs, Py_ssize_t *n, Py_ssize_t *cap, uint64_t *begin, uint64_t *end)
 {
 	const uint64_t *prod_pos = (const uint64_t *)data->buf;
 	const char *area = (const char *)data->buf + page;
@@ -23,6 +23,7 @@ FP_INTERNAL int walk_ring(const Py_buffer *cons, const Py_buffer *data, Py_ssize
 	uint64_t p = __atomic_load_n(prod_pos, __ATOMIC_ACQUIRE);
 	int rc = 0;
 
+	*begin = c;
 	while (c < p) {
 		const char *rec = area + (c & mask);
 		uint32_t len = __atomic_load_n((const uint32_t *)rec, __ATOMIC_ACQUIRE), size;
@@ -96,12 +97,12 @@ FP_INTERNAL PyObject *read_ring(PyObject *self, PyObject *args)
 	if (ring_layout_check(&cons, &data, page, mask) < 0)
 		goto out;
 	{
-		uint64_t start = __atomic_load_n((const uint64_t *)cons.buf, __ATOMIC_RELAXED), end;
+		uint64_t start, end;
 		struct timed *recs = NULL;
 		Py_ssize_t nrecs = 0, cap = 0;
 		PyObject *et, *ev, *tb;
 
-		walk_ring(&cons, &data, page, mask, &recs, &nrecs, &cap, &end);
+		walk_ring(&cons, &data, page, mask, &recs, &nrecs, &cap, &start, &end);
 		PyErr_Fetch(&et, &ev, &tb);	/* a bad record: those before it still come, then it raises */
 		for (; n < nrecs; n++) {
 			PyObject *b = PyBytes_FromStringAndSize(recs[n].p, recs[n].len);
@@ -329,7 +330,7 @@ FP_INTERNAL struct timed *merge_runs(struct timed *v, struct timed *tmp, Py_ssiz
 FP_INTERNAL const char sort_by_time_doc[] =
 "sort_by_time(records) -> None\n\n"
 "Sort a list of raw records (bytes) in place by event_header.time_ns (ns since\n"
-"boot), stably: records of one ring keep their order.  Raises TypeError for an\n"
+"boot), stably: records of equal times keep their order.  Raises TypeError for an\n"
 "item that is not bytes.";
 
 FP_INTERNAL PyObject *sort_by_time(PyObject *self, PyObject *arg)
