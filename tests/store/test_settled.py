@@ -180,3 +180,23 @@ def test_stored_file_id_reads_again_once_the_entry_changed(public_tmp_factory):
     tmp.write_text(text)
     os.rename(tmp, origin)
     assert snap.stored_file_id(bid, ident) == "0" * 32
+
+
+def test_a_settled_sighting_without_a_file_is_done_at_submit(public_tmp_factory):
+    """No worker runs here: a settled sighting is counted, touched and held at submit, queueing
+    nothing; one that is not settled waits in the queue for the worker."""
+    d = public_tmp_factory()
+    store = Store(d / "store")
+    bid = store_add(store, _libm())
+    entry = store.linkname(bid).resolve()
+    os.utime(entry, (1, 1))
+    snap = Snapshotter(store)
+    snap.submit(bid, str(_libm()), None, None)
+    assert snap.stats["already_present"] == 1 and not snap._heap
+    assert snap.coverage.state(bid) == "held"
+    assert entry.stat().st_mtime > 1                         # touched
+    snap.submit(bid, str(_libm()), None, None)                # seen: nothing more
+    assert snap.stats["already_present"] == 1
+    other = "ab" * 20                                        # not in the store: queued
+    snap.submit(other, "/usr/lib/x86_64-linux-gnu/libnothere.so", None, None)
+    assert len(snap._heap) == 1 and snap.stats["already_present"] == 1

@@ -168,6 +168,9 @@ class Snapshotter:
         user's file claimed first (the worker skips it when the stored copy is
         trusted and public already).
 
+        A sighting without fd that is settled (:meth:`settled`) is done at once: counted, its entry
+        touched when due, the ledger told it is held; nothing is queued.
+
         Args:
             build_id: lower-case hex.
             path: the mapping's path (the store's origin facts come from it).
@@ -181,6 +184,15 @@ class Snapshotter:
         """
         seen = (build_id, path, ident.dev if ident else 0, ident.ino if ident else 0)
         if seen in self._seen_paths:
+            return
+        if fd is None and self.settled(build_id, ident, path):
+            # Nothing to copy: the sighting is done here, on the caller's thread, without a trip
+            # through the queue and a wake-up of the worker for a touch.
+            with self._cv:
+                self._note_seen(build_id, seen)
+                self.stats["already_present"] += 1
+            self._touch_settled(build_id)
+            self.coverage.outcome(build_id, HELD, path)
             return
         if not path.startswith("/") or path.endswith(" (deleted)"):
             priority = HandOver.AT_RISK
@@ -207,11 +219,7 @@ class Snapshotter:
                     dup = None
             if fd is not None and dup is None:
                 self.stats["no_fd"] += 1
-            if len(self._seen_paths) < self.max_seen:
-                self._seen.add(build_id)
-                self._seen_paths.add(seen)
-            else:
-                self.stats["seen_full"] += 1
+            self._note_seen(build_id, seen)
             if priority == HandOver.AT_RISK:
                 self.stats["urgent"] += 1
             elif priority == HandOver.BULK:
@@ -337,6 +345,15 @@ class Snapshotter:
             self._settled.clear()
         self._settled[build_id] = (time.monotonic(), stamp, known[2] if known else 0.0, source, present)
         return True
+
+    def _note_seen(self, build_id: str, seen: tuple[str, str, int, int]) -> None:
+        """Remember a submitted sighting (under _cv): it is not queued again, and the housekeeping
+        keeps its build-id; beyond max_seen, counted only."""
+        if len(self._seen_paths) < self.max_seen:
+            self._seen.add(build_id)
+            self._seen_paths.add(seen)
+        else:
+            self.stats["seen_full"] += 1
 
     def _touch_settled(self, build_id: str) -> None:
         """Store.touch a settled entry (its recency for the quota), at most once per SETTLED_TTL_S."""
