@@ -133,6 +133,8 @@ class Result:
             "kernel_only_over_perf": self.paired("kern_s"), "kernel_only_losses": self.kern_losses,
             "against_over_perf": self.paired("against_s"), "against_losses": self.against_losses,
             "against_cpu_us_per_event": med(self.against_cpu_us_per_event),
+            "cpu_us_per_event_reps": {"buildidd": self.bidd_cpu_us_per_event,
+                                      "against": self.against_cpu_us_per_event},
             "zstd_us_per_event": med(self.bidd_zstd_us_per_event),
             "cpu_us_per_event": {"buildidd": med(self.bidd_cpu_us_per_event), "perf": med(self.perf_cpu_us_per_event)},
             "buildidd_cpu_us_per_1000_events": (med(self.bidd_cpu_us_per_event) or 0) * 1000,
@@ -660,7 +662,7 @@ def main(argv=None) -> int:
         if "dlopen-cold" in want:
             results.append(run_scenario("dlopen storm, cold store",
                                         [str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"},
-                                        args.reps, workdir, store=None))
+                                        args.reps, workdir, store=None, against=args.against))
         if "procs" in want:
             results.append(many_processes(args.procs, w, workdir, max(1, min(args.reps, 3)), store))
         rates = parse_ramp(args.ramp)

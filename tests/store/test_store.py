@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ from buildidd.resolve.host import kernel_build_id
 from buildidd.resolve.procfs import identity_of
 from buildidd.sessionlog import SessionWriter, enforce_retention, session_build_ids
 from buildidd.store import COPY_CHUNK_BYTES, KALLSYMS_DSO, Store, sdt_probe_cache
+from buildidd.store.debuginfo import lacks_section
+from buildidd.store.sdt import probes_text
 
 from conftest import gcc, need, readelf_build_id
 
@@ -244,6 +247,32 @@ def test_sdt_probe_cache_without_notes_is_empty(tmp_path):
     junk.write_bytes(b"\x7fELF" + b"\xff" * 100)
     with open(junk, "rb") as f:
         assert sdt_probe_cache(f, str(junk)) == b""
+
+
+def test_probes_text_skips_pyelftools_only_where_it_would_find_nothing(tmp_path):
+    """probes_text answers b"" without pyelftools when the section table has no .note.stapsdt; on real
+    files with and without probes, and on files whose table cannot be read whole, it answers as
+    sdt_probe_cache does."""
+    plain, sdt = build(tmp_path, "plain"), build_sdt(tmp_path)
+    files = [plain, sdt, *map(Path, _system_files_with_sdt_or_debug())]
+    data = bytearray(plain.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    str_size, = struct.unpack_from("<Q", data, shoff + shstrndx * shentsize + 0x20)
+    struct.pack_into("<I", data, shoff + (shnum - 1) * shentsize, str_size + 5)  # a name out of the table
+    unreadable = tmp_path / "unreadable-name"
+    unreadable.write_bytes(bytes(data))
+    files.append(unreadable)
+    for path in files:
+        with open(path, "rb") as f:
+            assert probes_text(path, str(path)) == sdt_probe_cache(f, str(path)), path
+            if path == sdt:
+                assert not lacks_section(f.fileno(), b".note.stapsdt")
+            if path == plain:
+                assert lacks_section(f.fileno(), b".note.stapsdt")
+            if path == unreadable:
+                assert not lacks_section(f.fileno(), b".note.stapsdt")   # in doubt: pyelftools decides
+    assert probes_text(sdt, str(sdt)).startswith(b"%sdt_bidd:regs=regs\n")
 
 
 # -- debuginfo ---------------------------------------------------------------------

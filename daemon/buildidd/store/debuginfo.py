@@ -60,12 +60,27 @@ def section_names(fd: int) -> frozenset[bytes]:
     return frozenset(name for name, _off, _size in found[1]) if found else frozenset()
 
 
-def sections(fd: int) -> tuple[str, list[tuple[bytes, int, int]]] | None:
+def lacks_section(fd: int, name: bytes) -> bool:
+    """Whether the ELF file on fd surely has no section called name: its whole section header table
+    and every section's name could be read (:func:`sections` with ``complete``), and none is name.
+
+    False when in doubt (not ELF, malformed, beyond the bounds, a name that cannot be read): a caller
+    that skips a costlier parser on True never skips one that could have found the section.
+
+    Raises:
+        OSError: reading failed.
+    """
+    found = sections(fd, complete=True)
+    return found is not None and all(sname != name for sname, _off, _size in found[1])
+
+
+def sections(fd: int, *, complete: bool = False) -> tuple[str, list[tuple[bytes, int, int]]] | None:
     """(byte order for struct, [(name, sh_offset, sh_size)]) of the ELF file on fd; None when it is
     not ELF or its section headers are malformed or out of bounds.
 
     Bounded: at most :data:`_MAX_SHDRS` headers and 1 MiB of section names are read
-    (positioned reads).
+    (positioned reads).  A section whose name cannot be read (out of the names read, or not
+    NUL-terminated in them) is left out, or with complete, makes the answer None.
 
     Raises:
         OSError: reading failed.
@@ -100,6 +115,8 @@ def sections(fd: int) -> tuple[str, list[tuple[bytes, int, int]]] | None:
         if end >= 0:
             off, sz = struct.unpack_from(where, table, i * shentsize + at)
             out.append((names[name_off:end], off, sz))
+        elif complete:
+            return None
     return order, out
 
 

@@ -140,7 +140,8 @@ class FileEntries:
         self.installer.makedirs(unit, done, dir_mode(origin))
         elf = unit / ELF_NAME
         reflinked, elf_bytes = self.installer.install_copy(
-            CopyRequest(req.fd, before, elf, req.bid, what=req.path, identity=req.identity, key=req.key), done)
+            CopyRequest(req.fd, before, elf, req.bid, what=req.path, identity=req.identity, key=req.key), done,
+            sync_dir=False)
         origin = self._described(origin, elf, origin.sha256)
         total = elf_bytes + self.installer.install_bytes(unit / ORIGIN_NAME, origin.to_json(), FILE_MODE, done,
                                                          sync_dir=False)

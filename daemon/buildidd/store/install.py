@@ -275,8 +275,11 @@ class Installer(DataCopier):
                 self.tally.count("copy_errors")
                 raise StoreError(f"{directory}: cannot set its mode: {e.strerror}") from e
 
-    def install_copy(self, req: CopyRequest, done: Installed) -> tuple[bool, int]:
+    def install_copy(self, req: CopyRequest, done: Installed, *, sync_dir: bool = True) -> tuple[bool, int]:
         """Copy req.src_fd to req.final through a temporary file, verified; (reflinked, bytes).
+
+        sync_dir=False: the directory is not fsync-ed after the rename (the caller does it once for
+        the entry's files, before anything links to them).
 
         Raises:
             StoreError: verify failure, the source changed, or an OS error.
@@ -309,7 +312,8 @@ class Installer(DataCopier):
             try:
                 os.rename(temp, final)
                 done.files.append(final)
-                fsync_dir(final.parent)
+                if sync_dir:
+                    fsync_dir(final.parent)
             except OSError as e:
                 self.tally.count("copy_errors")
                 raise StoreError(f"{final}: cannot rename into place: {e.strerror}") from e

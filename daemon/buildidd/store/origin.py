@@ -34,7 +34,8 @@ import json
 import os
 import stat
 import time
-from dataclasses import asdict, dataclass
+import dataclasses
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 ORIGIN_NAME = "origin.json"
@@ -111,10 +112,13 @@ class Origin:
         return (0 if self.trusted else 2) + (1 if self.private else 0)
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode() + b"\n"
+        """The ``origin.json`` text: every field, keys sorted, one line.  The fields are scalars, so a
+        shallow dict gives what ``dataclasses.asdict`` (a deep copy per call) would."""
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True).encode() + b"\n"
 
     def replace(self, **changes) -> Origin:
-        return Origin(**{**asdict(self), **changes})
+        """A copy with changes (field names; TypeError for another name)."""
+        return dataclasses.replace(self, **changes)
 
 
 def under_system_dir(path: str) -> bool:

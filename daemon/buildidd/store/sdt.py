@@ -18,10 +18,12 @@ from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.elffile import ELFFile
 
 from buildidd.errors import StoreError
+from buildidd.store.debuginfo import lacks_section
 
 _SDT_SECTION_MAX_BYTES = 16 << 20
 """A .note.stapsdt longer than this is not scanned (the probes file stays empty)."""
 
+_SDT_SECTION = b".note.stapsdt"
 _SDT_NOTE_NAME = b"stapsdt\0"
 _SDT_NOTE_TYPE = 3
 _SHF_ALLOC = 0x2
@@ -119,7 +121,7 @@ def _first_section(elf: ELFFile, name: str):
 
 def _sdt_notes(f) -> list[_SdtNote]:
     elf = ELFFile(f)
-    section = _first_section(elf, ".note.stapsdt")
+    section = _first_section(elf, _SDT_SECTION.decode())
     if section is None or section["sh_type"] != "SHT_NOTE" or section["sh_flags"] & _SHF_ALLOC:
         raise _NoSdt
     if section["sh_size"] > _SDT_SECTION_MAX_BYTES:
@@ -238,11 +240,17 @@ def _x86_sdt_op(op: bytes) -> bytes | None:
 def probes_text(elf: Path, path: str) -> bytes:
     """The ``probes`` file's contents for the stored copy elf of the file named path (see :func:`sdt_probe_cache`).
 
+    Most files have no ``.note.stapsdt``: when the bounded section reader shows the whole section
+    table without one (debuginfo.lacks_section), the answer is ``b""`` without pyelftools, whose
+    parse of the headers costs more than the rest of a small file's copy.
+
     Raises:
         StoreError: elf cannot be opened or read.
     """
     try:
         with open(elf, "rb") as f:
+            if lacks_section(f.fileno(), _SDT_SECTION):
+                return b""
             return sdt_probe_cache(f, path)
     except OSError as e:
         raise StoreError(f"{elf}: cannot read for its SDT notes: {e.strerror}") from e
