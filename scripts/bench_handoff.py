@@ -67,7 +67,7 @@ def _steps(rec: Recorder, raws: list[bytes], batch: int) -> float:
         t0 = time.perf_counter()
         rec.step()
         took += time.perf_counter() - t0
-        del rec.tables.out[:]
+        rec.tables.out.clear()
     return took
 
 

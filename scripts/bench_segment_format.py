@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""What a mapping costs the session log: its JSON line (as segments hold them) against its raw record.
+
+Measures the two formats on the same mapping records of one known file (the mmap storm's
+common record: the C fast path's), each step of the path a mapping takes after the rings:
+
+- **json**: the line formatted by the fast path (a Recorder driven without BPF, as
+  scripts/bench_handoff.py does), written to a file, compressed at the daemon's zstd level;
+- **raw**: the ring record as the BPF side wrote it (bpf/events.h's struct map_event, its path
+  included), joined, written and compressed alike: what a binary segment formatted as JSON
+  when read would cost the recording side.
+
+Prints ns per mapping of each step and bytes per mapping before and after compression, beside
+perf's figures from scripts/bench, to say how far each format can go.  A loop on a hot cache:
+the daemon pays more per step (threads woken, memory left idle), the same for both formats.
+
+    .venv/bin/python scripts/bench_segment_format.py [--events 200000] [--batch 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zstandard
+
+from buildidd.capture.recorder import Recorder
+from buildidd.config import Config
+from buildidd.kernel.events import MapEvent
+from buildidd.resolve.procfs import identity_of
+from buildidd.sessionlog.compress import compressor
+from buildidd.sessionlog.segments import ZSTD_LEVEL
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_handoff import _Feed, _map_raw  # noqa: E402  (the recorder's stand-in tracer and records)
+
+#: map_event.start's offset (bpf/events.h, through its ctypes mirror)
+_START = MapEvent.start.offset
+
+
+def _records(path: bytes, ident, n: int) -> list[bytes]:
+    """n mappings of one file by one process, at page-aligned addresses and rising times, as an
+    mmap storm makes them (the addresses and times are what changes from record to record)."""
+    rng = random.Random(1)
+    out = []
+    t = 10**12
+    for _ in range(n):
+        t += rng.randrange(2000, 6000)
+        raw = bytearray(_map_raw(ident, path, 4242, t))
+        start = 0x7F0000000000 + rng.randrange(1 << 28) * 4096
+        raw[_START:_START + 8] = start.to_bytes(8, "little")
+        out.append(bytes(raw))
+    return out
+
+
+def _write_and_compress(blocks: list[bytes], directory: str) -> tuple[float, float, int]:
+    """(seconds writing the blocks to a new file, seconds compressing them as one frame, compressed bytes)."""
+    fd, name = tempfile.mkstemp(dir=directory)
+    try:
+        t0 = time.thread_time()
+        for b in blocks:
+            os.write(fd, b)
+        write_s = time.thread_time() - t0
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    obj = compressor(ZSTD_LEVEL).compressobj()
+    t0 = time.thread_time()
+    size = sum(len(obj.compress(b)) for b in blocks) + len(obj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
+    return write_s, time.thread_time() - t0, size
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--batch", type=int, default=2000, help="records per step")
+    ap.add_argument("--dir", default="/var/tmp", help="where the segments are written (a disk, not tmpfs)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-segfmt-") as tmp:
+        lib = Path(tmp) / "libbench.so"
+        src = Path(tmp) / "lib.c"
+        src.write_text("int f(void) { return 1; }\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id=sha1", "-o", str(lib), str(src)], check=True)
+        fd = os.open(lib, os.O_RDONLY)
+        ident = identity_of(fd)
+        os.close(fd)
+        raws = _records(str(lib).encode(), ident, args.events)
+        rec = Recorder(Config(session_root=str(Path(tmp) / "s"), store_root=""))
+        rec.tracer = rec.rings = _Feed()
+        rec.recovery.next_check = float("inf")
+        rec.tracer.rings.feed(raws[:1])          # the first sighting: resolved, then known
+        rec.step()
+        rec.tables.out.clear()
+        json_blocks, raw_blocks = [], []
+        fmt_json = fmt_raw = 0.0
+        for k in range(1, len(raws), args.batch):
+            part = raws[k:k + args.batch]
+            rec.tracer.rings.feed(part)
+            t0 = time.thread_time()
+            rec.step()
+            block = bytes(rec.tables.out)
+            fmt_json += time.thread_time() - t0
+            rec.tables.out.clear()
+            json_blocks.append(block)
+            t0 = time.thread_time()
+            raw_blocks.append(b"".join(part))
+            fmt_raw += time.thread_time() - t0
+        assert rec.stats.events.get("mmap", 0) == len(raws), rec.stats.events
+        n = len(raws) - 1
+        rows = []
+        for name, fmt, blocks in (("json", fmt_json, json_blocks), ("raw", fmt_raw, raw_blocks)):
+            write_s, zstd_s, packed = _write_and_compress(blocks, args.dir)
+            size = sum(len(b) for b in blocks)
+            rows.append((name, fmt / n * 1e9, write_s / n * 1e9, zstd_s / n * 1e9, size / n, packed / n))
+    print(f"{n} mappings of one known file, {args.batch} a step; zstd level {ZSTD_LEVEL}; written under {args.dir}")
+    print(f"{'format':<6} {'record ns':>10} {'write ns':>9} {'zstd ns':>8} {'total ns':>9} "
+          f"{'bytes':>6} {'zstd bytes':>10}")
+    for name, f, w, z, size, packed in rows:
+        print(f"{name:<6} {f:>10.0f} {w:>9.0f} {z:>8.0f} {f + w + z:>9.0f} {size:>6.0f} {packed:>10.1f}")
+    j, r = rows
+    print(f"raw / json: {(r[1] + r[2] + r[3]) / (j[1] + j[2] + j[3]):.2f} of the ns, {r[4] / j[4]:.2f} of the bytes "
+          f"written ('record ns' for json is the whole step, ring read included; for raw only the join)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
