@@ -200,3 +200,22 @@ def test_a_settled_sighting_without_a_file_is_done_at_submit(public_tmp_factory)
     other = "ab" * 20                                        # not in the store: queued
     snap.submit(other, "/usr/lib/x86_64-linux-gnu/libnothere.so", None, None)
     assert len(snap._heap) == 1 and snap.stats["already_present"] == 1
+
+
+def test_an_entry_evicted_before_its_touch_is_counted_failed(public_tmp_factory):
+    """The entry goes (a quota eviction) between settled() and the touch: the sighting is counted
+    failed and named so in the ledger, not counted present."""
+    d = public_tmp_factory()
+    store = Store(d / "store")
+    bid = store_add(store, _libm())
+    snap = Snapshotter(store)
+    touch = snap._touch_settled
+
+    def evicted_first(build_id):
+        store.remove(build_id)
+        touch(build_id)
+
+    snap._touch_settled = evicted_first
+    snap.submit(bid, str(_libm()), None, None)
+    assert snap.stats["failed"] == 1 and snap.stats["already_present"] == 0
+    assert snap.coverage.state(bid) == "failed" and bid in (snap.last_error or "")

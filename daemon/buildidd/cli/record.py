@@ -51,6 +51,7 @@ def cmd_record(args) -> int:
         raise UsageError("record: give the command after --: buildidd record -- make -j8")
     cfg = config_from_args(args)
     require_recording_privileges("record")
+    heap.configure()       # before any worker thread allocates
     from buildidd.capture.recorder import Recorder
     rec = Recorder(cfg, session_dir=args.session_dir, follow=True)
     rec.start()

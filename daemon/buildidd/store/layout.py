@@ -301,7 +301,7 @@ class Layout:
         except OSError:
             return None
         directory = os.path.normpath(os.path.join(head, target))
-        if not directory.startswith(self._inside):
+        if not directory.startswith(self._inside) or directory == self._root:
             return None
         return target, directory
 

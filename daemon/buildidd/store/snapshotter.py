@@ -190,9 +190,7 @@ class Snapshotter:
             # through the queue and a wake-up of the worker for a touch.
             with self._cv:
                 self._note_seen(build_id, seen)
-                self.stats["already_present"] += 1
-            self._touch_settled(build_id)
-            self.coverage.outcome(build_id, HELD, path)
+            self._held_settled(build_id, path)
             return
         if not path.startswith("/") or path.endswith(" (deleted)"):
             priority = HandOver.AT_RISK
@@ -355,6 +353,22 @@ class Snapshotter:
         else:
             self.stats["seen_full"] += 1
 
+    def _held_settled(self, build_id: str, path: str) -> None:
+        """A settled sighting (any thread): its entry touched when due, counted ``already_present``,
+        held in the ledger; a touch that fails (the entry evicted since) is counted ``failed``."""
+        try:
+            self._touch_settled(build_id)
+        except (StoreError, ValueError) as e:
+            with self._cv:
+                self.stats["failed"] += 1
+            self.last_error = str(e)
+            self.coverage.outcome(build_id, "failed", path)
+            self.lines.log("failed", logging.WARNING, "touch of %s (%s) failed: %s", path, build_id, e)
+            return
+        with self._cv:
+            self.stats["already_present"] += 1
+        self.coverage.outcome(build_id, HELD, path)
+
     def _touch_settled(self, build_id: str) -> None:
         """Store.touch a settled entry (its recency for the quota), at most once per SETTLED_TTL_S."""
         known = self._settled.get(build_id)
@@ -385,9 +399,7 @@ class Snapshotter:
     def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None, key: str = KEY_GNU) -> None:
         try:
             if self.settled(build_id, ident, path):
-                self._touch_settled(build_id)    # nothing another file could improve
-                self.stats["already_present"] += 1
-                self.coverage.outcome(build_id, HELD, path)
+                self._held_settled(build_id, path)    # nothing another file could improve
                 return
             if fd is None:
                 fd = self._open_by_path(path, ident)
