@@ -16,6 +16,17 @@ def _libm() -> Path:
                     if "/libm.so" in line and line.split()[-1].startswith("/usr/"))
 
 
+
+def _identity(path: Path):
+    """The identity (dev, inode, size, mtime, ctime, generation) of the file at path, as a mapping gives it."""
+    from buildidd.resolve.procfs import identity_of
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return identity_of(fd, True)
+    finally:
+        os.close(fd)
+
 def test_a_remembered_answer_follows_removal_and_an_untrusted_copy(public_tmp_factory):
     d = public_tmp_factory()
     store = Store(d / "store")
@@ -23,7 +34,7 @@ def test_a_remembered_answer_follows_removal_and_an_untrusted_copy(public_tmp_fa
     snap = Snapshotter(store)
     assert snap.settled(bid) and snap.settled(bid)          # the second from memory
     stamp = store.origin_stamp(bid)
-    assert stamp is not None and snap._settled[bid][1] == stamp
+    assert stamp is not None and snap._settled[bid].stamp == stamp
     store.remove(bid)                                        # an eviction
     assert store.origin_stamp(bid) is None and not snap.settled(bid)
     copy = d / "libm-copy.so"                                # the same bytes where any user could have put them
@@ -49,8 +60,6 @@ def test_a_settled_entry_is_touched_once_per_period(public_tmp_factory):
 
 
 def test_an_untrusted_copy_is_settled_for_its_own_unchanged_file_only(public_tmp_factory):
-    from buildidd.resolve.procfs import identity_of
-
     d = public_tmp_factory()
     store = Store(d / "store")
     lib = d / "libuser.so"                                   # where any user could have put it: untrusted
@@ -59,19 +68,12 @@ def test_an_untrusted_copy_is_settled_for_its_own_unchanged_file_only(public_tmp
     bid = store_add(store, lib)
     assert not store.origin(bid).trusted
 
-    def ident():
-        fd = os.open(lib, os.O_RDONLY)
-        try:
-            return identity_of(fd)
-        finally:
-            os.close(fd)
-
     snap = Snapshotter(store)
     assert not snap.settled(bid)                             # not for any file
-    assert snap.settled(bid, ident(), str(lib)) and snap.settled(bid, ident(), str(lib))
-    assert not snap.settled(bid, ident(), str(d / "elsewhere.so"))     # another path: its facts may differ
+    assert snap.settled(bid, _identity(lib), str(lib)) and snap.settled(bid, _identity(lib), str(lib))
+    assert not snap.settled(bid, _identity(lib), str(d / "elsewhere.so"))     # another path: its facts may differ
     os.chmod(lib, 0o700)                                     # a new ctime: owner or mode may have changed
-    assert not snap.settled(bid, ident(), str(lib))
+    assert not snap.settled(bid, _identity(lib), str(lib))
     assert not snap.settled(bid)
 
 
@@ -105,7 +107,6 @@ def test_a_user_who_rewrites_the_file_and_puts_its_mtime_back_is_not_settled(pub
     """The owner of an untrusted stored file changes its bytes, then sets its mtime back (touch -d):
     the ctime the kernel keeps still moves, so the next sighting is not taken for the stored copy."""
     from conftest import as_user
-    from buildidd.resolve.procfs import identity_of
 
     uid, gid, _ = attacker
     d = public_tmp_factory()
@@ -117,20 +118,13 @@ def test_a_user_who_rewrites_the_file_and_puts_its_mtime_back_is_not_settled(pub
     bid = store_add(store, lib)
     snap = Snapshotter(store)
 
-    def ident():
-        fd = os.open(lib, os.O_RDONLY)
-        try:
-            return identity_of(fd)
-        finally:
-            os.close(fd)
-
-    before = ident()
+    before = _identity(lib)
     assert snap.settled(bid, before, str(lib))
     stamp = f"@{before.mtime_ns // 10**9}.{before.mtime_ns % 10**9:09d}"
     r = as_user(attacker, ["sh", "-c", f'printf x | dd of="{lib}" bs=1 seek=100 conv=notrunc 2>/dev/null && '
                                        f'touch -d "{stamp}" "{lib}"'])
     assert r.returncode == 0, r.stderr
-    after = ident()
+    after = _identity(lib)
     assert (after.ino, after.size, after.mtime_ns) == (before.ino, before.size, before.mtime_ns)
     assert after.ctime_ns != before.ctime_ns
     assert not snap.settled(bid, after, str(lib))
@@ -160,16 +154,11 @@ def test_stamped_origin_reads_the_stamp_and_origin_together_and_refuses_what_is_
 
 def test_stored_file_id_reads_again_once_the_entry_changed(public_tmp_factory):
     """The htlhash settled() remembered with the origin is given only while the entry's stamp holds."""
-    from buildidd.resolve.procfs import identity_of
 
     d = public_tmp_factory()
     store = Store(d / "store")
     bid = store_add(store, _libm())
-    fd = os.open(_libm(), os.O_RDONLY)
-    try:
-        ident = identity_of(fd, True)
-    finally:
-        os.close(fd)
+    ident = _identity(_libm())
     snap = Snapshotter(store)
     assert snap.settled(bid)
     fid = store.origin(bid).file_id

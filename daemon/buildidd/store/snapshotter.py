@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from typing import NamedTuple
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -115,6 +116,15 @@ logged and kept in ``last_error``; the worker goes on.
 """
 
 
+class _Settled(NamedTuple):
+    """What Snapshotter.settled() found for a build-id, remembered while its stamp holds."""
+    found_at: float             #: time.monotonic() when found settled
+    stamp: tuple                #: the entry's Store.origin_stamp then
+    touched_at: float           #: time.monotonic() of the last touch (0.0: none yet)
+    source: tuple | None        #: the file it is settled for (_file_of), None for every one
+    origin: Origin              #: the entry's origin.json as read then
+
+
 class Snapshotter:
     """The snapshot worker thread and its queue.
 
@@ -145,10 +155,9 @@ class Snapshotter:
         #: (build-id, path, dev, inode) submitted this session: the same build-id at the same path from
         #: another file (a user's claim first, root's file later) is queued again.
         self._seen_paths: set[tuple[str, str, int, int]] = set()
-        #: build-id -> (time.monotonic() when found settled, its Store.origin_stamp, when last touched,
-        #: the file it is settled for (_file_of) or None for every one, the Origin read): settled() and
-        #: stored_file_id() answer again from a readlink and a stat while the stamp is the same.
-        self._settled: dict[str, tuple[float, tuple, float, tuple | None, Origin]] = {}
+        #: build-id -> what settled() found (_Settled): settled() and stored_file_id() answer again
+        #: from a readlink and a stat while the stamp is the same.
+        self._settled: dict[str, _Settled] = {}
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "bulk": 0, "no_fd": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
@@ -323,8 +332,9 @@ class Snapshotter:
         remembered.  Any thread may ask."""
         try:
             known = self._settled.get(build_id)
-            if known is not None and time.monotonic() - known[0] < SETTLED_TTL_S \
-                    and known[3] in (None, _file_of(ident, path)) and known[1] == self.store.origin_stamp(build_id):
+            if known is not None and time.monotonic() - known.found_at < SETTLED_TTL_S \
+                    and known.source in (None, _file_of(ident, path)) \
+                    and known.stamp == self.store.origin_stamp(build_id):
                 return True
             found = self.store.stamped_origin(build_id)
         except (ValueError, OSError, StoreError):
@@ -341,7 +351,8 @@ class Snapshotter:
             return False
         if len(self._settled) >= SETTLED_MAX:
             self._settled.clear()
-        self._settled[build_id] = (time.monotonic(), stamp, known[2] if known else 0.0, source, present)
+        self._settled[build_id] = _Settled(time.monotonic(), stamp, known.touched_at if known else 0.0, source,
+                                           present)
         return True
 
     def _note_seen(self, build_id: str, seen: tuple[str, str, int, int]) -> None:
@@ -373,11 +384,11 @@ class Snapshotter:
         """Store.touch a settled entry (its recency for the quota), at most once per SETTLED_TTL_S."""
         known = self._settled.get(build_id)
         now = time.monotonic()
-        if known is not None and now - known[2] < SETTLED_TTL_S:
+        if known is not None and now - known.touched_at < SETTLED_TTL_S:
             return
         self.store.touch(build_id)
         if known is not None:
-            self._settled[build_id] = (known[0], known[1], now, known[3], known[4])
+            self._settled[build_id] = known._replace(touched_at=now)
 
     def stored_file_id(self, build_id: str, ident: Identity) -> str | None:
         """The htlhash (32 hex) the store recorded for build_id's main copy when that copy was made from
@@ -385,8 +396,8 @@ class Snapshotter:
         A settled entry's origin is the one settled() read, while its stamp is the same."""
         try:
             known = self._settled.get(build_id)
-            if known is not None and known[1] == self.store.origin_stamp(build_id):
-                o = known[4]
+            if known is not None and known.stamp == self.store.origin_stamp(build_id):
+                o = known.origin
             else:
                 o = self.store.origin(build_id)
         except (ValueError, OSError, StoreError):
