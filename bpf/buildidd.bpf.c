@@ -349,7 +349,7 @@ static __always_inline void fill_header(struct event_header *h, __u32 type)
 	h->type = type;
 	h->pid = id >> 32;
 	h->tid = (__u32)id;
-	h->_pad0 = 0;
+	h->uid = (__u32)bpf_get_current_uid_gid();
 	h->time_ns = bpf_ktime_get_boot_ns();
 	_Static_assert(BUILDIDD_COMM_LEN == 16, "comm is copied as two words");
 	*(__u64 *)h->comm = BTF_LD(task, OFF_TASK_STRUCT_COMM, __u64);
@@ -372,7 +372,8 @@ static __always_inline void fill_task_header(struct event_header *h, __u32 type,
 	h->pid = rd32(AT(task, OFF_TASK_STRUCT_TGID));
 	h->tid = rd32(AT(task, OFF_TASK_STRUCT_PID));
 #endif
-	h->_pad0 = 0;
+	/* task_struct.cred -> cred.uid: the real uid, as bpf_get_current_uid_gid gives current's */
+	h->uid = rd32(AT(rdptr(AT(task, OFF_TASK_STRUCT_CRED)), OFF_CRED_UID));
 	h->time_ns = bpf_ktime_get_boot_ns();
 	bpf_probe_read_kernel(h->comm, sizeof(h->comm), AT(task, OFF_TASK_STRUCT_COMM));
 }

@@ -63,7 +63,8 @@ struct event_header {
 	__u32 type;		/* enum buildidd_event_type */
 	__u32 pid;		/* tgid of the task (the user-space "pid") */
 	__u32 tid;		/* pid of the task (the user-space "tid") */
-	__u32 _pad0;
+	__u32 uid;		/* the task's real uid (cred->uid in the initial user namespace):
+				 * the user the event's costs are charged to */
 	__u64 time_ns;		/* bpf_ktime_get_boot_ns(): ns since boot, incl. suspend */
 	char comm[BUILDIDD_COMM_LEN];	/* task_struct.comm, NUL-terminated (bytes after the NUL: undefined) */
 };

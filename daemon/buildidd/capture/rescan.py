@@ -141,14 +141,15 @@ class LossRecovery:
             except OSError:
                 continue
             comm = procfs.read_comm(pid)
+            uid = procfs.read_uid(pid)
             live = {(s, int.from_bytes(k[:8], "little")) for s, k in self.tables.live.get(pid, ())} \
                 if skip_live else set()
             for m in maps:
                 if (m.start, m.ino) in live:
                     continue
-                self._record_scanned(pid, comm, m, origin)
+                self._record_scanned(pid, (comm, uid), m, origin)
 
-    def _record_scanned(self, pid: int, comm: str, m: procfs.MapsEntry, origin: str) -> None:
+    def _record_scanned(self, pid: int, task: tuple[str, int], m: procfs.MapsEntry, origin: str) -> None:
         # Opened and read on a resolution worker (the mapped file may be on a
         # slow or hostile file system): skipped when gone, refused or late.
         got = self.enricher.resolve_scanned(pid, (m.start, m.end), m.path)
@@ -156,9 +157,9 @@ class LossRecovery:
             self.stats.synth_skipped += 1
             return
         ident, res = got
-        ev = RawEvent(EventType.MAP, pid, pid, clock.boot_ns(), comm, m.start, m.end - m.start, m.offset,
+        ev = RawEvent(EventType.MAP, pid, pid, clock.boot_ns(), task[0], m.start, m.end - m.start, m.offset,
                       m.prot, MAP_SHARED if m.perms[3] == "s" else MAP_PRIVATE, None, ident,
-                      0 if m.deleted else 1, 0, m.path)
+                      0 if m.deleted else 1, 0, m.path, uid=task[1])
         if origin == RECOVERED:
             self.stats.recovered += 1
         else:

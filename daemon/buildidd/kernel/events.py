@@ -100,7 +100,7 @@ class EventHeader(ctypes.Structure):
         ("type", ctypes.c_uint32),
         ("pid", ctypes.c_uint32),       # tgid
         ("tid", ctypes.c_uint32),
-        ("_pad0", ctypes.c_uint32),
+        ("uid", ctypes.c_uint32),       # the task's real uid (the user charged)
         ("time_ns", ctypes.c_uint64),   # ns since boot (CLOCK_BOOTTIME)
         ("comm", ctypes.c_char * COMM_LEN),
     ]
@@ -280,6 +280,7 @@ class ExecHead(NamedTuple):
         filename: linux_binprm.filename as passed to execve (raw bytes);
         path: the path of the ELF that runs (linux_binprm.file), raw bytes;
         path_cut: True when that path was not read whole (id_flags PATH_CUT).
+        uid: event_header.uid, the exec'ing task's real uid.
     """
 
     pid: int
@@ -290,6 +291,7 @@ class ExecHead(NamedTuple):
     filename: bytes
     path: bytes
     path_cut: bool
+    uid: int = 0
 
 
 def _exec_names(buf: bytes) -> tuple[bytes, bytes]:
@@ -310,8 +312,8 @@ def exec_head(buf: bytes) -> ExecHead:
     (exec_file_key).  Raises DecodeError as decode() does for a short record.
     """
     filename, path = _exec_names(buf)
-    _t, pid, tid, _p, time_ns, comm, old_tid, idf = _EXEC_HEAD.unpack_from(buf)
-    return ExecHead(pid, tid, time_ns, comm, old_tid, filename, path, bool(idf & PATH_CUT))
+    _t, pid, tid, uid, time_ns, comm, old_tid, idf = _EXEC_HEAD.unpack_from(buf)
+    return ExecHead(pid, tid, time_ns, comm, old_tid, filename, path, bool(idf & PATH_CUT), uid)
 
 
 class TaskRecord(NamedTuple):
@@ -425,6 +427,8 @@ class RawEvent:
         pc_status, pc_build_id, pc_page: MAP only: map_event.bid, the kernel's
             page-cache read: PcStatus (NONE for EXEC and user-space records),
             the build-id bytes (OK, else b""), the page not cached or raced.
+        uid: event_header.uid, the task's real uid (cred->uid): the user charged for what the
+            event costs (-1: not known, a record made in user space).
     """
 
     type: int
@@ -446,6 +450,7 @@ class RawEvent:
     pc_status: int = 0
     pc_build_id: bytes = b""
     pc_page: int = 0
+    uid: int = -1
 
 
 def _comm_text(raw: bytes) -> str:
@@ -476,7 +481,7 @@ def decode(buf: bytes) -> RawEvent:
     """
     if len(buf) < _HDR.size:
         raise DecodeError(f"record of {len(buf)} bytes is shorter than its header")
-    etype, pid, tid, _pad, time_ns, comm = _HDR.unpack_from(buf, 0)
+    etype, pid, tid, uid, time_ns, comm = _HDR.unpack_from(buf, 0)
     if etype == EventType.MAP:
         if len(buf) < _MAP_PATH_OFF:
             raise DecodeError(f"map record of {len(buf)} bytes")
@@ -489,12 +494,12 @@ def decode(buf: bytes) -> RawEvent:
         if pcs == PcStatus.OK and not 0 < bsize <= PC_BUILD_ID_MAX:
             raise DecodeError(f"map record with a kernel build-id of {bsize} bytes")
         return RawEvent(etype, pid, tid, time_ns, _COMM_TEXT(comm), start, length, pgoff, prot, flags,
-                        origin, ident, nlink, id_flags, path, 0, pcs, raw_bid, page)
+                        origin, ident, nlink, id_flags, path, 0, pcs, raw_bid, page, uid)
     if etype == EventType.EXEC:
         _filename, raw_path = _exec_names(buf)
         old_tid, id_flags = _EXEC_BODY.unpack_from(buf, _EXEC_BODY_OFF)
         ident, nlink = _identity(buf, _EXEC_FILE_OFF)
         path = raw_path.decode("utf-8", "surrogateescape")
         return RawEvent(etype, pid, tid, time_ns, _COMM_TEXT(comm), identity=ident, nlink=nlink,
-                        id_flags=id_flags, path=path, old_tid=old_tid)
+                        id_flags=id_flags, path=path, old_tid=old_tid, uid=uid)
     raise DecodeError(f"event type {etype} is not decoded here (fork/exit/comm: unpack with TASK_EVENT)")

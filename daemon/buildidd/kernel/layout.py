@@ -35,6 +35,8 @@ KERNEL_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("OFF_TASK_STRUCT_COMM", "task_struct", "comm"),
     ("OFF_TASK_STRUCT_EXIT_CODE", "task_struct", "exit_code"),
     ("OFF_TASK_STRUCT_PERSONALITY", "task_struct", "personality"),
+    ("OFF_TASK_STRUCT_CRED", "task_struct", "cred"),
+    ("OFF_CRED_UID", "cred", "uid.val"),
     ("OFF_MM_STRUCT_MM_MT", "mm_struct", "mm_mt"),
     ("OFF_MM_STRUCT_SAVED_AUXV", "mm_struct", "saved_auxv"),
     ("OFF_MAPLE_TREE_MA_ROOT", "maple_tree", "ma_root"),

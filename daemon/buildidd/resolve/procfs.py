@@ -394,3 +394,16 @@ def read_comm(pid: int) -> str:
             return f.read(64).rstrip(b"\n").decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def read_uid(pid: int) -> int:
+    """The process's real uid (the first field of /proc/PID/status ``Uid:``, as cred->uid in the
+    kernel's records); -1 when the process is gone or the line is not there."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read(1 << 14).split(b"\n"):
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1

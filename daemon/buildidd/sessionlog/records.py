@@ -112,11 +112,11 @@ PATH_JSON = memo.shared("path_json", 65536, _path_json)
 PATH_CUT_JSON = (b"", b',"path_truncated":true')
 
 
-#: A mapping record: time_ns, pid, tid, comm (COMM_JSON), start, len, pgoff,
+#: A mapping record: time_ns, pid, tid, uid (the task's real uid), comm (COMM_JSON), start, len, pgoff,
 #: prot, flags, origin, deleted (true/false), path (PATH_JSON), PATH_CUT_JSON,
 #: then res_tail().  Only %d (unsigned decimal) and %s (bytes): the C fast
 #: path supports those two.
-MMAP_LINE = (b'{"type":"mmap","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"start":%d,"len":%d,'
+MMAP_LINE = (b'{"type":"mmap","time_ns":%d,"pid":%d,"tid":%d,"uid":%d,"comm":%s,"start":%d,"len":%d,'
              b'"pgoff":%d,"prot":%d,"flags":%d,"origin":"%s","deleted":%s,"path":%s%s,%s%s}')
 
 #: What follows a mapping record's build-id fields, by map_event.bid.status
@@ -132,7 +132,7 @@ KERNEL_STATUS_JSON: tuple[bytes, ...] = tuple(
 
 def mmap_line(ev: RawEvent, origin: str, res: Resolution) -> bytes:
     """The JSON line of a mapping record: ev's own path (read for this event), res's identity and build-id."""
-    return MMAP_LINE % (ev.time_ns, ev.pid, ev.tid, COMM_JSON(raw_name(ev.comm).ljust(16, b"\0")),
+    return MMAP_LINE % (ev.time_ns, ev.pid, ev.tid, ev.uid, COMM_JSON(raw_name(ev.comm).ljust(16, b"\0")),
                         ev.start, ev.length, ev.pgoff, ev.prot, ev.flags, origin.encode(),
                         b"true" if ev.nlink == 0 else b"false", PATH_JSON(raw_name(ev.path)),
                         PATH_CUT_JSON[bool(ev.id_flags & PATH_CUT)], res_tail(res),
@@ -140,15 +140,15 @@ def mmap_line(ev: RawEvent, origin: str, res: Resolution) -> bytes:
 
 
 #: An exec record's line up to its identity and build-id fields: time_ns, pid,
-#: tid, comm (COMM_JSON), old_tid (exec_event.old_tid), filename (FILENAME_JSON),
+#: tid, uid (the exec'ing task's real uid), comm (COMM_JSON), old_tid (exec_event.old_tid), filename (FILENAME_JSON),
 #: path of the ELF that ran (PATH_JSON), PATH_CUT_JSON.
-EXEC_PREFIX = (b'{"type":"exec","time_ns":%d,"pid":%d,"tid":%d,"comm":%s,"old_tid":%d,"filename":%s,'
+EXEC_PREFIX = (b'{"type":"exec","time_ns":%d,"pid":%d,"tid":%d,"uid":%d,"comm":%s,"old_tid":%d,"filename":%s,'
                b'"path":%s%s,')
 
 
 def exec_prefix(head: ExecHead) -> bytes:
     """An exec record's line up to its identity and build-id fields (see exec_line)."""
-    return EXEC_PREFIX % (head.time_ns, head.pid, head.tid, COMM_JSON(head.comm), head.old_tid,
+    return EXEC_PREFIX % (head.time_ns, head.pid, head.tid, head.uid, COMM_JSON(head.comm), head.old_tid,
                           FILENAME_JSON(head.filename), PATH_JSON(head.path), PATH_CUT_JSON[head.path_cut])
 
 

@@ -4,7 +4,7 @@
 
 /* ---- line templates ---------------------------------------------------- */
 
-static const char *const tmpl_convs[T_N] = {"dddsdddddssssss", "dddsdd", "dddsd", "ddds", "ss", "dddsdsss"};
+static const char *const tmpl_convs[T_N] = {"ddddsdddddssssss", "dddsdd", "dddsd", "ddds", "ss", "ddddsdsss"};
 static const char *const tmpl_names[T_N] = {"MMAP_LINE", "FORK_LINE", "EXIT_LINE", "COMM_LINE", "EXEC_LINE",
 					    "EXEC_PREFIX"};
 FP_INTERNAL struct tmpl templates[T_N];
