@@ -21,9 +21,9 @@ PATH_MAX = 4096
 
 
 def bpf_dir() -> str:
-    """The directory holding buildidd.bpf.c and events.h (package data ``buildidd.bpf``).
+    """The directory holding buildidd.bpf.c and events.h (package data ``buildidd.bpf``, found
+    through importlib.resources: from a source checkout and an installed wheel alike).
 
-    Found through importlib.resources: from a source checkout and an installed wheel alike.
     Raises:
         ProbeError: the sources are not installed as plain files.
     """
@@ -218,8 +218,6 @@ WIRE_STRUCTS: dict[str, type[ctypes.Structure]] = {
 # Decoding uses struct.Struct formats derived from the ctypes mirror above
 # (offsets checked by _check_formats at import), because unpack_from on bytes
 # is several times cheaper per event than ctypes.from_buffer_copy.
-
-
 _HDR = struct.Struct("<IIIIQ16s")
 _FILE = struct.Struct("<QQqIIIIqII")
 _BID = struct.Struct("<IIQ")                  # pagecache_build_id.status, size, page; then build_id
@@ -240,8 +238,6 @@ _EXEC_FILE_OFF = ExecEvent.file.offset
 _EXEC_FLEN_OFF = ExecEvent.filename_len.offset
 _EXEC_NAMES_OFF = ExecEvent.names.offset
 _TASK_BODY_OFF = TaskEvent.fork.offset
-
-
 _FILE_KEY = struct.Struct("<QQqIIIIq")
 #: A fork/exit/comm event in one unpack: header fields, then the union's two
 #: words (fork: ppid, ptid; exit: exit_code, 0; comm: 0, 0).
@@ -279,8 +275,7 @@ class ExecHead(NamedTuple):
         old_tid: exec_event.old_tid (the tid before exec);
         filename: linux_binprm.filename as passed to execve (raw bytes);
         path: the path of the ELF that runs (linux_binprm.file), raw bytes;
-        path_cut: True when that path was not read whole (id_flags PATH_CUT).
-        uid: event_header.uid, the exec'ing task's real uid.
+        path_cut: True when that path was not read whole (id_flags PATH_CUT); uid: event_header.uid.
     """
 
     pid: int
@@ -427,8 +422,7 @@ class RawEvent:
         pc_status, pc_build_id, pc_page: MAP only: map_event.bid, the kernel's
             page-cache read: PcStatus (NONE for EXEC and user-space records),
             the build-id bytes (OK, else b""), the page not cached or raced.
-        uid: event_header.uid, the task's real uid (cred->uid): the user charged for what the
-            event costs (-1: not known, a record made in user space).
+        uid: event_header.uid, the task's real uid (cred->uid): the user charged (-1: not known).
     """
 
     type: int
