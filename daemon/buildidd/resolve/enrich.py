@@ -311,4 +311,4 @@ class Enricher:
 
 def _request(ev: RawEvent, path: str) -> Request:
     return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity, ev.time_ns,
-                   ev.origin == MapOrigin.SYNTHESIZED)
+                   ev.origin == MapOrigin.SYNTHESIZED, ev.uid)

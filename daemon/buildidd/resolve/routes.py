@@ -94,6 +94,8 @@ class Request:
         time_ns: the event's time, ns since boot (0: unknown);
         bulk: the mapping was synthesized at start (a process already running): its hand-over
             and copy wait behind live ones.
+        uid: the real uid of the task that mapped or exec'd (event_header.uid; -1: not known): the
+            user charged for the hand-over, the copy and what they hold.
     """
 
     pid: int
@@ -104,6 +106,7 @@ class Request:
     identity: Identity
     time_ns: int = 0
     bulk: bool = False
+    uid: int = -1
 
 
 class HandOver(enum.IntEnum):
