@@ -150,6 +150,15 @@ struct wake_state {
 #define DRAIN_GEN_SLEEPING 1
 BPF_F_TABLE("array", int, __u64, drain_gen, 2, BPF_F_MMAPABLE);
 BPF_PERCPU_ARRAY(wake_state, struct wake_state, 1);
+/*
+ * Per-user record budgets (struct uid_budget, bpf/events.h): an LRU hash, so that
+ * a uid unseen for long makes room; user space reads the counts every drop check.
+ */
+#ifndef UID_BUDGET_ENTRIES
+#define UID_BUDGET_ENTRIES 10240
+#endif
+BPF_TABLE("lru_hash", __u32, struct uid_budget, uid_budget, UID_BUDGET_ENTRIES);
+BPF_ARRAY(uid_budget_cfg, struct uid_budget_cfg, 1);
 BPF_PERCPU_ARRAY(drop_times, struct drop_time, 1);
 /*
  * Per-CPU scratch slots: the programs on tracepoints run with preemption off
@@ -305,6 +314,57 @@ static __always_inline void output_event_wake(void *data, __u64 size, int urgent
 static __always_inline void output_event(void *data, __u64 size)
 {
 	output_event_wake(data, size, 0);
+}
+
+/*
+ * Whether a MAP or EXEC record of size bytes is over its user's budget (then it is
+ * counted in uid_budget and not sent).  Root's records are never held back; nor
+ * are fork, exit and comm records (small, and an exit frees user space's state).
+ * The refill is computed from at most the time that fills the bucket, so the
+ * product cannot overflow.  Two CPUs may refill one entry at once: the budget
+ * is then a little more generous, never stricter.
+ */
+static __always_inline int over_budget(const void *data, __u64 size)
+{
+	__u32 uid = ((const struct event_header *)data)->uid, zero = 0;
+	struct uid_budget_cfg *cfg;
+	struct uid_budget *b;
+	__u64 now, elapsed, tokens, full_ns;
+
+	if (uid == 0)
+		return 0;
+	cfg = uid_budget_cfg.lookup(&zero);
+	if (!cfg || !cfg->bytes_per_s)
+		return 0;
+	now = bpf_ktime_get_boot_ns();
+	b = uid_budget.lookup(&uid);
+	if (!b) {
+		struct uid_budget fresh = {.tokens = cfg->burst_bytes, .last_ns = now};
+
+		uid_budget.update(&uid, &fresh);
+		b = uid_budget.lookup(&uid);
+		if (!b)
+			return 0;
+	}
+	elapsed = now > b->last_ns ? now - b->last_ns : 0;
+	full_ns = cfg->burst_bytes / cfg->bytes_per_s * 1000000000ULL + 1000000000ULL;
+	if (elapsed > full_ns)
+		elapsed = full_ns;
+	tokens = b->tokens + elapsed * cfg->bytes_per_s / 1000000000ULL;
+	if (tokens > cfg->burst_bytes)
+		tokens = cfg->burst_bytes;
+	b->last_ns = now;
+	if (tokens >= size) {
+		b->tokens = tokens - size;
+		return 0;
+	}
+	b->tokens = tokens;
+	__sync_fetch_and_add(&b->records, 1);
+	__sync_fetch_and_add(&b->bytes, size);
+	if (!b->first_ns)
+		b->first_ns = now;
+	b->latest_ns = now;
+	return 1;
 }
 
 static __always_inline void count_drop(__u32 cause)
@@ -825,6 +885,8 @@ static __always_inline void submit_map_event(struct map_scratch *s)
 {
 	__u32 size = offsetof(struct map_event, path) + (s->ev.path_len & PATH_MASK);
 
+	if (over_budget(&s->ev, size))
+		return;
 	output_event_wake(&s->ev, size, s->ev.id_flags & BUILDIDD_BID_NEW);
 }
 
@@ -1157,7 +1219,8 @@ int on_sched_process_exec(struct bpf_raw_tracepoint_args *ctx)
 	size = offsetof(struct exec_event, names) + flen + plen;
 	if (size > sizeof(s->ev))
 		size = sizeof(s->ev);
-	output_event(&s->ev, size);
+	if (!over_budget(&s->ev, size))
+		output_event(&s->ev, size);
 
 	mm = rdptr(AT(task, OFF_TASK_STRUCT_MM));
 	if (!mm || bpf_probe_read_kernel(s->auxv, sizeof(s->auxv),

@@ -166,6 +166,27 @@ struct task_event {
 	};
 };
 
+/*
+ * A user's record budget (map "uid_budget", key: event_header.uid): a token bucket in bytes of ring
+ * records.  A MAP or EXEC record of a uid other than 0 that finds too few tokens is not sent; it is
+ * counted here, so one user's flood costs that user's own records, never the ring space of root's
+ * or another user's.
+ */
+struct uid_budget {
+	__u64 tokens;		/* bytes the uid may send now */
+	__u64 last_ns;		/* when tokens were last refilled, ns since boot */
+	__u64 records;		/* records not sent since this entry was made */
+	__u64 bytes;		/* their bytes */
+	__u64 first_ns;		/* the first record not sent, ns since boot (0: none yet) */
+	__u64 latest_ns;	/* the latest record not sent, ns since boot */
+};
+
+/* The budget's settings (map "uid_budget_cfg", one entry), written by user space at start. */
+struct uid_budget_cfg {
+	__u64 bytes_per_s;	/* refill rate, bytes per second; 0: no budget, every record is sent */
+	__u64 burst_bytes;	/* the bucket's size, bytes */
+};
+
 /* Per-CPU record of when drops happened (map "drop_times"), ns since boot. */
 struct drop_time {
 	__u64 first_ns;

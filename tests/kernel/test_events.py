@@ -3,6 +3,7 @@
 import ctypes
 import subprocess
 
+from buildidd.kernel import budget
 from buildidd.kernel.events import BPF_DIR, WIRE_STRUCTS
 
 from conftest import gcc
@@ -30,7 +31,7 @@ def _fields(cls, prefix="", base=0):
 def test_every_wire_struct_matches_the_c_header(tmp_path):
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "events.h"', "int main(void) {"]
     expected = {}
-    for cname, cls in WIRE_STRUCTS.items():
+    for cname, cls in {**WIRE_STRUCTS, **budget.WIRE_STRUCTS}.items():
         lines.append(f'printf("{cname} 0 %zu\\n", sizeof(struct {cname}));')
         expected[cname] = (0, ctypes.sizeof(cls))
         for field, off, size in _fields(cls):

@@ -43,6 +43,7 @@ from buildidd.capture.slowpath import SlowPath
 from buildidd.capture.tables import Stats, Tables
 from buildidd.config import Config
 from buildidd.errors import StoreError
+from buildidd.kernel.budget import throttled_record
 from buildidd.kernel.events import Identity, file_key
 from buildidd.kernel.tracer import Tracer
 from buildidd.resolve import host
@@ -153,6 +154,7 @@ class Recorder:
         # Sessions a crash (kill -9) left open: end record "clean": false, segments compressed.
         seal_unclosed_sessions(self.session_dir.parent, exclude=[self.session_dir], compress=self.config.compress)
         self.kernel_path, self.tracer = _load_or_unmake(self.config, self.session_dir)
+        self.tracer.budgets.configure(self.config.uid_record_rate_bytes_per_s, self.config.uid_record_burst_bytes)
         self.rings = Rings(self.tracer.ring_maps)
         self.log.open(self.session_dir, self.config)
         record = session_record(self.session_dir, self.tracer, self.tracked is not None, self.kernel_path)
@@ -239,6 +241,8 @@ class Recorder:
             self.recovery.on_drops(self.tracer.drops())
             if not self.rate_window or now - self.rate_window[-1][0] >= 1.0:
                 self.rate_window.append((now, dict(self.stats.events)))
+                for held in self.tracer.budgets.report():      # one user's records held back (kernel.budget)
+                    self.tables.emit(dict_line(throttled_record(held, clock.boot_ns())))
         self.log.flush()
         self.log.rotate_if_requested()
         return n
@@ -290,6 +294,8 @@ class Recorder:
         if self.pins is not None:
             self.pins.close()
         if self.log.writer is not None:
+            for held in self.tracer.budgets.report() if self.tracer is not None else ():
+                self.tables.emit(dict_line(throttled_record(held, clock.boot_ns())))
             self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(),
                                         "reason": self.guard.end_reason or "stopped",
                                         "resolutions_abandoned": abandoned, **self.summary(),
@@ -323,6 +329,8 @@ class Recorder:
         """Apply a reloaded configuration: rotation limits apply from the next segment."""
         self.config = self.pacer.config = config
         self.log.set_limits(config)
+        if self.tracer is not None:
+            self.tracer.budgets.configure(config.uid_record_rate_bytes_per_s, config.uid_record_burst_bytes)
 
     # -- status (report.py) --------------------------------------------------
     def status(self) -> dict:

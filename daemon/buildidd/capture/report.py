@@ -77,7 +77,8 @@ def summary(rec: Recorder) -> dict:
             "log_lines_dropped": rec.stats.log_lines_dropped,
             "priority_boosts": rec.stats.priority_boosts,
             "event_errors": dict(rec.stats.event_errors), "resolve_timeouts": e.timeouts,
-            "live_pids_dropped": rec.stats.live_pids_dropped}
+            "live_pids_dropped": rec.stats.live_pids_dropped,
+            "throttled": rec.tracer.budgets.totals() if rec.tracer is not None else None}
 
 
 def store_totals(rec: Recorder) -> dict:

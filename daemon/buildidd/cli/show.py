@@ -32,7 +32,7 @@ from buildidd.inputs import SessionClock
 from buildidd.sessionlog import list_segments, read_session
 
 #: Record types ``--type`` accepts (sessionlog/records.py; ``resolution``: offline/resolutions.py).
-RECORD_TYPES = ("session", "mmap", "exec", "fork", "exit", "comm", "lost", "end", "resolution")
+RECORD_TYPES = ("session", "mmap", "exec", "fork", "exit", "comm", "lost", "throttled", "end", "resolution")
 #: How far past the next segment's first record a segment's records may reach
 #: (records of different CPUs reach the log up to a few drain intervals apart).
 SEGMENT_SLACK_NS = 2 * 10**9

@@ -26,6 +26,7 @@ from buildidd.kernel.loader import LoadSpec, TailCall
 from buildidd.kernel.attach import ensure_tracefs
 from buildidd.kernel.layout import kernel_layout, kld_support
 from buildidd.kernel.progcache import load_program
+from buildidd.kernel.budget import UidBudgets
 from buildidd.kernel.pagecache import PagecacheBases
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,8 @@ class Tracer:
         self._mapped = [mmap.mmap(self.prog.maps[name].fd, page, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0) for name in ("drain_gen", "drops")]
         self._drain_words, self._drop_words = (memoryview(m).cast("Q") for m in self._mapped)
+        #: the per-user record budgets (kernel.budget): configure() them, report() what they held back.
+        self.budgets = UidBudgets(self.prog.maps["uid_budget"], self.prog.maps["uid_budget_cfg"])
 
     def set_pagecache_bases(self, vmemmap_base: int, page_offset_base: int) -> None:
         """Turn the page-cache build-id reads on: write struct pagecache_bases (bpf/pagecache.h),
