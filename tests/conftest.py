@@ -160,27 +160,38 @@ def tmpfs_mount(tmp_path):
 
 
 ATTACKER_NAME = "buildidd-test-attacker"
+BYSTANDER_NAME = "buildidd-test-bystander"
+
+
+def _test_user(name: str) -> tuple[int, int, str]:
+    """(uid, gid, name) of the unprivileged user name, made with ``useradd -M -r`` (no home, system
+    account) when absent and kept (test sessions running at the same time share it)."""
+    import pwd
+    need(os.geteuid() == 0, "making a test user needs root")
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        r = subprocess.run(["useradd", "-M", "-r", "-s", "/bin/sh", name], capture_output=True, text=True)
+        if r.returncode != 0 and "already exists" not in r.stderr:
+            pytest.fail(f"useradd {name}: {r.stderr}")
+        pw = pwd.getpwnam(name)
+    return pw.pw_uid, pw.pw_gid, name
 
 
 @pytest.fixture(scope="session")
 def attacker():
     """A real unprivileged user for hostile tests: (uid, gid, name).
 
-    Made with ``useradd -M -r`` (no home, system account) when absent, and
-    kept (test sessions running at the same time share it).  Needs root;
-    skips otherwise (fails under BUILDIDD_REQUIRE_BPF=1).  Run commands as it
-    with :func:`as_user`.
+    Needs root; skips otherwise (fails under BUILDIDD_REQUIRE_BPF=1).  Run
+    commands as it with :func:`as_user`.
     """
-    import pwd
-    need(os.geteuid() == 0, "making a test user needs root")
-    try:
-        pw = pwd.getpwnam(ATTACKER_NAME)
-    except KeyError:
-        r = subprocess.run(["useradd", "-M", "-r", "-s", "/bin/sh", ATTACKER_NAME], capture_output=True, text=True)
-        if r.returncode != 0 and "already exists" not in r.stderr:
-            pytest.fail(f"useradd {ATTACKER_NAME}: {r.stderr}")
-        pw = pwd.getpwnam(ATTACKER_NAME)
-    return pw.pw_uid, pw.pw_gid, ATTACKER_NAME
+    return _test_user(ATTACKER_NAME)
+
+
+@pytest.fixture(scope="session")
+def bystander():
+    """A second real unprivileged user, whose work an attacker's flood must not cost: (uid, gid, name)."""
+    return _test_user(BYSTANDER_NAME)
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,3 +38,12 @@ def build(dest: str | Path, n_libs: int = 8) -> dict[str, Path]:
     out["idle"] = _gcc(dest / "bidd_idle", str(HERE / "idle.c"), f"-L{dest}", f"-Wl,-rpath,{dest}",
                        "-Wl,--no-as-needed", *libs, "-lm")
     return out
+
+
+def build_floods(dest: str | Path) -> dict[str, Path]:
+    """The hostile battery's floods (tests/integration/test_hostile_battery.py), compiled into dest:
+    failexec_flood (execve with a bad argv over given paths) and freshmap_flood (fresh ELF files
+    mapped from a deep directory), see their sources.  Raises RuntimeError on a compiler error."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    return {name: _gcc(dest / name, str(HERE / f"{name}.c")) for name in ("failexec_flood", "freshmap_flood")}
