@@ -194,13 +194,19 @@ class Config:
     store_root: str = _key("/var/lib/buildidd/store", "path",
                            'the build-id store, laid out as perf\'s build-id cache ("" disables snapshots); '
                            "not inside session_root.")
-    store_quota_bytes: int = _key(10 << 30, "bytes", "the store's size limit (0: none).")
+    store_quota_bytes: int = _key(10 << 30, "bytes",
+                                  "the store's size limit, disk bytes (0: none). A copy that does not fit evicts "
+                                  "only entries charged to its owner (root's copy also users' unreferenced "
+                                  "entries), else it is refused (quota): see docs/operations.md, \"The quota, "
+                                  "and who pays for it\".")
     store_file_max_bytes: int = _key(1 << 30, "bytes",
                                      "a mapped file larger than this is not copied into the store (counted and "
                                      "logged with the reason \"too_large\"; 0: no limit).")
     store_uid_share: float = _key(0.25, "fraction of store_quota_bytes",
-                                  "the part of the store's quota that the files of one owner other than root "
-                                  "may take, in (0, 1] (1: no per-owner limit).")
+                                  "the part of the store's quota that the copies of one owner other than root "
+                                  "(the copied file's st_uid) may take, in (0, 1] (1: no per-owner limit). Past "
+                                  "it the owner's own least recently referenced entries make room; a copy they "
+                                  "cannot make room for is refused (uid_share).")
     store_share_private: bool = _key(False, "boolean",
                                      "archive and serve store entries marked private (a file other users could "
                                      "not read at its source, or a memfd).")

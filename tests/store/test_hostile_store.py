@@ -91,21 +91,26 @@ def test_size_cap_refuses_and_leaves_nothing(tmp_path, public_dir):
 
 
 def test_uid_share_limits_one_user_not_root(tmp_path, public_dir, system_dir, attacker):
-    pad = "static char pad[200000] __attribute__((used)) = {%d};"
+    """Past its share a user's copy evicts that user's own oldest entries; a file over the share is refused."""
+    pad = "static char pad[%d] __attribute__((used)) = {%d};"
     st = Store(tmp_path / "store", debug_root=tmp_path / "no-debug", quota_bytes=2 << 20, uid_share=0.25)
-    added = refused = 0
+    share = (2 << 20) // 4
+    bids = []
     for n in range(1, 6):
-        exe = _exe(public_dir / f"u{n}", pad % n + "int main(void) { return 0; }", "-Wl,--build-id=sha1")
+        exe = _exe(public_dir / f"u{n}", pad % (200000, n) + "int main(void) { return 0; }", "-Wl,--build-id=sha1")
         os.chown(exe, attacker[0], attacker[1])
-        try:
-            _add(st, exe)
-            added += 1
-        except StoreRefusedError as e:
-            assert e.reason == "uid_share"
-            refused += 1
-    assert added == 2 and refused == 3 and st.counters["skipped_uid_share"] == 3
-    assert st.uid_bytes(attacker[0]) <= (2 << 20) // 4
-    root_exe = _exe(system_dir / "rootprog", pad % 9 + "int main(void) { return 0; }", "-Wl,--build-id=sha1")
+        assert _add(st, exe).added
+        bids.append(readelf_build_id(exe))
+        assert st.uid_bytes(attacker[0]) <= share
+    assert [st.contains(b) for b in bids] == [False, False, False, True, True]   # the oldest three made room
+    assert st.counters["evicted"] == 3 and st.counters["skipped_uid_share"] == 0
+    big = _exe(public_dir / "big", pad % (share + 4096, 7) + "int main(void) { return 0; }", "-Wl,--build-id=sha1")
+    os.chown(big, attacker[0], attacker[1])
+    with pytest.raises(StoreRefusedError) as e:
+        _add(st, big)
+    assert e.value.reason == "uid_share" and st.counters["skipped_uid_share"] == 1
+    assert st.contains(bids[3]) and st.contains(bids[4]) and st.counters["evicted"] == 3   # nothing evicted for it
+    root_exe = _exe(system_dir / "rootprog", pad % (200000, 9) + "int main(void) { return 0; }", "-Wl,--build-id=sha1")
     assert _add(st, root_exe).added                   # root's files are not held to a share
 
 

@@ -6,7 +6,8 @@ verified copies; a quota; and the snapshotter that copies each binary the
 first time its build-id is seen.  One module per concern: layout (perf's
 tree, names, listing), install (atomic, verified copies), debuginfo,
 kernelfiles (the kernel's own files: kallsyms, modules, vmlinux), sdt (perf's
-probes file), quota (size, recency, eviction), counters (counts and
+probes file), quota (size, recency, removal), eviction (which entries a copy
+may evict: each copy is charged to its file's owner), counters (counts and
 rate-limited warnings), origin (where a copy came from), store (the
 :class:`Store` composing them), coverage (which of a session's build-ids the
 store holds, and why not) and snapshotter (the copy queue and thread).

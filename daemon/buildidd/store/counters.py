@@ -12,7 +12,8 @@ COUNTER_NAMES = (
     "reflinks", "bytes_copied", "debuginfo_added", "debuginfo_mismatch", "debuginfo_errors",
     "kallsyms_added", "removed", "removed_bytes", "log_suppressed",
     "conflicts", "promoted", "alts_added", "untrusted", "private",
-    "skipped_too_large", "skipped_quota", "skipped_uid_share", "skipped_alt_limit", "evicted", "evicted_in_use")
+    "skipped_too_large", "skipped_quota", "skipped_uid_share", "skipped_alt_limit", "evicted", "evicted_in_use",
+    "evicted_for_root")
 """Every counter of :attr:`Tally.counters`; :class:`buildidd.store.Store` documents each."""
 
 

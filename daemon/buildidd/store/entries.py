@@ -101,6 +101,12 @@ class FileEntries:
 
     def add(self, req: AddRequest) -> AddResult:
         """Add req's file (see :meth:`buildidd.store.Store.add_from_fd`)."""
+        try:
+            return self._add(req)
+        finally:
+            self.quota.forget(req.bid)      # its copies, and so its owner, may have changed
+
+    def _add(self, req: AddRequest) -> AddResult:
         before = self._source_stat(req.fd, req.path)
         origin = req.origin if req.origin is not None else origin_of_fd(req.fd, req.path)
         origin = origin.replace(key=req.key)
@@ -240,7 +246,14 @@ class FileEntries:
             if origin.trusted and not stored.trusted:
                 better = better.replace(uid=origin.uid, gid=origin.gid, mode=origin.mode, path=origin.path,
                                         **source)
-            self.installer.install_bytes(unit / ORIGIN_NAME, better.to_json(), FILE_MODE, Installed())
+            # The unit's bytes move to the owner the new origin names (a trusted source takes a user's
+            # copy of the same content over: the user's share no longer holds it).
+            self.quota.account_dir(unit, stored.uid, -1)
+            try:
+                self.installer.install_bytes(unit / ORIGIN_NAME, better.to_json(), FILE_MODE, Installed())
+            finally:
+                now = read_origin(unit)
+                self.quota.account_dir(unit, now.uid if now is not None else None)
             try:
                 self.installer.own(unit, dir_mode(better))
             except OSError as e:

@@ -8,14 +8,17 @@ Two ways of removing:
 
 * :meth:`Quota.enforce`, run by housekeeping: the least recently referenced
   entries first, never one a retained session references (``protected``).
-* :meth:`Quota.reserve`, before each copy: the space the copy will take on
-  disk (the source's ``st_blocks``) must fit under the quota, and, for an
-  owner other than root, under that owner's share of it
-  (``uid_share * quota_bytes``; refused with ``uid_share``, never evicting for
-  it).  To make room it evicts, oldest first, entries nothing protects, then
-  entries that sessions reference but no process maps now (their source's
-  device and inode are in no /proc/PID/maps), counted in ``evicted_in_use``
-  and logged.  When even that is not enough the copy is refused (``quota``).
+* :meth:`Quota.reserve`, before each copy, charged to its source's owner: the
+  space the copy will take on disk (the source's ``st_blocks * 512``) must fit
+  under the quota, and, for an owner other than root, under that owner's share
+  of it (``uid_share * quota_bytes``).  To make room it evicts only what
+  :mod:`buildidd.store.eviction` allows: for a user's copy that user's own
+  entries (unreferenced ones, then referenced ones no process maps); for
+  root's copy users' unreferenced entries (the biggest user first), then
+  root's own.  An entry evicted although a session references it is counted
+  in ``evicted_in_use`` and logged.  When what is allowed would not free
+  enough, nothing is evicted and the copy is refused (``uid_share`` or
+  ``quota``).
 
 Sizes are what files take on disk (``st_blocks * 512``), kept as running
 totals (per owner too) computed by one walk at the first use, so that
@@ -31,6 +34,7 @@ import time
 
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.resolve import procfs
+from buildidd.store import eviction
 from buildidd.store.counters import Tally
 from buildidd.store.install import fsync_dir
 from buildidd.store.layout import KALLSYMS_DSO, TEMP_INFIX, Entry, Layout, alt_dirs, dir_usage, entry_usage
@@ -112,69 +116,101 @@ class Quota(Usage):
         self._protected: set[str] = set()
         self._totals: tuple[int, int] | None = None   # (apparent, disk) bytes of every entry
         self._per_uid: dict[int, int] = {}             # disk bytes by owner other than root
+        self._owners: dict[str, int | None] = {}       # build-id -> owner (self.owner), entries in the store
 
     # -- room before a copy ------------------------------------------------------
 
     def reserve(self, need_bytes: int, uid: int, keep_bid: str) -> None:
-        """Make sure a copy taking need_bytes on disk, from a file uid owns, fits; evict to make room.
+        """Make sure a copy taking need_bytes on disk, charged to uid, fits; evict to make room.
+
+        The copy must fit under the quota and, for uid other than 0, under uid's
+        share of it (``uid_share * quota_bytes``).  To make room it evicts what
+        :mod:`buildidd.store.eviction` allows, in its order: for a user only that
+        user's own entries, for root users' unreferenced entries (the biggest
+        user first), then root's.  When all that is allowed would not free
+        enough, nothing is evicted and the copy is refused.
 
         Args:
             need_bytes: what the copy will take on disk (the source's ``st_blocks * 512``).
-            uid: the source's owner; a uid other than 0 is held to its share.
+            uid: the source's owner (``Origin.uid``), to whom the copy is charged.
             keep_bid: the build-id being added to (never evicted for it).
 
         Raises:
-            StoreRefusedError: ``uid_share`` or ``quota`` (counted as ``skipped_uid_share``,
-                ``skipped_quota``).
+            StoreRefusedError: ``uid_share`` (the copy does not fit in uid's share even after
+                evicting uid's own evictable entries) or ``quota`` (it does not fit under the
+                quota); counted as ``skipped_uid_share``, ``skipped_quota``.
             StoreError: an entry cannot be removed.
         """
         with self._lock:
             if self.quota_bytes is None:
                 return
             self._ensure_totals()
-            if uid != 0 and self.uid_share < 1:
-                share = int(self.uid_share * self.quota_bytes)
-                if self._per_uid.get(uid, 0) + need_bytes > share:
+            share = int(self.uid_share * self.quota_bytes) if uid != 0 and self.uid_share < 1 else None
+            held = self._per_uid.get(uid, 0) if uid != 0 else 0
+            over_share = held + need_bytes - share if share is not None else 0
+            over_quota = self._totals[1] + need_bytes - self.quota_bytes
+            want = max(over_share, over_quota)
+            if want <= 0:
+                return
+            hopeless = need_bytes > (share if share is not None else self.quota_bytes)
+            chosen, freed = self._plan(uid, keep_bid, want, hopeless)
+            if freed < want:
+                if freed < over_share:
                     self.tally.count("skipped_uid_share")
-                    raise StoreRefusedError("uid_share", f"uid {uid} has {self._per_uid.get(uid, 0)} bytes in the "
-                                            f"store; {need_bytes} more exceed its share of {share} bytes")
-            if self._totals[1] + need_bytes > self.quota_bytes:
-                self._evict(self._totals[1] + need_bytes - self.quota_bytes, keep_bid)
-            if self._totals[1] + need_bytes > self.quota_bytes:
+                    raise StoreRefusedError("uid_share", f"uid {uid} has {held} bytes in the store, {freed} of them "
+                                            f"evictable; {need_bytes} more exceed its share of {share} bytes")
                 self.tally.count("skipped_quota")
                 raise StoreRefusedError("quota", f"{need_bytes} bytes do not fit under the quota of "
-                                        f"{self.quota_bytes} bytes ({self._totals[1]} used, the rest in use)")
+                                        f"{self.quota_bytes} bytes ({self._totals[1]} used, {freed} of them "
+                                        f"evictable for uid {uid})")
+            for e, referenced in chosen:
+                self._evict_one(e, uid, referenced)
 
-    def _evict(self, want_bytes: int, keep_bid: str) -> None:
-        """Remove entries, oldest first, until want_bytes are freed: unprotected ones, then unmapped ones."""
-        entries = sorted((e for e in self.layout.entries() if e.build_id_hex != keep_bid),
-                         key=lambda e: (e.last_ref_ns, e.build_id_hex))
-        freed = 0
-        for e in entries:
-            if freed >= want_bytes:
-                return
-            if e.build_id_hex not in self._protected:
-                freed += self._evict_one(e)
-        mapped = None
-        for e in entries:
-            if freed >= want_bytes:
-                return
-            if e.build_id_hex not in self._protected or not e.directory.exists():
-                continue
+    def _plan(self, uid: int, keep_bid: str, want: int, hopeless: bool) -> tuple[list, int]:
+        """What to evict for uid's copy (eviction.order, eviction.select); nothing when hopeless."""
+        if hopeless:
+            return [], 0
+        entries = [e for e in self.layout.entries() if e.build_id_hex != keep_bid]
+        mapped: set[tuple[int, int]] | None = None
+
+        def is_mapped(e: Entry) -> bool:
+            nonlocal mapped
             if mapped is None:
                 mapped = mapped_files()
-            if _is_mapped(e, mapped):
-                continue
-            freed += self._evict_one(e)
-            self.tally.count("evicted_in_use")
-            self.tally.warn("store %s: evicted %s (%s), which a session references, to make room",
-                            self.layout.root, e.build_id_hex, e.path)
+            return _is_mapped(e, mapped)
 
-    def _evict_one(self, e: Entry) -> int:
-        before = self._totals[1]
+        candidates = eviction.order(entries, self.owner, uid, self._protected, self._per_uid)
+        return eviction.select(candidates, want, is_mapped)
+
+    def _evict_one(self, e: Entry, uid: int, referenced: bool) -> None:
+        owner = self.owner(e)
         self.remove(e.build_id_hex)
         self.tally.count("evicted")
-        return before - self._totals[1]
+        if owner != uid:
+            self.tally.count("evicted_for_root")
+        if referenced:
+            self.tally.count("evicted_in_use")
+            self.tally.warn("store %s: evicted %s (%s, uid %s), which a session references, to make room "
+                            "for a copy of uid %d", self.layout.root, e.build_id_hex, e.path, owner, uid)
+
+    def owner(self, e: Entry) -> int | None:
+        """The uid every copy in entry e comes from (its main copy and alt/*), or None: several, or one
+        without an ``origin.json``.  Remembered until the entry changes (:meth:`forget`, :meth:`remove`)."""
+        with self._lock:
+            if e.build_id_hex in self._owners:
+                return self._owners[e.build_id_hex]
+            uids = set()
+            for unit in [e.directory, *alt_dirs(e.directory)]:
+                origin = read_origin(unit)
+                uids.add(origin.uid if origin is not None else None)
+            found = uids.pop() if len(uids) == 1 else None
+            self._owners[e.build_id_hex] = found
+            return found
+
+    def forget(self, bid: str) -> None:
+        """Entry bid changed (a copy added, promoted, its origin rewritten): its owner is read again."""
+        with self._lock:
+            self._owners.pop(bid, None)
 
     def touch(self, bid: str) -> None:
         """Mark an entry referenced now: its directory's mtime (and atime) := now.
@@ -213,6 +249,7 @@ class Quota(Usage):
         with self._lock:
             directory = self.layout.entry_dir(bid)
             link = self.layout.linkname(bid)
+            self._owners.pop(bid, None)
             if directory is None:
                 return 0
             size = entry_usage(directory)[0]
@@ -243,7 +280,7 @@ class Quota(Usage):
         never removed here, even when that leaves the store over its quota:
         :attr:`over_quota` then says so.  No quota: nothing is removed.
         Sizes are disk bytes (``Entry.disk_bytes``).  ``protected`` is kept
-        for :meth:`reserve`, which evicts protected entries last.
+        for :meth:`reserve` (see :mod:`buildidd.store.eviction`).
 
         Args:
             protected: build-ids (hex, any case) that retained sessions reference.

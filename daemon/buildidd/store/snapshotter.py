@@ -291,6 +291,7 @@ class Snapshotter:
                 "skipped": dict(self.skipped), "fds_held": sum(self._fds), "coverage": cov,
                 "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
                 "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
+                "evicted_for_root": c["evicted_for_root"],
                 "last_error": self.last_error, "log_lines_suppressed": dict(self.lines.suppressed)}
 
     # -- the worker --------------------------------------------------------

@@ -91,8 +91,9 @@ class Store(StoreLookups):
             from such sources (see :mod:`buildidd.store.origin`);
             ``skipped_too_large``, ``skipped_quota``, ``skipped_uid_share``,
             ``skipped_alt_limit`` files refused (:class:`~buildidd.errors.StoreRefusedError`);
-            ``evicted`` entries removed to make room before a copy, of which
-            ``evicted_in_use`` were referenced by a session (no process mapped them).
+            ``evicted`` entries removed to make room before a copy (:mod:`buildidd.store.eviction`),
+            of which ``evicted_in_use`` were referenced by a session (no process mapped them) and
+            ``evicted_for_root`` were users' (or of no single owner), evicted for a copy of root's.
     """
 
     def __init__(self, root: str | os.PathLike, *, quota_bytes: int | None = None,
