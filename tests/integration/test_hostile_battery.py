@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -114,7 +115,7 @@ def _flood_and_check(daemon, store_root: Path, victims, flood_argv: list[str], a
           f"recorded {len(root_execs)}/{VICTIM_PROGRAMS}; daemon RSS peak {sampler.peak / 2**20:.1f} MiB, CPU "
           f"{cpu_s:.2f} s over {wall_s:.1f} s ({cpu_s / wall_s:.2f} CPU, budget {CPU_BUDGET}); end record "
           f"{end_bytes} bytes; throttled {end.get('throttled')}; lost {end.get('lost')}")
-    assert end["type"] == "end"
+    assert end["type"] == "end", "the end record is not the session's last record"
     assert stored == {"root": VICTIM_PROGRAMS, "bystander": VICTIM_PROGRAMS}
     assert len(root_execs) == VICTIM_PROGRAMS
     assert sampler.peak <= RSS_PEAK_MAX
@@ -127,13 +128,24 @@ def _flood_and_check(daemon, store_root: Path, victims, flood_argv: list[str], a
     return records
 
 
+def _root_executables(tops) -> list[str]:
+    """Every regular file under tops that root owns and any user may execute."""
+    out = []
+    for top in tops:
+        for d, _dirs, files in os.walk(top):
+            for name in files:
+                st = os.lstat(p := os.path.join(d, name))
+                if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_mode & stat.S_IXOTH:
+                    out.append(p)
+    return sorted(out)
+
+
 def test_failing_exec_flood_costs_root_and_others_nothing(daemon, attacker, bystander, public_tmp_factory,
                                                           tmp_path):
     tools = build_floods(public_tmp_factory("buildidd-floods-"))
     victims = _victims(public_tmp_factory, bystander)
-    targets = sorted(str(p) for p in Path("/usr/bin").iterdir()
-                     if p.is_file() and not p.is_symlink() and p.stat().st_uid == 0 and os.access(p, os.X_OK))
-    assert len(targets) > 300
+    targets = _root_executables(("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/libexec"))
+    assert len(targets) > 1000
     _flood_and_check(daemon, tmp_path / "store", victims, [str(tools["failexec_flood"]), str(FLOOD_S), *targets],
                      attacker, "/", "failing-exec flood")
 
