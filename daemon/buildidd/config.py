@@ -209,7 +209,12 @@ class Config:
                                   "cannot make room for is refused (uid_share).")
     store_share_private: bool = _key(False, "boolean",
                                      "archive and serve store entries marked private (a file other users could "
-                                     "not read at its source, or a memfd).")
+                                     "not read at its source, or a memfd); serve gives them only to callers "
+                                     "with rights (the token, or root or the control group on its unix socket).")
+    serve_metrics_public: bool = _key(False, "boolean",
+                                      "buildidd serve answers /metrics to every caller that can connect, token or "
+                                      "not (a Prometheus scraper without the token); false: only to callers with "
+                                      "rights (the bearer token, or root or the control group on its unix socket).")
     snapshot_rate_bytes_per_s: int = _key(50 << 20, "bytes per second",
                                           "copy bandwidth for snapshots (0: unlimited; lifted while "
                                           "stopping, see snapshot_stop_budget_s).")

@@ -22,7 +22,7 @@ import pytest
 from buildidd.sessionlog import SessionWriter
 from buildidd.store import Store
 from conftest import ServeProcess, as_user, as_user_popen, gcc, store_add
-from offline.test_serve import request
+from offline.test_serve import request, request_unix
 
 CLIENT = str(Path(__file__).with_name("hostile_client.py"))
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -89,9 +89,11 @@ def _auth() -> dict:
     return {"Authorization": f"Bearer {TOKEN}"}
 
 
-def _metric(serve: ServeProcess, name: str, headers: dict | None = None) -> int:
-    """A counter or gauge of /metrics, labels included in name (``buildidd_serve_refused_total{reason="x"}``)."""
-    status, _, body = request(serve.url, "GET", "/metrics", headers)
+def _metric(serve: ServeProcess, name: str, headers: dict | None = None, sock: Path | None = None) -> int:
+    """A counter or gauge of /metrics, labels included in name (``buildidd_serve_refused_total{reason="x"}``);
+    asked with headers (the token), or over serve's unix socket sock as root."""
+    status, _, body = request(serve.url, "GET", "/metrics", headers) if sock is None else \
+        request_unix(sock, "GET", "/metrics")
     assert status == 200
     for line in body.decode().splitlines():
         if line.startswith(name + " "):
@@ -248,7 +250,7 @@ def test_session_logs_need_rights(world, attacker, control_group):
                                          capture_output=True, text=True, timeout=30).stdout)
         lookup = json.loads(as_user(attacker, [SYSTEM_PYTHON, CLIENT, "get-unix", str(sock),
                                                f"/buildid/{world['bids']['small']}/executable"], timeout=30).stdout)
-        forbidden = _metric(serve, 'buildidd_serve_refused_total{reason="sessions_forbidden"}')
+        forbidden = _metric(serve, 'buildidd_serve_refused_total{reason="sessions_forbidden"}', sock=sock)
     finally:
         serve.stop()
     print(f"\nrights: attacker TCP {tcp['status']}/{tcp_archive['status']}, attacker unix {unix_other['status']}, "

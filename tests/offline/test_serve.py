@@ -45,9 +45,11 @@ def world(tmp_path_factory, public_tmp_factory):
     bids = {name: store_add(store, path) for name, path in
             (("full", full), ("stripped", stripped), ("split", split))}
     assert (store.path_of(bids["split"]).parent / "debug").is_file()
-    serve = ServeProcess(tmp / "store", tmp / "serve.log")
+    public_metrics = tmp / "public-metrics.toml"
+    public_metrics.write_text("serve_metrics_public = true\n")      # a Prometheus scraper without the token
+    serve = ServeProcess(tmp / "store", tmp / "serve.log", "--config", str(public_metrics))
     yield {"tmp": tmp, "serve": serve, "bids": bids, "files": {"full": full, "stripped": stripped, "split": split},
-           "debug": debug_file, "store": store}
+           "debug": debug_file, "store": store, "public_metrics": public_metrics}
     serve.stop()
 
 
@@ -60,6 +62,28 @@ def find(world, kind: str, bid: str, **env) -> subprocess.CompletedProcess:
 def request(url_base: str, method: str, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
     host, port = url_base.split("//")[1].rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str):
+        super().__init__("localhost", timeout=30)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(self.unix_path)
+
+
+def request_unix(sock_path, method: str, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    """:func:`request` over serve's unix socket (``--unix-socket``), as this process's user."""
+    conn = _UnixConnection(str(sock_path))
     try:
         conn.request(method, path, headers=headers or {})
         r = conn.getresponse()
@@ -314,7 +338,8 @@ def test_metrics_carry_the_recording_daemons_status(world, tmp_path):
     status = {"events": {"mmap": 42, "exec": 7}, "lost": {}, "uptime_s": 12.5, "session": "s1", "ready": True}
     ctl = ControlServer(path, {"status": lambda args: status}, ServerOptions(group=None))
     ctl.start()
-    serve = ServeProcess(world["tmp"] / "store", tmp_path / "serve.log", "--socket", path)
+    serve = ServeProcess(world["tmp"] / "store", tmp_path / "serve.log", "--socket", path,
+                         "--config", str(world["public_metrics"]))
     try:
         body = request(serve.url, "GET", "/metrics")[2].decode()
         assert "buildidd_daemon_up 1" in body.splitlines()

@@ -100,35 +100,48 @@ def test_symbolizer_reads_the_trusted_copy(trust_world):
     assert "bidd_real_fn" in [n for n, _ in table.syms] and "bidd_forged_fn" not in [n for n, _ in table.syms]
 
 
-def test_private_entry_is_403_with_its_reason_logged_once_unless_shared(trust_world, tmp_path):
-    """A held but private entry is not 'not found': 403 says why and which key shares it.  The real
-    elfutils 0.188 client caches every failure alike (a 404, a 403, a 503, a dropped connection), so
-    the answer is for people and logs; debuginfod-find shows it as a failure, not as a cached copy."""
+def test_private_entry_is_403_with_its_reason_to_token_holders_logged_once_shared_only_with_them(trust_world,
+                                                                                                  tmp_path):
+    """A held but private entry: a token holder is told why, and which key shares it (403); the real elfutils
+    0.188 client caches every failure alike (404, 403, 503, a dropped connection), so the answer is for people
+    and logs.  Shared (store_share_private), it goes to a token holder, and still not to a caller without
+    rights, who gets what an absent build-id gets (tests/offline/test_serve_private.py: byte for byte)."""
     private, public = trust_world["bids"]["private"], trust_world["bids"]["public"]
-    serve = _serve(trust_world, "serve-private")
+    token = tmp_path / "token"
+    token.write_text("trust-token\n")
+    auth = {"Authorization": "Bearer trust-token"}
+    serve = _serve(trust_world, "serve-private", "--token-file", str(token))
     try:
         for _ in range(3):
             for artifact in ("executable", "debuginfo", "section/.text"):
-                status, headers, body = request(serve.url, "GET", f"/buildid/{private}/{artifact}")
+                status, headers, body = request(serve.url, "GET", f"/buildid/{private}/{artifact}", auth)
                 assert status == 403 and headers.get("x-buildidd-withheld") == "private", (artifact, status)
                 assert b"store_share_private" in body
-        assert request(serve.url, "GET", f"/buildid/{public}/executable")[0] == 200
-        assert request(serve.url, "GET", f"/buildid/{'ab' * 20}/executable")[0] == 404     # not held at all
-        env = {**os.environ, "DEBUGINFOD_URLS": serve.url, "DEBUGINFOD_CACHE_PATH": str(tmp_path / "cache")}
+        assert request(serve.url, "GET", f"/buildid/{public}/executable", auth)[0] == 200
+        assert request(serve.url, "GET", f"/buildid/{'ab' * 20}/executable", auth)[0] == 404     # not held at all
+        headers_file = tmp_path / "headers"
+        headers_file.write_text("Authorization: Bearer trust-token\n")
+        env = {**os.environ, "DEBUGINFOD_URLS": serve.url, "DEBUGINFOD_CACHE_PATH": str(tmp_path / "cache"),
+               "DEBUGINFOD_HEADERS_FILE": str(headers_file)}
         r = subprocess.run(["debuginfod-find", "executable", private], env=env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode != 0 and not r.stdout.strip(), r
-        _, metrics, text = request(serve.url, "GET", "/metrics")
-        assert b'result="withheld"' in text, text[:2000]
+        _, metrics, text = request(serve.url, "GET", "/metrics", auth)
+        assert b'buildidd_serve_lookups_total{artifact="executable",result="withheld"} 4' in text, text[:2000]
     finally:
         log = serve.stop()
-    assert log.count(f"403 for {private} (elf): its copy is private") == 1, log
-    shared = _serve(trust_world, "serve-shared", "--config", str(trust_world["share_config"]))
+    assert log.count(f"withheld {private} (elf): its copy is private") == 1, log
+    shared = _serve(trust_world, "serve-shared", "--config", str(trust_world["share_config"]),
+                    "--token-file", str(token))
+    shared_open = _serve(trust_world, "serve-shared-open", "--config", str(trust_world["share_config"]))
     try:
-        status, _, body = request(shared.url, "GET", f"/buildid/{private}/executable")
+        status, _, body = request(shared.url, "GET", f"/buildid/{private}/executable", auth)
         assert status == 200 and body == trust_world["files"]["private"].read_bytes()
+        status, _, body = request(shared_open.url, "GET", f"/buildid/{private}/executable")     # loopback, no token
+        assert (status, body) == (404, b"not held\n")
     finally:
         shared.stop()
+        shared_open.stop()
 
 
 def _archive_members(data: bytes) -> dict[str, bytes]:
@@ -265,7 +278,9 @@ def test_each_entrys_quality_is_in_buildid_list_the_manifest_serves_headers_and_
                            "--quality", "--store-root", str(trust_world["tmp"] / "store")],
                           capture_output=True, text=True)
     assert f"{public} {trust_world['files']['public']} symtab" in text.stdout.splitlines(), text.stdout
-    serve = _serve(trust_world, "serve-quality")
+    public_metrics = trust_world["tmp"] / "public-metrics.toml"
+    public_metrics.write_text("serve_metrics_public = true\n")
+    serve = _serve(trust_world, "serve-quality", "--config", str(public_metrics))
     try:
         status, headers, _ = request(serve.url, "GET", f"/buildid/{public}/executable")
         assert status == 200 and headers["x-buildidd-quality"] == "symtab"

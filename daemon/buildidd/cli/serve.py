@@ -41,7 +41,8 @@ def cmd_serve(args) -> int:
                         tls_cert=args.tls_cert, tls_key=args.tls_key, idle_timeout_s=args.idle_timeout,
                         spool_dir=args.spool_dir, share_private=cfg.store_share_private,
                         status_fn=_status_fn(args.socket if args.socket is not None else cfg.control_socket),
-                        limits=limits, unix_socket=args.unix_socket or "", group_gid=group_id(cfg.control_group))
+                        limits=limits, unix_socket=args.unix_socket or "", group_gid=group_id(cfg.control_group),
+                        metrics_public=cfg.serve_metrics_public)
 
     def listening(bound_host: str, bound_port: int) -> None:
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
@@ -78,10 +79,12 @@ def register(sub) -> None:
     """Add ``serve`` and ``pull`` to the subcommand parsers."""
     sv = sub.add_parser("serve", help="serve the build-id store over the debuginfod protocol (and sessions, metrics)",
                         description="Serve the build-id store read-only over HTTP as a debuginfod server "
-                                    "(/buildid/HEX/executable, debuginfo, section/NAME), the sessions' archives to "
-                                    "callers with rights to them (a token, or root or the control group on the "
-                                    "unix socket), and /metrics.  Loopback by default; any other address needs "
-                                    "--token-file.  Slow and flooding clients are capped and cut.")
+                                    "(/buildid/HEX/executable, debuginfo, section/NAME); the sessions' archives, "
+                                    "/metrics (unless serve_metrics_public) and whether a build-id is held but "
+                                    "private to callers with rights (a token, or root or the control group on the "
+                                    "unix socket); to anyone else a private build-id is answered as one not held.  "
+                                    "Loopback by default; any other address needs --token-file.  Slow and "
+                                    "flooding clients are capped and cut.")
     add_roots_options(sv)
     sv.add_argument("--listen", metavar="HOST:PORT", help="an IP address and port ([V6]:PORT); default "
                     "127.0.0.1:8002; off loopback needs --token-file")
@@ -95,7 +98,7 @@ def register(sub) -> None:
     sv.add_argument("--socket", help="the recording daemon's control socket for /metrics "
                     "(default from the config; '' disables)")
     sv.add_argument("--unix-socket", help="also listen on this unix socket: root and members of the control group "
-                    "get the session logs there without a token (SO_PEERCRED)")
+                    "have rights there without a token (SO_PEERCRED): the session logs, /metrics, private build-ids")
     sv.add_argument("--send-timeout", type=float, default=30.0,
                     help="seconds a client may take no byte of its answer before it is cut "
                     "(default %(default)s)")

@@ -11,18 +11,19 @@ never the others; files go out with ``sendfile(2)``, byte ranges included)::
     GET      /sessions                      the session root's sessions, JSON (serve.sessions)
     GET|HEAD /sessions/NAME/archive         a session's archive (tar + zstd), Range-able once built
     GET      /metadata?key=file|glob&value=V the build-ids a path had, from the sessions (serve.metadata)
-    GET      /metrics                       Prometheus text (serve.metrics)
+    GET      /metrics                       Prometheus text (serve.metrics), to callers with rights
 
 Access: on a loopback address (``ipaddress``' ``is_loopback``: 127.0.0.0/8 and
-::1) anyone who can connect gets the build-id lookups and /metrics; on any
-other address a bearer token is required (``Authorization: Bearer TOKEN``,
-compared in constant time with ``hmac.compare_digest``), and a token given on
-loopback is required there too.  TLS is used when a certificate and key are
-given.  The session logs (``/sessions*``) go only to a caller with rights to
-them: the token, or a peer of the unix-socket listener (``unix_socket``)
-whose SO_PEERCRED is root or a member of the control group
-(:func:`buildidd.offline.serve.sessions.check_access`); loopback TCP cannot
-tell local users apart.
+::1) anyone who can connect gets the build-id lookups; on any other address a
+bearer token is required (``Authorization: Bearer TOKEN``, compared in
+constant time with ``hmac.compare_digest``), and a token given on loopback is
+required there too (``/metrics`` excepted when ``metrics_public``).  TLS is
+used when a certificate and key are given.  The session logs (``/sessions*``,
+``/metadata``), /metrics, and whether a build-id is held but private go only
+to a caller with rights: the token, or a peer of the unix-socket listener
+(``unix_socket``) whose SO_PEERCRED is root or a member of the control group
+(:mod:`buildidd.offline.serve.rights`); loopback TCP cannot tell local users
+apart.
 
 Slow and flooding clients (:mod:`buildidd.offline.serve.guard`): connections
 are capped below the descriptor limit (the idlest closed first), answers in
@@ -50,7 +51,7 @@ from pathlib import Path
 from aiohttp import web
 
 from buildidd.errors import ServeError
-from buildidd.offline.serve import buildid, debuginfod, metadata, metrics, sessions
+from buildidd.offline.serve import buildid, debuginfod, metadata, metrics, rights, sessions
 from buildidd.offline.serve.guard import GUARD_KEY, GuardLimits, guard_middleware, make_guard, raise_fd_limit
 from buildidd.offline.serve.metrics import METRICS_KEY, MetricsAccessLogger, ServeMetrics, StatusFn
 from buildidd.store import Store
@@ -80,10 +81,12 @@ class ServeOptions:
         idle_timeout_s: seconds a connection may take to send a request, and stay idle between requests.
         spool_dir: where archives are built before and while they are sent; None: a private temporary directory.
         status_fn: returns the recording daemon's status for ``/metrics``; None: not asked.
-        share_private: serve store copies marked private (``Config.store_share_private``); else 404.
+        share_private: serve store copies marked private (``Config.store_share_private``) to callers with
+            rights; else 403 to them (and to anyone else always what an absent build-id gets: see :mod:`.rights`).
         limits: caps and deadlines against slow and flooding clients (:mod:`.guard`).
         unix_socket: also listen on this unix socket (mode 0666: its peers are told apart by SO_PEERCRED); "" none.
-        group_gid: the control group's gid: its members (and root) get the session logs over the unix socket.
+        group_gid: the control group's gid: its members (and root) have rights over the unix socket.
+        metrics_public: ``/metrics`` answers every caller, token or not (``Config.serve_metrics_public``).
     """
 
     host: str
@@ -100,6 +103,7 @@ class ServeOptions:
     limits: GuardLimits = GuardLimits()
     unix_socket: str = ""
     group_gid: int = 0
+    metrics_public: bool = False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -163,11 +167,15 @@ def check_options(opts: ServeOptions) -> None:
 
 @web.middleware
 async def _auth(request: web.Request, handler):
-    token = request.app[OPTIONS_KEY].token
-    if token is not None:
+    """The token, when the server has one: a request bearing it is marked (rights.TOKEN_CHECKED); any other
+    is 401, but for ``/metrics`` when metrics_public opens it."""
+    opts = request.app[OPTIONS_KEY]
+    if opts.token is not None:
         given = request.headers.get("Authorization", "")
         scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), token.encode()):
+        if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), opts.token.encode()):
+            request[rights.TOKEN_CHECKED] = True
+        elif not (opts.metrics_public and rights.is_metrics(request)):
             raise web.HTTPUnauthorized(text="bearer token required\n", headers={"WWW-Authenticate": "Bearer"})
     return await handler(request)
 
@@ -181,14 +189,14 @@ def make_app(opts: ServeOptions, store: Store | None = None, fd_limit: int | Non
     app = web.Application(middlewares=[_auth, guard_middleware], client_max_size=1024)
     app[OPTIONS_KEY] = opts
     app[METRICS_KEY] = ServeMetrics()
+    app[rights.ACCESS_KEY] = rights.Access(opts.group_gid, opts.metrics_public)
     make_guard(app, opts.limits, fd_limit)
     buildid.add_routes(app, store if store is not None else Store(opts.store_root),
                        debuginfod.Privacy(opts.share_private))
-    metrics.add_routes(app, opts.status_fn, lambda: _gauges(app))
+    metrics.add_routes(app, opts.status_fn, lambda: _gauges(app), rights.check_metrics)
     if opts.session_root:
         sessions.add_routes(app, sessions.SessionsOptions(
-            opts.session_root, opts.store_root, opts.spool_dir, opts.share_private,
-            token_required=opts.token is not None, group_gid=opts.group_gid))
+            opts.session_root, opts.store_root, opts.spool_dir, opts.share_private))
         metadata.add_routes(app)
     return app
 
@@ -243,8 +251,9 @@ async def serve(opts: ServeOptions, on_listening: Callable[[str, int], None] | N
         port = runner.addresses[0][1]
         scheme = "https" if ssl_ctx else "http"
         shown = f"[{opts.host}]" if ":" in opts.host else opts.host
-        log.info("serving %s on %s://%s:%d/ (token %s)", opts.store_root, scheme, shown, port,
-                 "required" if opts.token else "not required")
+        log.info("serving %s on %s://%s:%d/ (token %s; /metrics %s)", opts.store_root, scheme, shown, port,
+                 "required" if opts.token else "not required",
+                 "public" if opts.metrics_public else "to callers with rights")
         if on_listening is not None:
             on_listening(opts.host, port)
         if stop is None:

@@ -34,8 +34,11 @@ the ``.build-id/xx/rest`` link points to); nothing here writes to it.  Which
 copy is served is the store's choice (:meth:`~buildidd.store.Store.best`: a
 copy from a root-owned system file before one a user's file claimed, an
 unstripped copy for ``debuginfo``).  A copy the store marked private (its
-source was not readable by every user, or a memfd) is answered 404 unless
-the operator allows it (``Config.store_share_private``); see :class:`Privacy`.
+source was not readable by every user, or a memfd) is served only to a caller
+with rights when the operator allows it (``Config.store_share_private``); see
+:class:`Privacy` and :mod:`buildidd.offline.serve.rights`.  Every lookup
+decides it from the entry's ``origin.json`` (``Store.is_private``) before any
+held file is opened.
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ class Unavailable(Exception):
 
 
 class Withheld(Exception):
-    """A build-id is held, but its copy is private and the operator does not share it: the answer is
-    403 with the reason and the key that shares it (``store_share_private``), never a bare 404."""
+    """A build-id is held, but its copy is private and not shared with this caller: the answer is 403 with
+    the reason and the key that shares it (``store_share_private``) to a caller with rights, and to anyone
+    else exactly the 404 of a build-id not held (:mod:`buildidd.offline.serve.rights`)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ class Privacy:
     """Whether private store copies are served, and which withheld ones were logged.
 
     Attributes:
-        share_private: serve copies the store marked private (``Config.store_share_private``).
+        share_private: serve copies the store marked private (``Config.store_share_private``); the server's
+            policy applies to one caller through :meth:`for_caller`.
         withheld: ``(build-id, kind)`` pairs withheld so far, each logged once
             (at most :data:`WITHHELD_LOG_MAX`; beyond that they are withheld silently).
     """
@@ -127,6 +132,11 @@ class Privacy:
     share_private: bool = False
     withheld: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def for_caller(self, entitled: bool) -> "Privacy":
+        """This policy for one caller: private copies are shared only with a caller with rights (entitled);
+        the log of withheld ones stays shared."""
+        return self if entitled or not self.share_private else Privacy(False, self.withheld, self._lock)
 
     def allows(self, store: Store, build_id_hex: str, kind: str) -> bool:
         """Whether :meth:`Store.best` (build_id_hex, kind) may be served; logs a withheld one once.
@@ -147,7 +157,8 @@ class Privacy:
             if first:
                 self.withheld.add((build_id_hex, kind))
         if first:
-            log.info("403 for %s (%s): its copy is private (store_share_private is off)", build_id_hex, kind)
+            log.info("withheld %s (%s): its copy is private (403 to callers with rights, unless "
+                     "store_share_private; 404 to others)", build_id_hex, kind)
         return False
 
 

@@ -79,7 +79,7 @@ RETRY_AFTER_S = 5
 """``Retry-After`` of a 503 for a cap reached."""
 
 REFUSAL_REASONS = ("connections", "evicted_idle", "streams_peer", "streams_total", "send_timeout",
-                   "accept_errors", "bad_requests", "sessions_forbidden")
+                   "accept_errors", "bad_requests", "sessions_forbidden", "metrics_forbidden")
 """The ``reason`` label values of ``buildidd_serve_refused_total``."""
 
 _ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})

@@ -47,7 +47,8 @@ class ServeMetrics:
         requests: (route, status code) → answers sent.
         sent_bytes: route → body bytes sent (a HEAD sends none).
         lookups: (artifact, result) → build-id lookups; result is ``hit``
-            (a file or section was sent), ``miss`` (404) or ``unavailable`` (503).
+            (a file or section was sent), ``miss`` (404: a private one withheld from a caller
+            without rights too), ``unavailable`` (503) or ``withheld`` (403: private, to a caller with rights).
         refused: reason → connections, requests or answers refused or cut
             (``guard.REFUSAL_REASONS``).
         log_suppressed: warnings not logged because :meth:`warn`'s rate was reached.
@@ -128,7 +129,8 @@ class ServeMetrics:
                 "# TYPE buildidd_serve_sent_bytes_total counter"]
         out += [f'buildidd_serve_sent_bytes_total{{route="{_esc(r)}"}} {n}' for r, n in sent]
         out += ["# HELP buildidd_serve_lookups_total Build-id lookups by artifact type and result "
-                "(hit: sent, miss: 404, unavailable: held but unreadable, 503; withheld: private, 403).",
+                "(hit: sent, miss: 404, unavailable: held but unreadable, 503; withheld: private, 403 to a caller "
+                "with rights; a caller without them gets a miss).",
                 "# TYPE buildidd_serve_lookups_total counter"]
         out += [f'buildidd_serve_lookups_total{{artifact="{a}",result="{r}"}} {n}' for (a, r), n in lookups]
         out += ["# HELP buildidd_serve_served_by_quality_total Files sent, by artifact and what the entry is "
@@ -244,17 +246,24 @@ STATUS_FN_KEY: web.AppKey = web.AppKey("buildidd_serve_status_fn")
 GAUGES_KEY: web.AppKey = web.AppKey("buildidd_serve_gauges")
 
 
+CHECK_KEY: web.AppKey = web.AppKey("buildidd_serve_metrics_check")
+
+
 def add_routes(app: web.Application, status_fn: "StatusFn | None",
-               gauges: "Callable[[], dict[str, int]]") -> None:
+               gauges: "Callable[[], dict[str, int]]", check: "Callable[[web.Request], None]") -> None:
     """``/metrics`` on app.  status_fn asks the recording daemon for its status (None: the
-    default); gauges gives the server's own gauges (metric name → value) at each scrape."""
+    default); gauges gives the server's own gauges (metric name → value) at each scrape;
+    check decides who may read them (raises an HTTP error for a caller who may not:
+    :func:`buildidd.offline.serve.rights.check_metrics`)."""
     app[STATUS_FN_KEY] = status_fn
     app[GAUGES_KEY] = gauges
+    app[CHECK_KEY] = check
     app.router.add_get("/metrics", handle_metrics, allow_head=False)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    """``/metrics``: the counters and the daemon's status (asked in a thread)."""
+    """``/metrics``: the counters and the daemon's status (asked in a thread), to whom check allows."""
+    request.app[CHECK_KEY](request)
     loop = asyncio.get_running_loop()
     status, why = await loop.run_in_executor(None, daemon_status, request.app[STATUS_FN_KEY])
     if why is not None:

@@ -46,9 +46,9 @@ from buildidd.errors import BuildiddError
 from buildidd.offline.archive import write_archive
 from buildidd.offline.serve.guard import ARCHIVE_WORKERS, GUARD_KEY, Cut
 from buildidd.offline.serve.metrics import METRICS_KEY
+from buildidd.offline.serve.rights import has_rights
 from buildidd.offline.serve.send import refuse_zero_suffix
 from buildidd.offline.sessions import list_sessions
-from buildidd.peercred import in_group
 from buildidd.sessionlog import list_segments
 from buildidd.store import Store
 
@@ -207,19 +207,15 @@ def _build(final: Path, directory: Path, cfg: SessionsConfig, listener: _Listene
 def check_access(request: web.Request) -> None:
     """The session logs' policy: served to a caller with rights to them, refused (403, counted) to anyone else.
 
-    Rights: the bearer token, when the server requires one (the auth middleware
-    has checked it by now); or, on the unix-socket listener, a peer whose
-    SO_PEERCRED says root or a member of the control group.  A TCP peer without
-    a token gets none: on loopback TCP every local user looks the same.
+    Rights (:func:`buildidd.offline.serve.rights.has_rights`): the bearer token;
+    or, on the unix-socket listener, a peer whose SO_PEERCRED says root or a
+    member of the control group.  A TCP peer without a token gets none: on
+    loopback TCP every local user looks the same.
 
     Raises:
         web.HTTPForbidden: no rights.
     """
-    cfg = request.app[SESSIONS_KEY]
-    if cfg.token_required:
-        return
-    conn = request.app[GUARD_KEY].conn(request)
-    if conn is not None and conn.creds is not None and in_group(conn.creds, cfg.group_gid):
+    if has_rights(request):
         return
     request.app[METRICS_KEY].refuse("sessions_forbidden")
     raise web.HTTPForbidden(text="session logs need the bearer token, or the unix socket as root or a member "
@@ -349,30 +345,25 @@ class SessionsOptions:
         session_root, store_root: directories.
         spool_dir: where archives are spooled; None: a private temporary directory.
         share_private: archives carry private store copies (``Config.store_share_private``).
-        token_required: the server requires a bearer token (then a caller with it has rights to the logs).
-        group_gid: the control group's gid (0: root only) for unix-socket peers (see :func:`check_access`).
+
+    Who has rights to the logs is the application's (:mod:`buildidd.offline.serve.rights`).
     """
 
     session_root: str
     store_root: str
     spool_dir: str | None = None
     share_private: bool = False
-    token_required: bool = False
-    group_gid: int = 0
 
 
 @dataclass(frozen=True)
 class SessionsConfig:
     """What the session routes need: session_root and store_root (directories), the spool, whether
-    archives carry private store copies (``Config.store_share_private``), and who has rights to the logs
-    (:class:`SessionsOptions`)."""
+    archives carry private store copies (``Config.store_share_private``)."""
 
     session_root: str
     store_root: str
     spool: Spool
     share_private: bool = False
-    token_required: bool = False
-    group_gid: int = 0
 
 
 SESSIONS_KEY: web.AppKey[SessionsConfig] = web.AppKey("buildidd_serve_sessions", SessionsConfig)
@@ -391,8 +382,7 @@ def add_routes(app: web.Application, opts: SessionsOptions) -> None:
         OSError: the spool directory cannot be made.
     """
     spool = Spool(opts.spool_dir)
-    app[SESSIONS_KEY] = SessionsConfig(opts.session_root, opts.store_root, spool, opts.share_private,
-                                       opts.token_required, opts.group_gid)
+    app[SESSIONS_KEY] = SessionsConfig(opts.session_root, opts.store_root, spool, opts.share_private)
 
     async def close_spool(_app) -> None:
         spool.builders.shutdown(wait=False, cancel_futures=True)
