@@ -15,6 +15,11 @@ Modes (argv[1]); each prints one JSON object on stdout:
     TLS bytes to the plain port).  Prints ``{"sent"}``.
 ``get-unix SOCKET PATH`` / ``get HOST PORT PATH``
     One GET; prints ``{"status", "bytes"}``.
+``fetch TARGET METHOD PATH...``
+    The requests in turn on one keep-alive connection to TARGET (``HOST:PORT``,
+    or a unix socket's path, starting with ``/``), with no token.  Prints
+    ``{"answers": [{"status", "headers": [[name, value], ...], "body" (latin-1),
+    "elapsed_s"}, ...]}``.
 """
 
 import http.client
@@ -120,6 +125,24 @@ def get(conn, path):
     return {"status": r.status, "bytes": len(r.read())}
 
 
+def fetch(target, method, paths):
+    if target.startswith("/"):
+        conn = _UnixConnection(target)
+    else:
+        host, port = target.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    answers = []
+    for path in paths:
+        t0 = time.monotonic()
+        conn.request(method, path)
+        r = conn.getresponse()
+        body = r.read()
+        answers.append({"status": r.status, "headers": [list(h) for h in r.getheaders()],
+                        "body": body.decode("latin-1"), "elapsed_s": time.monotonic() - t0})
+    conn.close()
+    return {"answers": answers}
+
+
 def main(argv):
     mode = argv[1]
     if mode == "hold":
@@ -130,6 +153,8 @@ def main(argv):
         out = garbage(argv[2], int(argv[3]), int(argv[4]))
     elif mode == "get-unix":
         out = get(_UnixConnection(argv[2]), argv[3])
+    elif mode == "fetch":
+        out = fetch(argv[2], argv[3], argv[4:])
     elif mode == "get":
         out = get(http.client.HTTPConnection(argv[2], int(argv[3]), timeout=30), argv[4])
     else:
