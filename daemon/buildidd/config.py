@@ -222,6 +222,25 @@ class Config:
                                          "on SIGTERM, queued copies are made at full speed for at most this "
                                          "long; what is left is named in the end record (reason shutdown).  "
                                          "Keep it well inside the unit's TimeoutStopSec; at most 60.")
+    snapshot_queue_max: int = _key(8192, "jobs",
+                                   "copies waiting for the snapshot worker at most; beyond it a copy is "
+                                   "refused (gap reason queue_full); at least 16.")
+    snapshot_fds_max: int = _key(1024, "descriptors",
+                                 "descriptors held by queued copies at most (each keeps the exact mapped "
+                                 "inode readable); a copy beyond it keeps only its path (counted no_fd).  "
+                                 "The start-up synthesis' copies hold a quarter of it at most.")
+    snapshot_at_risk_reserve: float = _key(0.25, "fraction",
+                                           "the part of the snapshot queue's slots and of its descriptors "
+                                           "that only at-risk copies (the file is reachable only through "
+                                           "its descriptor: no name left, or its process gone) may take, "
+                                           "in [0, 0.5].")
+    queue_uid_share: float = _key(0.25, "fraction of each queue",
+                                  "the part of each hand-over queue, and of the snapshot queue's slots and "
+                                  "descriptors (of its general part and of its at-risk reserve each), that "
+                                  "the jobs of one uid other than root may hold, in (0, 1]; the uid is the "
+                                  "task that mapped or exec'd the file.  Beyond it that uid's new jobs are "
+                                  "refused (gap reason uid_budget, counted per uid) or keep no descriptor.  "
+                                  "Uids take turns in each queue.")
     pin_max_files: int = _key(1024, "files",
                               "executed files held open from their exec (fanotify FAN_OPEN_EXEC) until "
                               "their copy is queued, at most; beyond it the oldest pin is closed and "
@@ -278,6 +297,14 @@ class Config:
             raise ConfigError("store_uid_share must be in (0, 1]")
         if self.snapshot_stop_budget_s > 60:
             raise ConfigError("snapshot_stop_budget_s must be at most 60 (inside the unit's TimeoutStopSec=90)")
+        if not 16 <= self.snapshot_queue_max <= 1 << 20:
+            raise ConfigError("snapshot_queue_max must be in 16..1048576")
+        if not 0 <= self.snapshot_fds_max <= 65536:
+            raise ConfigError("snapshot_fds_max must be in 0..65536")
+        if not 0 <= self.snapshot_at_risk_reserve <= 0.5:
+            raise ConfigError("snapshot_at_risk_reserve must be in [0, 0.5]")
+        if not 0 < self.queue_uid_share <= 1:
+            raise ConfigError("queue_uid_share must be in (0, 1]")
         if not 0 <= self.pin_max_files <= 65536:
             raise ConfigError("pin_max_files must be in 0..65536")
         if not 1 <= self.pin_ttl_s <= 600:

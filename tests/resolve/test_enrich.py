@@ -238,7 +238,7 @@ def test_a_hand_over_reaches_the_mapped_file_without_map_files_while_its_path_na
         real_open_route = routes_mod.open_route
         monkeypatch.setattr(routes_mod, "open_route",
                             lambda source, *a, **k: tried.append(source) or real_open_route(source, *a, **k))
-        r = Routes(LruCache("identity", 16), lambda ident_, res, fd, urgency: got.append(os.fstat(fd).st_ino))
+        r = Routes(LruCache("identity", 16), lambda ident_, res, fd, urgency, uid: got.append(os.fstat(fd).st_ino))
         req = Request(child.pid, start, end - start, str(lib), 1, ident)
         res = make_resolution(ident, bid, Source.NONE, None, str(lib))
         assert r.hand_over((req, res)) is True
@@ -295,7 +295,7 @@ def test_a_users_path_swapped_after_the_mapping_never_stands_in_for_the_mapped_f
             mp = pytest.MonkeyPatch()
             mp.setattr(routes_mod, "open_route", lambda source, *a, **k: tried.append(source) or real(source, *a, **k))
             try:
-                r = Routes(LruCache("identity", 16), lambda ident_, res, fd, urgency: got.append(os.fstat(fd).st_ino))
+                r = Routes(LruCache("identity", 16), lambda ident_, res, fd, urgency, uid: got.append(os.fstat(fd).st_ino))
                 req = Request(mapper.pid, start, end - start, str(lib), 1, ident)
                 assert r.hand_over((req, make_resolution(ident, bid, Source.NONE, None, str(lib)))) is True
             finally:

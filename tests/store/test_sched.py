@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from buildidd.store import SnapshotPolicy, Snapshotter, Store
+from buildidd.store import CopyJob, SnapshotPolicy, Snapshotter, Store
 
 
 def test_snapshot_thread_is_batch_for_cpu_and_idle_for_io(tmp_path):
@@ -41,7 +41,7 @@ def test_the_same_build_id_at_the_same_path_from_another_file_is_queued_again(tm
 
     snap = Snapshotter(Store(tmp_path / "store"))
     users, roots = Identity(1, 10, 0, 100, 1), Identity(1, 20, 0, 100, 1)
-    snap.submit("ab" * 20, "/usr/bin/x", users, None)
-    snap.submit("ab" * 20, "/usr/bin/x", users, None)          # the same file again: once
-    snap.submit("ab" * 20, "/usr/bin/x", roots, None)          # another file at that path: queued
+    snap.submit(CopyJob("ab" * 20, "/usr/bin/x", users), None)
+    snap.submit(CopyJob("ab" * 20, "/usr/bin/x", users), None)          # the same file again: once
+    snap.submit(CopyJob("ab" * 20, "/usr/bin/x", roots), None)          # another file at that path: queued
     assert snap.queued() == 2

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from buildidd.store import Snapshotter, Store
+from buildidd.store import CopyJob, Snapshotter, Store
 from conftest import store_add
 
 
@@ -180,15 +180,15 @@ def test_a_settled_sighting_without_a_file_is_done_at_submit(public_tmp_factory)
     entry = store.linkname(bid).resolve()
     os.utime(entry, (1, 1))
     snap = Snapshotter(store)
-    snap.submit(bid, str(_libm()), None, None)
-    assert snap.stats["already_present"] == 1 and not snap._heap
+    snap.submit(CopyJob(bid, str(_libm()), None), None)
+    assert snap.stats["already_present"] == 1 and not snap.queued()
     assert snap.coverage.state(bid) == "held"
     assert entry.stat().st_mtime > 1                         # touched
-    snap.submit(bid, str(_libm()), None, None)                # seen: nothing more
+    snap.submit(CopyJob(bid, str(_libm()), None), None)                # seen: nothing more
     assert snap.stats["already_present"] == 1
     other = "ab" * 20                                        # not in the store: queued
-    snap.submit(other, "/usr/lib/x86_64-linux-gnu/libnothere.so", None, None)
-    assert len(snap._heap) == 1 and snap.stats["already_present"] == 1
+    snap.submit(CopyJob(other, "/usr/lib/x86_64-linux-gnu/libnothere.so", None), None)
+    assert snap.queued() == 1 and snap.stats["already_present"] == 1
 
 
 def test_an_entry_evicted_before_its_touch_is_counted_failed(public_tmp_factory):
@@ -205,6 +205,6 @@ def test_an_entry_evicted_before_its_touch_is_counted_failed(public_tmp_factory)
         touch(build_id)
 
     snap._touch_settled = evicted_first
-    snap.submit(bid, str(_libm()), None, None)
+    snap.submit(CopyJob(bid, str(_libm()), None), None)
     assert snap.stats["failed"] == 1 and snap.stats["already_present"] == 0
     assert snap.coverage.state(bid) == "failed" and bid in (snap.last_error or "")

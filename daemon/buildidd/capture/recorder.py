@@ -51,6 +51,7 @@ from buildidd.resolve.enrich import Enricher, Offload, Resolution
 from buildidd.resolve.execpins import ExecPins, PinPolicy
 from buildidd.resolve.routes import HandOver, Routes
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
+from buildidd.store.copyqueue import CopyJob
 from buildidd.store.origin import KEY_HTLHASH
 from buildidd.sessionlog import seal_unclosed_sessions
 from buildidd.sessionlog.segments import DIR_MODE
@@ -345,14 +346,15 @@ class Recorder:
         """Totals of the session so far (JSON-ready): report.summary."""
         return report.summary(self)
 
-    def _on_build_id(self, ident: Identity, res: Resolution, fd: int | None, urgency: HandOver) -> None:
-        """A hand-over (a worker): the file goes to the store under its GNU build-id, else its htlhash."""
+    def _on_build_id(self, ident: Identity, res: Resolution, fd: int | None, urgency: HandOver, uid: int) -> None:
+        """A hand-over (a worker): the file goes to the store under its GNU build-id, else its htlhash;
+        the copy is charged to uid (the task that mapped or exec'd it)."""
         if self.snapshotter is None:
             return
         if res.build_id:
-            self.snapshotter.submit(res.build_id, res.path, ident, fd, priority=urgency)
+            self.snapshotter.submit(CopyJob(res.build_id, res.path, ident, urgency, uid), fd)
         elif res.file_id:
-            self.snapshotter.submit(res.file_id, res.path, ident, fd, priority=urgency, key=KEY_HTLHASH)
+            self.snapshotter.submit(CopyJob(res.file_id, res.path, ident, urgency, uid, KEY_HTLHASH), fd)
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
@@ -398,8 +400,10 @@ def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
     retention = RetentionPolicy(session_root=session_dir.parent, current_session=session_dir,
                                 max_age_s=cfg.session_max_age_s or None,
                                 max_total_bytes=cfg.session_max_total_bytes or None)
-    snapshotter = Snapshotter(store, SnapshotPolicy(rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s),
-                              housekeeping=Housekeeping(store, retention))
+    policy = SnapshotPolicy(rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s, max_queue=cfg.snapshot_queue_max,
+                            max_fds=cfg.snapshot_fds_max, uid_share=cfg.queue_uid_share,
+                            at_risk_reserve=cfg.snapshot_at_risk_reserve)
+    snapshotter = Snapshotter(store, policy, housekeeping=Housekeeping(store, retention))
     snapshotter.start()
     routes.settled = snapshotter.settled
     routes.stored_file_id = snapshotter.stored_file_id

@@ -35,6 +35,7 @@ from typing import Callable
 from buildidd.config import Config
 from buildidd.kernel.events import KERNEL_FINAL, Identity, MapOrigin, RawEvent
 from buildidd.memo import LruCache
+from buildidd.resolve.fairqueue import UID_BUDGET
 from buildidd.resolve.procfs import Source
 from buildidd.resolve.reasons import MissReason
 from buildidd.resolve.routes import FileKey, OnBuildId, Request, Resolution, Routes, kernel_resolution, make_resolution
@@ -52,10 +53,13 @@ _EXEC_ORIGINS = (MapOrigin.EXEC_MAIN, MapOrigin.EXEC_INTERP)
 
 @dataclass(frozen=True)
 class Offload:
-    """How resolution is handed to workers: Config.resolve_deadline_s and the pool's sizes."""
+    """How resolution is handed to workers: Config.resolve_deadline_s and the pool's sizes;
+    handover_uid_share: Config.queue_uid_share, the part of each hand-over pool's queue one uid
+    other than root may hold (PoolPolicy.uid_share)."""
 
     deadline_s: float = 0.2
     pool: PoolPolicy = field(default_factory=PoolPolicy)
+    handover_uid_share: float = 0.25
 
     @classmethod
     def from_config(cls, config: Config) -> "Offload":
@@ -63,7 +67,8 @@ class Offload:
         stuck; Config.resolve_workers threads kept, up to 8 times as many while some are stuck."""
         workers = config.resolve_workers
         return cls(config.resolve_deadline_s, PoolPolicy(workers=workers, max_threads=8 * workers,
-                                                         stuck_after_s=config.resolve_deadline_s))
+                                                         stuck_after_s=config.resolve_deadline_s),
+                   config.queue_uid_share)
 
 
 _TIMED_OUT = object()
@@ -77,7 +82,7 @@ class Enricher:
         on_resolved: called with (identity, Resolution) when an identity gets a
             final answer (the tracer then stops sending its path); recording thread.
         on_evicted: called with an identity dropped from the cache; recording thread.
-        on_build_id: called with (identity, Resolution, fd, routes.HandOver) when a
+        on_build_id: called with (identity, Resolution, fd, routes.HandOver, uid) when a
             build-id was just read from fd (still open: the callee may dup it, e.g.
             to snapshot the exact inode).  Called on a worker thread.
         offload: the deadline and the pool's sizes.
@@ -113,10 +118,13 @@ class Enricher:
         """Hand-overs' own workers, apart from resolutions the recording thread waits for.  Two
         pools: live sightings of mmap'd files (only their living process reaches them), and the
         rest: the bulk of the start-up synthesis (every DSO of every running process) and exec'd
-        files already pinned (resolve.execpins), so that neither queues ahead of a live one."""
+        files already pinned (resolve.execpins), so that neither queues ahead of a live one.  Each
+        is fair: a job is charged to Request.uid, one uid other than root holds at most
+        Offload.handover_uid_share of its queue, uids take turns (workers.WorkerPool.submit_charged)."""
         p = self.offload.pool
         return WorkerPool(PoolPolicy(workers=1, max_threads=max(2, p.max_threads // 4), queue_max=p.queue_max,
-                                     stuck_after_s=p.stuck_after_s), name=name)
+                                     stuck_after_s=p.stuck_after_s, uid_share=self.offload.handover_uid_share),
+                          name=name)
 
     # -- cache -------------------------------------------------------------
     @property
@@ -188,7 +196,9 @@ class Enricher:
     def _hand_over(self, ev: RawEvent, res: Resolution) -> None:
         """The first sighting of a build-id at a path (the kernel read it) goes to a hand-over
         worker: the store still wants the file, and a root-owned copy met after a user's must
-        reach it too.  A later one lets the file's exec pin go (Routes.pins)."""
+        reach it too.  A later one lets the file's exec pin go (Routes.pins).  The job is charged to
+        the event's uid: refused when its pool is full (gap ``handover_dropped``) or the uid holds its
+        share of it (gap ``uid_budget``), counted ``handovers_dropped`` and by uid in the pool's status."""
         seen = (res.build_id, ev.path, ev.identity.dev, ev.identity.ino)
         if seen in self._handed:
             if self.routes.pins is not None:
@@ -201,11 +211,12 @@ class Enricher:
         # marked file system is pinned already, so it waits with the bulk.
         pinned = ev.origin in _EXEC_ORIGINS and pins is not None and pins.covers(ev.identity.dev)
         pool = self.bulk_handovers if req.bulk or pinned else self.handovers
-        if pool.submit(self.routes.hand_over, (req, res)) is None:
+        got = pool.submit_charged(self.routes.hand_over, (req, res), req.uid)
+        if isinstance(got, str):
             self.handovers_dropped += 1
             self._handed.pop(seen)
             if self.routes.on_gap is not None and res.build_id:
-                self.routes.on_gap(res.build_id, ev.path, "handover_dropped")
+                self.routes.on_gap(res.build_id, ev.path, UID_BUDGET if got == UID_BUDGET else "handover_dropped")
 
     def resolve_scanned(self, pid: int, vma: tuple[int, int], path: str) -> tuple[Identity, Resolution] | None:
         """Open pid's mapping vma = (vm_start, vm_end) through map_files (on a worker): (identity, Resolution).

@@ -120,9 +120,11 @@ class HandOver(enum.IntEnum):
     BULK = 2
 
 
-OnBuildId = Callable[[Identity, "Resolution", "int | None", HandOver], None]
-"""``on_build_id(identity, resolution, fd, urgency)``: a build-id was just read from fd (still open:
-the callee may dup it; None when the store is settled for it), called on a worker thread.  A
+OnBuildId = Callable[[Identity, "Resolution", "int | None", HandOver, int], None]
+"""``on_build_id(identity, resolution, fd, urgency, uid)``: a build-id was just read from fd (still open:
+the callee may dup it; None when the store is settled for it), called on a worker thread; uid: the
+Request's (the task that mapped or exec'd; -1: unknown, e.g. a /proc/PID/maps scan), the user the
+copy is charged to.  A
 resolution without a build-id but with a ``file_id`` (a file without a GNU build-id) is handed over
 too: the store keeps it under that htlhash."""
 
@@ -189,7 +191,7 @@ class Routes:
         #: hand-over then opens no file for the key either.
         self.stored_file_id: Callable[[str, Identity], str | None] | None = None
 
-    def _read(self, ident: Identity, fd: int, source: Source, path: str) -> Resolution:
+    def _read(self, ident: Identity, fd: int, source: Source, path: str, uid: int = -1) -> Resolution:
         reason = None
         try:
             bid = read_build_id_fd(fd)
@@ -204,7 +206,7 @@ class Routes:
         if bid is not None:
             res = make_resolution(ident, bid.hex, source, None, path, (None, fid))
             if self.on_build_id is not None:
-                self.on_build_id(ident, res, fd, HandOver.LIVE)
+                self.on_build_id(ident, res, fd, HandOver.LIVE, uid)
             return res
         try:
             go = read_go_build_id(fd) if reason is None else None
@@ -212,7 +214,7 @@ class Routes:
             go = None
         res = make_resolution(ident, None, source, reason or MissReason.NO_BUILD_ID, path, (go, fid))
         if fid is not None and self.on_build_id is not None:
-            self.on_build_id(ident, res, fd, HandOver.LIVE)     # kept under its htlhash
+            self.on_build_id(ident, res, fd, HandOver.LIVE, uid)     # kept under its htlhash
         return res
 
     def _open_read(self, req: Request, source: Source, vma: tuple[int, int]) -> Resolution:
@@ -234,7 +236,7 @@ class Routes:
             os.close(fd)
             return make_resolution(req.identity, None, Source.NONE, MissReason.CHANGED_AT_MAP, req.path)
         try:
-            return self._read(req.identity, fd, source, req.path)
+            return self._read(req.identity, fd, source, req.path, req.uid)
         finally:
             os.close(fd)
 
@@ -263,7 +265,7 @@ class Routes:
             self.settled_handovers += 1
             if pins is not None:
                 pins.release(req.identity)
-            self.on_build_id(req.identity, res, None, HandOver.BULK if req.bulk else HandOver.LIVE)
+            self.on_build_id(req.identity, res, None, HandOver.BULK if req.bulk else HandOver.LIVE, req.uid)
             return True
         if pins is not None:
             fd = pins.take(req.identity, req.nlink != 0)
@@ -316,7 +318,7 @@ class Routes:
             urgency = HandOver.AT_RISK
         else:
             urgency = HandOver.BULK if req.bulk else HandOver.LIVE
-        self.on_build_id(req.identity, res, fd, urgency)
+        self.on_build_id(req.identity, res, fd, urgency, req.uid)
         return True
 
     def _key_known(self, req: Request, res: Resolution) -> bool:

@@ -13,6 +13,13 @@ max_threads) so that one stuck file system does not stop the resolution of
 files elsewhere; they stay until close.  All are
 daemon threads: a worker blocked in a system call never holds up the exit of
 the process (:meth:`WorkerPool.close` says how many jobs were abandoned).
+
+A pool with ``PoolPolicy.uid_share`` set (the hand-over pools) is fair:
+:meth:`WorkerPool.submit_charged` charges each job to a uid, a uid other than
+root holds at most that share of ``queue_max`` (beyond it its jobs are refused,
+``uid_budget``, counted per uid), and workers take jobs round robin across uids
+(resolve.fairqueue), so that one user's backlog delays another's job by at most
+one job.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from buildidd.resolve.fairqueue import QUEUE_FULL, Budget, FairQueue, UidCounts
 
 __all__ = ["Job", "PoolPolicy", "WorkerPool"]
 
@@ -37,12 +46,20 @@ class PoolPolicy:
         max_threads: threads at most, counting stuck ones (>= workers).
         queue_max: jobs waiting for a thread at most.
         stuck_after_s: a worker on one job this long (seconds) is stuck.
+        uid_share: None (first come, first served), or the part of queue_max one uid other than root
+            may hold, in (0, 1]: jobs then go through submit_charged and are served round robin by uid.
     """
 
     workers: int = 2
     max_threads: int = 16
     queue_max: int = 4096
     stuck_after_s: float = 0.2
+    uid_share: float | None = None
+
+#: What a fair pool's SimpleQueue carries: "take the next job from the fair queue".
+_FAIR = object()
+#: Uids shown by a fair pool's status.
+_TOP_UIDS = 5
 
 
 class Job:
@@ -94,6 +111,10 @@ class WorkerPool:
         self._threads = 0
         self._idle = 0
         self._closed = False
+        #: A fair pool's order, slots by uid and refusals by uid (None: first come, first served).
+        self._fair: FairQueue[Job] | None = FairQueue() if policy.uid_share is not None else None
+        self._slots = Budget(policy.queue_max, 0.0, policy.uid_share) if policy.uid_share is not None else None
+        self.refused = UidCounts()
         self.stats = {"submitted": 0, "completed": 0, "queue_dropped": 0, "timed_out": 0,
                       "late_completed": 0, "threads_started": 0, "threads_failed": 0}
         with self._lock:            # the kept workers, before anyone waits for one
@@ -113,6 +134,31 @@ class WorkerPool:
             if self._idle < self._queued and self._threads < self.policy.max_threads:
                 self._start_thread()
         self._queue.put(job)
+        return job
+
+    def submit_charged(self, fn: Callable[[Any], Any], arg: Any, uid: int) -> Job | str:
+        """Queue fn(arg) charged to uid (a fair pool: PoolPolicy.uid_share set): the Job, or why it was
+        refused: fairqueue.QUEUE_FULL (queue_max jobs wait, or the pool is closed) or UID_BUDGET (uid
+        holds its share), counted ``queue_dropped`` and in :attr:`refused` by uid.
+
+        Raises:
+            ValueError: the pool is not fair.
+        """
+        if self._fair is None:
+            raise ValueError(f"{self.name}: not a fair pool (PoolPolicy.uid_share unset)")
+        with self._lock:
+            got = QUEUE_FULL if self._closed else self._slots.take(uid, False)
+            if isinstance(got, str):
+                self.stats["queue_dropped"] += 1
+                self.refused.add(uid)
+                return got
+            job = Job(fn, arg)
+            self._fair.push(uid, 0, job)
+            self._queued += 1
+            self.stats["submitted"] += 1
+            if self._idle < self._queued and self._threads < self.policy.max_threads:
+                self._start_thread()
+        self._queue.put(_FAIR)
         return job
 
     def can_run_now(self) -> bool:
@@ -149,8 +195,12 @@ class WorkerPool:
         now = time.monotonic()
         with self._lock:
             stuck = sum(1 for j in self._running.values() if now - j.started >= self.policy.stuck_after_s)
-            return {**self.stats, "threads": self._threads, "idle": self._idle, "stuck": stuck,
-                    "queued": self._queued, "queue_max": self.policy.queue_max}
+            out = {**self.stats, "threads": self._threads, "idle": self._idle, "stuck": stuck,
+                   "queued": self._queued, "queue_max": self.policy.queue_max}
+            if self._slots is not None:
+                out.update(uid_cap=self._slots.uid_caps[0], queued_by_uid=self._slots.top(_TOP_UIDS),
+                           refused_by_uid=self.refused.top(_TOP_UIDS))
+            return out
 
     def drain(self, timeout_s: float, stall_s: float = 2.0) -> bool:
         """Wait until no job is queued or running (True), for at most timeout_s seconds, and no
@@ -208,6 +258,9 @@ class WorkerPool:
                 if job is None or self._closed:
                     self._threads -= 1
                     return
+                if job is _FAIR:            # one token per queued job: the fair queue holds one for it
+                    uid, job = self._fair.pop()
+                    self._slots.release(uid, 0)
                 self._queued -= 1
                 job.started = time.monotonic()
                 self._running[me] = job

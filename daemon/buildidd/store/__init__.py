@@ -18,6 +18,7 @@ The names below are the store's public API (other stages import them from
 ``buildidd.store``, never from its modules).
 """
 
+from buildidd.store.copyqueue import CopyJob
 from buildidd.store.install import COPY_CHUNK_BYTES, AddResult
 from buildidd.store.layout import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME,
                                    PROBES_NAME, VDSO_NAME, VMLINUX_NAME, Entry)
@@ -26,6 +27,7 @@ from buildidd.store.sdt import sdt_probe_cache
 from buildidd.store.snapshotter import SnapshotPolicy, Snapshotter
 from buildidd.store.store import Store
 
-__all__ = ["BUILD_ID_DIR", "CONFLICT", "PROVENANCES", "TRUSTED", "UNKNOWN", "UNTRUSTED", "COPY_CHUNK_BYTES", "DEBUG_NAME", "ELF_NAME", "KALLSYMS_DSO", "KALLSYMS_NAME",
-           "MODULES_NAME", "PROBES_NAME", "VDSO_NAME", "VMLINUX_NAME", "AddResult", "Entry", "SnapshotPolicy",
-           "Snapshotter", "Store", "sdt_probe_cache"]
+__all__ = ["BUILD_ID_DIR", "CONFLICT", "PROVENANCES", "TRUSTED", "UNKNOWN", "UNTRUSTED", "COPY_CHUNK_BYTES",
+           "DEBUG_NAME", "ELF_NAME", "KALLSYMS_DSO", "KALLSYMS_NAME", "MODULES_NAME", "PROBES_NAME", "VDSO_NAME",
+           "VMLINUX_NAME", "AddResult", "CopyJob", "Entry", "SnapshotPolicy", "Snapshotter", "Store",
+           "sdt_probe_cache"]

@@ -27,6 +27,8 @@ GAP_REASONS = {
     "unreachable": "no route to the file (refused, or its identity no longer matched)",
     "handover_dropped": "the hand-over queue was full",
     "queue_full": "the snapshot queue was full",
+    "uid_budget": "the uid that mapped or exec'd it held its share of the hand-over or snapshot queue "
+                  "(queue_uid_share)",
     "file_cap": "no descriptor was left for it (pinned files at their cap) and its path no longer served",
     "gone": "queued without a descriptor, and by the copy its path named another file",
     "failed": "the copy failed (I/O error, full disk)",

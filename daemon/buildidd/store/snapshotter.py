@@ -7,8 +7,12 @@ replaced before the copy).  One worker thread copies, rate-limited in bytes/s,
 by risk (:class:`~buildidd.resolve.routes.HandOver`): first the files that can no longer be reached
 any other way (no name left, the process gone), then those of live
 processes, last the start-up synthesis' bulk of files that running processes
-map.  Descriptors are held within a budget, most of it kept for live
-sightings (the bulk may hold a quarter).  The same thread runs housekeeping
+map.  The queue (:class:`~buildidd.store.copyqueue.CopyQueue`) charges each
+job to the uid that mapped the file: a uid other than root holds at most a
+share of its slots and descriptors, a reserve of both is kept for AT_RISK
+jobs, and uids take turns, so that one user's flood costs that user's own
+copies only (refused ``uid_budget``).  The bulk may hold a quarter of the
+descriptors.  The same thread runs housekeeping
 every ``housekeeping_interval_s``: a callable the caller gives (the capture
 stage's session retention and store quota, which must not delete what a
 retained session references; the store cannot read sessions itself).
@@ -27,8 +31,6 @@ the ``lstat`` of each directory on the path) and hands them to the store.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 import threading
@@ -38,10 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from buildidd.resolve import procfs
+from buildidd.resolve.fairqueue import UID_BUDGET
 from buildidd.resolve.routes import HandOver
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_background
+from buildidd.store.copyqueue import CopyJob, CopyQueue
 from buildidd.store.counters import LogLimiter
 from buildidd.store.coverage import HELD, Coverage
 from buildidd.store.origin import KEY_GNU, Origin, origin_of_fd
@@ -89,10 +93,13 @@ class SnapshotPolicy:
 
     Attributes:
         rate_bytes_per_s: copy bandwidth limit, bytes/s (0: unlimited).
-        max_queue: jobs kept; more are dropped and counted (``dropped``).
+        max_queue: jobs kept; more are dropped and counted (``dropped``; ``queue_full``).
         max_fds: duplicated descriptors held by queued jobs at most; beyond
             it, jobs keep only path + identity.  Bulk jobs (HandOver.BULK) hold a
             quarter of it at most.
+        uid_share: the part of the slots (and of the descriptors) one uid other than root may hold,
+            in (0, 1]; its jobs beyond are refused (``dropped``, ``uid_budget``) or keep no descriptor.
+        at_risk_reserve: the part of the slots and of the descriptors only AT_RISK jobs may take, in [0, 1).
         max_seen: build-ids remembered as submitted this session; beyond it a
             build-id is still queued but not remembered (``seen_full``), so it
             may be queued again and is not protected by housekeeping.
@@ -102,6 +109,8 @@ class SnapshotPolicy:
     rate_bytes_per_s: int = 50 << 20
     max_queue: int = 8192
     max_fds: int = 1024
+    uid_share: float = 0.25
+    at_risk_reserve: float = 0.25
     housekeeping_interval_s: float = 600.0
     max_seen: int = 1 << 20
 
@@ -146,9 +155,7 @@ class Snapshotter:
         self.housekeeping_interval_s = policy.housekeeping_interval_s
         self.coverage = coverage if coverage is not None else Coverage()
         self._housekeeping = housekeeping
-        self._heap: list = []
-        self._seq = itertools.count()
-        self._fds = [0, 0, 0]                 # descriptors held by queued jobs, by HandOver
+        self._queue = CopyQueue(policy.max_queue, policy.max_fds, policy.uid_share, policy.at_risk_reserve)
         self._cv = threading.Condition()
         self._stop = False
         self._seen: set[str] = set()          # build-ids submitted this session
@@ -159,7 +166,7 @@ class Snapshotter:
         #: from a readlink and a stat while the stamp is the same.
         self._settled: dict[str, _Settled] = {}
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
-                      "bulk": 0, "no_fd": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
+                      "bulk": 0, "no_fd": 0, "uid_budget": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
         self.skipped: dict[str, int] = {}     # StoreRefusedError.reason → count
         self.last_error: str | None = None
@@ -167,10 +174,9 @@ class Snapshotter:
         self._thread = threading.Thread(target=self._run, name="buildidd-snapshot", daemon=True)
 
     # -- producer side (hand-over workers) ------------------------------------
-    def submit(self, build_id: str, path: str, ident: Identity | None, fd: int | None, *,
-               priority: HandOver = HandOver.LIVE, key: str = KEY_GNU) -> None:
-        """Queue a copy of the file with build_id (first sighting of this build-id at this path, from this
-        file); fd is dup'ed.
+    def submit(self, job: CopyJob, fd: int | None) -> None:
+        """Queue a copy of job's file (the first sighting of its build-id at its path, from this file);
+        fd, a descriptor of it (None: only the path), is dup'ed (job.fd is ignored).
 
         The same build-id at another path, or from another file at the same path
         (dev, inode), is queued again: it may be the trusted copy of a build-id a
@@ -181,16 +187,20 @@ class Snapshotter:
         touched when due, the ledger told it is held; nothing is queued.
 
         Args:
-            build_id: lower-case hex.
-            path: the mapping's path (the store's origin facts come from it).
-            ident: the mapped file's identity; fd: a descriptor of it (None: only the path).
-            key: what build_id is (store.origin.KEYS): the GNU build-id, or ``htlhash``, the file_id of a
-                file without one (Store.add_from_fd's key); the ledger and the housekeeping name it alike.
-            priority: LIVE, or AT_RISK when the caller knows no other route is left, or BULK for
-                the start-up synthesis.  A job is made AT_RISK here too when the file has no name
-                left (``fstat(fd).st_nlink == 0``: deleted or replaced by a rename, or a memfd) or
-                its path is not absolute; no call is made on path.
+            job: the CopyJob: build_id (lower-case hex), path (the mapping's: the store's origin
+                facts come from it), ident (the mapped file's identity), key (what build_id is,
+                store.origin.KEYS: the GNU build-id, or ``htlhash``, the file_id of a file without
+                one; the ledger and the housekeeping name it alike), priority (LIVE, or AT_RISK when the
+                caller knows no other route is left, or BULK for the start-up synthesis; made AT_RISK
+                here too when the file has no name left, ``fstat(fd).st_nlink == 0``: deleted or
+                replaced by a rename, or a memfd, or its path is not absolute; no call is made on
+                path), uid (the task that mapped or exec'd, Request.uid: the user charged for the
+                job's slot and descriptor, :class:`~buildidd.store.copyqueue.CopyQueue`).
+            fd: a descriptor of the file, or None.
+        A job refused for its uid's share is named ``uid_budget`` in the ledger, for a full queue
+        ``queue_full``; both are counted ``dropped``.
         """
+        build_id, path, ident = job.build_id, job.path, job.ident
         seen = (build_id, path, ident.dev if ident else 0, ident.ino if ident else 0)
         if seen in self._seen_paths:
             return
@@ -201,48 +211,44 @@ class Snapshotter:
                 self._note_seen(build_id, seen)
             self._held_settled(build_id, path)
             return
-        if not path.startswith("/") or path.endswith(" (deleted)"):
-            priority = HandOver.AT_RISK
-        if fd is not None and priority != HandOver.AT_RISK:
-            try:
-                if os.fstat(fd).st_nlink == 0:
-                    priority = HandOver.AT_RISK
-            except OSError:
-                priority = HandOver.AT_RISK
-        dup = None
+        job = job._replace(priority=self._priority(job, fd), fd=None)
         with self._cv:
             if self._stop:                      # a hand-over that finished after stop(): nothing copies it now
                 self.coverage.outcome(build_id, "shutdown", path)
                 return
-            if len(self._heap) >= self.max_queue:
+            got = self._queue.push(job, fd)
+            if isinstance(got, str):            # fairqueue.QUEUE_FULL or UID_BUDGET: the ledger's reason too
                 self.stats["dropped"] += 1
-                self.coverage.outcome(build_id, "queue_full", path)
+                if got == UID_BUDGET:
+                    self.stats["uid_budget"] += 1
+                self.coverage.outcome(build_id, got, path)
                 return
-            if fd is not None and self._fd_allowed(priority):
-                try:
-                    dup = os.dup(fd)
-                    self._fds[priority] += 1
-                except OSError:
-                    dup = None
-            if fd is not None and dup is None:
+            if fd is not None and got.fd is None:
                 self.stats["no_fd"] += 1
             self._note_seen(build_id, seen)
-            if priority == HandOver.AT_RISK:
+            if job.priority == HandOver.AT_RISK:
                 self.stats["urgent"] += 1
-            elif priority == HandOver.BULK:
+            elif job.priority == HandOver.BULK:
                 self.stats["bulk"] += 1
-            heapq.heappush(self._heap, (int(priority), next(self._seq), build_id, path, ident, dup, key))
             self._cv.notify()
 
-    def _fd_allowed(self, priority: HandOver) -> bool:
-        """A descriptor may be held: within max_fds, bulk jobs within a quarter of it (lock held)."""
-        if sum(self._fds) >= self.max_fds:
-            return False
-        return priority != HandOver.BULK or self._fds[HandOver.BULK] < self.max_fds // 4
+    @staticmethod
+    def _priority(job: CopyJob, fd: int | None) -> HandOver:
+        """job's priority, AT_RISK when its path is not absolute or names a deleted file, or when fd's
+        file has no link left (fstat st_nlink 0) or cannot be asked."""
+        if not job.path.startswith("/") or job.path.endswith(" (deleted)"):
+            return HandOver.AT_RISK
+        if fd is not None and job.priority != HandOver.AT_RISK:
+            try:
+                if os.fstat(fd).st_nlink == 0:
+                    return HandOver.AT_RISK
+            except OSError:
+                return HandOver.AT_RISK
+        return job.priority
 
     def queued(self) -> int:
         """Jobs waiting."""
-        return len(self._heap)
+        return len(self._queue)
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -256,11 +262,11 @@ class Snapshotter:
         queue no shorter for stall_s seconds (a slow file system) ends the wait early."""
         deadline = time.monotonic() + budget_s
         self.bucket.rate = 0
-        left, progress = len(self._heap), time.monotonic()
-        while self._heap and self._thread.is_alive():
+        left, progress = len(self._queue), time.monotonic()
+        while len(self._queue) and self._thread.is_alive():
             now = time.monotonic()
-            if len(self._heap) != left:
-                left, progress = len(self._heap), now
+            if len(self._queue) != left:
+                left, progress = len(self._queue), now
             if now >= deadline or now - progress >= stall_s:
                 break
             time.sleep(0.02)
@@ -270,25 +276,27 @@ class Snapshotter:
         if self._thread.is_alive():
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
         with self._cv:
-            left_jobs = list(self._heap)
-            self._heap.clear()
+            left_jobs = self._queue.clear()
         for job in left_jobs:
-            if job[5] is not None:
-                os.close(job[5])
-            self.coverage.outcome(job[2], "shutdown", job[3])
+            if job.fd is not None:
+                os.close(job.fd)
+            self.coverage.outcome(job.build_id, "shutdown", job.path)
         self.stats["abandoned"] += len(left_jobs)
         self.lines.flush()
         return len(left_jobs)
 
     def status(self) -> dict:
-        """Counters for `buildidd status`; ``coverage`` is Coverage.report (not final) without its list."""
+        """Counters for `buildidd status`; ``coverage`` is Coverage.report (not final) without its list;
+        ``queue`` is CopyQueue.status (slots and descriptors by uid, taken under the queue's lock)."""
         c = self.store.counters
         cov = self.coverage.report(self.store.contains, final=False)
         cov.pop("missing")
-        return {**self.stats, "queued": len(self._heap), "store_bytes": self.store.size_bytes(),
+        with self._cv:
+            stats, queue = dict(self.stats), self._queue.status()
+        return {**stats, "queued": queue["jobs"], "queue": queue, "store_bytes": self.store.size_bytes(),
                 "store_disk_bytes": self.store.disk_bytes(),
                 "quota_bytes": self.store.quota_bytes, "store": str(self.store.root),
-                "skipped": dict(self.skipped), "fds_held": sum(self._fds), "coverage": cov,
+                "skipped": dict(self.skipped), "fds_held": queue["fds"], "coverage": cov,
                 "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
                 "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
                 "evicted_for_root": c["evicted_for_root"],
@@ -300,23 +308,21 @@ class Snapshotter:
         next_housekeeping = time.monotonic()
         while True:
             with self._cv:
-                while not self._heap and not self._stop:
+                while not len(self._queue) and not self._stop:
                     self._cv.wait(timeout=max(0.1, next_housekeeping - time.monotonic()))
                     if time.monotonic() >= next_housekeeping:
                         break
                 if self._stop:
                     return
-                job = heapq.heappop(self._heap) if self._heap else None
-                if job is not None and job[5] is not None:
-                    self._fds[job[0]] = max(0, self._fds[job[0]] - 1)
+                job = self._queue.pop()
             if job is not None:
                 try:
-                    self._copy(*job[2:])
+                    self._copy(job.build_id, job.path, job.ident, job.fd, job.key)
                 except Exception as e:      # a bug: counted, named, and the worker goes on
                     self.stats["failed"] += 1
                     self.last_error = f"snapshot worker: {e!r}"
-                    self.coverage.outcome(job[2], "failed", job[3])
-                    log.exception("snapshot of %s failed", job[3])
+                    self.coverage.outcome(job.build_id, "failed", job.path)
+                    log.exception("snapshot of %s failed", job.path)
             if time.monotonic() >= next_housekeeping and not self._stop:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
                 self.housekeeping()
