@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from buildidd.cli.ctl import _handover_refusals, _store_lines
 from buildidd.kernel.events import EventType, MapOrigin, PcStatus, RawEvent
 from buildidd.resolve.enrich import Enricher, Offload
 from buildidd.resolve.procfs import identity_of
@@ -200,6 +201,10 @@ def test_a_users_flood_of_fresh_files_never_drops_roots_or_a_bystanders_copy(wor
         assert queue["fds_by_uid"][str(flood.uid)] == 16         # 12 general + 4 reserve descriptors
         assert queue["jobs_by_uid"]["0"] == 1 and queue["fds_by_uid"]["0"] == 1
         assert queue["jobs_by_uid"][str(by.uid)] == 1 and queue["fds_by_uid"][str(by.uid)] == 1
+        text = "\n".join(_store_lines(snap.status(), {})) + _handover_refusals(e.status())
+        assert f"uid {flood.uid} 64 jobs/16 fds" in text and f"refused (queue_uid_share, snapshot_queue_max): " \
+            f"uid {flood.uid} {queue['refused_by_uid'][str(flood.uid)]}" in text, text
+        assert f"(uid {flood.uid} {handed['queue_dropped']})" in text, text
         gaps = snap.coverage.report(store.contains, final=False)["gaps"]
         assert gaps.get("uid_budget", 0) == len(flood.files) - 64 and "queue_full" not in gaps
         assert "handover_dropped" not in gaps

@@ -92,6 +92,9 @@ def _store_lines(snap: dict, limits: dict) -> list[str]:
                    + (f" ({quiet} of their log lines not logged one by one)" if quiet else ""))
     if snap.get("last_error"):
         out.append(f"store     last error: {snap['last_error']}")
+    queue = snap.get("queue")
+    if queue and (queue.get("jobs") or queue.get("refused_by_uid")):
+        out.append(_queue_line(queue))
     cov = snap.get("coverage")
     if cov:
         gaps = cov.get("gaps") or {}
@@ -99,6 +102,26 @@ def _store_lines(snap: dict, limits: dict) -> list[str]:
                    f"this session named" + (f"; lacking: {', '.join(f'{k} {v}' for k, v in sorted(gaps.items()))}"
                                             if gaps else ""))
     return out
+
+
+def _queue_line(queue: dict) -> str:
+    """The copy queue's use by uid (store.copyqueue.CopyQueue.status): the uids holding most, the refused."""
+    fds = queue.get("fds_by_uid") or {}
+    held = ", ".join(f"uid {u} {n} jobs/{fds.get(u, 0)} fds" for u, n in (queue.get("jobs_by_uid") or {}).items())
+    refused = queue.get("refused_by_uid") or {}
+    return (f"queue     {queue.get('jobs', 0)} copies, {queue.get('fds', 0)} descriptors held"
+            + (f"; most: {held}" if held else "")
+            + (f"; refused (queue_uid_share, snapshot_queue_max): "
+               f"{', '.join(f'uid {u} {n}' for u, n in refused.items())}" if refused else ""))
+
+
+def _handover_refusals(res: dict) -> str:
+    """``(uid U N, ...)``: hand-overs refused by uid, both pools summed (workers.WorkerPool.status)."""
+    by: dict[str, int] = {}
+    for pool in (res.get("handover_pool") or {}, res.get("bulk_handover_pool") or {}):
+        for uid, n in (pool.get("refused_by_uid") or {}).items():
+            by[uid] = by.get(uid, 0) + n
+    return f" ({', '.join(f'uid {u} {n}' for u, n in sorted(by.items(), key=lambda kv: -kv[1]))})" if by else ""
 
 
 def _error_counts(s: dict) -> str | None:
@@ -142,7 +165,7 @@ def _human_status(s: dict) -> str:
         lines.append(f"resolve   {res.get('threads', 0)} workers ({res.get('stuck', 0)} stuck on a slow file, "
                      f"{res.get('queued', 0)} queued), deadline {res.get('deadline_s', 0):g} s (resolve_deadline_s): "
                      f"{res.get('timeouts', 0)} timed out, {res.get('pending', 0)} answers pending; hand-overs "
-                     f"{res.get('handovers_dropped', 0)} dropped")
+                     f"{res.get('handovers_dropped', 0)} dropped{_handover_refusals(res)}")
     lines += _log_lines(s, limits)
     snap = s.get("snapshots")
     if snap:
