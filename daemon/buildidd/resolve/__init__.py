@@ -3,7 +3,8 @@
 File identity checks and /proc access (procfs: map_files, proc root), the
 bounded ELF note reader and the BuildId value type (buildid), the routes to a
 mapped file that the workers run and the answers they give (routes), the
-enricher and its one bounded identity cache (enrich), and host facts such as the running
+enricher and its one bounded identity cache (enrich), the queues that charge each job to a uid and
+serve uids in turn (fairqueue), and host facts such as the running
 kernel's build-id (host).
 
 May import: kernel, and the shared modules.
