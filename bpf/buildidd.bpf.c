@@ -317,8 +317,19 @@ static __always_inline void output_event(void *data, __u64 size)
 }
 
 /*
+ * What one uid other than root may write into the rings between two drains of
+ * the consumer, whatever its token bucket holds: a quarter of a CPU's share of
+ * a ring, so that one user's burst while the consumer is late leaves root's and
+ * other users' records room.
+ */
+#ifndef UID_RING_BYTES
+#define UID_RING_BYTES (RINGBUF_PAGES << (PAGE_SHIFT - 2))
+#endif
+
+/*
  * Whether a MAP or EXEC record of size bytes is over its user's budget (then it is
- * counted in uid_budget and not sent).  Root's records are never held back; nor
+ * counted in uid_budget and not sent): the uid's token bucket, and its share of
+ * the rings between drains (UID_RING_BYTES).  Root's records are never held back; nor
  * are fork, exit and comm records (small, and an exit frees user space's state).
  * The refill is computed from at most the time that fills the bucket, so the
  * product cannot overflow.  Two CPUs may refill one entry at once: the budget
@@ -329,7 +340,7 @@ static __always_inline int over_budget(const void *data, __u64 size)
 	__u32 uid = ((const struct event_header *)data)->uid, zero = 0;
 	struct uid_budget_cfg *cfg;
 	struct uid_budget *b;
-	__u64 now, elapsed, tokens, full_ns;
+	__u64 now, elapsed, tokens, full_ns, *gen;
 
 	if (uid == 0)
 		return 0;
@@ -346,6 +357,13 @@ static __always_inline int over_budget(const void *data, __u64 size)
 		if (!b)
 			return 0;
 	}
+	gen = drain_gen.lookup(&zero);
+	if (gen && b->gen != *(volatile __u64 *)gen) {	/* the consumer drained since */
+		b->gen = *(volatile __u64 *)gen;
+		b->since_drain = 0;
+	}
+	if (b->since_drain + size > UID_RING_BYTES)
+		goto held;
 	elapsed = now > b->last_ns ? now - b->last_ns : 0;
 	full_ns = cfg->burst_bytes / cfg->bytes_per_s * 1000000000ULL + 1000000000ULL;
 	if (elapsed > full_ns)
@@ -356,9 +374,11 @@ static __always_inline int over_budget(const void *data, __u64 size)
 	b->last_ns = now;
 	if (tokens >= size) {
 		b->tokens = tokens - size;
+		b->since_drain += size;
 		return 0;
 	}
 	b->tokens = tokens;
+held:
 	__sync_fetch_and_add(&b->records, 1);
 	__sync_fetch_and_add(&b->bytes, size);
 	if (!b->first_ns)

@@ -168,7 +168,7 @@ struct task_event {
 
 /*
  * A user's record budget (map "uid_budget", key: event_header.uid): a token bucket in bytes of ring
- * records.  A MAP or EXEC record of a uid other than 0 that finds too few tokens is not sent; it is
+ * records, and a share of the rings between two drains of the consumer.  A MAP or EXEC record of a uid other than 0 that finds too few tokens is not sent; it is
  * counted here, so one user's flood costs that user's own records, never the ring space of root's
  * or another user's.
  */
@@ -179,6 +179,8 @@ struct uid_budget {
 	__u64 bytes;		/* their bytes */
 	__u64 first_ns;		/* the first record not sent, ns since boot (0: none yet) */
 	__u64 latest_ns;	/* the latest record not sent, ns since boot */
+	__u64 gen;		/* the consumer's drain count (map drain_gen) since_drain counts from */
+	__u64 since_drain;	/* bytes sent since the consumer's last drain */
 };
 
 /* The budget's settings (map "uid_budget_cfg", one entry), written by user space at start. */

@@ -145,7 +145,7 @@ class Config:
                                        "while they arrive (when none do, `buildidd run` sleeps until the "
                                        "first one wakes it: capture/loop.py); in [poll_interval_s, 1].")
     drop_check_interval_s: float = _key(0.25, "seconds", "how often the kernel's drop counters are read.")
-    uid_record_rate_bytes_per_s: int = _key(8 << 20, "bytes per second",
+    uid_record_rate_bytes_per_s: int = _key(2 << 20, "bytes per second",
                                             "ring bytes of mapping and exec records (about 200 bytes and the "
                                             "path each) that the tasks of one uid other than root may send, "
                                             "on average; beyond it (and uid_record_burst_bytes) the BPF side "
@@ -153,8 +153,10 @@ class Config:
                                             "record per uid), so one user's flood cannot take the rings, the "
                                             "log or the recording thread from root and other users; 0: no "
                                             "budget.")
-    uid_record_burst_bytes: int = _key(32 << 20, "bytes",
-                                       "... and at once: the token bucket's size per uid.")
+    uid_record_burst_bytes: int = _key(4 << 20, "bytes",
+                                       "... and at once: the token bucket's size per uid (whatever it holds, "
+                                       "one uid's records take at most a quarter of a ring between two "
+                                       "drains of the consumer).")
     recording_nice: int = _key(-5, "nice value, -20..19",
                                "nice value the thread that drains the rings switches to while one would fill "
                                "within 160 ms at the rate of the last step (or a drain found one an eighth "

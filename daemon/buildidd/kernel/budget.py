@@ -23,7 +23,8 @@ __all__ = ["Held", "UidBudget", "UidBudgetCfg", "UidBudgets", "WIRE_STRUCTS", "t
 class UidBudget(ctypes.Structure):
     """struct uid_budget of bpf/events.h (see the field comments there)."""
     _fields_ = [("tokens", ctypes.c_uint64), ("last_ns", ctypes.c_uint64), ("records", ctypes.c_uint64),
-                ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64), ("latest_ns", ctypes.c_uint64)]
+                ("bytes", ctypes.c_uint64), ("first_ns", ctypes.c_uint64), ("latest_ns", ctypes.c_uint64),
+                ("gen", ctypes.c_uint64), ("since_drain", ctypes.c_uint64)]
 
 
 class UidBudgetCfg(ctypes.Structure):

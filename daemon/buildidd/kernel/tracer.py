@@ -57,7 +57,8 @@ def load_spec(layout: dict[str, int], ring_bytes: int, nrings: int,
     kld_ids, kfuncs = kld
     cflags = [f"-D{k}={v}" for k, v in sorted({**layout, **kld_ids}.items())]
     cflags += [f"-DPAGE_SHIFT={page.bit_length() - 1}", f"-DRINGBUF_PAGES={pages}", f"-DNRINGS={nrings}",
-               f"-DWAKE_BYTES={max(page, ring_bytes // 8 // sharing)}", f"-I{BPF_DIR}", "-Wno-unused-function"]
+               f"-DWAKE_BYTES={max(page, ring_bytes // 8 // sharing)}",
+               f"-DUID_RING_BYTES={max(page, ring_bytes // 4 // sharing)}", f"-I{BPF_DIR}", "-Wno-unused-function"]
     if not kfuncs:
         cflags.append("-DNO_KFUNCS")
     raw = tuple((name, f"on_{name}") for kind, name in Tracer.PROGRAMS if kind == "raw_tracepoint")
