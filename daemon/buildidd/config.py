@@ -243,6 +243,14 @@ class Config:
                                   "task that mapped or exec'd the file.  Beyond it that uid's new jobs are "
                                   "refused (gap reason uid_budget, counted per uid) or keep no descriptor.  "
                                   "Uids take turns in each queue.")
+    coverage_max_bytes: int = _key(8 << 20, "bytes",
+                                   "the session's coverage ledger (which build-ids it named and why the store "
+                                   "lacks any) takes at most this much memory, estimated (store/coverage.py); "
+                                   "beyond it new build-ids are counted only (untracked, by uid); at least 1M.  "
+                                   "The gap file written at the session's end is bounded by it too.")
+    coverage_uid_share: float = _key(0.25, "fraction of coverage_max_bytes",
+                                     "the part of the coverage ledger the build-ids mapped by one uid other "
+                                     "than root may take, in (0, 1] (1: no per-uid limit).")
     pin_max_files: int = _key(1024, "files",
                               "executed files held open from their exec (fanotify FAN_OPEN_EXEC) until "
                               "their copy is queued, at most; beyond it the oldest pin is closed and "
@@ -307,6 +315,10 @@ class Config:
             raise ConfigError("snapshot_at_risk_reserve must be in [0, 0.5]")
         if not 0 < self.queue_uid_share <= 1:
             raise ConfigError("queue_uid_share must be in (0, 1]")
+        if self.coverage_max_bytes < 1 << 20:
+            raise ConfigError("coverage_max_bytes must be at least 1M")
+        if not 0 < self.coverage_uid_share <= 1:
+            raise ConfigError("coverage_uid_share must be in (0, 1]")
         if not 0 <= self.pin_max_files <= 65536:
             raise ConfigError("pin_max_files must be in 0..65536")
         if not 1 <= self.pin_ttl_s <= 600:

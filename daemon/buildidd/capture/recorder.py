@@ -297,11 +297,11 @@ class Recorder:
         if self.log.writer is not None:
             for held in self.tracer.budgets.report() if self.tracer is not None else ():
                 self.tables.emit(dict_line(throttled_record(held, clock.boot_ns())))
-            self.tables.emit(dict_line({"type": "end", "time_ns": clock.boot_ns(),
-                                        "reason": self.guard.end_reason or "stopped",
-                                        "resolutions_abandoned": abandoned, **self.summary(),
-                                        "records_lost": self.log.writer.stats["records_lost"],
-                                        **report.store_totals(self)}))
+            self.tables.emit(report.end_line({"type": "end", "time_ns": clock.boot_ns(),
+                                              "reason": self.guard.end_reason or "stopped",
+                                              "resolutions_abandoned": abandoned, **self.summary(),
+                                              "records_lost": self.log.writer.stats["records_lost"],
+                                              **report.store_totals(self)}))
             self.log.close()
         if self.rings is not None:
             self.rings.close()
@@ -390,6 +390,7 @@ def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
     """
     from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
     from buildidd.store import SnapshotPolicy, Snapshotter, Store
+    from buildidd.store.coverage import Coverage
 
     store = Store.from_config(cfg)
     if kernel_build_id:
@@ -403,11 +404,12 @@ def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
     policy = SnapshotPolicy(rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s, max_queue=cfg.snapshot_queue_max,
                             max_fds=cfg.snapshot_fds_max, uid_share=cfg.queue_uid_share,
                             at_risk_reserve=cfg.snapshot_at_risk_reserve)
-    snapshotter = Snapshotter(store, policy, housekeeping=Housekeeping(store, retention))
+    snapshotter = Snapshotter(store, policy, housekeeping=Housekeeping(store, retention),
+                              coverage=Coverage(cfg.coverage_max_bytes, cfg.coverage_uid_share))
     snapshotter.start()
     routes.settled = snapshotter.settled
     routes.stored_file_id = snapshotter.stored_file_id
-    routes.on_gap = lambda bid, path, reason: snapshotter.coverage.outcome(bid, reason, path)
+    routes.on_gap = lambda bid, path, reason, uid: snapshotter.coverage.outcome(bid, reason, path, uid)
     return snapshotter
 
 

@@ -9,13 +9,19 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from buildidd import memo
-from buildidd.sessionlog import sessions_usage
+from buildidd import clock, memo
+from buildidd.errors import SessionLogError
+from buildidd.sessionlog import sessions_usage, write_gaps
+from buildidd.sessionlog.records import dict_line
 
 #: Configuration keys reported in status["limits"]: what bounds a loss, a skipped copy or the sessions.
 LIMIT_KEYS = ("ring_bytes", "recording_nice", "pending_lines_max_bytes", "store_quota_bytes",
               "store_file_max_bytes", "store_uid_share", "session_max_total_bytes", "session_max_age_s",
               "segment_max_bytes")
+
+#: Bytes of the end record's line at most (docs/record-format.md): the coverage's inline gap list is
+#: bounded to fit (store.gapreport); end_line trims what is left over.
+END_RECORD_MAX_BYTES = 64 << 10
 
 if TYPE_CHECKING:
     from buildidd.capture.recorder import Recorder
@@ -83,13 +89,57 @@ def summary(rec: Recorder) -> dict:
 
 def store_totals(rec: Recorder) -> dict:
     """The end record's store part: ``store`` (Snapshotter.status), ``exec_pins`` (ExecPins.status)
-    and ``store_coverage`` (Coverage.report, final: every build-id the session named that the
-    store lacks, with its reason); {} without a store."""
+    and ``store_coverage`` (Coverage.report, final: the build-ids the session named that the store
+    lacks, counted by reason and uid, the first listed), whose ``gaps_file`` names the gap file
+    written now beside the segments with every one (sessionlog.gapfile; None: no gap); {} without
+    a store."""
     snap = rec.snapshotter
     if snap is None:
         return {}
+    gaps: list[dict] = []
+    cov = snap.coverage.report(snap.store.contains, final=True, all_gaps=gaps)
+    cov["gaps_file"] = _gap_file(rec, gaps)
     return {"store": snap.status(), "exec_pins": rec.pins.status() if rec.pins is not None else None,
-            "store_coverage": snap.coverage.report(snap.store.contains, final=True)}
+            "store_coverage": cov}
+
+
+def _gap_file(rec: Recorder, gaps: list[dict]) -> dict | None:
+    """Write the session's gap file (write_gaps); what the end record says of it, None without gaps,
+    {"error": why} when it could not be written (noted in last_errors)."""
+    if not gaps:
+        return None
+    try:
+        return write_gaps(rec.session_dir, gaps, compress=rec.config.compress,
+                          max_bytes=rec.config.coverage_max_bytes)
+    except SessionLogError as e:
+        rec.last_errors.append({"time_ns": clock.boot_ns(), "error": str(e)})
+        return {"error": str(e)}
+
+
+def end_line(record: dict) -> bytes:
+    """The end record as its line, at most END_RECORD_MAX_BYTES (and so within the reader's
+    MAX_LINE_BYTES): were it longer, store_coverage's ``missing`` and then ``by_uid`` are cut
+    (``"trimmed": true``), then store_coverage keeps only its counts, then the record keeps only
+    type, time_ns and reason.  The gap file keeps every gap whatever is cut here."""
+    line = dict_line(record)
+    cov = record.get("store_coverage")
+    while len(line) > END_RECORD_MAX_BYTES and isinstance(cov, dict):
+        if cov.get("missing"):
+            del cov["missing"][len(cov["missing"]) // 2:]
+            cov["missing_listed"] = len(cov["missing"])
+        elif len(cov.get("by_uid") or ()) > 1:
+            cov["by_uid"] = dict(list(cov["by_uid"].items())[:len(cov["by_uid"]) // 2])
+        else:
+            break
+        cov["trimmed"] = True
+        line = dict_line(record)
+    if len(line) > END_RECORD_MAX_BYTES and isinstance(cov, dict):
+        record["store_coverage"] = {k: cov[k] for k in ("named", "held", "gaps", "untracked", "gaps_file")
+                                    if k in cov} | {"trimmed": True}
+        line = dict_line(record)
+    if len(line) > END_RECORD_MAX_BYTES:
+        line = dict_line({k: record.get(k) for k in ("type", "time_ns", "reason")} | {"trimmed": True})
+    return line
 
 
 def _rates(window: list[tuple[float, dict]]) -> dict[str, float]:

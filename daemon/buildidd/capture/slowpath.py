@@ -50,9 +50,10 @@ class SlowPath:
         self.enricher = enricher
         self.join = join
         self._kernel_keys: dict[bytes, None] = {}
-        #: named(build_id_hex, path): told of every build-id recorded, and of the htlhash of a file without
-        #: one (the store's key for it; store.coverage.Coverage.named)
-        self.named: Callable[[str, str], None] | None = None
+        #: named(build_id_hex, path, uid): told of every build-id recorded, and of the htlhash of a file
+        #: without one (the store's key for it), with the uid of the task that mapped it
+        #: (store.coverage.Coverage.named, which charges it to that uid)
+        self.named: Callable[[str, str, int], None] | None = None
 
     def record(self, raw: bytes) -> None:
         """Record one raw ring record the fast path left to Python (any record type)."""
@@ -90,7 +91,7 @@ class SlowPath:
         self.stats.count("mmap")
         key = res.build_id or res.file_id     # a file without a GNU build-id is stored under its htlhash
         if key and self.named is not None:
-            self.named(key, ev.path)
+            self.named(key, ev.path, ev.uid)
         key = file_key(ev.identity)
         self.tables.add_live(ev.pid, ev.start, key)
         fast = self.tables.fast

@@ -216,7 +216,8 @@ class Enricher:
             self.handovers_dropped += 1
             self._handed.pop(seen)
             if self.routes.on_gap is not None and res.build_id:
-                self.routes.on_gap(res.build_id, ev.path, UID_BUDGET if got == UID_BUDGET else "handover_dropped")
+                self.routes.on_gap(res.build_id, ev.path, UID_BUDGET if got == UID_BUDGET else "handover_dropped",
+                                   ev.uid)
 
     def resolve_scanned(self, pid: int, vma: tuple[int, int], path: str) -> tuple[Identity, Resolution] | None:
         """Open pid's mapping vma = (vm_start, vm_end) through map_files (on a worker): (identity, Resolution).

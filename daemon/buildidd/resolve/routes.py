@@ -147,8 +147,9 @@ class FileKey:
     file_id: str
     go_build_id: str | None = None
 
-OnGap = Callable[[str, str, str], None]
-"""``on_gap(build_id_hex, path, reason)``: a hand-over reached no file (reason as store.coverage's)."""
+OnGap = Callable[[str, str, str, int], None]
+"""``on_gap(build_id_hex, path, reason, uid)``: a hand-over reached no file (reason as store.coverage's;
+uid: the task's that mapped or exec'd it, Request.uid, the user the ledger charges)."""
 
 
 class Routes:
@@ -297,7 +298,7 @@ class Routes:
         if self.on_gap is not None and res.build_id:
             gone = not os.path.exists(f"/proc/{req.pid}")
             reason = ("replaced_before_pin" if replaced else "process_gone") if gone else "unreachable"
-            self.on_gap(res.build_id, req.path, reason)
+            self.on_gap(res.build_id, req.path, reason, req.uid)
         return False
 
     def _give(self, req: Request, res: Resolution, fd: int) -> bool:

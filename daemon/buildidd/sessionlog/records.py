@@ -52,6 +52,7 @@ import json
 from buildidd import memo
 from buildidd.resolve.enrich import Resolution
 from buildidd.kernel.events import PATH_CUT, EventType, ExecHead, MapOrigin, PcStatus, RawEvent, TaskRecord
+from buildidd.sessionlog.segments import MAX_LINE_BYTES
 
 #: map_event.origin → the record's "origin"; plus the two user-space origins.
 ORIGIN_NAMES = {
@@ -204,5 +205,13 @@ def task_line(rec: TaskRecord) -> bytes:
 
 
 def dict_line(record: dict) -> bytes:
-    """A rare record (session, lost, end) as compact JSON."""
-    return json.dumps(record, separators=(",", ":"), sort_keys=False).encode()
+    """A rare record (session, lost, end) as compact JSON.
+
+    Raises:
+        ValueError: the line would be longer than segments.MAX_LINE_BYTES, which the reader skips
+            as torn (the end record is bounded below it: capture.report.end_line).
+    """
+    line = json.dumps(record, separators=(",", ":"), sort_keys=False).encode()
+    if len(line) > MAX_LINE_BYTES:
+        raise ValueError(f"a {record.get('type')} record of {len(line)} bytes is over {MAX_LINE_BYTES}")
+    return line

@@ -209,19 +209,19 @@ class Snapshotter:
             # through the queue and a wake-up of the worker for a touch.
             with self._cv:
                 self._note_seen(build_id, seen)
-            self._held_settled(build_id, path)
+            self._held_settled(build_id, path, job.uid)
             return
         job = job._replace(priority=self._priority(job, fd), fd=None)
         with self._cv:
             if self._stop:                      # a hand-over that finished after stop(): nothing copies it now
-                self.coverage.outcome(build_id, "shutdown", path)
+                self.coverage.outcome(build_id, "shutdown", path, job.uid)
                 return
             got = self._queue.push(job, fd)
             if isinstance(got, str):            # fairqueue.QUEUE_FULL or UID_BUDGET: the ledger's reason too
                 self.stats["dropped"] += 1
                 if got == UID_BUDGET:
                     self.stats["uid_budget"] += 1
-                self.coverage.outcome(build_id, got, path)
+                self.coverage.outcome(build_id, got, path, job.uid)
                 return
             if fd is not None and got.fd is None:
                 self.stats["no_fd"] += 1
@@ -280,17 +280,18 @@ class Snapshotter:
         for job in left_jobs:
             if job.fd is not None:
                 os.close(job.fd)
-            self.coverage.outcome(job.build_id, "shutdown", job.path)
+            self.coverage.outcome(job.build_id, "shutdown", job.path, job.uid)
         self.stats["abandoned"] += len(left_jobs)
         self.lines.flush()
         return len(left_jobs)
 
     def status(self) -> dict:
-        """Counters for `buildidd status`; ``coverage`` is Coverage.report (not final) without its list;
-        ``queue`` is CopyQueue.status (slots and descriptors by uid, taken under the queue's lock)."""
+        """Counters for `buildidd status`; ``coverage`` is Coverage.report (not final, 8 uids) without its
+        list, with the ledger's bytes, budget and top uids (``ledger``); ``queue`` is CopyQueue.status
+        (slots and descriptors by uid, taken under the queue's lock)."""
         c = self.store.counters
-        cov = self.coverage.report(self.store.contains, final=False)
-        cov.pop("missing")
+        cov = self.coverage.report(self.store.contains, final=False, listed_bytes=0, uids_listed=8)
+        del cov["missing"], cov["missing_listed"]
         with self._cv:
             stats, queue = dict(self.stats), self._queue.status()
         return {**stats, "queued": queue["jobs"], "queue": queue, "store_bytes": self.store.size_bytes(),
@@ -317,11 +318,11 @@ class Snapshotter:
                 job = self._queue.pop()
             if job is not None:
                 try:
-                    self._copy(job.build_id, job.path, job.ident, job.fd, job.key)
+                    self._copy(job.build_id, job.path, job.ident, job.fd, job.key, job.uid)
                 except Exception as e:      # a bug: counted, named, and the worker goes on
                     self.stats["failed"] += 1
                     self.last_error = f"snapshot worker: {e!r}"
-                    self.coverage.outcome(job.build_id, "failed", job.path)
+                    self.coverage.outcome(job.build_id, "failed", job.path, job.uid)
                     log.exception("snapshot of %s failed", job.path)
             if time.monotonic() >= next_housekeeping and not self._stop:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
@@ -371,7 +372,7 @@ class Snapshotter:
         else:
             self.stats["seen_full"] += 1
 
-    def _held_settled(self, build_id: str, path: str) -> None:
+    def _held_settled(self, build_id: str, path: str, uid: int = -1) -> None:
         """A settled sighting (any thread): its entry touched when due, counted ``already_present``,
         held in the ledger; a touch that fails (the entry evicted since) is counted ``failed``."""
         try:
@@ -380,12 +381,12 @@ class Snapshotter:
             with self._cv:
                 self.stats["failed"] += 1
             self.last_error = str(e)
-            self.coverage.outcome(build_id, "failed", path)
+            self.coverage.outcome(build_id, "failed", path, uid)
             self.lines.log("failed", logging.WARNING, "touch of %s (%s) failed: %s", path, build_id, e)
             return
         with self._cv:
             self.stats["already_present"] += 1
-        self.coverage.outcome(build_id, HELD, path)
+        self.coverage.outcome(build_id, HELD, path, uid)
 
     def _touch_settled(self, build_id: str) -> None:
         """Store.touch a settled entry (its recency for the quota), at most once per SETTLED_TTL_S."""
@@ -414,35 +415,38 @@ class Snapshotter:
             return None
         return o.file_id
 
-    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None, key: str = KEY_GNU) -> None:
+    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None, key: str = KEY_GNU,
+              uid: int = -1) -> None:
+        """Copy one job's file into the store; every outcome goes to the ledger, charged to uid when the
+        recorder has not named build_id yet."""
         try:
             if self.settled(build_id, ident, path):
-                self._held_settled(build_id, path)    # nothing another file could improve
+                self._held_settled(build_id, path, uid)    # nothing another file could improve
                 return
             if fd is None:
                 fd = self._open_by_path(path, ident)
                 if fd is None:
                     self.stats["gone"] += 1
-                    self.coverage.outcome(build_id, "gone", path)
+                    self.coverage.outcome(build_id, "gone", path, uid)
                     return
             res = self.store.add_from_fd(fd, path, build_id, identity=ident, origin=origin_of_fd(fd, path), key=key)
             self.stats["stored" if res.added else "already_present"] += 1
-            self.coverage.outcome(build_id, HELD, path)
+            self.coverage.outcome(build_id, HELD, path, uid)
             if not res.added:
                 self.store.touch(build_id)
         except StoreRefusedError as e:
             self.skipped[e.reason] = self.skipped.get(e.reason, 0) + 1
             self.last_error = str(e)
-            self.coverage.outcome(build_id, e.reason, path)
+            self.coverage.outcome(build_id, e.reason, path, uid)
             self.lines.log(f"skipped: {e.reason}", logging.INFO, "snapshot of %s (%s) skipped: %s", path, build_id, e)
         except StoreError as e:
             self.stats["failed"] += 1
             self.last_error = str(e)
-            self.coverage.outcome(build_id, "failed", path)
+            self.coverage.outcome(build_id, "failed", path, uid)
             self.lines.log("failed", logging.WARNING, "snapshot of %s (%s) failed: %s", path, build_id, e)
         except OSError as e:
             self.stats["failed"] += 1
-            self.coverage.outcome(build_id, "failed", path)
+            self.coverage.outcome(build_id, "failed", path, uid)
             self.last_error = f"{path}: {e}"
         finally:
             if fd is not None:
