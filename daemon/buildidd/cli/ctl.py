@@ -101,6 +101,15 @@ def _store_lines(snap: dict, limits: dict) -> list[str]:
         out.append(f"coverage  the store holds {cov.get('held', 0)} of the {cov.get('named', 0)} build-ids "
                    f"this session named" + (f"; lacking: {', '.join(f'{k} {v}' for k, v in sorted(gaps.items()))}"
                                             if gaps else ""))
+        ledger = cov.get("ledger")
+        if isinstance(ledger, dict):
+            top = ", ".join(f"uid {u.get('uid')} {_mib(u.get('bytes'))} ({u.get('entries', 0)} tracked"
+                            + (f", {u['untracked']} untracked" if u.get("untracked") else "") + ")"
+                            for u in (ledger.get("top_uids") or [])[:4] if isinstance(u, dict))
+            out.append(f"ledger    {_mib(ledger.get('bytes'))} of {_mib(ledger.get('budget_bytes'))} "
+                       f"(coverage_max_bytes; {_mib(ledger.get('uid_share_bytes'))} per uid but root)"
+                       + (f"; {cov.get('untracked')} build-ids untracked" if cov.get("untracked") else "")
+                       + (f"; top: {top}" if top else ""))
     return out
 
 

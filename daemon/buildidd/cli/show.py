@@ -7,6 +7,11 @@ the segments whose time range overlaps: a segment's range runs from its first
 record's time_ns to the next segment's first (segments are written in time
 order), widened by :data:`SEGMENT_SLACK_NS` for records that reach the log out
 of order; finding it decompresses only the head of each segment.
+
+``--type gap`` reads the session's gap file (sessionlog.gapfile: every
+build-id the store lacked at the session's end, with its reason and uid),
+after the segments when other types are asked for too; only the path and
+build-id filters apply to its records (they have no pid or time).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from buildidd import config as configmod
 from buildidd.cli.common import effective_session_root, paragraph, resolve_session
 from buildidd.errors import SessionLogError, UsageError
 from buildidd.inputs import SessionClock
-from buildidd.sessionlog import list_segments, read_session
+from buildidd.sessionlog import list_segments, read_gaps, read_session
 
-#: Record types ``--type`` accepts (sessionlog/records.py; ``resolution``: offline/resolutions.py).
-RECORD_TYPES = ("session", "mmap", "exec", "fork", "exit", "comm", "lost", "throttled", "end", "resolution")
+#: Record types ``--type`` accepts (sessionlog/records.py; ``resolution``: offline/resolutions.py;
+#: ``gap``: the gap file, sessionlog/gapfile.py).
+RECORD_TYPES = ("session", "mmap", "exec", "fork", "exit", "comm", "lost", "throttled", "end", "resolution", "gap")
 #: How far past the next segment's first record a segment's records may reach
 #: (records of different CPUs reach the log up to a few drain intervals apart).
 SEGMENT_SLACK_NS = 2 * 10**9
@@ -229,6 +235,10 @@ def format_record(r: dict, style: Style) -> str:
         return f"{head} code {r.get('exit_code')}"
     if t == "comm":
         return head
+    if t == "gap":
+        cut = " (path cut: its end)" if r.get("path_cut") else ""
+        return (f"{head} {escape(r.get('reason', '')):<20} uid {escape(r.get('uid', '?')):<6} "
+                f"{escape(r.get('build_id', '')):<40} {escape(r.get('path', ''))}{cut}")
     rest = {k: v for k, v in r.items() if k not in ("type", "time_ns", "pid", "comm")}
     return f"{head} {escape(json.dumps(rest, separators=(',', ':')))}"
 
@@ -269,6 +279,15 @@ def filters_from_args(args, offset_ns: int | None, now_wall_ns: int) -> Filters:
                    since_ns=since_ns, until_ns=until_ns)
 
 
+def _records(session: Path, segments: list[Path], types: frozenset[str] | None,
+             on_torn: Callable[[str, int], None]) -> Iterator[dict]:
+    """The segments' records (unless only ``gap`` is asked for), then the gap file's when ``gap`` is."""
+    if types is None or types - {"gap"}:
+        yield from read_segments(session, segments, on_torn)
+    if types is not None and "gap" in types:
+        yield from read_gaps(session, on_torn=on_torn)
+
+
 def cmd_show(args) -> int:
     """`buildidd show SESSION`: decode a session (text or --json), filtered; see register() for the options.
 
@@ -287,7 +306,7 @@ def cmd_show(args) -> int:
     shown = 0
     out = sys.stdout
     try:
-        for r in read_segments(session, segments, on_torn=lambda seg, line: torn.append((seg, line))):
+        for r in _records(session, segments, filters.types, lambda seg, line: torn.append((seg, line))):
             if not filters.match(r):
                 continue
             shown += 1
@@ -331,7 +350,9 @@ def register(sub) -> None:
                       help="only mappings/execs whose path or filename matches, e.g. '*/libc.so*' (repeatable)")
     show.add_argument("--build-id", action="append", metavar="HEX", help="only build-ids starting with HEX (repeatable)")
     show.add_argument("--type", action="append", choices=RECORD_TYPES, metavar="TYPE",
-                      help=f"only records of this type: {', '.join(RECORD_TYPES)} (repeatable)")
+                      help=f"only records of this type: {', '.join(RECORD_TYPES)} (repeatable); gap: the "
+                           "session's gap file, every build-id the store lacked at its end with the reason "
+                           "and the uid that mapped it")
     show.add_argument("--json", action="store_true", help="JSON lines, the records as stored")
     when = show.add_mutually_exclusive_group()
     when.add_argument("--utc", action="store_true", help="times in UTC instead of the local zone")

@@ -26,7 +26,7 @@ from pathlib import Path
 from buildidd import clock
 from buildidd.offline.manifest import CLOSED_MARKER, CLOSED_MARKER_MAX_BYTES
 from buildidd.offline.resolutions import TIMEOUT, identity_of
-from buildidd.sessionlog import list_segments, read_session
+from buildidd.sessionlog import find_gap_file, list_segments, read_gaps, read_session
 
 __all__ = ["MAX_PATHS_PER_BUILD_ID", "MAX_UNRESOLVED", "BuildIdUse", "SessionFacts", "SessionInfo",
            "list_sessions", "read_marker", "read_marker_bytes", "session_facts", "session_info"]
@@ -35,6 +35,9 @@ __all__ = ["MAX_PATHS_PER_BUILD_ID", "MAX_UNRESOLVED", "BuildIdUse", "SessionFac
 MAX_PATHS_PER_BUILD_ID = 16
 #: (path, error) pairs without a build-id kept for the manifest; the rest are only counted.
 MAX_UNRESOLVED = 1000
+
+#: Uids whose gap counts a listing takes from an end record at most (the recorder writes 16).
+MAX_UIDS = 64
 
 #: kind of a referenced build-id: a mapped file, the running kernel, a loaded module.
 KIND_FILE, KIND_KERNEL, KIND_MODULE = "file", "kernel", "module"
@@ -67,6 +70,11 @@ class SessionInfo:
             not closed (live, or killed and not sealed yet).
         sealed: closed by the sealing at the next start, not by the daemon
             (the ``end`` record, or the marker, has ``sealed_at_ns`` and is not clean).
+        gaps: build-ids the session named that the store lacked at its end (the end record's
+            ``store_coverage``); None: not counted (no store, or not closed by the daemon).
+        gaps_by_uid: uid (text) -> those gaps, for the uids the end record counts one by one.
+        gaps_file: the gap file's name (sessionlog.gapfile), None when the session has none;
+            gaps_in_file: its gap records, read now.
     """
 
     name: str
@@ -88,6 +96,10 @@ class SessionInfo:
     closed: bool = False
     clean: bool | None = None
     sealed: bool = False
+    gaps: int | None = None
+    gaps_by_uid: dict[str, int] = field(default_factory=dict)
+    gaps_file: str | None = None
+    gaps_in_file: int = 0
 
     def wall_ns(self, time_ns: int | None) -> int | None:
         """A boot-time ns of this session as ns since the epoch (None when either is unknown)."""
@@ -104,7 +116,8 @@ class SessionInfo:
                 "first_wall_ns": self.wall_ns(self.first_time_ns), "last_wall_ns": self.wall_ns(self.last_time_ns),
                 "size_bytes": self.size_bytes, "records": dict(self.records), "build_ids": self.build_ids,
                 "build_ids_stored": self.build_ids_stored, "lost": self.lost, "torn_lines": self.torn_lines, "closed": self.closed, "clean": self.clean,
-                "sealed": self.sealed}
+                "sealed": self.sealed, "gaps": self.gaps, "gaps_by_uid": dict(self.gaps_by_uid),
+                "gaps_file": self.gaps_file, "gaps_in_file": self.gaps_in_file}
 
 
 @dataclass
@@ -198,6 +211,20 @@ class _Scan:
             info.closed = True
             info.clean = r.get("clean") is not False
             info.sealed = not info.clean and "sealed_at_ns" in r
+            self._coverage(r.get("store_coverage"))
+
+    def _coverage(self, cov) -> None:
+        """The end record's gap counts: the total and by uid (hostile input: only ints taken)."""
+        if not isinstance(cov, dict) or not isinstance(cov.get("gaps"), dict):
+            return
+        info = self.facts.info
+        info.gaps = sum(n for n in cov["gaps"].values() if isinstance(n, int) and n > 0)
+        by_uid = cov.get("by_uid")
+        if isinstance(by_uid, dict):
+            for uid, c in list(by_uid.items())[:MAX_UIDS]:
+                gaps = c.get("gaps") if isinstance(c, dict) else None
+                if isinstance(gaps, dict):
+                    info.gaps_by_uid[str(uid)[:16]] = sum(n for n in gaps.values() if isinstance(n, int) and n > 0)
 
     def _mapping(self, r: dict) -> None:
         bid = r.get("build_id")
@@ -328,6 +355,10 @@ def _scan(session_dir: str | os.PathLike, with_uses: bool,
         info.build_ids_stored = sum(1 for bid in scan.ids if holds(bid))
     info.size_bytes = _segments_size(directory)
     _apply_marker(info, read_marker(directory))
+    gap_file = find_gap_file(directory)
+    if gap_file is not None:
+        info.gaps_file = gap_file.name
+        info.gaps_in_file = sum(1 for _ in read_gaps(directory, on_torn=torn))
     return scan.facts
 
 
