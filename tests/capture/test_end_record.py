@@ -64,12 +64,14 @@ def test_the_largest_end_record_fits_and_reads_back(tmp_path):
     info = write_gaps(tmp_path / "s", gaps, compress=True, max_bytes=cov.max_bytes)
     back = list(read_gaps(tmp_path / "s"))
     assert info["gaps"] == len(back) and info["gaps"] + info["omitted"] == len(gaps)
-    assert back[:len(end["store_coverage"]["missing"])] == [{"type": "gap", **m} for m in end["store_coverage"]["missing"]]
+    inline = end["store_coverage"]["missing"]
+    assert back[:len(inline)] == [{"type": "gap", **m} for m in inline]
     assert info["bytes"] <= cov.max_bytes
 
 
 def test_an_end_record_too_big_for_any_other_reason_is_cut_to_fit():
-    record = {"type": "end", "time_ns": 1, "reason": "stopped", "store": {"skipped": {f"r{i}": i for i in range(20000)}},
+    record = {"type": "end", "time_ns": 1, "reason": "stopped",
+              "store": {"skipped": {f"r{i}": i for i in range(20000)}},
               "store_coverage": {"named": 1, "held": 0, "gaps": {"failed": 1}, "missing": [], "by_uid": {}}}
     line = end_line(record)
     assert len(line) <= END_RECORD_MAX_BYTES

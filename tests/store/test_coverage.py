@@ -66,6 +66,7 @@ def test_a_flood_of_fresh_build_ids_from_a_deep_path_stays_in_its_uids_share():
     led = cov.ledger()
     x = next(u for u in led["top_uids"] if u["uid"] == X)
     assert x["bytes"] <= cov.uid_share_bytes and x["untracked"] > 190_000
+    assert x["untracked"] + x["entries"] == 200_000          # each refused build-id counted once
     for bid in early + late:
         assert cov.state(bid) in ("process_gone", "queue_full"), bid
     r = cov.report(_never, final=True)

@@ -18,10 +18,10 @@ the task that mapped it (event_header.uid), or to :data:`UNKNOWN_UID`, a
 bucket of its own, when no uid is known.  An outcome that comes, without a
 uid, before the recorder named its build-id (a hand-over can finish first)
 waits in a short list (:data:`EARLY_MAX`, oldest dropped) for the naming,
-which charges the entry to its uid.  A uid over its share, or a
-ledger at its total, has its new build-ids counted only (``untracked``, by
-uid); no entry is ever evicted, so a flood costs only the flooding uid's own
-entries.  Paths longer than :data:`PATH_MAX_CHARS` keep their end (the
+which charges the entry to its uid.  A uid over its share, or a ledger at
+its total, has its new build-ids counted only (``untracked``, by uid: one
+count per naming refused, i.e. per mapping the slow path recorded); no entry
+is ever evicted, so a flood costs only the flooding uid's own entries.  Paths longer than :data:`PATH_MAX_CHARS` keep their end (the
 file's name) and are marked cut; every path is stored once (interned) and
 charged to the uid that brought it first.  Uids beyond
 :data:`UID_BUCKETS_MAX` (user namespaces can make many) share one bucket,
@@ -153,8 +153,8 @@ class Coverage:
             if old is None:
                 if uid == UNKNOWN_UID:
                     self._wait_named(build_id, state)
-                else:
-                    self._admit(build_id, state, path or "", uid)
+                else:            # a refusal is not counted here: named() counts it (it did, or it will)
+                    self._admit(build_id, state, path or "", uid, count=False)
                 return
             if old[0] == HELD and state != HELD:
                 return
@@ -179,8 +179,9 @@ class Coverage:
 
     def ledger(self, top: int = 8) -> dict:
         """The ledger's size (JSON-ready): {"bytes", "budget_bytes", "uid_share_bytes", "entries",
-        "paths", "paths_cut", "early" (outcomes waiting for their naming), "early_dropped", "top_uids": [{"uid", "bytes", "entries", "untracked"}, ...]} with
-        the top uids by bytes (at most top; uid -1: not known, -2: OTHER_UIDS)."""
+        "paths", "paths_cut", "early" (outcomes waiting for their naming), "early_dropped",
+        "top_uids": [{"uid", "bytes", "entries", "untracked"}, ...]} with the top uids by bytes
+        (at most top; uid -1: not known, -2: OTHER_UIDS)."""
         with self._lock:
             rows = [(b.bytes, b.entries, b.untracked, k) for k, b in self._buckets.items()
                     if b.entries or b.untracked]
@@ -257,14 +258,15 @@ class Coverage:
         self._buckets[key].bytes += cost
         self.bytes += cost
 
-    def _admit(self, build_id: str, state: str, path: str, uid: int) -> bool:
-        """A new entry charged to uid, or, when it does not fit, counted untracked (uid's)."""
+    def _admit(self, build_id: str, state: str, path: str, uid: int, count: bool = True) -> bool:
+        """A new entry charged to uid, or, when it does not fit, counted untracked (uid's) if count."""
         key, bucket = self._bucket(uid)
         cost = ENTRY_BYTES + sys.getsizeof(build_id)
         stored, cut, path_cost = self._path_cost(path) if self._fits(key, cost) else ("", False, 0)
         if not stored and path or not self._fits(key, cost + path_cost):
-            bucket.untracked += 1
-            self.untracked += 1
+            if count:
+                bucket.untracked += 1
+                self.untracked += 1
             return False
         shared = self._intern(stored, cut, key, path_cost)
         self._state[build_id] = (state, shared, key, cut)
