@@ -164,7 +164,7 @@ def _wire(snap: Snapshotter, offload: Offload) -> Enricher:
     def on_build_id(ident, res, fd, urgency: HandOver, uid: int) -> None:
         snap.submit(CopyJob(res.build_id, res.path, ident, urgency, uid), fd)
     e = Enricher(on_build_id=on_build_id, offload=offload)
-    e.routes.on_gap = lambda bid, path, reason: snap.coverage.outcome(bid, reason, path)
+    e.routes.on_gap = lambda bid, path, reason, uid: snap.coverage.outcome(bid, reason, path, uid)
     e.routes.settled = snap.settled
     return e
 
