@@ -108,18 +108,21 @@ def _flood_and_check(daemon, store_root: Path, victims, flood_argv: list[str], a
     stored = {name: sum(store.contains(b) for b in bids) for name, (_d, bids, _u) in victims.items()}
     end = records[-1]
     end_bytes = len(json.dumps(end, separators=(",", ":")).encode())
+    ledger = end["store_coverage"]["ledger"]
     root_execs = {r["path"].rsplit("/", 1)[-1] for r in records
                   if r["type"] == "exec" and r["uid"] == 0 and r["path"].startswith(str(victims["root"][0]))}
     print(f"\n{label}: flood made {out.split()[0]} calls/files in {FLOOD_S:.0f} s; stored root "
           f"{stored['root']}/{VICTIM_PROGRAMS}, bystander {stored['bystander']}/{VICTIM_PROGRAMS}; root execs "
           f"recorded {len(root_execs)}/{VICTIM_PROGRAMS}; daemon RSS peak {sampler.peak / 2**20:.1f} MiB, CPU "
           f"{cpu_s:.2f} s over {wall_s:.1f} s ({cpu_s / wall_s:.2f} CPU, budget {CPU_BUDGET}); end record "
-          f"{end_bytes} bytes; throttled {end.get('throttled')}; lost {end.get('lost')}")
+          f"{end_bytes} bytes; throttled {end.get('throttled')}; lost {end.get('lost')}; coverage ledger "
+          f"{ledger['bytes']} of {ledger['budget_bytes']} bytes, untracked {end['store_coverage']['untracked']}")
     assert end["type"] == "end", "the end record is not the session's last record"
     assert stored == {"root": VICTIM_PROGRAMS, "bystander": VICTIM_PROGRAMS}
     assert len(root_execs) == VICTIM_PROGRAMS
     assert sampler.peak <= RSS_PEAK_MAX
     assert end_bytes <= END_RECORD_MAX
+    assert ledger["bytes"] <= ledger["budget_bytes"]
     assert cpu_s / wall_s <= CPU_BUDGET
     shown = subprocess.run([sys.executable, "-m", "buildidd.cli", "show", str(d.session_dir), "--type", "end",
                             "--json"], capture_output=True, text=True)
