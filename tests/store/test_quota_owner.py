@@ -23,6 +23,7 @@ from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
 from buildidd.resolve.fileid import file_id
 from buildidd.sessionlog import SessionWriter
 from buildidd.store import Store
+from buildidd.store.copyqueue import CopyJob
 from buildidd.store.coverage import HELD
 from buildidd.store.origin import KEY_GNU, KEY_HTLHASH
 from buildidd.store.snapshotter import SnapshotPolicy, Snapshotter
@@ -47,7 +48,7 @@ def _through(snap: Snapshotter, path: Path, key: str = KEY_GNU) -> tuple[str, st
     bid = _key_of(path, key)
     fd = os.open(path, os.O_RDONLY)
     try:
-        snap.submit(bid, str(path), None, fd, key=key)
+        snap.submit(CopyJob(bid, str(path), None, uid=os.fstat(fd).st_uid, key=key), fd)
     finally:
         os.close(fd)
     deadline = time.monotonic() + 30
