@@ -178,13 +178,13 @@ def cmd_sessions(args) -> int:
             print(json.dumps(info.to_json()))
         return 0
     print(f"{'NAME':<34} {'HOST':<16} {'FIRST':<20} {'LAST':<20} {'BYTES':>10} {'RECORDS':>8} "
-          f"{'BUILDIDS':>8} {'STORED':>7} {'GAPS':>6} {'LOST':>6} CLOSED")
+          f"{'BUILDIDS':>8} {'STORED':>7} {'GAPS':>6} {'LOST':>6} {'HELD':>6} CLOSED")
     for i in infos:
         stored = "-" if i.build_ids_stored is None else i.build_ids_stored
         gaps = "-" if i.gaps is None else i.gaps
         print(f"{i.name:<34} {(i.host or '-'):<16} {_time(i, i.first_time_ns):<20} {_time(i, i.last_time_ns):<20} "
               f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {stored:>7} {gaps:>6} {i.lost:>6} "
-              f"{_closed(i)}")
+              f"{i.throttled:>6} {_closed(i)}")
     return 0
 
 
@@ -238,7 +238,7 @@ def register(sub) -> None:
     p = sub.add_parser("sessions", help="list the recorded sessions",
                        description="List sessions: name, host, time range (UTC), size, records, build-ids "
                                    "(and how many the store holds: STORED), the build-ids the store lacked at the end "
-                                   "(GAPS; each listed in the gap file: buildidd show SESSION --type gap), lost events, and how each was closed (clean; sealed: the daemon was killed "
+                                   "(GAPS; each listed in the gap file: buildidd show SESSION --type gap), lost events, records held back by the per-user budgets (HELD: the throttled records), and how each was closed (clean; sealed: the daemon was killed "
                                    "or crashed and the next start sealed it; open: live or not sealed yet).")
     p.add_argument("--json", action="store_true", help="one JSON object per session and line")
     add_roots_options(p)

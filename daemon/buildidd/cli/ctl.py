@@ -155,6 +155,11 @@ def _human_status(s: dict) -> str:
     lines.append("events    " + ", ".join(f"{k} {v} ({rate.get(k, 0):.0f}/s)" for k, v in sorted(ev.items())))
     lost = s.get("lost") or {}
     lines.append(f"lost      {sum(lost.values())}" + (f": {_by_cause(lost, LOSS_HINTS, limits)}" if lost else ""))
+    held = s.get("throttled") or {}
+    if held.get("records"):
+        top = ", ".join(f"uid {u} {v['records']}" for u, v in list(held.get("by_uid", {}).items())[:5])
+        lines.append(f"throttled {held['records']} records held back by per-user budgets ({top}; "
+                     "uid_record_rate_bytes_per_s)")
     ic = s.get("identity_cache", {})
     hr = ic.get("hit_rate")
     lines.append(f"identity  {ic.get('entries', 0)} cached, hit rate {hr * 100:.2f}%" if hr is not None

@@ -120,10 +120,11 @@ class UidBudgets:
     def totals(self, most: int = TOTALS_LISTED_MAX) -> dict:
         """What was held back since start, as the reports so far have read them (JSON-ready):
         {"records": n, "bytes": n, "by_uid": {"UID": {"records": n, "bytes": n}, ...}} with the
-        most uids that had the most records held back (the rest are in the sums only)."""
-        top = sorted(self._totals.items(), key=lambda kv: -kv[1][0])[:most]
-        return {"records": sum(r for r, _ in self._totals.values()),
-                "bytes": sum(b for _, b in self._totals.values()),
+        most uids that had the most records held back (the rest are in the sums only).  Any thread
+        (status): the recording thread's dict is copied in one step first."""
+        items = [(uid, tuple(rb)) for uid, rb in list(self._totals.items())]
+        top = sorted(items, key=lambda kv: -kv[1][0])[:most]
+        return {"records": sum(rb[0] for _, rb in items), "bytes": sum(rb[1] for _, rb in items),
                 "by_uid": {str(uid): {"records": r, "bytes": b} for uid, (r, b) in top}}
 
 

@@ -60,6 +60,7 @@ class SessionInfo:
         build_ids: distinct build-ids referenced (mappings, execs, kernel, modules).
         build_ids_stored: how many of them the store holds (None: no store was asked).
         lost: events the kernel side dropped (sum of the ``lost`` records' counts).
+        throttled: records the per-user budgets held back (sum of the ``throttled`` records').
         torn_lines: lines skipped as torn or corrupt while reading.
         closed: the session has an ``end`` record, or its directory the closed
             marker (``.closed``) that the session writer's close, or the sealing
@@ -92,6 +93,7 @@ class SessionInfo:
     build_ids: int = 0
     build_ids_stored: int | None = None
     lost: int = 0
+    throttled: int = 0
     torn_lines: int = 0
     closed: bool = False
     clean: bool | None = None
@@ -115,7 +117,7 @@ class SessionInfo:
                 "first_time_ns": self.first_time_ns, "last_time_ns": self.last_time_ns,
                 "first_wall_ns": self.wall_ns(self.first_time_ns), "last_wall_ns": self.wall_ns(self.last_time_ns),
                 "size_bytes": self.size_bytes, "records": dict(self.records), "build_ids": self.build_ids,
-                "build_ids_stored": self.build_ids_stored, "lost": self.lost, "torn_lines": self.torn_lines, "closed": self.closed, "clean": self.clean,
+                "build_ids_stored": self.build_ids_stored, "lost": self.lost, "throttled": self.throttled, "torn_lines": self.torn_lines, "closed": self.closed, "clean": self.clean,
                 "sealed": self.sealed, "gaps": self.gaps, "gaps_by_uid": dict(self.gaps_by_uid),
                 "gaps_file": self.gaps_file, "gaps_in_file": self.gaps_in_file}
 
@@ -201,6 +203,10 @@ class _Scan:
             counts = r.get("counts")
             if isinstance(counts, dict):
                 info.lost += sum(v for v in counts.values() if isinstance(v, int) and v > 0)
+        elif kind == "throttled":
+            n = r.get("records")
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                info.throttled += n
         elif kind == "resolution":
             self._resolution(r)
         elif kind == "file_id" and not r.get("build_id"):
