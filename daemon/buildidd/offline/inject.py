@@ -94,8 +94,8 @@ class InjectStats:
         clock: how time joins the match ("boottime": used; "perf_clock": not used).
         header: HEADER_BUILD_ID entries: written, kept_from_perf, dropped_from_perf, kernel_added.
         versions: paths that carry several build-ids in the output (injectnames): ``paths`` named apart,
-            ``mappings`` written under a version's name, ``too_long`` versions left under the path's name,
-            ``names``: the first :data:`MAX_EXAMPLES` as {path, build_id, name}.
+            ``named`` versions given a name, ``mappings`` records written under one, ``too_long`` versions
+            left under the path's name, ``names``: the first :data:`MAX_EXAMPLES` as {path, build_id, name}.
         warnings: facts the analyst should see (another host, another kernel).
         session_records_skipped: malformed session mapping records ignored.
         bytes_in, bytes_out: file sizes; seconds: wall time of the three passes.
@@ -114,7 +114,8 @@ class InjectStats:
     samples: dict = field(default_factory=dict)
     clock: str = "perf_clock"
     header: dict = field(default_factory=dict)
-    versions: dict = field(default_factory=lambda: {"paths": 0, "mappings": 0, "too_long": 0, "names": []})
+    versions: dict = field(default_factory=lambda: {"paths": 0, "named": 0, "mappings": 0, "too_long": 0,
+                                                    "names": []})
     warnings: list[str] = field(default_factory=list)
     session_records_skipped: int = 0
     bytes_in: int = 0
@@ -371,7 +372,7 @@ def inject(profile: str | os.PathLike, session_dir: str | os.PathLike, out_path:
         stats.session_records_skipped = index.skipped
         same_host = _check_host(pf, src, index.session, stats)
         names = plan(pf, src, sc.offsets, index)
-        stats.versions.update(paths=names.paths_renamed, too_long=names.too_long, names=[
+        stats.versions.update(paths=names.paths_renamed, named=len(names.names), too_long=names.too_long, names=[
             {"path": path.decode("utf-8", "surrogateescape"), "build_id": bid,
              "name": name.decode("utf-8", "surrogateescape")}
             for (path, bid), name in list(names.names.items())[:MAX_EXAMPLES]])
