@@ -402,10 +402,8 @@ def register(sub) -> None:
     p = sub.add_parser("inject", help="a perf.data profile with the session's build-id on every mapping",
                        description="Rewrites PROFILE's PERF_RECORD_MMAP/MMAP2 records as MMAP2 carrying the "
                                    "build-id the session recorded for that mapping (matched by pid, start, pgoff "
-                                   "and dev/inode/generation), and its HEADER_BUILD_ID to agree; where a path "
-                                   "holds several build-ids, each version is named PATH@BIDPREFIX (e.g. "
-                                   "/usr/lib/libfoo.so.1@1a2b3c4d) so perf report shows them apart.  The input is "
-                                   "never modified.  Then: perf --buildid-dir STORE report -i OUT.")
+                                   "and dev/inode/generation), HEADER_BUILD_ID to agree, each version of a path with "
+                                   "several named PATH@BIDPREFIX.  Then: perf --buildid-dir STORE report -i OUT.")
     p.add_argument("profile", help="perf.data written by perf record")
     p.add_argument("session", nargs="?", default="latest",
                    help="session directory, its name under the session root, or 'latest' (default)")
