@@ -1,7 +1,9 @@
 """buildidd inject against the real perf: a daemon session and two ``perf record -a`` profiles of one set of
-workloads (a program upgraded by rename mid-profile, a deleted program, two versions of one dlopen'd library,
-a program in another mount namespace, a 32-bit program, a memfd-executed program); then perf report/script on
-the injected files, with the session's store as --buildid-dir, gives each sample to its own version's symbol.
+workloads (a program upgraded twice by rename mid-profile: three versions; a program upgraded once whose
+function stays at the same address; a deleted program, two versions of one dlopen'd library, a program in
+another mount namespace, a 32-bit program, a memfd-executed program); then perf report/script/annotate on the
+injected files, with the session's store as --buildid-dir, gives each sample to its own version's symbol, and
+each version is a DSO of its own name (PATH@BIDPREFIX) in perf report's default view.
 Also: the README's round trip (archive, import, inject, report) and a per-process --no-buildid profile."""
 
 from __future__ import annotations
@@ -123,8 +125,10 @@ def _perf_record(out: Path, base: tuple, perf: tuple) -> PerfRecorder:
 
 def _build(d: Path) -> dict:
     b = {}
-    for fn in ("spin_v1", "spin_v2", "spin_deleted", "spin_ns", "spin_memfd"):
-        b[fn] = gcc(SPIN, d / fn, f"-DFN={fn}", "-g", *(["-DPAD=7"] if fn.endswith("v2") else []))
+    pads = {"spin_v2": ["-DPAD=7"], "spin_v3": ["-DPAD=13"]}
+    for fn in ("spin_v1", "spin_v2", "spin_v3", "spin_deleted", "spin_ns", "spin_memfd", "same_old", "same_new"):
+        b[fn] = gcc(SPIN, d / fn, f"-DFN={fn}", "-g", *pads.get(fn, []))
+    assert _address(b["same_old"], "same_old") == _address(b["same_new"], "same_new")   # the premise
     b["spin_m32"] = gcc(SPIN, d / "spin_m32", "-DFN=spin_m32", "-g", "-m32")
     for fn in ("libspin_v1", "libspin_v2"):
         b[fn] = gcc(LIB, d / f"{fn}.so", f"-DFN={fn}", "-g", "-shared", "-fPIC",
@@ -132,6 +136,10 @@ def _build(d: Path) -> dict:
     b["dlopener"] = gcc(DLOPENER, d / "dlopener", "-ldl")
     b["memfd_exec"] = gcc(MEMFD_EXEC, d / "memfd_exec")
     return b
+
+
+def _address(binary: Path, sym: str) -> str:
+    return next(line.split()[0] for line in _run(["nm", str(binary)]).splitlines() if line.endswith(f" {sym}"))
 
 
 #: The two ways perf records here: A the way most people run it (default build-id handling, -g), B with the
@@ -165,9 +173,10 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
         mode = request.param
         pa = _perf_record(tmp / "p.data", PERF_MODES[mode], perf)
         try:
-            prog, lib = host / "prog", host / "libw.so"
+            prog, lib, same = host / "prog", host / "libw.so", host / "same"
             _install(builds["spin_v1"], prog)
             _install(builds["libspin_v1"], lib)
+            _install(builds["same_old"], same)
             deleted = host / "doomed"
             _install(builds["spin_deleted"], deleted)
             mnt = host / "nsmnt"
@@ -180,6 +189,7 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
                        f"mount -t tmpfs none {mnt} && cp {builds['spin_ns']} {mnt}/nsprog && exec {mnt}/nsprog {RUN_S}"],
                 "m32": [str(builds["spin_m32"]), RUN_S],
                 "memfd": [str(builds["memfd_exec"]), str(builds["spin_memfd"]), RUN_S],
+                "same_old": [str(same), RUN_S],
             }
             for name, argv in starts.items():
                 procs.append(p := subprocess.Popen(argv))
@@ -187,12 +197,19 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
             _wait_mapped(procs[0], str(prog))
             _wait_mapped(procs[1], str(lib))
             _wait_mapped(procs[2], str(deleted))
+            _wait_mapped(procs[-1], str(same))
             os.unlink(deleted)                       # deleted while it runs
             _install(builds["spin_v2"], prog)        # upgraded by rename mid-profile
             _install(builds["libspin_v2"], lib)
-            for name, argv in (("v2", [str(prog), RUN_S]), ("lib2", [str(builds["dlopener"]), str(lib), RUN_S])):
+            _install(builds["same_new"], same)
+            for name, argv in (("v2", [str(prog), RUN_S]), ("lib2", [str(builds["dlopener"]), str(lib), RUN_S]),
+                               ("same_new", [str(same), RUN_S])):
                 procs.append(p := subprocess.Popen(argv))
                 pids[name] = p.pid
+            _wait_mapped(procs[-3], str(prog))
+            _install(builds["spin_v3"], prog)        # and again: three versions of one path in the profile
+            procs.append(p := subprocess.Popen([str(prog), RUN_S]))
+            pids["v3"] = p.pid
             for p in procs:
                 assert p.wait(timeout=30) == 0, p.args
         finally:
@@ -216,7 +233,7 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
                                "--json"]))
     assert data.read_bytes() == before                       # the input is never modified
     return {"mode": mode, "tmp": tmp, "store": store_root, "bids": bids, "pids": pids, "summary": summary,
-            "prog": str(prog), "lib": str(lib), "session": rec.session_dir}
+            "prog": str(prog), "lib": str(lib), "same": str(same), "session": rec.session_dir}
 
 
 def _symbols_by_pid(world, data: Path) -> dict[int, Counter]:
@@ -235,11 +252,19 @@ def _share(c: Counter, sym: str) -> float:
     return c[sym] / max(1, sum(c.values()))
 
 
+#: Each workload process (a key of world["pids"]) and the function it spins in (named after its build).
+WANT = {"v1": "spin_v1", "v2": "spin_v2", "v3": "spin_v3", "lib1": "libspin_v1", "lib2": "libspin_v2",
+        "deleted": "spin_deleted", "ns": "spin_ns", "m32": "spin_m32", "memfd": "spin_memfd",
+        "same_old": "same_old", "same_new": "same_new"}
+#: The paths that held several versions: their versions, each named PATH@BIDPREFIX by inject.
+VERSIONS = {"prog": ("spin_v1", "spin_v2", "spin_v3"), "lib": ("libspin_v1", "libspin_v2"),
+            "same": ("same_old", "same_new")}
+
+
 def test_each_version_samples_go_to_its_own_symbols(world):
     pids, tmp, profile = world["pids"], world["tmp"], world["mode"]
     injected = _symbols_by_pid(world, tmp / "p.injected")
-    want = {"v1": "spin_v1", "v2": "spin_v2", "lib1": "libspin_v1", "lib2": "libspin_v2", "deleted": "spin_deleted",
-            "ns": "spin_ns", "m32": "spin_m32", "memfd": "spin_memfd"}
+    want = WANT
     shares = {name: round(_share(injected.get(pids[name], Counter()), sym), 3) for name, sym in want.items()}
     print(f"profile {profile}: injected, share of each process's user-space samples in its own symbol: {shares}")
     for name, sym in want.items():
@@ -260,6 +285,69 @@ def test_each_version_samples_go_to_its_own_symbols(world):
         assert _share(alone.get(pids["ns"], Counter()), "spin_ns") == 0
 
 
+def _report(world, data: Path, *sort: str) -> list[tuple[float, str, str]]:
+    """perf report --stdio (the store as --buildid-dir; sort keys as given, perf's default without): each
+    user-space line as (self %, DSO column, symbol).  -g none only leaves the call chains unprinted."""
+    text = _run(["perf", "--buildid-dir", str(world["store"]), "report", "-i", str(data), "--stdio", "-g", "none",
+                 *sort])
+    out = []
+    for line in text.splitlines():
+        left, sep, sym = line.partition(" [.] ")
+        if not sep or left.lstrip().startswith("#"):
+            continue
+        cols = left.split()
+        pcts = [c for c in cols if c.endswith("%")]
+        out.append((float(pcts[-1].rstrip("%")), cols[-1], sym.strip()))
+    return out
+
+
+def _versions(world) -> dict[str, str]:
+    """Each version's expected DSO name (PATH@BIDPREFIX) → its function."""
+    return {f"{world[key]}@{world['bids'][b][:8]}": b for key, builds in VERSIONS.items() for b in builds}
+
+
+@pytest.mark.parametrize("sort", [(), ("--sort", "dso,sym")], ids=["default", "dso_sym"])
+def test_report_shows_each_version_apart(world, sort):
+    """perf report's default view (comm,dso,sym) and --sort dso,sym: each version of a path is a DSO of its own
+    name carrying only its own function, two versions whose function sits at the same address included (before,
+    both folded into one line with one version's symbol)."""
+    rows = _report(world, world["tmp"] / "p.injected", *sort)
+    versions = _versions(world)
+    funcs = set(versions.values())
+    shares = {}
+    for name, fn in versions.items():
+        base = os.path.basename(name)
+        mine = [(pct, sym) for pct, dso, sym in rows if dso == base]
+        shares[base] = round(sum(pct for pct, sym in mine if sym == fn), 2)
+        assert shares[base] >= 0.5, (base, fn, mine, rows[:30])
+        assert not [sym for _pct, sym in mine if sym in funcs - {fn}], (base, mine)
+    assert not [r for r in rows if r[1] in ("prog", "libw.so", "same") and r[2] in funcs], rows[:30]
+    print(f"profile {world['mode']}, perf report {' '.join(sort) or '(default)'}: self % per version: {shares}")
+
+
+def test_script_and_annotate_show_each_version_apart(world):
+    """perf script -F dso names each sample's version, and perf annotate disassembles each of the two versions
+    whose function sits at the same address from its own binary."""
+    data, store, pids = world["tmp"] / "p.injected", str(world["store"]), world["pids"]
+    text = _run(["perf", "--buildid-dir", store, "script", "-i", str(data), "-F", "pid,ip,sym,dso",
+                 "--hide-call-graph"])
+    by_pid: dict[int, Counter] = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*(\d+)\s+([0-9a-f]+)\s+(\S+)\s+\((.*)\)\s*$", line)
+        if m:
+            by_pid.setdefault(int(m[1]), Counter())[(m[3], m[4])] += 1
+    for name, fn in _versions(world).items():
+        proc = next(p for p, sym in WANT.items() if sym == fn)
+        c = by_pid.get(pids[proc], Counter())
+        assert c[(fn, name)] >= 0.9 * sum(n for (sym, _d), n in c.items() if sym in WANT.values()) > 0, (name, c)
+    for fn in ("same_old", "same_new"):
+        name = next(n for n, f in _versions(world).items() if f == fn)
+        out = _run(["perf", "--buildid-dir", store, "annotate", "-i", str(data), "--stdio", fn])
+        head = re.search(r"Disassembly of (\S+) for \S+ \((\d+) samples", out)
+        assert head and head[1] == os.path.basename(name) and int(head[2]) >= 20, (fn, out[:1500])
+        assert f"<{fn}>:" in out and f"<{({'same_old', 'same_new'} - {fn}).pop()}>" not in out, out[:1500]
+
+
 def test_every_workload_mapping_carries_its_build_id(world):
     """perf script --show-mmap-events (this perf has no -F build_id): the MMAP2 of each workload's mapping
     shows the build-id of the file that process mapped."""
@@ -269,15 +357,15 @@ def test_every_workload_mapping_carries_its_build_id(world):
     for profile in (world["mode"],):
         text = _run(["perf", "script", "-i", str(world["tmp"] / "p.injected"), "--show-mmap-events"])
         maps = [m for m in parse_perf_script(text) if "x" in m.perms]
-        want = {"v1": bids["spin_v1"], "v2": bids["spin_v2"], "lib1": bids["libspin_v1"], "lib2": bids["libspin_v2"],
-                "deleted": bids["spin_deleted"], "ns": bids["spin_ns"], "m32": bids["spin_m32"],
-                "memfd": bids["spin_memfd"]}
+        want = {name: bids[sym] for name, sym in WANT.items()}
         for name, bid in want.items():
             seen = {m.build_id for m in maps if m.pid == pids[name]}
             assert bid in seen, (profile, name, bid, seen)
-        wrong = [m for m in maps if m.pid in (pids["v1"], pids["v2"]) and m.path == world["prog"]
-                 and m.build_id != want["v1" if m.pid == pids["v1"] else "v2"]]
-        assert not wrong, wrong
+        # Each version's mapping is named PATH@BIDPREFIX, and carries that version's build-id.
+        progs = {pids[v]: want[v] for v in ("v1", "v2", "v3")}
+        mine = [m for m in maps if m.pid in progs and m.path.split("@")[0] == world["prog"]]
+        assert len(mine) >= 3 and all(m.path == f"{world['prog']}@{progs[m.pid][:8]}" and m.build_id == progs[m.pid]
+                                      for m in mine), mine
         listed = _run(["perf", "buildid-list", "-i", str(world["tmp"] / "p.injected"), "--with-hits"])
         for bid in want.values():
             assert bid in listed, (profile, bid, listed)
@@ -286,7 +374,8 @@ def test_every_workload_mapping_carries_its_build_id(world):
 def test_summary_counts_and_header(world):
     s = world["summary"]
     print(f"summary {world['mode']}:", json.dumps({k: s[k] for k in ("matched", "agreed", "perf_only", "not_matched",
-                                                                     "samples", "clock", "header_build_ids")}))
+                                                                     "samples", "clock", "header_build_ids",
+                                                                     "versions")}))
     assert s["disagreements"] == 0
     assert s["samples"]["resolved"] and s["samples"]["in_mapping_with_build_id"] > 0
     assert s["header_build_ids"]["written"] >= 8
@@ -294,15 +383,20 @@ def test_summary_counts_and_header(world):
     alone = _run(["perf", "buildid-list", "-i", str(world["tmp"] / "p.data")])
     if world["mode"] == "a":
         assert s["clock"] == "perf_clock" and s["matched"] >= 8 and s["agreed"] == 0
-        # The header lists both versions of the upgraded program; perf's own listed only the new one.
-        assert f"{world['bids']['spin_v1']} {world['prog']}" in listed
-        assert f"{world['bids']['spin_v2']} {world['prog']}" in listed
-        assert world["bids"]["spin_v1"] not in alone
+        assert world["bids"]["spin_v1"] not in alone          # perf's own header: only the path's last version
     else:
         # The kernel's build-ids (where it could read them): ours agree, and fill the rest; time joins the match.
         assert s["clock"] == "boottime" and s["agreed"] >= 1
-        assert f"{world['bids']['spin_v1']} {world['prog']}" in listed
-        assert f"{world['bids']['spin_v2']} {world['prog']}" in listed
+    # The header maps each version's name to its build-id, and the path's own name to none of them (perf's
+    # entry, read from the path after the upgrades, is dropped).
+    lines = set(listed.splitlines())
+    assert s["versions"]["paths"] >= len(VERSIONS) and s["versions"]["too_long"] == 0
+    for key, builds in VERSIONS.items():
+        path = world[key]
+        for b in builds:
+            bid = world["bids"][b]
+            assert f"{bid} {path}@{bid[:8]}" in lines, (b, listed)
+            assert f"{bid} {path}" not in lines, (b, listed)
 
 
 @pytest.mark.parametrize("world", ["a"], indirect=True)       # one perf mode is enough for the round trip

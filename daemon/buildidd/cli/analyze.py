@@ -329,6 +329,13 @@ def cmd_inject(args) -> int:
               f"{s['outside_known_mappings']} outside known mappings", file=err)
     print(f"buildidd: clock: {d['clock']} ({'time joins the match' if d['clock'] == 'boottime' else 'time not used'})"
           f"; HEADER_BUILD_ID: {d['header_build_ids']['written']} entries", file=err)
+    v = d["versions"]
+    if v["paths"]:
+        long_ = f", {v['too_long']} left under the path's name (too long)" if v["too_long"] else ""
+        print(f"buildidd: {v['paths']} paths held several build-ids: {v['named']} versions named PATH@BIDPREFIX, "
+              f"a DSO each in perf report{long_}; {len(v['names'])} shown:", file=err)
+        for n in v["names"]:
+            print(f"buildidd:   {n['name']}  {n['build_id']}", file=err)
     for ex in d["disagreement_examples"]:
         print(f"buildidd: disagreement: pid {ex['pid']} {ex['start']} {ex['path']}: perf {ex['perf']}, "
               f"session {ex['session']} (perf's kept)", file=err)
@@ -395,8 +402,8 @@ def register(sub) -> None:
     p = sub.add_parser("inject", help="a perf.data profile with the session's build-id on every mapping",
                        description="Rewrites PROFILE's PERF_RECORD_MMAP/MMAP2 records as MMAP2 carrying the "
                                    "build-id the session recorded for that mapping (matched by pid, start, pgoff "
-                                   "and dev/inode/generation), and its HEADER_BUILD_ID to agree; the input is "
-                                   "never modified.  Then: perf report -i OUT --buildid-dir STORE.")
+                                   "and dev/inode/generation), HEADER_BUILD_ID to agree, each version of a path with "
+                                   "several named PATH@BIDPREFIX.  Then: perf --buildid-dir STORE report -i OUT.")
     p.add_argument("profile", help="perf.data written by perf record")
     p.add_argument("session", nargs="?", default="latest",
                    help="session directory, its name under the session root, or 'latest' (default)")

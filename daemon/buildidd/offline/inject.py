@@ -12,10 +12,13 @@ bounded by the profile's mappings, never by its size:
    covers it (:mod:`~buildidd.offline.injectcover`).  A corrupt record stops
    inject here, before any output is written;
 2. the session's ``mmap`` records with those keys are loaded
-   (:class:`~buildidd.offline.injectmatch.SessionIndex`);
+   (:class:`~buildidd.offline.injectmatch.SessionIndex`); then :func:`plan`
+   reads the mapping records again, by their offsets, and names apart the
+   versions of each path that will carry more than one build-id
+   (:mod:`~buildidd.offline.injectnames`: ``PATH@BIDPREFIX``);
 3. :class:`_Rewriter`: the data section is copied in chunks to a temporary
-   file beside OUT, each mapping record as the match says, and renamed into
-   place at the end (the input is only read).
+   file beside OUT, each mapping record as the match and the names say, and
+   renamed into place at the end (the input is only read).
 
 Each user-space MMAP or MMAP2 the session matches is written as a
 PERF_RECORD_MMAP2 with PERF_RECORD_MISC_MMAP_BUILD_ID (perf_event.h: ``u8
@@ -23,9 +26,12 @@ build_id_size, res; u16 res; u8 build_id[20]`` in place of maj/min/ino/
 ino_generation; an MMAP becomes an MMAP2 with prot ``PROT_READ|PROT_EXEC``,
 ``PROT_READ`` for PERF_RECORD_MISC_MMAP_DATA, and flags ``MAP_PRIVATE``).  A
 record that already carries a build-id keeps it: when the session's
-differs, that is a disagreement, counted and shown, never overwritten.
-Everything else is copied byte for byte.  The HEADER_BUILD_ID feature is
-rewritten to agree (:func:`build_id_section`); the other features are copied.
+differs, that is a disagreement, counted and shown, never overwritten.  A
+mapping of a path that carries several build-ids in the output is written
+as an MMAP2 under its version's name.  Everything else is copied byte for
+byte.  The HEADER_BUILD_ID feature is rewritten to agree
+(:func:`~buildidd.offline.injectheader.build_id_section`); the other
+features are copied.
 """
 
 from __future__ import annotations
@@ -41,26 +47,24 @@ from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
 from buildidd.offline.injectcover import MAX_PENDING, Coverage, SampleLayout
-from buildidd.offline.injectmatch import HEX_BUILD_ID, TOO_LONG, PerfMapping, SessionIndex
-from buildidd.offline.perfdata import (BUILD_ID_ENTRY, HOST_KERNEL_ID, MAX_BUILD_ID_BYTES, MMAP2_BUILD_ID,
-                                       PERF_RECORD_MISC_BUILD_ID_SIZE, PERF_RECORD_MISC_KERNEL,
-                                       PERF_RECORD_MISC_MMAP_BUILD_ID, build_id_entry, user_build_id_entries)
+from buildidd.offline.injectheader import (MAX_BUILD_ID_SECTION, PERF_RECORD_MISC_CPUMODE_MASK,
+                                          PERF_RECORD_MISC_GUEST_KERNEL, build_id_section, parse_build_id_section)
+from buildidd.offline.injectmatch import TOO_LONG, PerfMapping, SessionIndex
+from buildidd.offline.injectnames import VersionNames
+from buildidd.offline.perfdata import (MAX_BUILD_ID_BYTES, MMAP2_BUILD_ID, PERF_RECORD_MISC_KERNEL,
+                                       PERF_RECORD_MISC_MMAP_BUILD_ID)
 from buildidd.offline.perffile import (CLOCK_BOOTTIME, EVENT_HEADER, FILE_HEADER, HEADER_BUILD_ID,
                                        PERF_RECORD_FINISHED_ROUND, PERF_RECORD_FORK, PERF_RECORD_MMAP,
                                        PERF_RECORD_MMAP2, SECTION, Copy, PerfDataError, PerfFile, Tally)
-from buildidd.store import KALLSYMS_DSO
 
 MMAP_HEAD = struct.Struct("<IIQQQ")             # pid, tid, start, len, pgoff (after perf_event_header)
 MMAP2_ID = struct.Struct("<IIQQ")               # maj, min, ino, ino_generation
 PROT_FLAGS = struct.Struct("<II")
 MMAP_NAME_AT = EVENT_HEADER.size + MMAP_HEAD.size                                     # 40
 MMAP2_NAME_AT = MMAP_NAME_AT + MMAP2_ID.size + PROT_FLAGS.size                        # 72
-PERF_RECORD_MISC_CPUMODE_MASK, PERF_RECORD_MISC_GUEST_KERNEL = 7, 4
 PERF_RECORD_MISC_MMAP_DATA = 1 << 13
 PROT_READ, PROT_EXEC, MAP_PRIVATE = 1, 4, 2
 HEADER_HOSTNAME, HEADER_OSRELEASE = 3, 4
-#: Largest HEADER_BUILD_ID section read from the input (bytes).
-MAX_BUILD_ID_SECTION = 256 << 20
 #: User-space mapping records a profile may have (pass 1 keeps 8 bytes of offset and a key for each).
 MAX_MAPPINGS = 1 << 23
 #: Disagreements shown in the summary (all are counted).
@@ -89,6 +93,9 @@ class InjectStats:
         samples: Coverage counts (injectcover).
         clock: how time joins the match ("boottime": used; "perf_clock": not used).
         header: HEADER_BUILD_ID entries: written, kept_from_perf, dropped_from_perf, kernel_added.
+        versions: paths that carry several build-ids in the output (injectnames): ``paths`` named apart,
+            ``named`` versions given a name, ``mappings`` records written under one, ``too_long`` versions
+            left under the path's name, ``names``: the first :data:`MAX_EXAMPLES` as {path, build_id, name}.
         warnings: facts the analyst should see (another host, another kernel).
         session_records_skipped: malformed session mapping records ignored.
         bytes_in, bytes_out: file sizes; seconds: wall time of the three passes.
@@ -107,6 +114,8 @@ class InjectStats:
     samples: dict = field(default_factory=dict)
     clock: str = "perf_clock"
     header: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=lambda: {"paths": 0, "named": 0, "mappings": 0, "too_long": 0,
+                                                    "names": []})
     warnings: list[str] = field(default_factory=list)
     session_records_skipped: int = 0
     bytes_in: int = 0
@@ -122,6 +131,7 @@ class InjectStats:
                 "disagreements": self.disagreements,
                 "disagreement_examples": self.examples, "not_matched": dict(self.not_matched.most_common()),
                 "samples": self.samples, "clock": self.clock, "header_build_ids": self.header,
+                "versions": self.versions,
                 "warnings": self.warnings, "session_records_skipped": self.session_records_skipped,
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "seconds": round(self.seconds, 3),
                 "records_per_s": round(self.records / self.seconds) if self.seconds else None}
@@ -163,8 +173,10 @@ def flag_without_build_id(rtype: int, misc: int, rec: memoryview) -> bool:
         not 0 < rec[MMAP_NAME_AT] <= MAX_BUILD_ID_BYTES
 
 
-def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer_at: int) -> bytes:
-    """rec (MMAP or MMAP2) as an MMAP2 carrying bid (at most 20 bytes), name and trailer unchanged.
+def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer_at: int,
+                  name: bytes | None = None) -> bytes:
+    """rec (MMAP or MMAP2) as an MMAP2 carrying bid (at most 20 bytes), its trailer unchanged, and its filename
+    unchanged or, with name, that name (NUL-terminated, padded to 8 bytes as the kernel writes it).
 
     Raises:
         PerfDataError: the new record would exceed 65535 bytes.
@@ -173,10 +185,11 @@ def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer
     union = MMAP2_BUILD_ID.pack(len(bid), 0, 0, bid)
     if rtype == PERF_RECORD_MMAP:
         prot = PROT_READ if misc & PERF_RECORD_MISC_MMAP_DATA else PROT_READ | PROT_EXEC
-        body = bytes(rec[EVENT_HEADER.size:MMAP_NAME_AT]) + union + PROT_FLAGS.pack(prot, MAP_PRIVATE) \
-            + bytes(rec[MMAP_NAME_AT:])
+        prot_flags, name_at = PROT_FLAGS.pack(prot, MAP_PRIVATE), MMAP_NAME_AT
     else:
-        body = bytes(rec[EVENT_HEADER.size:MMAP_NAME_AT]) + union + bytes(rec[MMAP_NAME_AT + 24:])
+        prot_flags, name_at = bytes(rec[MMAP_NAME_AT + MMAP2_ID.size:MMAP2_NAME_AT]), MMAP2_NAME_AT
+    filename = bytes(rec[name_at:trailer_at]) if name is None else name + b"\0" * (8 - len(name) % 8)
+    body = bytes(rec[EVENT_HEADER.size:MMAP_NAME_AT]) + union + prot_flags + filename + bytes(rec[trailer_at:])
     size = EVENT_HEADER.size + len(body)
     if size > 0xFFFF:
         raise PerfDataError(f"{pf.path}: a mapping record of {size} bytes does not fit perf's u16 size")
@@ -230,13 +243,52 @@ def scan(pf: PerfFile, src, stats: InjectStats) -> _Scan:
     return sc
 
 
+def _carried(index: SessionIndex, m: PerfMapping, had: bytes | None) -> tuple[str | None, str | None, str | None]:
+    """The session's answer for m (build-id hex, or ``None`` and the reason), and the build-id the output
+    record carries: the one it had, else the session's when perf's MMAP2 can hold it, else ``None``."""
+    ours, why = index.match(m)
+    if had is not None:
+        return ours, why, had.hex()
+    return ours, why, ours if ours is not None and len(ours) <= 2 * MAX_BUILD_ID_BYTES else None
+
+
+def plan(pf: PerfFile, src, offsets: array, index: SessionIndex) -> VersionNames:
+    """Pass 2b: each user-space mapping record read again at its offset, and the build-id its output record
+    will carry noted by filename; the versions of a path with several named apart (injectnames).
+
+    Raises:
+        PerfDataError: a record is no longer the mapping record pass 1 found there.
+    """
+    names = VersionNames()
+    for off in offsets:
+        rtype, _misc, rec = _mapping_at(pf, src, off, seek=True)
+        m, had, _trailer_at = parse_mmap(pf, rtype, rec)
+        names.see(m.filename, _carried(index, m, had)[2])
+    names.assign()
+    return names
+
+
+def _mapping_at(pf: PerfFile, src, off: int, seek: bool) -> tuple[int, int, memoryview]:
+    """The mapping record at off (type, misc, bytes), read from src (there already unless seek).
+
+    Raises:
+        PerfDataError: it is not an MMAP/MMAP2 record any more, or the file ends inside it.
+    """
+    head = _read(pf, src, off, EVENT_HEADER.size, seek=seek)
+    rtype, misc, size = EVENT_HEADER.unpack(head)
+    if rtype not in (PERF_RECORD_MMAP, PERF_RECORD_MMAP2) or size < MMAP_NAME_AT:
+        raise pf.fail(off, "the file changed while inject read it")
+    return rtype, misc, memoryview(head + _read(pf, src, off + EVENT_HEADER.size, size - EVENT_HEADER.size,
+                                                seek=False))
+
+
 class _Rewriter:
     """Pass 3: the input copied to the output, each user-space mapping record as :meth:`mapping` says;
     the build-ids the output's mappings carry."""
 
-    def __init__(self, pf: PerfFile, index: SessionIndex, stats: InjectStats):
-        self.pf, self.index, self.stats = pf, index, stats
-        self.carried: dict[tuple[str, str], int] = {}     # (build-id, path) -> first pid
+    def __init__(self, pf: PerfFile, index: SessionIndex, stats: InjectStats, names: VersionNames):
+        self.pf, self.index, self.stats, self.names = pf, index, stats, names
+        self.carried: dict[tuple[str, str], tuple[int, str]] = {}     # (build-id, path) -> (first pid, name)
         self.unmatched_paths: set[str] = set()
 
     def run(self, src, out, sc: _Scan) -> None:
@@ -246,14 +298,10 @@ class _Rewriter:
         pos = pf.data_offset
         for serial, off in enumerate(sc.offsets):
             _copy_on(src, out, off - pos)
-            head = _read(pf, src, off, EVENT_HEADER.size, seek=False)
-            rtype, misc, size = EVENT_HEADER.unpack(head)
-            if rtype not in (PERF_RECORD_MMAP, PERF_RECORD_MMAP2) or size < MMAP_NAME_AT:
-                raise pf.fail(off, "the file changed while inject read it")
-            rec = memoryview(head + _read(pf, src, off + EVENT_HEADER.size, size - EVENT_HEADER.size, seek=False))
+            rtype, misc, rec = _mapping_at(pf, src, off, seek=False)
             data, has_bid[serial] = self.mapping(rtype, misc, rec)
             out.write(data)
-            pos = off + size
+            pos = off + len(rec)
         _copy_on(src, out, pf.data_offset + pf.data_size - pos)
         self.stats.samples = sc.cover.counts(sc.tally.samples, has_bid)
 
@@ -261,7 +309,7 @@ class _Rewriter:
         """A user-space MMAP/MMAP2 record as written to the output, and whether it carries a build-id."""
         st = self.stats
         m, had, trailer_at = parse_mmap(self.pf, rtype, rec)
-        ours, why = self.index.match(m)
+        ours, why, bid = _carried(self.index, m, had)
         path = m.filename.decode("utf-8", "surrogateescape")
         if had is not None:
             if ours is None:
@@ -273,11 +321,11 @@ class _Rewriter:
                 if len(st.examples) < MAX_EXAMPLES:
                     st.examples.append({"pid": m.pid, "start": f"{m.start:#x}", "pgoff": m.pgoff, "path": path,
                                         "perf": had.hex(), "session": ours})
-            self._carry(had.hex(), path, m.pid)
-            return rec, True
+            name = self._carry(bid, m, path)
+            return (rec if name is None else with_build_id(self.pf, rtype, rec, had, trailer_at, name)), True
         bogus = flag_without_build_id(rtype, misc, rec)
         st.flag_without_build_id += bogus
-        if ours is None or len(ours) > 2 * MAX_BUILD_ID_BYTES:
+        if bid is None:
             st.not_matched[why or TOO_LONG] += 1
             self.unmatched_paths.add(path)
             if bogus:       # what the kernel wrote is a dev/inode: say so
@@ -285,61 +333,17 @@ class _Rewriter:
                     bytes(rec[EVENT_HEADER.size:]), False
             return rec, False
         st.matched += 1
-        self._carry(ours, path, m.pid)
-        return with_build_id(self.pf, rtype, rec, bytes.fromhex(ours), trailer_at), True
+        name = self._carry(bid, m, path)
+        return with_build_id(self.pf, rtype, rec, bytes.fromhex(bid), trailer_at, name), True
 
-    def _carry(self, bid: str, path: str, pid: int) -> None:
-        self.carried.setdefault((bid, path), pid)
-
-
-def parse_build_id_section(pf: PerfFile, raw: bytes) -> list[tuple[int, int, str, str, bytes]]:
-    """HEADER_BUILD_ID entries as (misc, pid, build-id hex, filename, entry bytes) (header.c
-    ``perf_header__read_build_ids``: a build-id of ``size`` bytes with PERF_RECORD_MISC_BUILD_ID_SIZE, else 20).
-
-    Raises:
-        PerfDataError: an entry with a size under 36 bytes or past the section's end.
-    """
-    out, at = [], 0
-    while at < len(raw):
-        if len(raw) - at < BUILD_ID_ENTRY.size:
-            raise PerfDataError(f"{pf.path}: HEADER_BUILD_ID ends inside an entry")
-        _t, misc, size, pid, bid, bsize, _r1, _r2 = BUILD_ID_ENTRY.unpack_from(raw, at)
-        if size < BUILD_ID_ENTRY.size or size > len(raw) - at:
-            raise PerfDataError(f"{pf.path}: HEADER_BUILD_ID entry of {size} bytes at {at} of {len(raw)}")
-        n = bsize if misc & PERF_RECORD_MISC_BUILD_ID_SIZE and bsize <= MAX_BUILD_ID_BYTES else MAX_BUILD_ID_BYTES
-        name = raw[at + BUILD_ID_ENTRY.size:at + size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        out.append((misc, pid, bid[:n].hex(), name, raw[at:at + size]))
-        at += size
-    return out
-
-
-def build_id_section(perf_entries: list, rw: _Rewriter, kernel_bid: str | None, header: dict) -> bytes:
-    """The new HEADER_BUILD_ID: perf's kernel and module entries; perf's user-space entries for paths whose
-    every mapping carries a build-id only when theirs is among those (the others are dropped: perf read the
-    path after the profile, and the path held another build by then); then one entry per (build-id, path)
-    the output's MMAP2 records carry.  The host kernel's from the session (kernel_bid) when perf wrote none;
-    kernel_bid is ``None`` when the profile names another host or kernel release than the session."""
-    kernel, user = [], []
-    have = {(bid, path) for bid, path in rw.carried}
-    carried_paths = {path for _bid, path in rw.carried}
-    for misc, pid, bid, name, raw in perf_entries:
-        if misc & PERF_RECORD_MISC_CPUMODE_MASK in (PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_GUEST_KERNEL):
-            kernel.append(raw)
-        elif (bid, name) in have:
-            continue                          # written below, with ours
-        elif name in carried_paths and name not in rw.unmatched_paths:
-            header["dropped_from_perf"] += 1
-        else:
-            header["kept_from_perf"] += 1
-            user.append((bid, name, pid))
-    if isinstance(kernel_bid, str) and not kernel and HEX_BUILD_ID.fullmatch(kernel_bid) and \
-            len(kernel_bid) <= 2 * MAX_BUILD_ID_BYTES:
-        kernel.append(build_id_entry(kernel_bid, KALLSYMS_DSO, True, HOST_KERNEL_ID))
-        header["kernel_added"] = True
-    user += [(bid, path, pid) for (bid, path), pid in rw.carried.items()]
-    entries = kernel + user_build_id_entries(user)
-    header["written"] = len(entries)
-    return b"".join(entries)
+    def _carry(self, bid: str, m: PerfMapping, path: str) -> bytes | None:
+        """Note that the output carries (bid, path); the version's own name when it has one, else ``None``."""
+        name = self.names.name(m.filename, bid)
+        given = name if name != m.filename else None
+        if given is not None:
+            self.stats.versions["mappings"] += 1
+        self.carried.setdefault((bid, path), (m.pid, name.decode("utf-8", "surrogateescape")))
+        return given
 
 
 def inject(profile: str | os.PathLike, session_dir: str | os.PathLike, out_path: str | os.PathLike) -> InjectStats:
@@ -367,7 +371,12 @@ def inject(profile: str | os.PathLike, session_dir: str | os.PathLike, out_path:
         index = SessionIndex.load(session_dir, sc.keys, boottime)
         stats.session_records_skipped = index.skipped
         same_host = _check_host(pf, src, index.session, stats)
-        rw = _Rewriter(pf, index, stats)
+        names = plan(pf, src, sc.offsets, index)
+        stats.versions.update(paths=names.paths_renamed, named=len(names.names), too_long=names.too_long, names=[
+            {"path": path.decode("utf-8", "surrogateescape"), "build_id": bid,
+             "name": name.decode("utf-8", "surrogateescape")}
+            for (path, bid), name in list(names.names.items())[:MAX_EXAMPLES]])
+        rw = _Rewriter(pf, index, stats, names)
         perf_entries = parse_build_id_section(pf, pf.read_feature(src, HEADER_BUILD_ID, MAX_BUILD_ID_SECTION) or b"")
         kernel_bid = index.session.get("kernel_build_id") if same_host else None
         stats.bytes_out = _write(pf, src, out_path, (rw, sc), perf_entries, kernel_bid)
@@ -404,7 +413,7 @@ def _write(pf: PerfFile, src, out_path: str, passes: tuple[_Rewriter, _Scan], pe
             rw.run(src, out, sc)
             data_size = out.tell() - pf.data_offset
             header = {"written": 0, "kept_from_perf": 0, "dropped_from_perf": 0, "kernel_added": False}
-            bid_section = build_id_section(perf_entries, rw, kernel_bid, header)
+            bid_section = build_id_section(perf_entries, rw.carried, rw.unmatched_paths, kernel_bid, header)
             rw.stats.header = header
             bits = sorted(set(pf.features) | {HEADER_BUILD_ID})
             sizes = {b: len(bid_section) if b == HEADER_BUILD_ID else pf.features[b][1] for b in bits}
