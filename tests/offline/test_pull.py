@@ -84,7 +84,8 @@ def test_pull_imports_the_session_and_its_binaries(served, tmp_path):
     # What the archive left out is counted by reason and named, with the way to include it.
     assert "1 missing (1 not_in_store)" in r.stdout, r.stdout
     assert "left out, not_in_store (1): " in r.stdout, r.stdout
-    assert f"    {served['bids']['gone']}  {served['files']['gone']}" in r.stdout.splitlines(), r.stdout
+    gone = served["files"]["gone"]
+    assert f"    {gone.parent}: 1 file, e.g. {gone}" in r.stdout.splitlines(), r.stdout
     check_imported(served, tmp_path)
 
 

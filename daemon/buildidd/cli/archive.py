@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args, session_roots
+from buildidd.cli.leftout import add_list_option, by_reason, left_out_lines
 from buildidd.errors import PrivilegeError, UsageError
 
 DEFAULT_DEBUG_DIR = "~/.debug"
@@ -39,38 +40,9 @@ def _progress_bar(total_hint: str):
     return bar, progress
 
 
-#: Left-out build-ids named one by one at most (the manifest lists them all).
-LEFT_OUT_LISTED_MAX = 50
-
-
 def _summary(manifest) -> str:
     """``143 archived, 0 upstream, 2 missing (2 private)``: the counts, the missing ones by reason."""
-    return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + _by_reason(manifest)
-
-
-def _by_reason(manifest) -> str:
-    by_reason = manifest.missing_by_reason()
-    return (" (" + ", ".join(f"{len(refs)} {reason}" for reason, refs in sorted(by_reason.items())) + ")"
-            if by_reason else "")
-
-
-def left_out_lines(manifest) -> list[str]:
-    """One line per build-id the archive left out (at most LEFT_OUT_LISTED_MAX, then how many more),
-    with a path it was mapped from, the reason and how to include it (manifest.missing_hint);
-    for archive, import and pull alike."""
-    from buildidd.offline.manifest import missing_hint
-
-    lines, shown, total = [], 0, 0
-    for reason, refs in sorted(manifest.missing_by_reason().items()):
-        hint = missing_hint(reason)
-        total += len(refs)
-        lines.append(f"  left out, {reason} ({len(refs)}){': ' + hint if hint else ''}")
-        for ref in refs[:max(0, LEFT_OUT_LISTED_MAX - shown)]:
-            lines.append(f"    {ref.build_id}  {ref.paths[0] if ref.paths else '-'}")
-            shown += 1
-    if total > shown:
-        lines.append(f"  ... and {total - shown} more: the manifest lists them all (tar -xOf ARCHIVE manifest.json)")
-    return lines
+    return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + by_reason(manifest)
 
 
 def cmd_archive(args) -> int:
@@ -104,7 +76,7 @@ def cmd_archive(args) -> int:
     # An unreachable --exclude-upstream was logged (stderr) by write_archive and is in the manifest.
     print(f"{out}: session {session.name}, {len(manifest.segments)} segment(s), build-ids: "
           f"{_summary(manifest)}, {out.stat().st_size} bytes")
-    for line in left_out_lines(manifest):
+    for line in left_out_lines(manifest, full=args.list_left_out):
         print(line)
     return 0
 
@@ -134,8 +106,8 @@ def cmd_import(args) -> int:
         return 0
     print(f"session {r.manifest.session['name']} -> {r.session_dir}" + ("" if r.session_new else " (already there)"))
     print(f"build-ids -> {debug_dir}: {len(r.installed)} installed ({r.bytes} bytes), {len(r.present)} already "
-          f"present, {len(r.upstream)} upstream, {len(r.missing)} missing" + _by_reason(r.manifest))
-    for line in left_out_lines(r.manifest):
+          f"present, {len(r.upstream)} upstream, {len(r.missing)} missing" + by_reason(r.manifest))
+    for line in left_out_lines(r.manifest, full=args.list_left_out):
         print(line)
     provenance = {ref.build_id: ref.provenance for ref in r.manifest.build_ids}
     for bid in r.untrusted:
@@ -218,6 +190,7 @@ def register(sub) -> None:
                         "user); the default leaves them out and names each (store_share_private does the same)")
     p.add_argument("--exclude-upstream", metavar="URL",
                    help="leave out the binaries this debuginfod server already serves (listed as 'upstream')")
+    add_list_option(p)
     add_roots_options(p)
     p.set_defaults(func=cmd_archive)
 
@@ -232,6 +205,7 @@ def register(sub) -> None:
     p.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
                    help="entries whose provenance is not 'trusted' (not a root-owned system file on the host): "
                         "install them marked (default), skip them, or refuse the archive")
+    add_list_option(p)
     add_roots_options(p)
     p.set_defaults(func=cmd_import)
 
