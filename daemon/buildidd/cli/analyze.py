@@ -39,16 +39,41 @@ def cmd_which(args) -> int:
                       held=store.contains if store is not None else None)
     if args.json:
         print(json.dumps(answer))
-        return 0
-    for r in answer["results"]:
+    for r in answer["results"] if not args.json else ():
         held = "" if "held" not in r else ("  held" if r["held"] else "  not held")
         print(f"{r['buildid']}  {r['file']}  {r['first_seen'] or '-'} .. {r['last_seen'] or '-'}  "
               f"{r['host'] or '-'}{held}")
-    if not answer["results"]:
-        print(f"-- {args.path}: no build-id recorded --", file=sys.stderr)
     if not answer["complete"]:
         print("-- incomplete: more sessions or results than one answer holds --", file=sys.stderr)
+    if not answer["results"]:
+        print(f"buildidd: {_which_none(args, cfg.session_root)}", file=sys.stderr)
+        return 1
     return 0
+
+
+#: Paths named at most in which's hint for a bare file name.
+WHICH_HINT_PATHS_MAX = 5
+
+
+def _which_none(args, session_root: str) -> str:
+    """Why ``which`` found nothing, and what to try: a bare file name is matched as ``--glob '*/NAME'``
+    and the recorded paths ending in it are named (at most WHICH_HINT_PATHS_MAX)."""
+    from buildidd.offline.metadata import metadata
+
+    what = "no path matching" if args.glob else "no build-id recorded for"
+    text = f"{what} {args.path} in the sessions under {session_root}"
+    if args.glob:
+        return text + " ('*' also crosses '/'; a pattern matches the whole path)"
+    if "/" in args.path:
+        return text + "; the path must be as the mapping named it (--glob PATTERN matches by pattern)"
+    pattern = f"*/{args.path}"
+    paths = sorted({r["file"] for r in metadata(session_root, "glob", pattern)["results"]})
+    if not paths:
+        return (text + f"; {args.path} is a file name and which takes the full path: no recorded path ends in it "
+                       f"either (buildidd which --glob '{pattern}')")
+    shown = ", ".join(paths[:WHICH_HINT_PATHS_MAX]) + (", ..." if len(paths) > WHICH_HINT_PATHS_MAX else "")
+    return (text + f"; {args.path} is a file name and which takes the full path: recorded paths ending in it: "
+                   f"{shown} (buildidd which --glob '{pattern}' gives their build-ids)")
 
 
 def cmd_buildid_list(args) -> int:
@@ -343,7 +368,8 @@ def register(sub) -> None:
                        description="Print each build-id PATH was mapped or executed with in the sessions, with "
                                    "when it was first and last seen (UTC), the host, and whether the store holds "
                                    "it: debuginfod's /metadata answer, which buildidd serve gives too.  --glob "
-                                   "takes PATH as a glob ('*' also crosses '/').")
+                                   "takes PATH as a glob ('*' also crosses '/').  Exit status 1 when nothing "
+                                   "matches.")
     p.add_argument("path", metavar="PATH", help="a path as the mapping named it, or a glob with --glob")
     p.add_argument("--glob", action="store_true", help="PATH is a glob pattern")
     p.add_argument("--json", action="store_true", help="the /metadata JSON answer")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args, session_roots
-from buildidd.cli.leftout import add_list_option, by_reason, left_out_lines
+from buildidd.cli.leftout import add_list_option, by_reason, left_out_lines, untrusted_lines
 from buildidd.errors import PrivilegeError, UsageError
 
 DEFAULT_DEBUG_DIR = "~/.debug"
@@ -45,6 +45,24 @@ def _summary(manifest) -> str:
     return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + by_reason(manifest)
 
 
+def _create(tmp: Path, out: Path):
+    """Open tmp (the hidden name the archive is written under) for writing; an error names out and its directory.
+
+    Raises:
+        PrivilegeError: the directory is not writable by this user (exit 4).
+        ArchiveError: ``cannot_write``: another error (a read-only file system, no space).
+    """
+    from buildidd.errors import ArchiveError
+
+    try:
+        return open(tmp, "xb")
+    except PermissionError as e:
+        raise PrivilegeError(f"-o {out}: cannot create a file in {out.parent}: {e.strerror}; "
+                             "name a file in a directory you can write") from e
+    except OSError as e:
+        raise ArchiveError("cannot_write", f"-o {out}: cannot create a file in {out.parent}: {e.strerror}") from e
+
+
 def cmd_archive(args) -> int:
     """`buildidd archive SESSION -o FILE`: the session and its binaries in one tar + zstd file.
 
@@ -58,10 +76,13 @@ def cmd_archive(args) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {out}: is a directory; name the archive file")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {out}: no directory {out.parent}; create it first (mkdir -p {out.parent}) "
+                         "or name a file in an existing one")
     tmp = out.with_name(f".{out.name}.part-{secrets.token_hex(4)}")
     bar, progress = _progress_bar(session.name)
     try:
-        with open(tmp, "xb") as f:
+        with _create(tmp, out) as f:
             manifest = write_archive(session, _store(cfg), f, exclude_upstream=args.exclude_upstream,
                                      progress=progress,
                                      share_private=cfg.store_share_private or args.share_private)
@@ -109,10 +130,8 @@ def cmd_import(args) -> int:
           f"present, {len(r.upstream)} upstream, {len(r.missing)} missing" + by_reason(r.manifest))
     for line in left_out_lines(r.manifest, full=args.list_left_out):
         print(line)
-    provenance = {ref.build_id: ref.provenance for ref in r.manifest.build_ids}
-    for bid in r.untrusted:
-        print(f"  {'skipped' if args.untrusted == 'skip' else 'marked'} {bid}: provenance "
-              f"{provenance.get(bid) or 'unknown'}")
+    for line in untrusted_lines(r.manifest, r.untrusted, args.untrusted, debug_dir):
+        print(line)
     return 0
 
 
@@ -144,7 +163,9 @@ def cmd_sessions(args) -> int:
 
     cfg = roots_from_args(args)
     holds = _store_holds(cfg.store_root)
-    infos = [i for root in session_roots(cfg.session_root) for i in list_sessions(root, holds=holds)]
+    roots = session_roots(cfg.session_root)
+    _check_roots(roots)
+    infos = [i for root in roots if os.path.isdir(root) for i in list_sessions(root, holds=holds)]
     if args.json:
         for info in infos:
             print(json.dumps(info.to_json()))
@@ -158,6 +179,26 @@ def cmd_sessions(args) -> int:
               f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {stored:>7} {gaps:>6} {i.lost:>6} "
               f"{_closed(i)}")
     return 0
+
+
+def _check_roots(roots: list[str]) -> None:
+    """Refuse a listing of session roots none of which exists (an empty table would say "no sessions" where
+    the truth is "wrong place"), or one this user may not read.
+
+    Raises:
+        SessionLogError: no root exists (exit 1).
+        PrivilegeError: a root exists but cannot be listed (exit 4).
+    """
+    from buildidd.errors import SessionLogError
+
+    for root in roots:
+        if os.path.isdir(root) and not os.access(root, os.R_OK | os.X_OK):
+            raise PrivilegeError(f"sessions: cannot read the session root {root}; run as root, or give "
+                                 "--session-root DIR")
+    if not any(os.path.isdir(r) for r in roots):
+        raise SessionLogError(f"sessions: no session root at {' or '.join(roots)}: nothing was recorded or "
+                              "imported there; give --session-root DIR (the daemon's session_root, or where "
+                              "buildidd import put them)")
 
 
 def _store_holds(store_root: str):

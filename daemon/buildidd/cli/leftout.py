@@ -1,4 +1,5 @@
-"""What an archive left out, as ``archive``, ``import`` and ``pull`` print it: a summary by directory and owner.
+"""What an archive left out, as ``archive``, ``import`` and ``pull`` print it: a summary by directory and owner;
+and what import did with copies that are not trusted, each with its path and why.
 
 A host with a Python under root's 0700 home leaves out the interpreter, libpython and every extension module:
 dozens of build-ids with one cause.  So the default report is one line per reason (with what to do) and, under
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:      # the CLI imports the offline stage only when a verb runs
     from buildidd.offline.manifest import BuildIdRef
 
-__all__ = ["left_out_lines", "by_reason", "GROUPS_SHOWN_MAX"]
+__all__ = ["left_out_lines", "by_reason", "untrusted_lines", "add_list_option", "GROUPS_SHOWN_MAX"]
 
 #: Cause lines shown per reason; the rest are counted in one line.
 GROUPS_SHOWN_MAX = 20
@@ -120,3 +121,35 @@ def add_list_option(parser) -> None:
     parser.add_argument("--list-left-out", action="store_true",
                         help="also list each build-id left out of the archive with its path (the default "
                              "summarizes them by directory and owner)")
+
+
+#: Why a copy is not trusted, by its provenance (store.PROVENANCES), as import says it.
+PROVENANCE_REASONS = {
+    "untrusted": "on the recording host its copy was not a root-owned file under a system directory "
+                 "(/usr, /lib, /opt, ...), so anyone could have made it",
+    "conflict": "on the recording host different files claimed this build-id",
+    "unknown": "the archive does not say where its copy came from (an older buildidd, or perf's cache)",
+}
+
+
+def untrusted_lines(manifest, build_ids: list[str], policy: str, debug_dir: str) -> list[str]:
+    """What import did with each entry that is not ``trusted`` (``--untrusted mark`` or ``skip``): a line saying
+    where the word is kept and how to change it, then each build-id with a path it was mapped from and why.
+    [] when build_ids is empty."""
+    if not build_ids:
+        return []
+    refs = {ref.build_id: ref for ref in manifest.build_ids}
+    if policy == "skip":
+        head = (f"  skipped, not trusted ({len(build_ids)}): not installed (--untrusted skip); "
+                "--untrusted mark installs them marked")
+    else:
+        head = (f"  marked untrusted ({len(build_ids)}): installed, with the word in "
+                f"{debug_dir}/<path>/<build-id>/provenance; --untrusted skip leaves them out, "
+                "--untrusted refuse refuses such an archive")
+    lines = [head]
+    for bid in build_ids:
+        ref = refs.get(bid)
+        path = ref.paths[0] if ref is not None and ref.paths else "-"
+        word = (ref.provenance if ref is not None else None) or "unknown"
+        lines.append(f"    {bid}  {path}: {word}: {PROVENANCE_REASONS.get(word, word)}")
+    return lines

@@ -64,14 +64,15 @@ def cmd_pull(args) -> int:
                        debug_dir=args.debug_dir, session_root=cfg.session_root, work_dir=args.work_dir,
                        timeout_s=args.timeout, cafile=args.cafile, max_bytes=args.max_bytes,
                        deadline_s=args.deadline, untrusted=args.untrusted)
-    from buildidd.cli.leftout import by_reason, left_out_lines
+    from buildidd.cli.leftout import by_reason, left_out_lines, untrusted_lines
     for result in pull(opts, progress=sys.stderr.isatty()):
         r = result.report
         print(f"{result.name}: imported into {result.session_dir} ({result.archive_bytes} bytes"
               f"{', resumed' if result.resumed else ''}); build-ids: {len(r.installed)} installed, "
               f"{len(r.present)} already present, {len(r.upstream)} upstream, {len(r.missing)} missing"
               + by_reason(r.manifest))
-        for line in left_out_lines(r.manifest, full=args.list_left_out):
+        for line in left_out_lines(r.manifest, full=args.list_left_out) + untrusted_lines(
+                r.manifest, r.untrusted, args.untrusted, args.debug_dir or "~/.debug"):
             print(line)
     return 0
 
