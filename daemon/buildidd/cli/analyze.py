@@ -161,11 +161,12 @@ def _held_fact(store, bid: str | None, fact: str) -> str | None:
 class _Output:
     """How answers are printed: JSON or text, with or without symbols; where binaries are now (cached)."""
 
-    def __init__(self, as_json: bool, store, symbolizer, clock):
+    def __init__(self, as_json: bool, store, symbolizer, clock, demangler=None):
         self.json = as_json
         self.clock = clock              # inputs.SessionClock: times shown as wall-clock with zone
         self.store = store
         self.symbolizer = symbolizer
+        self.demangler = demangler      # offline.demangle.Demangler, or None: names as in the table
         self._store_paths: dict[str, str | None] = {}
         self._dso_text: dict[object, str] = {}
 
@@ -187,6 +188,10 @@ class _Output:
         sym = self.symbolizer.symbolize(bid, file_offset) if bid else None
         return sym, (None if sym else self.symbolizer.errors.get(bid, "no_symbol") if bid else "no_build_id")
 
+    def demangled(self, name: str) -> str:
+        """name as C++ source spells it (``foo::bar(int)``), or as given without a demangler or when not C++."""
+        return self.demangler.demangle(name) if self.demangler is not None else name
+
     def line(self, a) -> str:
         """One answer as ``resolve`` prints it: JSON, or ``PID ADDR PATH BUILD-ID +OFFSET [SYMBOL] STORE-PATH``."""
         if self.json:
@@ -203,7 +208,7 @@ class _Output:
         parts = [f"{q.pid} {q.addr:#x} {text[0]} +{a.file_offset:#x}"]
         if self.symbolizer is not None:
             sym, why = self.symbol(dso.build_id, a.file_offset)
-            parts.append(f"{sym.name}+{sym.offset:#x}" if sym else f"?({why})")
+            parts.append(f"{self.demangled(sym.name)}+{sym.offset:#x}" if sym else f"?({why})")
         parts.append(text[1])
         if a.via:
             parts.append(f"(inherited from pid {m.pid})")
@@ -228,8 +233,8 @@ class _Output:
                  via=list(a.via), exited_ns=a.exited_ns)
         if self.symbolizer is not None:
             sym, why = self.symbol(bid, a.file_offset)
-            d["symbol"] = ({"name": sym.name, "offset": sym.offset, "size": sym.size, "source": sym.source}
-                           if sym else None)
+            d["symbol"] = ({"name": sym.name, "demangled": self.demangled(sym.name), "offset": sym.offset,
+                            "size": sym.size, "source": sym.source} if sym else None)
             if why:
                 d["symbol_error"] = why
         return d
@@ -261,7 +266,8 @@ def cmd_resolve(args) -> int:
     input; a stdin batch names each line it could not read, answers the others,
     and ends with their count (then exit 2).
     """
-    from buildidd.offline.replay import Query, Replay
+    from buildidd.offline.demangle import Demangler
+    from buildidd.offline.replay import Replay
     from buildidd.offline.symbols import Symbolizer
 
     cfg = roots_from_args(args)
@@ -276,7 +282,20 @@ def cmd_resolve(args) -> int:
     clock = SessionClock(replay.session.get("boot_to_wall_offset_ns"))
     default_ns = clock.parse(args.time) if args.time else replay.end_ns
     store = _store(cfg)
-    out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None, clock)
+    demangler = Demangler() if args.symbolize and not args.no_demangle else None
+    out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None, clock, demangler)
+    try:
+        return _resolve_all(args, replay, out, default_ns, clock, addr)
+    finally:
+        if demangler is not None:
+            demangler.close()
+
+
+def _resolve_all(args, replay, out, default_ns: int, clock, addr) -> int:
+    """The queries of cmd_resolve answered and printed; its exit status."""
+    from buildidd.offline.replay import Query
+
+    from_stdin = addr is None
     lines = bad = 0
     if from_stdin:
         queries = []
@@ -403,7 +422,9 @@ def register(sub) -> None:
     p.add_argument("--decimal", action="store_true", help="read addresses as decimal (0x... is still hex)")
     p.add_argument("--time", metavar="TIME", help="when: ns since boot, perf's sec.usec, ISO 8601, HH:MM[:SS] "
                    "today, or relative like -40s, -2min (default: the end of the session)")
-    p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary")
+    p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary (C++ names "
+                   "demangled by binutils' c++filt, as perf and gdb show them)")
+    p.add_argument("--no-demangle", action="store_true", help="with --symbolize: C++ names as in the symbol table")
     p.add_argument("--json", action="store_true", help="one JSON object per answer")
     p.set_defaults(func=cmd_resolve)
 
