@@ -443,7 +443,8 @@ def register(sub) -> None:
                        description="Rewrites PROFILE's PERF_RECORD_MMAP/MMAP2 records as MMAP2 carrying the "
                                    "build-id the session recorded for that mapping (matched by pid, start, pgoff "
                                    "and dev/inode/generation), and its HEADER_BUILD_ID to agree; the input is "
-                                   "never modified.  Then: perf report -i OUT --buildid-dir STORE.")
+                                   "never modified.  Then: perf --buildid-dir STORE report -i OUT (--buildid-dir is an "
+                                   "option of perf itself, before report).")
     p.add_argument("profile", help="perf.data written by perf record")
     p.add_argument("session", nargs="?", default="latest",
                    help="session directory, its name under the session root, or 'latest' (default)")
