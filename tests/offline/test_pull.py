@@ -91,7 +91,8 @@ def test_pull_imports_the_session_and_its_binaries(served, tmp_path):
 
 def test_pull_needs_the_token_and_an_existing_session(served, tmp_path):
     r = pull(served, tmp_path, token=False)
-    assert r.returncode == 1 and "401" in r.stderr
+    assert r.returncode == 4 and "401" in r.stderr and "bearer token required" in r.stderr, r.stderr
+    assert "give pull --token-file FILE" in r.stderr, r.stderr
     r = pull(served, tmp_path, "no-such-session")
     assert r.returncode == 1 and "no session 'no-such-session'" in r.stderr
 

@@ -410,23 +410,7 @@ def register(sub) -> None:
                    "(dwarf, symtab, minidebuginfo, go_pclntab, dynsym, none; - when not stored)")
     p.set_defaults(func=cmd_buildid_list)
 
-    p = sub.add_parser("resolve", help="the mapping (file, build-id, offset, symbol) that covered ADDR in PID",
-                       description="Replays the session's exec/mmap/fork/exit records as perf report rebuilds "
-                                   "its machine state.  Without PID and ADDR (or with PID '-'), reads "
-                                   "'PID ADDR [TIME]' lines from stdin.")
-    _session_arg(p)
-    p.add_argument("pid", nargs="?", help="process id (tgid), or '-' for stdin")
-    p.add_argument("addr", nargs="?", help="address: hex with or without 0x (as /proc/PID/maps and perf print "
-                   "it), a maps range START-END (its start), or decimal with --decimal")
-    add_roots_options(p)
-    p.add_argument("--decimal", action="store_true", help="read addresses as decimal (0x... is still hex)")
-    p.add_argument("--time", metavar="TIME", help="when: ns since boot, perf's sec.usec, ISO 8601, HH:MM[:SS] "
-                   "today, or relative like -40s, -2min (default: the end of the session)")
-    p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary (C++ names "
-                   "demangled by binutils' c++filt, as perf and gdb show them)")
-    p.add_argument("--no-demangle", action="store_true", help="with --symbolize: C++ names as in the symbol table")
-    p.add_argument("--json", action="store_true", help="one JSON object per answer")
-    p.set_defaults(func=cmd_resolve)
+    _register_resolve(sub)
 
     p = sub.add_parser("export", help="a session's mapping history as perf.data",
                        description="Write the session's mappings as a perf.data file: a PERF_RECORD_MMAP2 with the "
@@ -452,3 +436,24 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, help="output perf.data (never the input)")
     p.add_argument("--json", action="store_true", help="the summary as one JSON object on stdout")
     p.set_defaults(func=cmd_inject)
+
+
+def _register_resolve(sub) -> None:
+    """Add ``resolve`` to the subcommand parsers."""
+    p = sub.add_parser("resolve", help="the mapping (file, build-id, offset, symbol) that covered ADDR in PID",
+                       description="Replays the session's exec/mmap/fork/exit records as perf report rebuilds "
+                                   "its machine state.  Without PID and ADDR (or with PID '-'), reads "
+                                   "'PID ADDR [TIME]' lines from stdin.")
+    _session_arg(p)
+    p.add_argument("pid", nargs="?", help="process id (tgid), or '-' for stdin")
+    p.add_argument("addr", nargs="?", help="address: hex with or without 0x (as /proc/PID/maps and perf print "
+                   "it), a maps range START-END (its start), or decimal with --decimal")
+    add_roots_options(p)
+    p.add_argument("--decimal", action="store_true", help="read addresses as decimal (0x... is still hex)")
+    p.add_argument("--time", metavar="TIME", help="when: ns since boot, perf's sec.usec, ISO 8601, HH:MM[:SS] "
+                   "today, or relative like -40s, -2min (default: the end of the session)")
+    p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary (C++ names "
+                   "demangled by binutils' c++filt, as perf and gdb show them)")
+    p.add_argument("--no-demangle", action="store_true", help="with --symbolize: C++ names as in the symbol table")
+    p.add_argument("--json", action="store_true", help="one JSON object per answer")
+    p.set_defaults(func=cmd_resolve)

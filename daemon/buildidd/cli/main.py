@@ -26,7 +26,7 @@ FAMILIES = (record, show, ctl, checkconfig, serve, archive, analyze)
 EXIT_STATUS = """\
 exit status:
   0  success                    3  the daemon is not running (no control socket)
-  1  failure                    4  permission denied (not root, not in the control group)
+  1  failure                    4  permission denied (not root, not in the control group, a serve's 401/403)
   2  usage error                record: the command's own status (128+N for signal N)"""
 
 

@@ -103,7 +103,8 @@ usage error: a bad option, address, size or time
 the daemon is not running (nothing listens on the control socket)
 .TP
 .B 4
-permission denied: not root (the missing capability is named), or not in the control group
+permission denied: not root (the missing capability is named), not in the control group, or refused by a
+serve (pull: HTTP 401 or 403, with the serve's reason)
 .TP
 .B record
 the command's own status; 128+N when signal N ended it, 127 when it was not found, 126 when it could
