@@ -10,6 +10,7 @@ program compiles and loads from the installed copy of bpf/ (not the checkout).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,12 @@ def test_install_into_its_own_prefix_upgrades_in_place_and_uninstalls(tmp_path):
     unit = (dest / "etc/systemd/system/buildidd.service").read_text()
     assert "\nExecStart=/opt/bid/venv/bin/buildidd run --config /etc/buildidd/buildidd.toml\n" in unit
     assert "Documentation=file:///opt/bid/README.md" in unit and str(ROOT) not in unit
+    # Issue 43: the header comment reads as written, no placeholder left in it or anywhere.
+    for rendered in (unit, (dest / "etc/systemd/system/buildidd-serve.service").read_text()):
+        assert not re.search(r"@[A-Z][A-Z_]*@", rendered) and "#@" not in rendered, rendered[:800]
+    assert unit.startswith("# buildidd as a systemd service, installed by scripts/install from "
+                           "systemd/buildidd.service.in:\n# buildidd in /opt/bid (its venv: /opt/bid/venv), "
+                           "configured by /etc/buildidd/buildidd.toml.\n"), unit[:400]
     assert "\nExecStart=/opt/bid/venv/bin/buildidd serve " in (dest / "etc/systemd/system/buildidd-serve.service").read_text()
     # It runs from the staged venv, importing buildidd from there (not from the clone), in a directory
     # where the clone is not on any path.

@@ -119,12 +119,20 @@ class ArchiveError(BuildiddError):
             ``"hard_link"``, ``"device"``, ``"fifo"``, ``"build_id_mismatch"``,
             ``"too_large"``, ``"too_many_members"``, ``"zstd_bomb"``, ...; the
             importer's docstring lists them all).
+        message: the text without the reason.
     """
 
     def __init__(self, reason: str, message: str):
         super().__init__(f"{message} [{reason}]")
         self.reason = reason
+        self.message = message
 
 
 class ServeError(BuildiddError):
     """``buildidd serve`` cannot start (address, token, TLS, store), or ``pull`` cannot fetch from a serve."""
+
+
+class ServeRefusedError(ServeError):
+    """A serve refused ``pull`` its session logs (HTTP 401 or 403): permission denied, exit status 4."""
+
+    exit_code = 4

@@ -62,7 +62,7 @@ def test_the_manual_page_has_the_sections_of_a_section_8_page_in_order():
     assert r.returncode == 0, r.stderr
     headings = [line[4:].split(" \\fI")[0] for line in r.stdout.splitlines() if line.startswith(".SH ")]
     order = ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "COMMAND", "EXIT STATUS", "FILES", "CONFIGURATION",
-             "SEE ALSO"]
+             "EXAMPLES", "SEE ALSO"]
     firsts = [headings.index(h) for h in order]
     assert firsts == sorted(firsts), headings
     assert "COMMENTS" not in headings                        # the exit status has its own section

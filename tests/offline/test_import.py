@@ -236,7 +236,11 @@ def test_corrupt_and_truncated_streams(world, tmp_path):
     archive.write_bytes(b"not zstd at all" * 100)
     with pytest.raises(ArchiveError) as e:
         do_import(tmp_path, archive)
-    assert e.value.reason == "corrupt"
+    assert e.value.reason == "not_an_archive" and str(archive) in str(e.value)    # refused before decoding
+    archive.write_bytes(world["archive"][:4] + b"not zstd at all" * 100)          # the magic, then garbage
+    with pytest.raises(ArchiveError) as e:
+        do_import(tmp_path, archive)
+    assert e.value.reason == "corrupt" and str(archive) in str(e.value)
 
 
 def test_target_reached_through_a_symlink_is_refused(world, tmp_path):

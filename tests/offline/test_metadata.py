@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -100,7 +101,27 @@ def test_which_prints_each_build_id_a_path_had(sessions, tmp_path):
     r = subprocess.run([*base, "--json", "--glob", "/opt/app/lib*"], capture_output=True, text=True)
     assert r.returncode == 0 and [x["buildid"] for x in json.loads(r.stdout)["results"]] == [LIB]
     r = subprocess.run([*base, "/nowhere"], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout == "" and "no build-id recorded" in r.stderr
+    assert r.returncode == 1 and r.stdout == "" and "no build-id recorded for /nowhere" in r.stderr
+    assert "--glob" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_which_on_a_bare_file_name_names_the_recorded_paths_ending_in_it(sessions, tmp_path):
+    """Issue 43: ``which python3.11`` said "no build-id recorded" with exit 0 and no word of --glob."""
+    base = [sys.executable, "-m", "buildidd.cli", "which", "--session-root", str(sessions),
+            "--store-root", str(tmp_path / "no-store")]
+    name = os.path.basename(TOOL)
+    r = subprocess.run([*base, name], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr == (f"buildidd: no build-id recorded for {name} in the sessions under {sessions}; {name} is a "
+                        f"file name and which takes the full path: recorded paths ending in it: {TOOL} "
+                        f"(buildidd which --glob '*/{name}' gives their build-ids)\n"), r.stderr
+    r = subprocess.run([*base, "--glob", f"*/{name}"], capture_output=True, text=True)
+    assert r.returncode == 0 and {line.split()[0] for line in r.stdout.splitlines()} == {V1, V2, V3}
+    r = subprocess.run([*base, "no-such-tool"], capture_output=True, text=True)
+    assert r.returncode == 1 and "no recorded path ends in it either (buildidd which --glob '*/no-such-tool')" \
+        in r.stderr
+    r = subprocess.run([*base, "--json", "no-such-tool"], capture_output=True, text=True)
+    assert r.returncode == 1 and json.loads(r.stdout)["results"] == []
 
 
 def test_a_file_without_a_gnu_build_id_is_given_by_its_htlhash(tmp_path):

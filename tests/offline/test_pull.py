@@ -84,13 +84,15 @@ def test_pull_imports_the_session_and_its_binaries(served, tmp_path):
     # What the archive left out is counted by reason and named, with the way to include it.
     assert "1 missing (1 not_in_store)" in r.stdout, r.stdout
     assert "left out, not_in_store (1): " in r.stdout, r.stdout
-    assert f"    {served['bids']['gone']}  {served['files']['gone']}" in r.stdout.splitlines(), r.stdout
+    gone = served["files"]["gone"]
+    assert f"    {gone.parent}: 1 file, e.g. {gone}" in r.stdout.splitlines(), r.stdout
     check_imported(served, tmp_path)
 
 
 def test_pull_needs_the_token_and_an_existing_session(served, tmp_path):
     r = pull(served, tmp_path, token=False)
-    assert r.returncode == 1 and "401" in r.stderr
+    assert r.returncode == 4 and "401" in r.stderr and "bearer token required" in r.stderr, r.stderr
+    assert "give pull --token-file FILE" in r.stderr, r.stderr
     r = pull(served, tmp_path, "no-such-session")
     assert r.returncode == 1 and "no session 'no-such-session'" in r.stderr
 

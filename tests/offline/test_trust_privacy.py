@@ -250,11 +250,11 @@ def test_archive_import_and_pull_name_each_build_id_left_out_and_how_to_include_
     assert r.returncode == 0, r.stderr
     assert "1 missing (1 private)" in r.stdout, r.stdout
     assert "left out, private (1): " in r.stdout and "--share-private" in r.stdout, r.stdout
-    assert f"    {private}  {secret}" in r.stdout.splitlines(), r.stdout
-    r = subprocess.run([*base, "import", str(out), "--debug-dir", str(tmp_path / "debug"),
+    assert f"made 1 file of root private, e.g. {secret}" in r.stdout and private not in r.stdout, r.stdout
+    r = subprocess.run([*base, "import", str(out), "--debug-dir", str(tmp_path / "debug"), "--list-left-out",
                         "--session-root", str(tmp_path / "sessions")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "1 missing (1 private)" in r.stdout and f"    {private}  {secret}" in r.stdout.splitlines(), r.stdout
+    assert "1 missing (1 private)" in r.stdout and f"      {private}  {secret}" in r.stdout.splitlines(), r.stdout
     shared = tmp_path / "shared.tar.zst"
     r = subprocess.run([*base, "archive", str(trust_world["session"]), "-o", str(shared), "--share-private",
                         "--store-root", str(trust_world["tmp"] / "store")], capture_output=True, text=True)

@@ -39,16 +39,41 @@ def cmd_which(args) -> int:
                       held=store.contains if store is not None else None)
     if args.json:
         print(json.dumps(answer))
-        return 0
-    for r in answer["results"]:
+    for r in answer["results"] if not args.json else ():
         held = "" if "held" not in r else ("  held" if r["held"] else "  not held")
         print(f"{r['buildid']}  {r['file']}  {r['first_seen'] or '-'} .. {r['last_seen'] or '-'}  "
               f"{r['host'] or '-'}{held}")
-    if not answer["results"]:
-        print(f"-- {args.path}: no build-id recorded --", file=sys.stderr)
     if not answer["complete"]:
         print("-- incomplete: more sessions or results than one answer holds --", file=sys.stderr)
+    if not answer["results"]:
+        print(f"buildidd: {_which_none(args, cfg.session_root)}", file=sys.stderr)
+        return 1
     return 0
+
+
+#: Paths named at most in which's hint for a bare file name.
+WHICH_HINT_PATHS_MAX = 5
+
+
+def _which_none(args, session_root: str) -> str:
+    """Why ``which`` found nothing, and what to try: a bare file name is matched as ``--glob '*/NAME'``
+    and the recorded paths ending in it are named (at most WHICH_HINT_PATHS_MAX)."""
+    from buildidd.offline.metadata import metadata
+
+    what = "no path matching" if args.glob else "no build-id recorded for"
+    text = f"{what} {args.path} in the sessions under {session_root}"
+    if args.glob:
+        return text + " ('*' also crosses '/'; a pattern matches the whole path)"
+    if "/" in args.path:
+        return text + "; the path must be as the mapping named it (--glob PATTERN matches by pattern)"
+    pattern = f"*/{args.path}"
+    paths = sorted({r["file"] for r in metadata(session_root, "glob", pattern)["results"]})
+    if not paths:
+        return (text + f"; {args.path} is a file name and which takes the full path: no recorded path ends in it "
+                       f"either (buildidd which --glob '{pattern}')")
+    shown = ", ".join(paths[:WHICH_HINT_PATHS_MAX]) + (", ..." if len(paths) > WHICH_HINT_PATHS_MAX else "")
+    return (text + f"; {args.path} is a file name and which takes the full path: recorded paths ending in it: "
+                   f"{shown} (buildidd which --glob '{pattern}' gives their build-ids)")
 
 
 def cmd_buildid_list(args) -> int:
@@ -136,11 +161,12 @@ def _held_fact(store, bid: str | None, fact: str) -> str | None:
 class _Output:
     """How answers are printed: JSON or text, with or without symbols; where binaries are now (cached)."""
 
-    def __init__(self, as_json: bool, store, symbolizer, clock):
+    def __init__(self, as_json: bool, store, symbolizer, clock, demangler=None):
         self.json = as_json
         self.clock = clock              # inputs.SessionClock: times shown as wall-clock with zone
         self.store = store
         self.symbolizer = symbolizer
+        self.demangler = demangler      # offline.demangle.Demangler, or None: names as in the table
         self._store_paths: dict[str, str | None] = {}
         self._dso_text: dict[object, str] = {}
 
@@ -162,6 +188,10 @@ class _Output:
         sym = self.symbolizer.symbolize(bid, file_offset) if bid else None
         return sym, (None if sym else self.symbolizer.errors.get(bid, "no_symbol") if bid else "no_build_id")
 
+    def demangled(self, name: str) -> str:
+        """name as C++ source spells it (``foo::bar(int)``), or as given without a demangler or when not C++."""
+        return self.demangler.demangle(name) if self.demangler is not None else name
+
     def line(self, a) -> str:
         """One answer as ``resolve`` prints it: JSON, or ``PID ADDR PATH BUILD-ID +OFFSET [SYMBOL] STORE-PATH``."""
         if self.json:
@@ -178,7 +208,7 @@ class _Output:
         parts = [f"{q.pid} {q.addr:#x} {text[0]} +{a.file_offset:#x}"]
         if self.symbolizer is not None:
             sym, why = self.symbol(dso.build_id, a.file_offset)
-            parts.append(f"{sym.name}+{sym.offset:#x}" if sym else f"?({why})")
+            parts.append(f"{self.demangled(sym.name)}+{sym.offset:#x}" if sym else f"?({why})")
         parts.append(text[1])
         if a.via:
             parts.append(f"(inherited from pid {m.pid})")
@@ -203,8 +233,8 @@ class _Output:
                  via=list(a.via), exited_ns=a.exited_ns)
         if self.symbolizer is not None:
             sym, why = self.symbol(bid, a.file_offset)
-            d["symbol"] = ({"name": sym.name, "offset": sym.offset, "size": sym.size, "source": sym.source}
-                           if sym else None)
+            d["symbol"] = ({"name": sym.name, "demangled": self.demangled(sym.name), "offset": sym.offset,
+                            "size": sym.size, "source": sym.source} if sym else None)
             if why:
                 d["symbol_error"] = why
         return d
@@ -236,7 +266,8 @@ def cmd_resolve(args) -> int:
     input; a stdin batch names each line it could not read, answers the others,
     and ends with their count (then exit 2).
     """
-    from buildidd.offline.replay import Query, Replay
+    from buildidd.offline.demangle import Demangler
+    from buildidd.offline.replay import Replay
     from buildidd.offline.symbols import Symbolizer
 
     cfg = roots_from_args(args)
@@ -251,7 +282,20 @@ def cmd_resolve(args) -> int:
     clock = SessionClock(replay.session.get("boot_to_wall_offset_ns"))
     default_ns = clock.parse(args.time) if args.time else replay.end_ns
     store = _store(cfg)
-    out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None, clock)
+    demangler = Demangler() if args.symbolize and not args.no_demangle else None
+    out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None, clock, demangler)
+    try:
+        return _resolve_all(args, replay, out, default_ns, clock, addr)
+    finally:
+        if demangler is not None:
+            demangler.close()
+
+
+def _resolve_all(args, replay, out, default_ns: int, clock, addr) -> int:
+    """The queries of cmd_resolve answered and printed; its exit status."""
+    from buildidd.offline.replay import Query
+
+    from_stdin = addr is None
     lines = bad = 0
     if from_stdin:
         queries = []
@@ -350,7 +394,8 @@ def register(sub) -> None:
                        description="Print each build-id PATH was mapped or executed with in the sessions, with "
                                    "when it was first and last seen (UTC), the host, and whether the store holds "
                                    "it: debuginfod's /metadata answer, which buildidd serve gives too.  --glob "
-                                   "takes PATH as a glob ('*' also crosses '/').")
+                                   "takes PATH as a glob ('*' also crosses '/').  Exit status 1 when nothing "
+                                   "matches.")
     p.add_argument("path", metavar="PATH", help="a path as the mapping named it, or a glob with --glob")
     p.add_argument("--glob", action="store_true", help="PATH is a glob pattern")
     p.add_argument("--json", action="store_true", help="the /metadata JSON answer")
@@ -372,21 +417,7 @@ def register(sub) -> None:
                    "(dwarf, symtab, minidebuginfo, go_pclntab, dynsym, none; - when not stored)")
     p.set_defaults(func=cmd_buildid_list)
 
-    p = sub.add_parser("resolve", help="the mapping (file, build-id, offset, symbol) that covered ADDR in PID",
-                       description="Replays the session's exec/mmap/fork/exit records as perf report rebuilds "
-                                   "its machine state.  Without PID and ADDR (or with PID '-'), reads "
-                                   "'PID ADDR [TIME]' lines from stdin.")
-    _session_arg(p)
-    p.add_argument("pid", nargs="?", help="process id (tgid), or '-' for stdin")
-    p.add_argument("addr", nargs="?", help="address: hex with or without 0x (as /proc/PID/maps and perf print "
-                   "it), a maps range START-END (its start), or decimal with --decimal")
-    add_roots_options(p)
-    p.add_argument("--decimal", action="store_true", help="read addresses as decimal (0x... is still hex)")
-    p.add_argument("--time", metavar="TIME", help="when: ns since boot, perf's sec.usec, ISO 8601, HH:MM[:SS] "
-                   "today, or relative like -40s, -2min (default: the end of the session)")
-    p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary")
-    p.add_argument("--json", action="store_true", help="one JSON object per answer")
-    p.set_defaults(func=cmd_resolve)
+    _register_resolve(sub)
 
     p = sub.add_parser("export", help="a session's mapping history as perf.data",
                        description="Write the session's mappings as a perf.data file: a PERF_RECORD_MMAP2 with the "
@@ -403,7 +434,8 @@ def register(sub) -> None:
                        description="Rewrites PROFILE's PERF_RECORD_MMAP/MMAP2 records as MMAP2 carrying the "
                                    "build-id the session recorded for that mapping (matched by pid, start, pgoff "
                                    "and dev/inode/generation), HEADER_BUILD_ID to agree, each version of a path with "
-                                   "several named PATH@BIDPREFIX.  Then: perf --buildid-dir STORE report -i OUT.")
+                                   "several named PATH@BIDPREFIX.  Then: perf --buildid-dir STORE report -i OUT "
+                                   "(--buildid-dir is an option of perf itself, before report).")
     p.add_argument("profile", help="perf.data written by perf record")
     p.add_argument("session", nargs="?", default="latest",
                    help="session directory, its name under the session root, or 'latest' (default)")
@@ -411,3 +443,24 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, help="output perf.data (never the input)")
     p.add_argument("--json", action="store_true", help="the summary as one JSON object on stdout")
     p.set_defaults(func=cmd_inject)
+
+
+def _register_resolve(sub) -> None:
+    """Add ``resolve`` to the subcommand parsers."""
+    p = sub.add_parser("resolve", help="the mapping (file, build-id, offset, symbol) that covered ADDR in PID",
+                       description="Replays the session's exec/mmap/fork/exit records as perf report rebuilds "
+                                   "its machine state.  Without PID and ADDR (or with PID '-'), reads "
+                                   "'PID ADDR [TIME]' lines from stdin.")
+    _session_arg(p)
+    p.add_argument("pid", nargs="?", help="process id (tgid), or '-' for stdin")
+    p.add_argument("addr", nargs="?", help="address: hex with or without 0x (as /proc/PID/maps and perf print "
+                   "it), a maps range START-END (its start), or decimal with --decimal")
+    add_roots_options(p)
+    p.add_argument("--decimal", action="store_true", help="read addresses as decimal (0x... is still hex)")
+    p.add_argument("--time", metavar="TIME", help="when: ns since boot, perf's sec.usec, ISO 8601, HH:MM[:SS] "
+                   "today, or relative like -40s, -2min (default: the end of the session)")
+    p.add_argument("--symbolize", action="store_true", help="symbol+offset from the stored binary (C++ names "
+                   "demangled by binutils' c++filt, as perf and gdb show them)")
+    p.add_argument("--no-demangle", action="store_true", help="with --symbolize: C++ names as in the symbol table")
+    p.add_argument("--json", action="store_true", help="one JSON object per answer")
+    p.set_defaults(func=cmd_resolve)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args, session_roots
+from buildidd.cli.leftout import add_list_option, by_reason, left_out_lines, untrusted_lines
 from buildidd.errors import PrivilegeError, UsageError
 
 DEFAULT_DEBUG_DIR = "~/.debug"
@@ -39,38 +40,27 @@ def _progress_bar(total_hint: str):
     return bar, progress
 
 
-#: Left-out build-ids named one by one at most (the manifest lists them all).
-LEFT_OUT_LISTED_MAX = 50
-
-
 def _summary(manifest) -> str:
     """``143 archived, 0 upstream, 2 missing (2 private)``: the counts, the missing ones by reason."""
-    return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + _by_reason(manifest)
+    return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + by_reason(manifest)
 
 
-def _by_reason(manifest) -> str:
-    by_reason = manifest.missing_by_reason()
-    return (" (" + ", ".join(f"{len(refs)} {reason}" for reason, refs in sorted(by_reason.items())) + ")"
-            if by_reason else "")
+def _create(tmp: Path, out: Path):
+    """Open tmp (the hidden name the archive is written under) for writing; an error names out and its directory.
 
+    Raises:
+        PrivilegeError: the directory is not writable by this user (exit 4).
+        ArchiveError: ``cannot_write``: another error (a read-only file system, no space).
+    """
+    from buildidd.errors import ArchiveError
 
-def left_out_lines(manifest) -> list[str]:
-    """One line per build-id the archive left out (at most LEFT_OUT_LISTED_MAX, then how many more),
-    with a path it was mapped from, the reason and how to include it (manifest.missing_hint);
-    for archive, import and pull alike."""
-    from buildidd.offline.manifest import missing_hint
-
-    lines, shown, total = [], 0, 0
-    for reason, refs in sorted(manifest.missing_by_reason().items()):
-        hint = missing_hint(reason)
-        total += len(refs)
-        lines.append(f"  left out, {reason} ({len(refs)}){': ' + hint if hint else ''}")
-        for ref in refs[:max(0, LEFT_OUT_LISTED_MAX - shown)]:
-            lines.append(f"    {ref.build_id}  {ref.paths[0] if ref.paths else '-'}")
-            shown += 1
-    if total > shown:
-        lines.append(f"  ... and {total - shown} more: the manifest lists them all (tar -xOf ARCHIVE manifest.json)")
-    return lines
+    try:
+        return open(tmp, "xb")
+    except PermissionError as e:
+        raise PrivilegeError(f"-o {out}: cannot create a file in {out.parent}: {e.strerror}; "
+                             "name a file in a directory you can write") from e
+    except OSError as e:
+        raise ArchiveError("cannot_write", f"-o {out}: cannot create a file in {out.parent}: {e.strerror}") from e
 
 
 def cmd_archive(args) -> int:
@@ -86,10 +76,13 @@ def cmd_archive(args) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {out}: is a directory; name the archive file")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {out}: no directory {out.parent}; create it first (mkdir -p {out.parent}) "
+                         "or name a file in an existing one")
     tmp = out.with_name(f".{out.name}.part-{secrets.token_hex(4)}")
     bar, progress = _progress_bar(session.name)
     try:
-        with open(tmp, "xb") as f:
+        with _create(tmp, out) as f:
             manifest = write_archive(session, _store(cfg), f, exclude_upstream=args.exclude_upstream,
                                      progress=progress,
                                      share_private=cfg.store_share_private or args.share_private)
@@ -104,7 +97,7 @@ def cmd_archive(args) -> int:
     # An unreachable --exclude-upstream was logged (stderr) by write_archive and is in the manifest.
     print(f"{out}: session {session.name}, {len(manifest.segments)} segment(s), build-ids: "
           f"{_summary(manifest)}, {out.stat().st_size} bytes")
-    for line in left_out_lines(manifest):
+    for line in left_out_lines(manifest, full=args.list_left_out):
         print(line)
     return 0
 
@@ -134,13 +127,11 @@ def cmd_import(args) -> int:
         return 0
     print(f"session {r.manifest.session['name']} -> {r.session_dir}" + ("" if r.session_new else " (already there)"))
     print(f"build-ids -> {debug_dir}: {len(r.installed)} installed ({r.bytes} bytes), {len(r.present)} already "
-          f"present, {len(r.upstream)} upstream, {len(r.missing)} missing" + _by_reason(r.manifest))
-    for line in left_out_lines(r.manifest):
+          f"present, {len(r.upstream)} upstream, {len(r.missing)} missing" + by_reason(r.manifest))
+    for line in left_out_lines(r.manifest, full=args.list_left_out):
         print(line)
-    provenance = {ref.build_id: ref.provenance for ref in r.manifest.build_ids}
-    for bid in r.untrusted:
-        print(f"  {'skipped' if args.untrusted == 'skip' else 'marked'} {bid}: provenance "
-              f"{provenance.get(bid) or 'unknown'}")
+    for line in untrusted_lines(r.manifest, r.untrusted, args.untrusted, debug_dir):
+        print(line)
     return 0
 
 
@@ -172,7 +163,9 @@ def cmd_sessions(args) -> int:
 
     cfg = roots_from_args(args)
     holds = _store_holds(cfg.store_root)
-    infos = [i for root in session_roots(cfg.session_root) for i in list_sessions(root, holds=holds)]
+    roots = session_roots(cfg.session_root)
+    _check_roots(roots)
+    infos = [i for root in roots if os.path.isdir(root) for i in list_sessions(root, holds=holds)]
     if args.json:
         for info in infos:
             print(json.dumps(info.to_json()))
@@ -186,6 +179,26 @@ def cmd_sessions(args) -> int:
               f"{i.size_bytes:>10} {sum(i.records.values()):>8} {i.build_ids:>8} {stored:>7} {gaps:>6} {i.lost:>6} "
               f"{i.throttled:>6} {_closed(i)}")
     return 0
+
+
+def _check_roots(roots: list[str]) -> None:
+    """Refuse a listing of session roots none of which exists (an empty table would say "no sessions" where
+    the truth is "wrong place"), or one this user may not read.
+
+    Raises:
+        SessionLogError: no root exists (exit 1).
+        PrivilegeError: a root exists but cannot be listed (exit 4).
+    """
+    from buildidd.errors import SessionLogError
+
+    for root in roots:
+        if os.path.isdir(root) and not os.access(root, os.R_OK | os.X_OK):
+            raise PrivilegeError(f"sessions: cannot read the session root {root}; run as root, or give "
+                                 "--session-root DIR")
+    if not any(os.path.isdir(r) for r in roots):
+        raise SessionLogError(f"sessions: no session root at {' or '.join(roots)}: nothing was recorded or "
+                              "imported there; give --session-root DIR (the daemon's session_root, or where "
+                              "buildidd import put them)")
 
 
 def _store_holds(store_root: str):
@@ -218,6 +231,7 @@ def register(sub) -> None:
                         "user); the default leaves them out and names each (store_share_private does the same)")
     p.add_argument("--exclude-upstream", metavar="URL",
                    help="leave out the binaries this debuginfod server already serves (listed as 'upstream')")
+    add_list_option(p)
     add_roots_options(p)
     p.set_defaults(func=cmd_archive)
 
@@ -232,6 +246,7 @@ def register(sub) -> None:
     p.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
                    help="entries whose provenance is not 'trusted' (not a root-owned system file on the host): "
                         "install them marked (default), skip them, or refuse the archive")
+    add_list_option(p)
     add_roots_options(p)
     p.set_defaults(func=cmd_import)
 

@@ -15,6 +15,7 @@ import sys
 
 from buildidd import __version__
 from buildidd.cli import analyze, archive, checkconfig, ctl, record, serve, show
+from buildidd.cli.manpage import print_man
 from buildidd.errors import BuildiddError
 
 log = logging.getLogger("buildidd")
@@ -25,7 +26,7 @@ FAMILIES = (record, show, ctl, checkconfig, serve, archive, analyze)
 EXIT_STATUS = """\
 exit status:
   0  success                    3  the daemon is not running (no control socket)
-  1  failure                    4  permission denied (not root, not in the control group)
+  1  failure                    4  permission denied (not root, not in the control group, a serve's 401/403)
   2  usage error                record: the command's own status (128+N for signal N)"""
 
 
@@ -56,76 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     man = sub.add_parser("help-man", help="print the manual page (roff) generated from this parser",
                          description="Print buildidd(8) in roff, generated from the argument parser: "
                                      "buildidd help-man | man -l -")
-    man.set_defaults(func=lambda _args: _print_man(p))
+    man.set_defaults(func=lambda _args: print_man(p))
     return p
-
-
-#: buildidd(8)'s sections after the commands and their options (roff), in man-pages(7) order.
-MAN_SECTIONS = (
-    ("exit status", """.TP
-.B 0
-success
-.TP
-.B 1
-failure (one line on standard error naming the thing and the fix; \\fB\\-v\\fR adds the traceback)
-.TP
-.B 2
-usage error: a bad option, address, size or time
-.TP
-.B 3
-the daemon is not running (nothing listens on the control socket)
-.TP
-.B 4
-permission denied: not root (the missing capability is named), or not in the control group
-.TP
-.B record
-the command's own status; 128+N when signal N ended it, 127 when it was not found, 126 when it could
-not be executed"""),
-    ("files", """.TP
-.I /etc/buildidd/buildidd.toml
-the configuration (see CONFIGURATION)
-.TP
-.I /var/lib/buildidd/sessions/
-one directory per session: JSON-lines segments, zstd-compressed once closed
-.TP
-.I /var/lib/buildidd/store/
-the build-id store, laid out as perf's build-id cache (perf \\-\\-buildid\\-dir)
-.TP
-.I /run/buildidd/control.sock
-the control socket (status, rotate, lookup), mode 0660 root:buildidd
-.TP
-.I buildidd.service, buildidd-serve.service
-the systemd units that scripts/install renders"""),
-    ("configuration", """Every key of /etc/buildidd/buildidd.toml is optional; each is listed with its unit, default and
-meaning in the shipped, commented file and in docs/configuration.md of the source.  Sizes take bytes
-or K, M, G, T (powers of 1024); durations seconds or units as in systemd.time(7).  An unknown key is an
-error that names it.  SIGHUP (systemctl reload buildidd) re-reads the file and rotates the segment."""),
-    ("see also", """.BR perf (1),
-.BR perf\\-report (1),
-.BR perf\\-inject (1),
-.BR debuginfod (8),
-.BR debuginfod\\-find (1),
-.BR gdb (1),
-.BR systemd.service (5),
-.BR fanotify (7)"""),
-)
-
-
-def _print_man(parser: argparse.ArgumentParser) -> int:
-    """buildidd(8) in roff: the parser's commands and options (argparse-manpage), then MAN_SECTIONS
-    (the exit status is one of them, not the parser's epilog)."""
-    from argparse_manpage.manpage import Manpage
-    data = {"manual_section": "8", "manual_title": "buildidd manual", "project_name": "buildidd", "version": __version__,
-            "description": "record executable mappings with exact build-ids", "prog": "buildidd"}
-    epilog, parser.epilog = parser.epilog, None
-    try:
-        page = Manpage(parser, _data=data)
-        for heading, content in MAN_SECTIONS:
-            page.add_section(heading, "=", content)
-        sys.stdout.write(str(page))
-    finally:
-        parser.epilog = epilog
-    return 0
 
 
 def _one_line(e: BaseException) -> str:

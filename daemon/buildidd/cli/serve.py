@@ -6,6 +6,7 @@ import logging
 import sys
 
 from buildidd.cli.common import add_roots_options, roots_from_args
+from buildidd.cli.leftout import add_list_option
 
 log = logging.getLogger("buildidd")
 
@@ -63,14 +64,15 @@ def cmd_pull(args) -> int:
                        debug_dir=args.debug_dir, session_root=cfg.session_root, work_dir=args.work_dir,
                        timeout_s=args.timeout, cafile=args.cafile, max_bytes=args.max_bytes,
                        deadline_s=args.deadline, untrusted=args.untrusted)
-    from buildidd.cli.archive import _by_reason, left_out_lines
+    from buildidd.cli.leftout import by_reason, left_out_lines, untrusted_lines
     for result in pull(opts, progress=sys.stderr.isatty()):
         r = result.report
         print(f"{result.name}: imported into {result.session_dir} ({result.archive_bytes} bytes"
               f"{', resumed' if result.resumed else ''}); build-ids: {len(r.installed)} installed, "
               f"{len(r.present)} already present, {len(r.upstream)} upstream, {len(r.missing)} missing"
-              + _by_reason(r.manifest))
-        for line in left_out_lines(r.manifest):
+              + by_reason(r.manifest))
+        for line in left_out_lines(r.manifest, full=args.list_left_out) + untrusted_lines(
+                r.manifest, r.untrusted, args.untrusted, args.debug_dir or "~/.debug"):
             print(line)
     return 0
 
@@ -129,4 +131,5 @@ def register(sub) -> None:
                     help="seconds one archive's download may take, retries included (default %(default)s)")
     pl.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
                     help="entries whose provenance is not 'trusted': install marked (default), skip, or refuse")
+    add_list_option(pl)
     pl.set_defaults(func=cmd_pull)

@@ -29,6 +29,7 @@ import http.client
 import io
 import logging
 import os
+import pwd
 import stat
 import tarfile
 import time
@@ -47,6 +48,7 @@ from buildidd.offline.manifest import ARCHIVED, UPSTREAM, BuildIdRef, FileRef, M
 from buildidd.offline.sessions import SessionFacts, read_marker_bytes, session_facts
 from buildidd.sessionlog import list_segments
 from buildidd.store import DEBUG_NAME, ELF_NAME, PROBES_NAME, Store
+from buildidd.store.origin import Origin, private_cause, read_origin
 
 __all__ = ["write_archive", "check_upstream", "UpstreamCheck", "ZSTD_LEVEL"]
 
@@ -217,6 +219,7 @@ def _ref(use, store: Store | None, share_private: bool, sources: Sources) -> Bui
     try:
         if not share_private and store.is_private(use.build_id_hex, "elf"):
             ref.reason = "private"
+            _private_facts(ref, read_origin(main.parent))
             return ref
         files = _entry_sources(store, use.build_id_hex, main, share_private)
         ref.files = [FileRef(name, os.lstat(path).st_size) for name, path in files.items()]
@@ -227,6 +230,22 @@ def _ref(use, store: Store | None, share_private: bool, sources: Sources) -> Bui
     sources[use.build_id_hex] = files
     ref.status = ARCHIVED
     return ref
+
+
+def _private_facts(ref: BuildIdRef, origin: Origin | None) -> None:
+    """Fill ref's owner (a name on this host) and what made its copy private: as the store recorded it, or,
+    for an entry stored before that was recorded, as the source's path is now (store.origin.private_cause)."""
+    if origin is None:
+        return
+    try:
+        ref.owner = pwd.getpwuid(origin.uid).pw_name
+    except (KeyError, OverflowError):
+        ref.owner = f"uid {origin.uid}"
+    cause = (origin.private_by, origin.private_by_mode) if origin.private_by else private_cause(
+        origin.path, origin.mode)
+    if cause is not None:
+        ref.private_by = cause[0]
+        ref.private_by_mode = cause[1] if cause[1] >= 0 else None
 
 
 def _apply_upstream(refs: list[BuildIdRef], check: UpstreamCheck) -> int:

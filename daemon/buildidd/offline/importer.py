@@ -32,6 +32,9 @@ Refusals, each an :class:`~buildidd.errors.ArchiveError` with its ``reason``:
                        buildidd.resolve.buildid) is not the one it is filed under
 ``missing_member``     the stream ended before every listed member came
 ``corrupt``            the zstd stream or the tar is damaged or truncated
+``not_an_archive``     the file does not start with a zstd frame (a text file, a gzip, a
+                       plain tar): it is not what ``buildidd archive`` writes
+``unreadable``         the archive file cannot be opened
 ``target_symlink``     a directory on the way to a target file is a symlink
 ``session_exists``     a different session of that name is already there
 ``bad_marker``         the session's closed marker is not a JSON object with a boolean ``clean``
@@ -79,7 +82,8 @@ from pathlib import Path
 from buildidd.errors import ArchiveError, ElfError
 from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import MISSING, UPSTREAM, Manifest
-from buildidd.offline.untar import Bounded, ImportLimits, check_name, check_symlink, check_type, tarinfo_class
+from buildidd.offline.untar import (ZSTD_PEEK_BYTES, Bounded, ImportLimits, check_name, check_symlink, check_type,
+                                   check_zstd_magic, tarinfo_class)
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.fileid import file_id
 from buildidd.store.origin import KEY_GNU, KEY_HTLHASH
@@ -383,7 +387,8 @@ def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path
 
 def _read_manifest(tf: tarfile.TarFile, ti: tarfile.TarInfo, limits: ImportLimits) -> Manifest:
     if ti.name != mf.MANIFEST_NAME or not ti.isreg():
-        raise ArchiveError("bad_manifest", f"first member is {ti.name!r}, not a {mf.MANIFEST_NAME} file")
+        raise ArchiveError("bad_manifest", f"not a buildidd archive: its first member is {ti.name!r}, not a "
+                           f"{mf.MANIFEST_NAME} file")
     if ti.size > limits.max_manifest_bytes:
         raise ArchiveError("too_large", f"manifest of {ti.size} bytes (limit {limits.max_manifest_bytes})")
     return Manifest.from_json(tf.extractfile(ti).read())
@@ -452,7 +457,12 @@ def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, ses
     if untrusted not in UNTRUSTED_POLICIES:
         raise ValueError(f"untrusted must be one of {UNTRUSTED_POLICIES}, not {untrusted!r}")
     debug_dir, session_root = Path(os.path.abspath(debug_dir)), Path(os.path.abspath(session_root))
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ArchiveError("unreadable", f"{path}: cannot open the archive: {e.strerror}") from e
+    with f:
+        check_zstd_magic(path, f.peek(ZSTD_PEEK_BYTES))
         staging = _Staging(debug_dir, session_root)
         failed = True
         try:
@@ -462,9 +472,14 @@ def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, ses
             _install(manifest, staging, debug_dir, session_root, report, untrusted)
             failed = False
         except (tarfile.TarError, EOFError) as e:
-            raise ArchiveError("corrupt", f"{path}: not a readable tar stream: {e}") from e
+            raise ArchiveError("corrupt", f"{path}: damaged, or not a buildidd archive: not a readable tar stream: "
+                                          f"{e}") from e
         except RecursionError as e:
             raise ArchiveError("corrupt", f"{path}: nested tar headers") from e
+        except ArchiveError as e:
+            if str(path) in e.message:
+                raise
+            raise ArchiveError(e.reason, f"{path}: {e.message}") from e
         finally:
             staging.cleanup(failed)
     for ref in manifest.build_ids:

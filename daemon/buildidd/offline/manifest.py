@@ -63,8 +63,7 @@ ARCHIVED, UPSTREAM, MISSING = "archived", "upstream", "missing"
 #: What to do to include a build-id an archive left out, by BuildIdRef.reason (an ``unreadable: ...``
 #: reason is looked up as ``unreadable``).
 MISSING_HINTS = {
-    "private": "its source was private to a user; archive with --share-private (or store_share_private = true) "
-               "to include it",
+    "private": "their source was not readable by every user on the recording host",
     "not_in_store": "the store never got it, or its quota removed it; the session's end record "
                     "(store_coverage) says why",
     "no_store": "archived without a store; give --store-root",
@@ -145,6 +144,13 @@ class BuildIdRef:
         key: what build_id is (store.origin.KEYS): ``gnu``, a GNU build-id; ``htlhash``, the
             file_id (OpenTelemetry htlhash) of a file without one, under which it is stored and
             served; the importer verifies the file by it.
+        owner: the user who owned the store copy's source, by name on the recording host (``uid N``
+            when it had no name there); set for a ``private`` one, else ``None``.
+        private_by: for a ``private`` one, what made it private (store.origin.private_cause): the
+            directory on its path other users could not enter (``/root``), the file itself when its own
+            mode kept them out, or the memfd; ``None`` otherwise or when not known.
+        private_by_mode: that directory's or file's permission bits on the recording host; ``None``
+            when unknown (not checkable, a memfd, or not private).
     """
 
     build_id: str
@@ -158,6 +164,9 @@ class BuildIdRef:
     entry: str | None = None
     files: list[FileRef] = field(default_factory=list)
     key: str = KEY_GNU
+    owner: str | None = None
+    private_by: str | None = None
+    private_by_mode: int | None = None
 
 
 @dataclass
@@ -299,6 +308,15 @@ def check_entry(entry, build_id: str) -> str:
     return entry
 
 
+#: An owner name or a private_by path longer than this (in characters) is dropped on reading.
+TEXT_FIELD_MAX = 4096
+
+
+def _short_text(v) -> str | None:
+    """An optional text field from a hostile manifest: a string of at most TEXT_FIELD_MAX characters, else None."""
+    return v if isinstance(v, str) and len(v) <= TEXT_FIELD_MAX else None
+
+
 def _ref(r) -> BuildIdRef:
     _check(isinstance(r, dict), "build-id entry is not an object")
     bid = r.get("build_id")
@@ -317,6 +335,10 @@ def _ref(r) -> BuildIdRef:
     key = r.get("key", KEY_GNU)
     _check(key in KEYS and (key == KEY_GNU or len(bid) == 32), f"{bid}: key {key!r}")
     ref.key = key
+    ref.owner, ref.private_by = _short_text(r.get("owner")), _short_text(r.get("private_by"))
+    mode = r.get("private_by_mode")
+    ref.private_by_mode = mode if isinstance(mode, int) and not isinstance(mode, bool) and 0 <= mode <= 0o7777 \
+        else None
     if status != MISSING:
         ref.entry = check_entry(r.get("entry"), bid)
         names = set()

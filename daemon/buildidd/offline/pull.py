@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from buildidd.errors import ArchiveError, ServeError
+from buildidd.errors import ArchiveError, ServeError, ServeRefusedError
 from buildidd.offline.importer import ImportReport, import_archive
 from buildidd.offline.untar import ImportLimits
 
@@ -67,6 +67,9 @@ DEFAULT_DEADLINE_S = 3600.0
 
 SESSIONS_MAX_BYTES = 16 << 20
 """A ``/sessions`` answer larger than this is refused."""
+
+REFUSAL_TEXT_MAX_BYTES = 1024
+"""Bytes of a refusal's body (the serve's explanation) read and shown, at most."""
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 _CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
@@ -188,11 +191,35 @@ class _Client:
             raise _Broken(f"{self.base}{path}: {getattr(e, 'reason', e)}") from e
 
 
+def refusal(client: _Client, where: str, resp) -> ServeError:
+    """The error for a 4xx answer: the status, the serve's own explanation (the body's first
+    REFUSAL_TEXT_MAX_BYTES, as one printable line), and for 401 or 403 what to do about the token.
+
+    Returns:
+        ServeRefusedError (exit status 4) for 401 and 403, else ServeError.
+    """
+    try:
+        body = resp.read(REFUSAL_TEXT_MAX_BYTES)
+    except (OSError, http.client.HTTPException):
+        body = b""
+    text = "".join(c if c.isprintable() else "?" for c in " ".join(body.decode("utf-8", "replace").split()))
+    message = f"{where}: HTTP {resp.status} {resp.reason}" + (f": {text.rstrip('.')}" if text else "")
+    if resp.status not in (401, 403):
+        return ServeError(message)
+    if client.token is None:
+        message += ("; give pull --token-file FILE holding the token the serve was started with "
+                    "(buildidd serve --token-file FILE)")
+    else:
+        message += "; the serve did not accept the token in --token-file: is it the one serve was started with?"
+    return ServeRefusedError(message)
+
+
 def remote_sessions(client: _Client) -> list[str]:
     """The names ``/sessions`` lists, in its order (oldest first).
 
     Raises:
-        ServeError: refused, unreachable, or a malformed answer.
+        ServeRefusedError: refused (401, 403: the token).
+        ServeError: refused otherwise, unreachable, or a malformed answer.
     """
     try:
         resp = client.open("/sessions")
@@ -200,7 +227,7 @@ def remote_sessions(client: _Client) -> list[str]:
         raise ServeError(f"cannot list sessions: {e}") from e
     with resp:
         if resp.status != 200:
-            raise ServeError(f"{client.base}/sessions: HTTP {resp.status} {resp.reason}")
+            raise refusal(client, f"{client.base}/sessions", resp)
         data = resp.read(SESSIONS_MAX_BYTES + 1)
     if len(data) > SESSIONS_MAX_BYTES:
         raise ServeError(f"{client.base}/sessions: answer over {SESSIONS_MAX_BYTES} bytes")
@@ -318,7 +345,7 @@ class _Download:
                 else:
                     self.etag_file.unlink(missing_ok=True)
             else:
-                raise ServeError(f"{self.client.base}: session {self.name}: HTTP {resp.status} {resp.reason}")
+                raise refusal(self.client, f"{self.client.base}: session {self.name}", resp)
             self._copy(resp, mode)
 
     def _copy(self, resp, mode: str) -> None:

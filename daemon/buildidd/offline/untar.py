@@ -17,7 +17,8 @@ import zstandard
 
 from buildidd.errors import ArchiveError
 
-__all__ = ["ImportLimits", "Bounded", "tarinfo_class", "check_name", "check_type", "check_symlink"]
+__all__ = ["ImportLimits", "Bounded", "tarinfo_class", "check_name", "check_type", "check_symlink", "check_zstd_magic",
+           "ZSTD_PEEK_BYTES"]
 
 CHUNK_BYTES = 1 << 20
 _MAX_NAME_BYTES = 4096
@@ -65,6 +66,28 @@ class _Counting(io.RawIOBase):
         data = self.f.read(n)
         self.count += len(data)
         return data
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+"""The first four bytes of a zstd frame (RFC 8878 §3.1.1), hence of every archive."""
+
+ZSTD_PEEK_BYTES = 512
+"""Bytes looked at before reading an archive: the zstd magic, or what the file is instead (a tar's ustar at 257)."""
+
+
+def check_zstd_magic(path, head: bytes) -> None:
+    """Refuse a file that is not zstd before any decoding, naming it and what it looks like.
+
+    Raises:
+        ArchiveError: ``not_an_archive``.
+    """
+    if head[:4] == ZSTD_MAGIC:
+        return
+    what = ("it is empty" if not head else "it is gzip, not zstd" if head[:2] == b"\x1f\x8b" else
+            "it is xz, not zstd" if head[:6] == b"\xfd7zXZ\x00" else
+            "it is an uncompressed tar" if head[257:262] == b"ustar" else "it does not start with a zstd frame")
+    raise ArchiveError("not_an_archive", f"{path}: not a buildidd archive ({what}); an archive is the tar + zstd "
+                       "file buildidd archive SESSION -o FILE writes")
 
 
 class Bounded(io.RawIOBase):

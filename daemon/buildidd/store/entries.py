@@ -235,6 +235,10 @@ class FileEntries:
         """The same content is stored in unit: maybe upgrade its origin; add host debuginfo that appeared."""
         self.tally.count("already_present")
         better = stored.replace(trusted=stored.trusted or origin.trusted, private=stored.private and origin.private)
+        if not better.private:
+            better = better.replace(private_by="", private_by_mode=-1)
+        elif not better.private_by:
+            better = better.replace(private_by=origin.private_by, private_by_mode=origin.private_by_mode)
         source = dict(dev=origin.dev, ino=origin.ino, size_bytes=origin.size_bytes, mtime_ns=origin.mtime_ns,
                       ctime_ns=origin.ctime_ns)
         if better == stored and (stored.uid, stored.gid, stored.mode, stored.path) == (

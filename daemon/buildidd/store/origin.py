@@ -20,7 +20,10 @@ this, whatever mount namespace their path comes from.
 with ``lstat``; one that cannot be checked counts as private), or it is a
 memfd (``/memfd:NAME``, which has no path at all).  A private entry is kept,
 but its directory is mode 0o700 and readers do not archive or serve it unless
-the operator says so (``store_share_private``).
+the operator says so (``store_share_private``).  What made it private is
+recorded with it (:func:`private_cause`): the first directory on the path
+without ``o+x`` (``/root``, mode 0700), the file itself when its own mode
+lacks ``o+r``, or the memfd; so an archive can say which directory to open up.
 
 The same rules hold for a file without a GNU build-id, kept under its htlhash
 (``"key": "htlhash"``): the htlhash is a claim too (it covers only the file's
@@ -74,6 +77,11 @@ class Origin:
         ctime_ns: its ``st_ctime_ns`` (a chmod or chown changes it; 0 in older entries).
         trusted: root-owned, not writable by others, under :data:`SYSTEM_DIRS`.
         private: not readable by every user at its source, or a memfd.
+        private_by: what made it private (:func:`private_cause`): the first directory on its path without
+            ``o+x``, the path itself when the file's own mode lacks ``o+r``, the memfd's name; "" when not
+            private or in an entry stored before this was recorded.
+        private_by_mode: that directory's or file's permission bits; -1 when it could not be checked
+            (``lstat`` failed, or not a directory), or for a memfd.
         sha256: the copy's content hash, lower-case hex ("" until computed).
         has_debug: the copy has a ``.debug_info`` or ``.symtab`` section.
         time_ns: ns since the epoch when it was stored.
@@ -95,6 +103,8 @@ class Origin:
     ctime_ns: int = 0
     trusted: bool = False
     private: bool = True
+    private_by: str = ""
+    private_by_mode: int = -1
     sha256: str = ""
     has_debug: bool = False
     time_ns: int = 0
@@ -139,8 +149,18 @@ def path_private(path: str) -> bool:
     ``lstat``-ed; a symlink, a non-directory, or an error counts as private.
     The kernel's d_path holds no symlinks, so a true path passes.
     """
+    return closing_dir(path) is not None
+
+
+def closing_dir(path: str) -> tuple[str, int] | None:
+    """The first directory on path's way that keeps other users out, as ``(directory, mode)``; None if none.
+
+    mode is the directory's permission bits (``S_IMODE(st_mode)``), or -1 when it could not be
+    checked (an ``lstat`` error, a symlink or a non-directory: each counts as closing).  A memfd or a
+    relative path is closed by itself: ``(path, -1)``.  ``" (deleted)"`` at the end is ignored.
+    """
     if not path.startswith("/") or is_memfd(path):
-        return True
+        return path, -1
     if path.endswith(" (deleted)"):
         path = path[: -len(" (deleted)")]
     parts = [p for p in path.split("/") if p]
@@ -150,10 +170,29 @@ def path_private(path: str) -> bool:
         try:
             st = os.lstat(prefix)
         except OSError:
-            return True
-        if not stat.S_ISDIR(st.st_mode) or not st.st_mode & stat.S_IXOTH:
-            return True
-    return False
+            return prefix, -1
+        if not stat.S_ISDIR(st.st_mode):
+            return prefix, -1
+        if not st.st_mode & stat.S_IXOTH:
+            return prefix, stat.S_IMODE(st.st_mode)
+    return None
+
+
+def private_cause(path: str, mode: int, *, memfd: bool = False) -> tuple[str, int] | None:
+    """What makes a source at path with permission bits mode private, as ``(where, mode)``; None if public.
+
+    where is the memfd's name (mode -1), else the first directory on the path without ``o+x``
+    (:func:`closing_dir`), else the path itself when mode lacks ``o+r``.  The outermost cause is
+    named first: opening up ``/root`` is what an operator would do before chmod-ing each file.
+    """
+    if memfd or is_memfd(path):
+        return path, -1
+    closing = closing_dir(path)
+    if closing is not None:
+        return closing
+    if not mode & stat.S_IROTH:
+        return path, mode
+    return None
 
 
 def dir_closed(store_root: Path, store_dir: Path) -> bool:
@@ -183,10 +222,11 @@ def origin_of(st: os.stat_result, path: str, *, fd_name: str = "") -> Origin:
     mode = stat.S_IMODE(st.st_mode)
     writable_by_others = bool(mode & stat.S_IWOTH) or (bool(mode & stat.S_IWGRP) and st.st_gid != 0)
     trusted = st.st_uid == 0 and not writable_by_others and not memfd and under_system_dir(path)
-    private = memfd or not mode & stat.S_IROTH or path_private(path)
+    cause = private_cause(fd_name if is_memfd(fd_name) else path, mode, memfd=memfd)
     return Origin(uid=st.st_uid, gid=st.st_gid, mode=mode, path=path, dev=st.st_dev, ino=st.st_ino,
                   size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, trusted=trusted,
-                  private=private,
+                  private=cause is not None, private_by=cause[0] if cause else "",
+                  private_by_mode=cause[1] if cause else -1,
                   time_ns=time.time_ns())
 
 
