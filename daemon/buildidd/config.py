@@ -253,11 +253,20 @@ class Config:
                                      "than root may take, in (0, 1] (1: no per-uid limit).")
     pin_max_files: int = _key(1024, "files",
                               "executed files held open from their exec (fanotify FAN_OPEN_EXEC) until "
-                              "their copy is queued, at most; beyond it the oldest pin is closed and "
-                              "counted (file_cap); 0: no exec pins.")
+                              "their copy is queued, at most; beyond it the user holding the most pins "
+                              "loses their oldest (counted file_cap); 0: no exec pins.")
     pin_ttl_s: float = _key(30.0, "seconds",
                             "how long an exec pin nobody took is held (a file whose build-id was "
                             "handed over before at that path); in [1, 600].")
+    pin_uid_share: float = _key(0.25, "fraction",
+                                "the share of pin_max_files the pins of one user (the real uid of the task "
+                                "that exec'd, not the file's owner) may hold; beyond it that user's own "
+                                "oldest unconfirmed pin is closed, else their oldest (counted uid_cap); "
+                                "in (0, 1].")
+    pin_confirm_s: float = _key(2.0, "seconds",
+                                "an exec pin no exec record confirmed once the recording thread has read "
+                                "this long past its event is an exec that failed, and is closed "
+                                "(exec_failed); in [0.1, 60].")
     session_max_age_s: float = _key(30 * 86400.0, "seconds", "sessions older than this are deleted (0: kept).")
     session_max_total_bytes: int = _key(5 << 30, "bytes",
                                         "the oldest sessions are deleted while all together exceed this "
@@ -323,6 +332,10 @@ class Config:
             raise ConfigError("pin_max_files must be in 0..65536")
         if not 1 <= self.pin_ttl_s <= 600:
             raise ConfigError("pin_ttl_s must be in [1, 600]")
+        if not 0 < self.pin_uid_share <= 1:
+            raise ConfigError("pin_uid_share must be in (0, 1]")
+        if not 0.1 <= self.pin_confirm_s <= 60:
+            raise ConfigError("pin_confirm_s must be in [0.1, 60]")
 
 
 def _coerce(key: str, value, want: type):

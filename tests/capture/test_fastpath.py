@@ -63,9 +63,23 @@ def _memos(comm, filename):
     return Memo("comm", 16, lambda raw: comm), Memo("filename", 16, lambda raw: filename)
 
 
+class ExecsSeen:
+    """Stands for the exec pins: keeps what the recorder tells ExecPins.recorded."""
+
+    def __init__(self):
+        self.execs = []
+
+    def recorded(self, execs, until_ns):
+        self.execs += execs
+
+    def close(self):
+        pass
+
+
 def _recorder(tmp_path, name, fast):
     rec = Recorder(Config(session_root=str(tmp_path / name), store_root=""))
     rec.tracer = rec.rings = FakeTracer()
+    rec.pins = ExecsSeen()
     rec.recovery.next_check = float("inf")
     if not fast:
         rec._run_fast = None
@@ -233,6 +247,8 @@ def test_fast_path_lines_and_counters_equal_the_python_path(tmp_path, elfs):
     assert fast.tables.lines == slow.tables.lines
     assert fast.summary() == slow.summary()
     assert fast.tables.live == slow.tables.live
+    # Each exec record and exec mapping confirms its pin, from either path: (pid, uid, kdev, ino, time_ns).
+    assert fast.pins.execs == slow.pins.execs and len(fast.pins.execs) > 300
     # The fast path did the work: only the records that need Python reached it.
     assert slow_calls == n_python
     assert n_python < sum(map(len, batches)) * 0.4

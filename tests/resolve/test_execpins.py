@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -102,42 +103,106 @@ def test_a_pin_is_refused_for_another_identity_and_an_ignore_mark_stops_repeats(
     assert p.take(ident) is None                   # prog's execs made no pin
 
 
-def _run_variants(tmp_path, n):
-    idents = []
+def _variant(path, i, src="/bin/true"):
+    shutil.copy(src, path)
+    with open(path, "ab") as f:
+        f.write(bytes([i]))                        # each its own inode and contents
+
+
+def _run_variants(tmp_path, n, live_s=0.0):
+    """n programs, each its own inode, each run once (living live_s: its uid is then read from /proc
+    while it lives; a program gone before its event is read is charged to no known uid)."""
+    idents, procs = [], []
     for i in range(n):
         prog = tmp_path / f"prog{i}"
-        shutil.copy("/bin/true", prog)
-        with open(prog, "ab") as f:
-            f.write(bytes([i]))                    # each its own inode and contents
+        _variant(prog, i, "/bin/sleep" if live_s else "/bin/true")
         idents.append(_ident(prog))
-        subprocess.run([str(prog)], check=True)
+        procs.append(subprocess.Popen([str(prog)] + ([str(live_s)] if live_s else [])))
+        if not live_s:
+            procs[-1].wait()
+    for proc in procs:
+        assert proc.wait() == 0
     return idents
 
 
 def test_pins_are_bounded(pins, tmp_path):
-    p = pins(max_files=3, ttl_s=30)
-    idents = _run_variants(tmp_path, 6)
-    assert _wait(lambda: p.status()["file_cap"] >= 3)
+    p = pins(max_files=3, ttl_s=30, uid_share=1.0)
+    idents = _run_variants(tmp_path, 8)
+    assert _wait(lambda: p.status()["file_cap"] >= 5)
     assert p.status()["held"] <= 3
-    assert all(p.take(i) is None for i in idents[:3])       # the oldest were closed at the cap
+    taken = [p.take(i) for i in idents]
+    gone = [i for i, fd in zip(idents, taken) if fd is None]
+    for fd in set(taken) - {None}:
+        os.close(fd)
+    assert len(gone) >= 5                                    # closed at the cap
+    assert all(p.closed_reason(i, 0) == "file_cap" for i in gone)   # what a hand-over's gap then says
 
 
-def test_a_users_flood_of_execs_closes_that_users_pins_not_roots(pins, tmp_path, attacker, public_tmp_factory):
+def _held(p, ident) -> bool:
+    return bool(p.ledger.of_inode(ident.dev, ident.ino))
+
+
+# Other work on the host execs too (as root, mostly): the tests check their own files' pins, and
+# counters only from below.
+
+def test_a_users_pins_are_capped_at_their_share_and_named_uid_pin_cap(pins, tmp_path):
+    p = pins(max_files=64, ttl_s=30, uid_share=0.25)
+    idents = _run_variants(tmp_path, 24, live_s=1.0)
+    assert _wait(lambda: p.status()["by_uid"].get("0", {}).get("uid_cap", 0) >= 8)
+    assert p.status()["by_uid"]["0"]["held"] <= 16
+    assert not _held(p, idents[0]) and p.closed_reason(idents[0], 0) == "uid_pin_cap"
+    assert p.closed_reason(idents[0], 12345) is None          # root's pin: not another user's gap
+
+
+def test_a_users_flood_of_execs_of_roots_files_closes_that_users_pins_not_roots(pins, tmp_path, attacker,
+                                                                               public_tmp_factory):
     from conftest import as_user
-    p = pins(max_files=8, ttl_s=60)
-    (root_ident,) = _run_variants(tmp_path, 1)               # root's program, pinned first (the oldest)
-    assert _wait(lambda: p.status()["pinned"] >= 1)
+    p = pins(max_files=256, ttl_s=60)
+    (root_ident,) = _run_variants(tmp_path, 1, live_s=0.5)   # root's program, pinned first (the oldest)
+    assert _wait(lambda: _held(p, root_ident))
     work = public_tmp_factory()
-    for i in range(20):                                       # the user's own programs, each its own inode
-        prog = work / f"u{i}"
-        shutil.copy("/bin/true", prog)
-        with open(prog, "ab") as f:
-            f.write(bytes([i]))
-        os.chown(prog, attacker[0], attacker[1])
-    r = as_user(attacker, ["sh", "-c", f"for i in $(seq 0 19); do {work}/u$i; done"])
+    for i in range(96):                  # root-owned programs the user may run: charged to the user
+        _variant(work / f"u{i}", i, "/bin/sleep")
+    r = as_user(attacker, ["sh", "-c", f"for i in $(seq 0 95); do {work}/u$i 1 & done; wait"])
     assert r.returncode == 0, r.stderr
-    assert _wait(lambda: p.status()["file_cap"] >= 13)
+    user = str(attacker[0])
+    assert _wait(lambda: p.status()["by_uid"].get(user, {}).get("uid_cap", 0) >= 32)   # its share: 64
+    assert p.status()["by_uid"][user]["held"] == 64
     fd = p.take(root_ident)                                   # root's pin outlived the flood
+    assert fd is not None, json.dumps(p.status())
+    os.close(fd)
+
+
+def test_an_unconfirmed_pin_is_closed_once_the_recording_thread_read_past_it(pins, tmp_path):
+    from buildidd import clock
+    from buildidd.kernel.events import st_dev_to_kdev
+    p = pins(max_files=256, ttl_s=60, uid_share=1.0, confirm_s=0.5)
+    failed, ok = _run_variants(tmp_path, 2, live_s=0.2)
+    assert _wait(lambda: _held(p, failed) and _held(p, ok))
+    # The recording thread took ok's exec record (pid unknown here: its uid's pin of the file is it).
+    p.recorded([(0, 0, st_dev_to_kdev(ok.dev), ok.ino, clock.boot_ns())], clock.boot_ns() - 10**9)
+    assert _wait(lambda: p.status()["confirms"] >= 1)
+    time.sleep(0.3)
+    assert _held(p, failed)                                   # not read past it by confirm_s yet
+    time.sleep(0.5)
+    p.recorded([], clock.boot_ns())
+    assert _wait(lambda: not _held(p, failed))                # no pin for an exec without a record
+    assert p.status()["exec_failed"] >= 1 and p.status()["by_uid"]["0"]["exec_failed"] >= 1
+    fd = p.take(ok)
+    assert fd is not None
+    os.close(fd)
+
+
+def test_a_claimed_pin_outlives_its_ttl_until_its_hand_over_ran(pins, tmp_path):
+    p = pins(max_files=256, ttl_s=1, uid_share=1.0)
+    claimed, other = _run_variants(tmp_path, 2, live_s=0.5)  # charged to root (read while it lives)
+    assert _wait(lambda: _held(p, claimed) and _held(p, other))
+    p.claim(claimed, 0, 0)                                    # a hand-over of it is queued
+    time.sleep(2.5)
+    assert not _held(p, other) and p.status()["expired"] >= 1
+    p.unclaim(claimed)
+    p.claim(claimed, 0, 0)
+    fd = p.take(claimed)
     assert fd is not None
     os.close(fd)
 

@@ -73,7 +73,7 @@ FP_INTERNAL PyTypeObject *HeldExec, *FastEntry, *RunCounts;
 
 /* Attribute names read from run()'s tables object and from a Memo. */
 FP_INTERNAL PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_path_json, *s_origins,
-	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json;
+	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json, *s_execs;
 
 static PyMethodDef methods[] = {
 	{"read_ring", read_ring, METH_VARARGS, read_ring_doc},
@@ -109,7 +109,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 		{&s_filename_json, "filename_json"}, {&s_path_json, "path_json"}, {&s_path_cut_json, "path_cut_json"},
 		{&s_origins, "origins"}, {&s_missing, "missing"},
 		{&s_out, "out"}, {&s_step, "step"}, {&s_entries, "entries"}, {&s_fill, "fill"},
-		{&s_hits, "hits"},
+		{&s_hits, "hits"}, {&s_execs, "execs"},
 	};
 
 	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)

@@ -70,6 +70,8 @@ def _quiet_wait(rec: Recorder, poll_s: float, max_s: float) -> QuietEnd | None:
     """rec's quiet wait; None when it failed (counted by the LoopGuard like a failed step: the
     loop then sleeps as it would without quiet waits, so a failure cannot make it spin)."""
     watch = rec.tracer.quiet_watch()
+    if rec.pins is not None:        # the rings are empty: the exec pins count the present as read
+        rec.pins.waiting()
     try:
         return rec.rings.quiet_wait(watch, poll_s, max_s)
     except Exception as e:

@@ -166,6 +166,8 @@ class Recorder:
             self.slow.named = self.snapshotter.coverage.named
             raise_nofile(self.config.pin_max_files + self.snapshotter.max_fds + NOFILE_SPARE)
             self.pins = start_pins(self.config, self.enricher.routes, self.last_errors)
+            if self.pins is not None:       # a file the store holds needs no more exec events
+                self.snapshotter.on_held = self.pins.ignore
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         if self.tracked is None:
@@ -220,6 +222,7 @@ class Recorder:
         records that one, and the fast path resumes after it.
         """
         self.enricher.begin_step(self.config.resolve_deadline_s)
+        taken_ns = clock.boot_ns()          # every record before it is in this batch or an earlier one
         batch = self.rings.take()
         try:
             n = len(batch)
@@ -234,6 +237,9 @@ class Recorder:
         finally:
             batch.release()
         self.join.release()
+        if self.pins is not None:           # the execs it took confirm their pins; the rest failed
+            self.pins.recorded(self.tables.execs, taken_ns)
+        self.tables.execs.clear()
         self.slow.record_resolutions(self.enricher.take_late())
         self.stats.live_pids_dropped += self.tables.trim_live()
         now = time.monotonic()
@@ -438,7 +444,8 @@ def start_pins(cfg: Config, routes: Routes, last_errors: collections.deque) -> E
     hand-overs then reach files by their routes only)."""
     if cfg.pin_max_files <= 0:
         return None
-    pins = ExecPins(PinPolicy(max_files=cfg.pin_max_files, ttl_s=cfg.pin_ttl_s))
+    pins = ExecPins(PinPolicy(max_files=cfg.pin_max_files, ttl_s=cfg.pin_ttl_s, uid_share=cfg.pin_uid_share,
+                              confirm_s=cfg.pin_confirm_s))
     try:
         pins.start()
     except OSError as e:

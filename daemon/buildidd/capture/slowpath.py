@@ -14,8 +14,8 @@ from typing import Callable
 from buildidd import clock
 from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.tables import FastEntry, Stats, Tables
-from buildidd.kernel.events import (DecodeError, EventType, RawEvent, answer_key, decode, decode_task, exec_head,
-                                     file_key)
+from buildidd.kernel.events import (DecodeError, EventType, MapOrigin, RawEvent, answer_key, decode, decode_task,
+                                     exec_file_key, exec_head, file_key)
 from buildidd.resolve.enrich import Enricher, Resolution
 from buildidd.sessionlog.records import ORIGIN_NAMES, file_id_line, mmap_line, res_tail, task_line
 
@@ -28,6 +28,9 @@ from buildidd.sessionlog.records import ORIGIN_NAMES, file_id_line, mmap_line, r
 #: go_build_id / file_id when known).  It completes every earlier mapping
 #: and exec record of that identity in the session.
 RESOLUTION_LINE = b'{"type":"resolution","time_ns":%d,%s}'
+
+#: Mappings made by execve: each confirms its file's exec pin (Tables.note_exec).
+_EXEC_ORIGINS = (MapOrigin.EXEC_MAIN, MapOrigin.EXEC_INTERP)
 
 #: Fast entries of kernel answers (answer_key longer than the identity key)
 #: kept at most; the oldest go first.  (Identity entries follow the enricher's cache.)
@@ -75,8 +78,11 @@ class SlowPath:
             self.stats.count(EventType(task.type).name.lower())
         elif etype == EventType.EXEC:
             self.join.hold(raw, head)
+            self.tables.note_exec(head.pid, head.uid, exec_file_key(raw), head.time_ns)
         else:
             # A mapping whose identity has no final answer yet (or an exec'd one).
+            if ev.origin in _EXEC_ORIGINS:
+                self.tables.note_exec(ev.pid, ev.uid, file_key(ev.identity), ev.time_ns)
             res = self.enricher.resolve(ev)
             self.join.complete(ev, res)
             self.record_map(ev, ORIGIN_NAMES.get(ev.origin, "mmap"), res)

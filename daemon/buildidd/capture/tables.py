@@ -12,6 +12,7 @@ are defined in _fastpath.c as struct sequences and re-exported here.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +31,11 @@ _BY_VALUE = {int(k): v for k, v in ORIGIN_NAMES.items()}
 #: Record "origin" by map_event.origin, as the fast path reads it (index 0
 #: and values past the end: "mmap", as ORIGIN_NAMES.get(origin, "mmap")).
 ORIGINS: tuple[bytes, ...] = tuple(_BY_VALUE.get(i, "mmap").encode() for i in range(max(_BY_VALUE) + 1))
+
+#: Exec confirmations kept per step in Tables.execs at most (fastpath/records.c: EXECS_MAX).
+EXECS_MAX = 65536
+#: ino and dev (kernel dev_t) in an identity key (struct file_id, bpf/events.h).
+_KEY_INO_DEV = struct.Struct("=Q20xI")
 
 #: Live mappings kept per process for the rescan after a loss (_fastpath.c: LIVE_MAX).
 LIVE_MAX = 4096
@@ -61,6 +67,9 @@ class Tables:
         path_cut_json: records.PATH_CUT_JSON (what follows a path: read whole, cut).
         origins: ORIGINS.
         step: steps begun so far (a held exec carries the one it came in).
+        execs: (pid, uid, file dev as the kernel's dev_t, ino, time_ns) of each exec the kernel
+            completed this step (EXEC records, EXEC_MAIN/EXEC_INTERP mappings), at most EXECS_MAX:
+            the exec pins' confirmations (resolve.execpins.ExecPins.recorded), cleared each step.
     """
 
     missing: dict[str, int]
@@ -74,6 +83,14 @@ class Tables:
     path_cut_json: tuple[bytes, bytes] = PATH_CUT_JSON
     origins: tuple[bytes, ...] = ORIGINS
     step: int = 0
+    execs: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+
+    def note_exec(self, pid: int, uid: int, key: bytes, time_ns: int) -> None:
+        """Append an exec to :attr:`execs` (as the fast path does): pid (tgid) exec'd as uid the file of
+        the identity key (kernel.events.file_key bytes) at time_ns."""
+        if len(self.execs) < EXECS_MAX:
+            ino, kdev = _KEY_INO_DEV.unpack_from(key)
+            self.execs.append((pid, uid, kdev, ino, time_ns))
 
     def emit(self, line: bytes) -> None:
         """Queue one session-log line (no newline; the recorder writes them at the end of a step)."""

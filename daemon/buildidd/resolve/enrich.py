@@ -211,13 +211,24 @@ class Enricher:
         # marked file system is pinned already, so it waits with the bulk.
         pinned = ev.origin in _EXEC_ORIGINS and pins is not None and pins.covers(ev.identity.dev)
         pool = self.bulk_handovers if req.bulk or pinned else self.handovers
-        got = pool.submit_charged(self.routes.hand_over, (req, res), req.uid)
+        if pinned:
+            pins.claim(ev.identity, ev.pid, ev.uid)     # its pin waits for this hand-over
+        got = pool.submit_charged(self._pinned_hand_over if pinned else self.routes.hand_over, (req, res), req.uid)
         if isinstance(got, str):
+            if pinned:
+                pins.unclaim(ev.identity)
             self.handovers_dropped += 1
             self._handed.pop(seen)
             if self.routes.on_gap is not None and res.build_id:
                 self.routes.on_gap(res.build_id, ev.path, UID_BUDGET if got == UID_BUDGET else "handover_dropped",
                                    ev.uid)
+
+    def _pinned_hand_over(self, arg: tuple[Request, Resolution]) -> bool:
+        """Routes.hand_over of an exec'd file whose pin was claimed (ExecPins.claim); the claim ends with it."""
+        try:
+            return self.routes.hand_over(arg)
+        finally:
+            self.routes.pins.unclaim(arg[0].identity)
 
     def resolve_scanned(self, pid: int, vma: tuple[int, int], path: str) -> tuple[Identity, Resolution] | None:
         """Open pid's mapping vma = (vm_start, vm_end) through map_files (on a worker): (identity, Resolution).

@@ -15,21 +15,54 @@ long as the pin is held.
 Hand-overs (resolve.routes.Routes.hand_over) take a pin by identity before
 any path route: :meth:`ExecPins.take`.  A pin nobody asks for (a file whose
 build-id was handed over before at that path) is closed after ``ttl_s``, or
-at once when the hand-over says so (:meth:`ExecPins.release`); a file handed
-to the store (or found settled there) gets an evictable ignore mark
-(``FAN_MARK_IGNORED_MASK | FAN_MARK_EVICTABLE``, Linux 5.19), so its later
-execs make no event until it is modified (an ignore mask is cleared by a
-modification unless ``FAN_MARK_IGNORED_SURV_MODIFY``) or its inode leaves
-the cache (an evictable mark never pins an inode).
+at once when the hand-over says so (:meth:`ExecPins.release`); a file the
+store holds (copied, or found settled there) gets an evictable ignore mark
+(``FAN_MARK_IGNORED_MASK | FAN_MARK_EVICTABLE``, Linux 5.19: the store's
+snapshotter calls :meth:`ExecPins.ignore` once the copy is held, never when
+it is only queued), so its later execs make no event until it is modified
+(an ignore mask is cleared by a modification unless
+``FAN_MARK_IGNORED_SURV_MODIFY``) or its inode leaves the cache (an
+evictable mark never pins an inode).
 
-Bounds: at most ``max_files`` pins (beyond it the oldest pin of the user,
-other than root, whose files hold the most is closed, counted ``file_cap``:
-one user's flood of execs closes that user's pins first); the group's queue
-is the kernel's default (16,384 events), an overflow is counted
-(``overflow``).  Only file systems whose contents the kernel serves itself
-are marked (:mod:`buildidd.resolve.fanotify`): reading a FUSE event would
-make the kernel call the FUSE server to open the file, on this thread.  The thread makes no other call on a user's file: ``fstat`` and
-``close`` on the descriptor the kernel opened, and ``fanotify_mark`` on it.
+Charges (:mod:`buildidd.resolve.pinledger`): a pin is charged to the real uid
+of the task that exec'd, never to the file's owner.  The event gives a pid
+only: its uid is read from /proc/PID/status when the event is read (cached
+per pid for :data:`UID_CACHE_S`), and an exec record of the recording
+thread (:meth:`ExecPins.recorded`: "pid P exec'd file F as uid U", from the
+ring's EXEC records and EXEC_MAIN/EXEC_INTERP mappings) confirms the pin and
+moves it to U.  A process gone before its event was read (a short-lived
+program, or a user forking a child per exec) is charged to its exec
+record's uid when that came first, else to no known uid
+(:data:`~buildidd.resolve.pinledger.UNKNOWN_UID`, a share of its own) until
+its record comes: never to the file's owner, which would let a user's execs
+of root's files spend root's share.
+
+Failed execs: the kernel opens the file (and queues the event) before an
+exec can fail (a bad argv: EFAULT), so a pin is *provisional* until
+confirmed.  Once the recording thread has read past the pin's event by
+``confirm_s`` (:meth:`ExecPins.recorded` publishes the boot time before its
+last drain; :meth:`ExecPins.waiting` says it sleeps with the rings empty, its
+progress is then the present) with no exec record for it, the exec failed
+and the pin is closed (``exec_failed``).  A repeat event of a provisional pin
+does not extend its life.  Without a recording thread (no progress
+published) a provisional pin lives until ``ttl_s``.
+
+A hand-over queued for a pinned file (:meth:`ExecPins.claim`, made when its
+exec's mapping is handed to the bulk pool) keeps its pin from expiring until
+that hand-over has run (:meth:`ExecPins.unclaim`), at most :data:`CLAIM_MAX_S`.
+
+Bounds: at most ``max_files`` pins and ``uid_share`` of them per uid
+(pinledger: at a uid's cap its own oldest provisional pin goes first, then
+its own oldest, ``uid_cap``; at max_files the uid holding the most pays,
+``file_cap``); confirmations waiting for their pin at most
+:data:`~buildidd.resolve.pinledger.PENDING_MAX`; the group's queue is the kernel's default (16,384
+events; the kernel merges an event with an identical one still queued), an
+overflow is counted (``overflow``).  Only file systems whose contents the
+kernel serves itself are marked (:mod:`buildidd.resolve.fanotify`): reading
+a FUSE event would make the kernel call the FUSE server to open the file, on
+this thread.  The thread makes no other call on a user's file: ``fstat`` and
+``close`` on the descriptor the kernel opened, and ``fanotify_mark`` on it;
+it reads /proc/PID/status of the exec's process.
 """
 
 from __future__ import annotations
@@ -43,34 +76,45 @@ import threading
 import time
 from dataclasses import dataclass
 
-from buildidd.kernel.events import Identity
+from buildidd import clock
+from buildidd.kernel.events import Identity, kdev_to_st_dev
 from buildidd.resolve.fanotify import FAN_Q_OVERFLOW, FanotifyGroup
-from buildidd.resolve.procfs import identity_of, mismatch
+from buildidd.resolve.pinledger import UNKNOWN_UID, Pin, PinLedger
+from buildidd.resolve.procfs import identity_of, mismatch, read_uid
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExecPins", "PinPolicy"]
+__all__ = ["CLAIM_MAX_S", "ExecPins", "PinPolicy", "UID_CACHE_S"]
+
+#: Seconds a pid's uid read from /proc/PID/status is reused for its next events, and pids remembered.
+UID_CACHE_S = 0.5
+UID_CACHE_MAX = 4096
+#: Exec confirmations handed over by the recording thread and not yet read, at most (the oldest dropped).
+CONFIRMS_MAX = 65536
+#: Seconds a claimed pin (a hand-over of it queued) is held at most without an event.
+CLAIM_MAX_S = 600.0
+#: ExecPins.recorded's progress while the recording thread waits with the rings empty.
+_QUIET = -1
+
 
 @dataclass(frozen=True)
 class PinPolicy:
     """How many exec pins are held, and for how long.
 
     Attributes:
-        max_files: pins held at most (each one open descriptor); the oldest is closed beyond it.
+        max_files: pins held at most (each one open descriptor).
         ttl_s: seconds a pin nobody took is held (the recording thread and a hand-over worker
             must reach its exec within it, a storm's backlog included).
+        uid_share: the share of max_files the pins charged to one uid may take, in (0, 1].
+        confirm_s: seconds after a pin's event was read by which the recording thread must have
+            read its exec record (the exec's run from its open to sched_process_exec, and the
+            rings' ordering, included); past it, an unconfirmed pin is an exec that failed.
     """
 
     max_files: int = 1024
     ttl_s: float = 30.0
-
-
-@dataclass
-class _Pin:
-    fd: int
-    st: os.stat_result
-    pid: int
-    since: float            # time.monotonic() of the event
+    uid_share: float = 0.25
+    confirm_s: float = 2.0
 
 
 class ExecPins:
@@ -88,13 +132,20 @@ class ExecPins:
         self.group: FanotifyGroup | None = None
         self._lock = threading.Lock()
         self._reading = threading.Lock()         # one reader of the group's queue at a time
-        self._pins: collections.OrderedDict[tuple[int, int], _Pin] = collections.OrderedDict()
-        self._released: collections.deque[Identity] = collections.deque(maxlen=65536)
+        self.ledger = PinLedger(policy.max_files, policy.uid_share)
+        self._released: collections.deque[tuple[Identity, bool]] = collections.deque(maxlen=65536)
+        #: (pid, uid, kernel dev, ino, time_ns) of exec records, from the recording thread
+        self._confirms: collections.deque[tuple] = collections.deque(maxlen=CONFIRMS_MAX)
+        #: (claim?, pid, uid, Identity): hand-overs queued (True) and run (False)
+        self._claims: collections.deque[tuple] = collections.deque(maxlen=65536)
+        self._uids: collections.OrderedDict[int, tuple[int, float]] = collections.OrderedDict()
+        self._progress_ns: int | None = None     # None: no recording thread publishes its progress
         self._stop = threading.Event()
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
-        self.stats = {"events": 0, "pinned": 0, "repeats": 0, "taken": 0, "released": 0, "expired": 0,
-                      "file_cap": 0, "overflow": 0, "not_regular": 0, "read_errors": 0}
+        self.stats = {"events": 0, "pinned": 0, "repeats": 0, "taken": 0, "released": 0,
+                      "confirms": 0, "confirms_dropped": 0,
+                      "uid_unknown": 0, "overflow": 0, "not_regular": 0, "read_errors": 0}
         self.last_error: str | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -124,9 +175,8 @@ class ExecPins:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self._lock:
-            for pin in self._pins.values():
-                os.close(pin.fd)
-            self._pins.clear()
+            for key in list(self.ledger.pins):
+                os.close(self.ledger.remove(key).fd)
         if self._thread is not None and self._thread.is_alive():
             return                       # left to the process's exit
         for fd in (self._wake_r, self._wake_w):
@@ -154,47 +204,57 @@ class ExecPins:
     def take(self, ident: Identity, named_at_event: bool = True) -> int | None:
         """The pinned descriptor of ident's file (the caller closes it), or None.
 
-        The pin is matched by (dev, inode) and accepted only when the descriptor's
-        identity agrees with ident (resolve.procfs.mismatch; named_at_event as
-        procfs.stat_identity's).  A pin that disagrees stays (another exec may
-        be of it).  When none is held and ident's file system is marked, the
-        group's queue is read first (the exec's event may still wait in it: the
-        reader thread and the recording thread run apart).  Any thread.
+        The pins of ident's (dev, inode) are tried, confirmed ones first, whoever they are charged
+        to (the file is the same), and one is accepted only when the descriptor's identity agrees
+        with ident (resolve.procfs.mismatch; named_at_event as procfs.stat_identity's).  A pin that
+        disagrees stays (another exec may be of it).  When none is held and ident's file system is
+        marked, the group's queue is read first (the exec's event may still wait in it: the reader
+        thread and the recording thread run apart).  Any thread.
         """
-        key = (ident.dev, ident.ino)
-        if key not in self._pins and self.group is not None and ident.dev in self.group.marked:
+        if not self.ledger.of_inode(ident.dev, ident.ino) and self.group is not None \
+                and ident.dev in self.group.marked:
             self._read_events()
         with self._lock:
-            pin = self._pins.get(key)
-            if pin is None and os.major(ident.dev) == 0:
+            keys = self.ledger.of_inode(ident.dev, ident.ino)
+            if not keys and os.major(ident.dev) == 0:
                 # btrfs gives stat(2) a subvolume's anonymous dev and the kernel side the super
                 # block's (resolve.procfs.mismatch): the same inode under another major-0 dev.
-                key = next((k for k in self._pins if k[1] == ident.ino and os.major(k[0]) == 0), key)
-                pin = self._pins.get(key)
-            if pin is None:
-                return None
-            try:
-                got = identity_of(pin.fd, ident.generation != 0, named_at_event)
-            except OSError:
-                return None
-            if mismatch(ident, got) is not None:
-                return None
-            del self._pins[key]
-            self.stats["taken"] += 1
-        return pin.fd
+                dev = next((d for d, i in self.ledger.inodes() if i == ident.ino and os.major(d) == 0), None)
+                keys = self.ledger.of_inode(dev, ident.ino) if dev is not None else []
+            for key in keys:
+                pin = self.ledger.pins[key]
+                try:
+                    got = identity_of(pin.fd, ident.generation != 0, named_at_event)
+                except OSError:
+                    continue
+                if mismatch(ident, got) is None:
+                    self.ledger.remove(key)
+                    self.ledger.count(key[2], "taken")
+                    self.stats["taken"] += 1
+                    return pin.fd
+        return None
+
+    def closed_reason(self, ident: Identity, uid: int) -> str | None:
+        """``file_cap`` or ``uid_pin_cap`` when a cap closed the pin of ident's file charged to uid
+        (or to no known uid) lately: the reason a hand-over that found no pin gives its gap; None
+        otherwise (pinledger.PinLedger.closed_reason).  Any thread."""
+        with self._lock:
+            return self.ledger.closed_reason(ident.dev, ident.ino, uid)
 
     def covers(self, dev: int) -> bool:
         """True when execs of files on dev (st_dev) are pinned: its file system is marked.  A set
         lookup, no system call (the recording thread asks)."""
         return self.group is not None and dev in self.group.marked
 
-    def release(self, ident: Identity) -> None:
-        """ident's file needs no pin (settled in the store, or handed over before at its path):
-        the reader thread closes its pin and sets its ignore mark.  Any thread; no system call."""
-        self._released.append(ident)
+    def release(self, ident: Identity, held: bool = False) -> None:
+        """ident's file needs no pin (handed over before at its path; held: the store holds it, so
+        its inode also gets the ignore mark): the reader thread closes its pins but a claimed one.
+        Any thread; no system call."""
+        self._released.append((ident, held))
 
     def ignore(self, fd: int) -> None:
-        """FanotifyGroup.ignore: fd's file (handed to the store) makes no exec event until modified."""
+        """FanotifyGroup.ignore: fd's file (the store holds it) makes no exec event until modified.
+        Called once the copy is held (the snapshotter's on_held), or for a settled file."""
         if self.group is not None:
             self.group.ignore(fd)
 
@@ -202,13 +262,44 @@ class ExecPins:
         """FanotifyGroup.mark_exe_of (hand-over workers: a file system met in another mount namespace)."""
         return self.group.mark_exe_of(pid, dev) if self.enabled else False
 
+    # -- the recording thread's side (no system call: deque appends and an assignment) ----------
+    def recorded(self, execs: list[tuple[int, int, int, int, int]], until_ns: int) -> None:
+        """The recording thread took every ring record of time before until_ns (ns since boot: the
+        time before its drain); execs: (pid, uid, kernel dev_t, ino, time_ns) of each exec record
+        and exec mapping it took (capture.tables.Tables.execs), which confirm their pins."""
+        over = len(self._confirms) + len(execs) - CONFIRMS_MAX
+        if over > 0:
+            self.stats["confirms_dropped"] += over
+        self._confirms.extend(execs)
+        self._progress_ns = until_ns
+
+    def waiting(self) -> None:
+        """The recording thread sleeps with the rings empty (a quiet wait): its progress is the
+        present until its next recorded()."""
+        self._progress_ns = _QUIET
+
+    def claim(self, ident: Identity, pid: int, uid: int) -> None:
+        """A hand-over of ident's file, exec'd by pid as uid, is queued: its pin is confirmed and
+        held until unclaim (at most CLAIM_MAX_S)."""
+        self._claims.append((True, pid, uid, ident))
+
+    def unclaim(self, ident: Identity) -> None:
+        """The hand-over claim() announced has run (or was dropped): ident's pins expire again."""
+        self._claims.append((False, 0, 0, ident))
+
     def status(self) -> dict:
         """Counters (JSON-ready): events read, pins made, taken, released, expired, closed at the
-        cap (``file_cap``), queue overflows; ``held`` now, ``marked`` super blocks, the group's
-        mark counters."""
+        caps (``file_cap``: max_files; ``uid_cap``: a uid's share), closed as failed execs
+        (``exec_failed``), exec confirmations read (``confirms``) and dropped unread, pins charged to
+        no known uid (``uid_unknown``), queue overflows; ``held`` now, ``unconfirmed`` of them,
+        ``by_uid`` (the uids that pinned the most: pinledger.UID_COUNTERS and ``held``), ``marked``
+        super blocks, the group's mark counters."""
         g = self.group
-        return {**self.stats, **(g.stats if g is not None else {}), "held": len(self._pins),
-                "marked": self.marked(), "max_files": self.policy.max_files, "ttl_s": self.policy.ttl_s,
+        led = self.ledger
+        return {**self.stats, **led.totals, **(g.stats if g is not None else {}), "held": len(led),
+                "unconfirmed": len(led.unconfirmed), "pending_confirms": len(self.ledger.pending),
+                "by_uid": led.top_uids(), "marked": self.marked(), "max_files": self.policy.max_files,
+                "uid_max": led.uid_max, "ttl_s": self.policy.ttl_s, "confirm_s": self.policy.confirm_s,
                 "enabled": self.enabled, "last_error": self.last_error or (g.last_error if g else None)}
 
     # -- the reader thread -------------------------------------------------
@@ -223,6 +314,7 @@ class ExecPins:
                 ep.register(mi, select.EPOLLPRI | select.EPOLLERR)
             except OSError:
                 mi = -1
+            last = 0.0
             while not self._stop.is_set():
                 for fd, _ev in ep.poll(1.0):
                     if fd == self.group.fd:
@@ -233,7 +325,9 @@ class ExecPins:
                         self.group.mark_mounts()
                     elif fd == self._wake_r:
                         os.read(self._wake_r, 64)
-                self._expire()
+                if time.monotonic() - last >= 0.1:   # a flood of events does not run this per read
+                    last = time.monotonic()
+                    self._expire()
         except Exception as e:     # the thread must not die silently; pins stop, recording goes on
             self.last_error = f"reader: {e}"
             log.exception("exec pins: reader thread failed")
@@ -260,6 +354,19 @@ class ExecPins:
             self.stats["read_errors"] += 1
             self.last_error = f"read: {e}"
 
+    def _uid_of(self, pid: int) -> int:
+        """The real uid of pid (procfs.read_uid), reused for UID_CACHE_S; UNKNOWN_UID when it is gone."""
+        now = time.monotonic()
+        got = self._uids.get(pid)
+        if got is not None and now - got[1] < UID_CACHE_S:
+            return got[0]
+        uid = read_uid(pid)
+        self._uids[pid] = (uid, now)
+        self._uids.move_to_end(pid)
+        while len(self._uids) > UID_CACHE_MAX:
+            self._uids.popitem(last=False)
+        return uid if uid >= 0 else UNKNOWN_UID
+
     def _pin(self, fd: int, pid: int) -> None:
         try:
             st = os.fstat(fd)
@@ -270,60 +377,86 @@ class ExecPins:
             self.stats["not_regular"] += 1
             os.close(fd)
             return
-        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            pending = self.ledger.pending.pop((st.st_dev, st.st_ino, pid), None)
+        uid = pending[0] if pending is not None else self._uid_of(pid)
+        key = (st.st_dev, st.st_ino, uid)
         now = time.monotonic()
         with self._lock:
-            old = self._pins.get(key)
+            old = self.ledger.pins.get(key)
             if old is not None and _same_contents(old.st, st):
-                old.since = now                 # the same file again: keep one pin, held longer
-                self._pins.move_to_end(key)
+                self.ledger.refresh(key, now)     # the same file again, by the same user: one pin
                 self.stats["repeats"] += 1
-                os.close(fd)
-                return
-            if old is not None:
-                os.close(old.fd)
-            self._pins[key] = _Pin(fd, st, pid, now)
-            self._pins.move_to_end(key)
-            self.stats["pinned"] += 1
-            while len(self._pins) > self.policy.max_files:
-                gone = self._pins.pop(self._victim())
-                os.close(gone.fd)
-                self.stats["file_cap"] += 1
-
-    def _victim(self) -> tuple[int, int]:
-        """The pin closed at the cap (lock held): the oldest of the user (st_uid other than root)
-        holding the most pins, so that one user exec'ing many files of their own closes their
-        own pins first, never root's or another user's; the oldest of all when only root's are
-        held."""
-        owners = collections.Counter(pin.st.st_uid for pin in self._pins.values() if pin.st.st_uid != 0)
-        if not owners:
-            return next(iter(self._pins))
-        uid = owners.most_common(1)[0][0]
-        return next(k for k, pin in self._pins.items() if pin.st.st_uid == uid)
+                closed = [fd]
+                if pending is not None:
+                    closed += [p.fd for p in self.ledger.confirm(key, uid, pending[1])[1]]
+            else:
+                closed = [self.ledger.remove(key).fd] if old is not None else []
+                pin = Pin(fd, st, pid, uid, now, clock.boot_ns(), pending is not None,
+                          int(pending is not None and pending[1]))
+                closed += [p.fd for p in self.ledger.add(key, pin)]
+                self.stats["pinned"] += 1
+                self.stats["uid_unknown"] += uid == UNKNOWN_UID
+        for c in closed:
+            os.close(c)
 
     def _expire(self) -> None:
-        now = time.monotonic()
-        released: dict[tuple[int, int], Identity] = {}
-        while self._released:
-            ident = self._released.popleft()
-            released[(ident.dev, ident.ino)] = ident
+        """The reader thread's round: confirmations and claims read, released pins closed, failed
+        execs' pins closed, pins past their ttl closed."""
+        progress = self._progress_ns            # read first: the confirmations before it are queued
         with self._lock:
-            # Only the pin of the very contents released: a newer pin of the inode (modified since) stays.
-            drop = [(k, self._pins.pop(k)) for k, ident in released.items()
-                    if k in self._pins and self._pins[k].st.st_size == ident.size
-                    and self._pins[k].st.st_mtime_ns == ident.mtime_ns]
-            self.stats["released"] += len(drop)
-            while self._pins:
-                k, pin = next(iter(self._pins.items()))
-                if now - pin.since < self.policy.ttl_s:
-                    break
-                del self._pins[k]
-                self.stats["expired"] += 1
-                drop.append((k, pin))
-        for k, pin in drop:
-            if k in released:
+            closed = self._absorb()
+            closed += self._drop_released()
+            if progress is not None:
+                due = (clock.boot_ns() if progress == _QUIET else progress) - int(self.policy.confirm_s * 1e9)
+                closed += [(p, False) for p in self.ledger.failed(due)]
+            closed += [(p, False) for p in self.ledger.expired(time.monotonic(), self.policy.ttl_s, CLAIM_MAX_S)]
+        for pin, ignore in closed:
+            if ignore:
                 self.ignore(pin.fd)
             os.close(pin.fd)
+
+    def _absorb(self) -> list[tuple[Pin, bool]]:
+        """Confirm the pins the recording thread's exec records and the hand-overs' claims name (lock
+        held); a confirmation whose pin is not read yet waits in the ledger's pending.  Returns the pins a move
+        to another uid closed at its caps."""
+        closed: list[Pin] = []
+        now = time.monotonic()
+        confirms = self._confirms
+        for _ in range(len(confirms)):
+            pid, uid, kdev, ino, _t = confirms.popleft()
+            self.stats["confirms"] += 1
+            closed += self.ledger.confirm_exec((kdev_to_st_dev(kdev), ino, pid), uid, False, now)
+        claims = self._claims
+        for _ in range(len(claims)):
+            claim, pid, uid, ident = claims.popleft()
+            if claim:
+                closed += self.ledger.confirm_exec((ident.dev, ident.ino, pid), uid, True, now)
+                continue
+            for key in self.ledger.of_inode(ident.dev, ident.ino):
+                pin = self.ledger.pins[key]
+                pin.claimed = max(0, pin.claimed - 1)
+        self.ledger.trim_pending(now - self.policy.ttl_s)
+        return [(p, False) for p in closed]
+
+    def _drop_released(self) -> list[tuple[Pin, bool]]:
+        """Close the pins of the files released (lock held): only those of the very contents released
+        (a newer pin of the inode, modified since, stays), and none a queued hand-over claimed."""
+        out = []
+        released = self._released
+        for _ in range(len(released)):
+            ident, held = released.popleft()
+            marked = not held
+            for key in self.ledger.of_inode(ident.dev, ident.ino):
+                pin = self.ledger.pins[key]
+                if pin.claimed or pin.st.st_size != ident.size or pin.st.st_mtime_ns != ident.mtime_ns:
+                    continue
+                self.ledger.remove(key)
+                self.ledger.count(key[2], "released")
+                self.stats["released"] += 1
+                out.append((pin, not marked))
+                marked = True                 # one ignore mark per inode
+        return out
 
 
 def _same_contents(a: os.stat_result, b: os.stat_result) -> bool:

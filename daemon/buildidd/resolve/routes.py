@@ -252,8 +252,8 @@ class Routes:
         executable's own inode however its path was replaced since).  A
         descriptor is accepted only with the event's identity and the
         kernel's build-id, and is closed after on_build_id returns.  False
-        when nothing reaches it: on_gap then gets the reason
-        (``replaced_before_pin``, ``process_gone`` or ``unreachable``) and its
+        when nothing reaches it: on_gap then gets the reason (:meth:`_gap_reason`:
+        ``file_cap``, ``uid_pin_cap``, ``replaced_before_pin``, ``process_gone`` or ``unreachable``) and its
         (build-id, path, dev, inode) goes to :attr:`unreached`, so a later mapping of it
         (with a vma) is handed over again.
         """
@@ -265,15 +265,14 @@ class Routes:
             # (on a restart, every DSO of every running process would be read again).
             self.settled_handovers += 1
             if pins is not None:
-                pins.release(req.identity)
+                pins.release(req.identity, held=True)
             self.on_build_id(req.identity, res, None, HandOver.BULK if req.bulk else HandOver.LIVE, req.uid)
             return True
         if pins is not None:
             fd = pins.take(req.identity, req.nlink != 0)
             if fd is not None:
                 try:
-                    if self._give(req, res, fd):
-                        pins.ignore(fd)
+                    if self._give(req, res, fd):     # the ignore mark waits for the copy (on_held)
                         return True
                 finally:
                     os.close(fd)
@@ -296,10 +295,19 @@ class Routes:
                 os.close(fd)
         self.unreached.append((res.build_id, req.path, req.identity.dev, req.identity.ino))
         if self.on_gap is not None and res.build_id:
-            gone = not os.path.exists(f"/proc/{req.pid}")
-            reason = ("replaced_before_pin" if replaced else "process_gone") if gone else "unreachable"
-            self.on_gap(res.build_id, req.path, reason, req.uid)
+            self.on_gap(res.build_id, req.path, self._gap_reason(req, replaced), req.uid)
         return False
+
+    def _gap_reason(self, req: Request, replaced: bool) -> str:
+        """Why a hand-over reached no file (store.coverage.GAP_REASONS): the cap that closed its exec
+        pin (``file_cap``, ``uid_pin_cap``: ExecPins.closed_reason, for req's uid), else what its
+        routes found."""
+        capped = self.pins.closed_reason(req.identity, req.uid) if self.pins is not None else None
+        if capped is not None:
+            return capped
+        if os.path.exists(f"/proc/{req.pid}"):
+            return "unreachable"
+        return "replaced_before_pin" if replaced else "process_gone"
 
     def _give(self, req: Request, res: Resolution, fd: int) -> bool:
         """on_build_id(fd) when fd's build-id is the kernel's; its urgency: AT_RISK when req's

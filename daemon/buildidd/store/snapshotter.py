@@ -171,6 +171,9 @@ class Snapshotter:
         self.skipped: dict[str, int] = {}     # StoreRefusedError.reason → count
         self.last_error: str | None = None
         self.lines = LogLimiter(log)          # per-file lines (skips, failures), limited per reason
+        #: on_held(fd): called on this thread with the descriptor of a file the store now holds (copied,
+        #: or present already), before it is closed (the exec pins' ignore mark: ExecPins.ignore)
+        self.on_held: Callable[[int], None] | None = None
         self._thread = threading.Thread(target=self._run, name="buildidd-snapshot", daemon=True)
 
     # -- producer side (hand-over workers) ------------------------------------
@@ -422,6 +425,8 @@ class Snapshotter:
         try:
             if self.settled(build_id, ident, path):
                 self._held_settled(build_id, path, uid)    # nothing another file could improve
+                if fd is not None and self.on_held is not None:
+                    self.on_held(fd)
                 return
             if fd is None:
                 fd = self._open_by_path(path, ident)
@@ -432,6 +437,8 @@ class Snapshotter:
             res = self.store.add_from_fd(fd, path, build_id, identity=ident, origin=origin_of_fd(fd, path), key=key)
             self.stats["stored" if res.added else "already_present"] += 1
             self.coverage.outcome(build_id, HELD, path, uid)
+            if self.on_held is not None:
+                self.on_held(fd)
             if not res.added:
                 self.store.touch(build_id)
         except StoreRefusedError as e:

@@ -14,7 +14,7 @@ struct memo_ref {
 
 /* State of one run() call: the tables' attributes it reads and updates (owned). */
 struct run_state {
-	PyObject *fast, *held, *live, *origins, *missing, *out, *step;
+	PyObject *fast, *held, *live, *origins, *missing, *out, *step, *execs;
 	struct memo_ref comm, filename, path;
 	PyObject *path_cut;	/* owned: tables.path_cut_json, 2 bytes: read whole / cut */
 	char last_comm[BUILDIDD_COMM_LEN];
@@ -83,6 +83,7 @@ static int load_state(struct run_state *st, PyObject *tables)
 	    (st->missing = get_attr_of(tables, s_missing, &PyDict_Type)) == NULL ||
 	    (st->out = get_attr_of(tables, s_out, LineBuffer)) == NULL ||
 	    (st->step = get_attr_of(tables, s_step, &PyLong_Type)) == NULL ||
+	    (st->execs = get_attr_of(tables, s_execs, &PyList_Type)) == NULL ||
 	    (st->path_cut = get_attr_of(tables, s_path_cut_json, &PyTuple_Type)) == NULL ||
 	    load_memo(&st->comm, tables, s_comm_json) < 0 || load_memo(&st->filename, tables, s_filename_json) < 0 ||
 	    load_memo(&st->path, tables, s_path_json) < 0)
@@ -120,6 +121,7 @@ static void release_state(struct run_state *st)
 	Py_CLEAR(st->missing);
 	Py_CLEAR(st->out);
 	Py_CLEAR(st->step);
+	Py_CLEAR(st->execs);
 }
 
 /*
@@ -227,6 +229,31 @@ static int forget_pid(struct run_state *st, uint32_t pid)
 		PyErr_Clear();
 	}
 	return 0;
+}
+
+/*
+ * An exec the kernel completed (an EXEC record, or an EXEC_MAIN/EXEC_INTERP mapping), told to the
+ * exec pins (resolve.execpins.ExecPins.recorded): tables.execs.append((pid, uid, file.dev (kernel
+ * dev_t), file.ino, time_ns)), at most EXECS_MAX a step (capture/tables.py: the rest are not told).
+ * 0, or -1 with an error set.
+ */
+#define EXECS_MAX 65536
+static int note_exec(struct run_state *st, const char *r, const char *file)
+{
+	PyObject *t;
+	int rc;
+
+	if (PyList_GET_SIZE(st->execs) >= EXECS_MAX)
+		return 0;
+	t = Py_BuildValue("(IIIKK)", ld_u32(r + offsetof(struct event_header, pid)),
+			  ld_u32(r + offsetof(struct event_header, uid)), ld_u32(file + offsetof(struct file_id, dev)),
+			  (unsigned long long)ld_u64(file + offsetof(struct file_id, ino)),
+			  (unsigned long long)ld_u64(r + offsetof(struct event_header, time_ns)));
+	if (t == NULL)
+		return -1;
+	rc = PyList_Append(st->execs, t);
+	Py_DECREF(t);
+	return rc;
 }
 
 /* 1: handled; 0: not for this path (Python records it); -1: error set. */
@@ -494,6 +521,8 @@ static int map_record(struct run_state *st, const char *r, Py_ssize_t len, struc
 		counts[T_N + 1]++;
 	else if (count_missing(st, error) < 0)
 		return -1;
+	if ((origin == BUILDIDD_ORIGIN_EXEC_MAIN || origin == BUILDIDD_ORIGIN_EXEC_INTERP) && note_exec(st, r, file) < 0)
+		return -1;
 	if (st->live_key == lk->id_obj && st->live_pid == pid && st->live_start == start)
 		return 1;		/* added already */
 	return add_live(st, pid, start, lk->id_obj) < 0 ? -1 : 1;
@@ -570,7 +599,7 @@ static int exec_record(struct run_state *st, PyObject *raw, const char *r, Py_ss
 	Py_XDECREF(key);
 	Py_XDECREF(prefix);
 	Py_DECREF(t);
-	if (rc < 0 || forget_pid(st, pid) < 0)
+	if (rc < 0 || forget_pid(st, pid) < 0 || note_exec(st, r, r + offsetof(struct exec_event, file)) < 0)
 		return -1;
 	return 1;
 }
@@ -598,7 +627,9 @@ FP_INTERNAL const char run_doc[] =
 "on a miss); origins: tuple of bytes indexed by map_event.origin (index 0 for an\n"
 "unknown one); missing: dict reason -> count, incremented for each mapping\n"
 "without a build-id; live: dict pid -> set of (vm_start, key), added to (at\n"
-"most 4096 per pid), a pid removed on EXIT and EXEC; step: int.\n"
+"most 4096 per pid), a pid removed on EXIT and EXEC; step: int; execs: list, appended\n"
+"(pid, uid, file.dev as the kernel's dev_t, file.ino, time_ns) for each EXEC record and\n"
+"EXEC_MAIN/EXEC_INTERP mapping handled (at most 65536 in the list: the exec pins' confirmations).\n"
 "A Batch's space before the records still to be recorded is given back to\n"
 "the kernel as run() goes (every 1024 records: Batch.release_to).\n"
 "Returns a RunCounts: the index of the first record not handled (len(raws)\n"
