@@ -31,9 +31,10 @@ from workloads.upgrade import build_race, link_variant, objects, race_script
 
 
 class Daemon:
-    """``buildidd run`` as a subprocess with its own session root, store and no control socket."""
+    """``buildidd run`` as a subprocess with its own session root and store; a control socket only when
+    socket names one."""
 
-    def __init__(self, tmp: Path, store: Path, *extra_config: str):
+    def __init__(self, tmp: Path, store: Path, *extra_config: str, socket: str = ""):
         self.sessions = tmp / f"sessions-{time.monotonic_ns()}"
         cfg = tmp / f"buildidd-{time.monotonic_ns()}.toml"
         cfg.write_text("\n".join(extra_config) + "\n")
@@ -41,7 +42,7 @@ class Daemon:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--config", str(cfg),
                                           "--session-root", str(self.sessions), "--store-root", str(store),
-                                          "--control-socket", ""], stderr=log)
+                                          "--control-socket", socket], stderr=log)
         deadline = time.monotonic() + 60
         while "recording into" not in self.log.read_text():
             assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
@@ -65,8 +66,8 @@ class Daemon:
 def daemon(bpf, tmp_path):
     made = []
 
-    def make(store: Path, *extra_config: str) -> Daemon:
-        d = Daemon(tmp_path, store, *extra_config)
+    def make(store: Path, *extra_config: str, socket: str = "") -> Daemon:
+        d = Daemon(tmp_path, store, *extra_config, socket=socket)
         made.append(d)
         return d
 

@@ -26,8 +26,9 @@ evictable mark never pins an inode).
 
 Charges (:mod:`buildidd.resolve.pinledger`): a pin is charged to the real uid
 of the task that exec'd, never to the file's owner.  The event gives a pid
-only: its uid is read from /proc/PID/status when the event is read (cached
-per pid for :data:`UID_CACHE_S`), and an exec record of the recording
+only: its uid is read from /proc/PID/status when the event is read (a user's
+cached per pid for :data:`UID_CACHE_S`, root's never: a root process may drop
+to a user and exec at once), and an exec record of the recording
 thread (:meth:`ExecPins.recorded`: "pid P exec'd file F as uid U", from the
 ring's EXEC records and EXEC_MAIN/EXEC_INTERP mappings) confirms the pin and
 moves it to U.  A process gone before its event was read (a short-lived
@@ -355,12 +356,17 @@ class ExecPins:
             self.last_error = f"read: {e}"
 
     def _uid_of(self, pid: int) -> int:
-        """The real uid of pid (procfs.read_uid), reused for UID_CACHE_S; UNKNOWN_UID when it is gone."""
+        """The real uid of pid (procfs.read_uid); UNKNOWN_UID when it is gone.  A user's uid is reused
+        for UID_CACHE_S (a process cannot make its real uid root's again on its own); root's is read
+        afresh each time: a root process may drop to a user's uid (setpriv, a login) and exec the user's
+        flood at once, which must not be charged to root."""
         now = time.monotonic()
         got = self._uids.get(pid)
         if got is not None and now - got[1] < UID_CACHE_S:
             return got[0]
         uid = read_uid(pid)
+        if uid <= 0:
+            return uid if uid == 0 else UNKNOWN_UID
         self._uids[pid] = (uid, now)
         self._uids.move_to_end(pid)
         while len(self._uids) > UID_CACHE_MAX:

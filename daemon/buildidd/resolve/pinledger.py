@@ -132,9 +132,12 @@ class PinLedger:
         row[name] += n
 
     def top_uids(self, n: int = 8) -> dict[str, dict[str, int]]:
-        """The n uids that pinned the most, with their counters and pins ``held`` now (JSON-ready)."""
+        """The n uids that pinned the most, with their counters, pins ``held`` now and how many of
+        those are ``unconfirmed`` (JSON-ready)."""
         top = sorted(self.by_uid.items(), key=lambda kv: -kv[1]["pinned"])[:n]
-        return {str(uid): {**row, "held": len(self._holders.get(uid, ()))} for uid, row in top}
+        empty = _Holder()
+        return {str(uid): {**row, "held": len(self._holders.get(uid, empty)),
+                           "unconfirmed": len(self._holders.get(uid, empty).provisional)} for uid, row in top}
 
     # -- lookups ---------------------------------------------------------------
     def of_inode(self, dev: int, ino: int) -> list[Key]:
@@ -218,12 +221,15 @@ class PinLedger:
     def confirm(self, key: Key, uid: int, claim: bool) -> tuple[Key, list[Pin]]:
         """Mark the pin under key confirmed (an exec record named it), charged to uid (the record's:
         the pin moves to that uid when charged to another, as after a /proc read that came after a
-        setuid, or to no known uid); claim: a hand-over of it is queued.  Returns its key now and the
-        pins a move closed at that uid's caps (the caller closes their descriptors)."""
+        setuid, or to no known uid; when uid holds a pin of the file already, that one is confirmed and
+        this one closed); claim: a hand-over of it is queued.  Returns its key now and the pins closed
+        (the caller closes their descriptors): a duplicate, or those a move closed at uid's caps."""
         pin = self.pins[key]
+        closed = []
         if key[2] != uid:
             other = (key[0], key[1], uid)
-            if other in self.pins:            # that uid has its own pin of the file: it is the one
+            if other in self.pins:            # that uid has its own pin of the file: it is the one,
+                closed.append(self.remove(key))   # this one a second descriptor of the same file
                 key, pin = other, self.pins[other]
             else:
                 self.remove(key)
@@ -239,17 +245,17 @@ class PinLedger:
             holder.confirmed[key] = None
             self.count(key[2], "confirmed")
         pin.claimed += claim
-        return key, []
+        return key, closed
 
     def confirm_exec(self, file_pid: tuple[int, int, int], uid: int, claim: bool, now: float) -> list[Pin]:
-        """An exec record (or a queued hand-over, claim) says pid exec'd (dev, ino) as uid: confirm that
-        uid's pin of the file, else an unconfirmed one of that pid (charged to another uid, or to none
-        known: it moves to uid).  With none, the confirmation waits in :attr:`pending` for its pin's
+        """An exec record (or a queued hand-over, claim) says pid exec'd (dev, ino) as uid: confirm the
+        unconfirmed pin of the file that pid's event made (charged to another uid, or to none known,
+        it moves to uid), else uid's pin of the file.  With none, the confirmation waits in :attr:`pending` for its pin's
         event (now: time.monotonic()).  Returns the pins a move closed at uid's caps."""
         dev, ino, pid = file_pid
         keys = self.of_inode(dev, ino)
-        key = next((k for k in keys if k[2] == uid), None) or next(
-            (k for k in keys if not self.pins[k].confirmed and self.pins[k].pid == pid), None)
+        key = next((k for k in keys if not self.pins[k].confirmed and self.pins[k].pid == pid), None) or next(
+            (k for k in keys if k[2] == uid), None)
         if key is None:
             self.pending[file_pid] = (uid, claim, now)
             self.pending.move_to_end(file_pid)

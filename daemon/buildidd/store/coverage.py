@@ -56,7 +56,10 @@ GAP_REASONS = {
     "queue_full": "the snapshot queue was full",
     "uid_budget": "the uid that mapped or exec'd it held its share of the hand-over or snapshot queue "
                   "(queue_uid_share)",
-    "file_cap": "no descriptor was left for it (pinned files at their cap) and its path no longer served",
+    "file_cap": "its exec pin was closed at pin_max_files (the user holding the most pins lost their oldest) "
+                "and its path no longer served",
+    "uid_pin_cap": "its exec pin was closed at its user's share of the pins (pin_uid_share: that user's own "
+                   "execs filled it) and its path no longer served",
     "gone": "queued without a descriptor, and by the copy its path named another file",
     "failed": "the copy failed (I/O error, full disk)",
     "shutdown": "the daemon stopped before it was copied (stop budget spent)",
