@@ -29,6 +29,16 @@ COMMS = [b"bash", b"", b'q"uote', b"back\\slash", b"\xff\xfeinvalid", b"sixteen-
          b"\xc3\xa9t\xc3\xa9"]
 
 
+class NoBudgets:
+    """kernel.budget.UidBudgets without its maps: nothing is ever held back."""
+
+    def report(self):
+        return []
+
+    def totals(self):
+        return {"records": 0, "bytes": 0, "by_uid": {}}
+
+
 class FakeTracer:
     """Stands in for the BPF side: hands step() prepared records."""
 
@@ -38,6 +48,7 @@ class FakeTracer:
     def __init__(self):
         self.batch: list[bytes] = []
         self.rings = MemRings(1)
+        self.budgets = NoBudgets()
 
     def drain(self):
         out, self.batch = self.batch, []
