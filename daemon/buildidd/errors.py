@@ -128,3 +128,19 @@ class ArchiveError(BuildiddError):
 
 class ServeError(BuildiddError):
     """``buildidd serve`` cannot start (address, token, TLS, store), or ``pull`` cannot fetch from a serve."""
+
+
+class PushError(BuildiddError):
+    """The bucket refused or did not answer a request of ``buildidd push`` (buildidd.fleet).
+
+    Attributes:
+        cause: a short stable token (buildidd.fleet.bucket.CAUSES): ``unreachable`` (no connection),
+            ``timeout``, ``credentials`` (none found, or refused), ``denied`` (AccessDenied, or any 403 to a HEAD, whose answer has no body to say why),
+            ``full`` (the server is out of space or over a quota), ``throttled`` (SlowDown, 503),
+            ``server`` (another 5xx), ``client`` (another 4xx), ``source`` (a local file could not be read),
+            ``config`` (no bucket configured, a malformed name).
+    """
+
+    def __init__(self, cause: str, message: str):
+        super().__init__(f"{message} [{cause}]")
+        self.cause = cause
