@@ -281,7 +281,7 @@ class Config:
                                "store entries that are not trusted (a file a user could forge): \"host\" pushes "
                                "them under PREFIX/hosts/HOST/buildid/ only, never at the canonical keys; "
                                "\"skip\": not pushed (counted).")
-    push_state_dir: str = _key("/var/lib/buildidd/push", "path",
+    push_state_dir: str = _key("/var/lib/buildidd-push", "path",
                                "where push remembers what the bucket holds (one existence check per build-id, "
                                "then none), its counters and its status.json; root's, mode 0700.")
     push_interval_s: float = _key(30.0, "seconds",
