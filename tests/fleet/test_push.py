@@ -245,3 +245,33 @@ def test_refused_credentials_end_the_pass_and_are_counted(host_a, weed, monkeypa
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "buildidd-test")
     report = host_a.pusher().run_pass()
     assert not report.failed and report.counts["uploaded"] == 4 and report.backlog["entries"] == 0
+
+
+def test_service_pushes_then_stops_on_sigterm_within_its_budget(host_a, weed, tmp_path):
+    """`buildidd push --service` (what buildidd-push.service runs): pushes, then SIGTERM ends it with status 0
+    and a status that says it stopped and what was left."""
+    import signal
+    import sys
+    cfg = host_a.cfg
+    conf = tmp_path / "push.toml"
+    conf.write_text("\n".join(f'{k} = "{getattr(cfg, k)}"' for k in (
+        "store_root", "session_root", "push_bucket", "push_endpoint_url", "push_prefix", "push_host",
+        "push_state_dir")) + '\npush_interval_s = "1s"\npush_stop_budget_s = "5s"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "push", "--service", "--config", str(conf)],
+                            stderr=subprocess.PIPE, text=True)
+    status_path = Path(cfg.push_state_dir) / "status.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if status_path.exists() and json.loads(status_path.read_text()).get("totals", {}).get("uploaded") == 4:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    assert time.monotonic() - t0 < 10
+    status = json.loads(status_path.read_text())
+    assert status["totals"]["uploaded"] == 4 and status["service"]["stopped"] is True
+    assert status["service"]["left"]["entries"] == 0
+    r = subprocess.run([sys.executable, "-m", "buildidd.cli", "push", "--status", "--config", str(conf)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "backlog: 0 binaries" in r.stdout, r.stdout + r.stderr
