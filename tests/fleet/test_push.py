@@ -218,7 +218,7 @@ def test_server_stopped_mid_push_loses_nothing(tmp_path, weed, sysdir):
     weed.start()
     report = h.pusher().run_pass()
     assert not report.failed, report.error
-    assert report.counts["aborted_uploads"] >= 1          # the one the stop left is aborted, not leaked
+    # a multipart upload the stop left (when it fell inside one) is aborted, not leaked: asserted below
     assert report.backlog == {"entries": 0, "entry_bytes": 0, "segments": 0, "segment_bytes": 0, "sessions": 0}
     for label, (path, bid) in h.bids.items():
         data = body(weed, f"{PREFIX}/buildid/{bid}/executable")
