@@ -85,6 +85,9 @@ def test_install_into_its_own_prefix_upgrades_in_place_and_uninstalls(tmp_path):
                            "systemd/buildidd.service.in:\n# buildidd in /opt/bid (its venv: /opt/bid/venv), "
                            "configured by /etc/buildidd/buildidd.toml.\n"), unit[:400]
     assert "\nExecStart=/opt/bid/venv/bin/buildidd serve " in (dest / "etc/systemd/system/buildidd-serve.service").read_text()
+    push = (dest / "etc/systemd/system/buildidd-push.service").read_text()
+    assert "\nExecStart=/opt/bid/venv/bin/buildidd push --service --config /etc/buildidd/buildidd.toml\n" in push
+    assert "\nCapabilityBoundingSet=\n" in push and "AF_INET" in push     # network, no capability
     # It runs from the staged venv, importing buildidd from there (not from the clone), in a directory
     # where the clone is not on any path.
     r = subprocess.run([str(venv / "bin/python"), "-c", "import buildidd, sys; print(buildidd.__file__)"],

@@ -20,7 +20,7 @@ PACKAGE = ROOT / "daemon" / "buildidd"
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 65
 MAX_PARAMS = 6
-STAGES = ("kernel", "resolve", "sessionlog", "store", "capture", "control", "offline", "cli")
+STAGES = ("kernel", "resolve", "sessionlog", "store", "capture", "control", "offline", "fleet", "cli")
 
 
 def _modules() -> list[Path]:

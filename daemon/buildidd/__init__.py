@@ -16,6 +16,7 @@ run by tests/test_layers.py)::
       │
     control     the control socket (status, rotate, lookup)
     offline     archive, import, serve, pull, resolve, export (away from the host)
+    fleet       push the store and sessions to an S3-compatible bucket (the only network client)
     cli         argparse entry points: ``buildidd.cli:main``
 
 Shared value modules, importable from every stage: config (the one Config and

@@ -271,6 +271,44 @@ class Config:
     session_max_total_bytes: int = _key(5 << 30, "bytes",
                                         "the oldest sessions are deleted while all together exceed this "
                                         "(0: no limit).")
+    push_bucket: str = _key("", "bucket name",
+                            "the S3 bucket `buildidd push` and buildidd-push.service fill with the store (in "
+                            "debuginfod's URL space) and the closed sessions; \"\": push is off.  Credentials come "
+                            "from the standard AWS chain (environment, shared config files, instance role).")
+    push_endpoint_url: str = _key("", "URL",
+                                  "the S3 endpoint (http://127.0.0.1:8333, https://s3.example.net); \"\": AWS's "
+                                  "own for the region.")
+    push_region: str = _key("", "region name", "the region requests are signed for; \"\": from the AWS chain, "
+                                               "else us-east-1.")
+    push_prefix: str = _key("", "key prefix",
+                            "the key prefix in the bucket (no leading or trailing /): objects go at "
+                            "PREFIX/buildid/HEX/executable; clients use DEBUGINFOD_URLS=<bucket URL>/PREFIX.")
+    push_host: str = _key("", "host name",
+                          "this host's name in the bucket (sessions/HOST/, hosts/HOST/, the first-host "
+                          "metadata); \"\": the kernel's host name (uname -n).")
+    push_untrusted: str = _key("host", "host or skip",
+                               "store entries that are not trusted (a file a user could forge): \"host\" pushes "
+                               "them under PREFIX/hosts/HOST/buildid/ only, never at the canonical keys; "
+                               "\"skip\": not pushed (counted).")
+    push_state_dir: str = _key("/var/lib/buildidd-push", "path",
+                               "where push remembers what the bucket holds (one existence check per build-id, "
+                               "then none), its counters and its status.json; root's, mode 0700.")
+    push_interval_s: float = _key(30.0, "seconds",
+                                  "buildidd-push.service looks for new store entries and closed segments this "
+                                  "often (sooner after a failed pass, with backoff: push_retry_max_s).")
+    push_retry_max_s: float = _key(300.0, "seconds",
+                                   "after failed passes push waits 1 s, 2 s, 4 s ... (each times a random factor "
+                                   "in [0.5, 1]: jitter) up to this long before the next.")
+    push_rate_bytes_per_s: int = _key(0, "bytes per second", "upload bandwidth of push, all uploads together "
+                                                             "(0: unlimited).")
+    push_concurrency: int = _key(4, "uploads", "objects uploaded at once; 1..64.")
+    push_part_bytes: int = _key(16 << 20, "bytes",
+                                "a file larger than this is uploaded in parts of this size (multipart); push holds "
+                                "at most push_concurrency parts in memory; 5M..5G.")
+    push_timeout_s: float = _key(60.0, "seconds", "connect and read timeout of each request to the bucket.")
+    push_stop_budget_s: float = _key(10.0, "seconds",
+                                     "on SIGTERM buildidd-push.service finishes the uploads in progress for up to "
+                                     "this long and counts what it leaves (status.json); at most 60.")
 
     def replace(self, **changes) -> "Config":
         """A copy with changes applied (None values are ignored). Raises ConfigError."""
@@ -336,6 +374,16 @@ class Config:
             raise ConfigError("pin_uid_share must be in (0, 1]")
         if not 0.1 <= self.pin_confirm_s <= 60:
             raise ConfigError("pin_confirm_s must be in [0.1, 60]")
+        if self.push_untrusted not in ("host", "skip"):
+            raise ConfigError(f"push_untrusted must be \"host\" or \"skip\", not {self.push_untrusted!r}")
+        if not 1 <= self.push_concurrency <= 64:
+            raise ConfigError("push_concurrency must be in 1..64")
+        if not 5 << 20 <= self.push_part_bytes <= 5 << 30:
+            raise ConfigError("push_part_bytes must be in 5M..5G (S3's part size limits)")
+        if self.push_stop_budget_s > 60:
+            raise ConfigError("push_stop_budget_s must be at most 60 (inside the unit's TimeoutStopSec=90)")
+        if self.push_prefix.startswith("/") or self.push_prefix.endswith("/"):
+            raise ConfigError("push_prefix must not start or end with /")
 
 
 def _coerce(key: str, value, want: type):

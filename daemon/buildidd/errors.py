@@ -136,3 +136,19 @@ class ServeRefusedError(ServeError):
     """A serve refused ``pull`` its session logs (HTTP 401 or 403): permission denied, exit status 4."""
 
     exit_code = 4
+
+
+class PushError(BuildiddError):
+    """The bucket refused or did not answer a request of ``buildidd push`` (buildidd.fleet).
+
+    Attributes:
+        cause: a short stable token (buildidd.fleet.bucket.CAUSES): ``unreachable`` (no connection),
+            ``timeout``, ``credentials`` (none found, or refused), ``denied`` (AccessDenied, or any 403 to a HEAD, whose answer has no body to say why),
+            ``full`` (the server is out of space or over a quota), ``throttled`` (SlowDown, 503),
+            ``server`` (another 5xx), ``client`` (another 4xx), ``source`` (a local file could not be read),
+            ``config`` (no bucket configured, a malformed name).
+    """
+
+    def __init__(self, cause: str, message: str):
+        super().__init__(f"{message} [{cause}]")
+        self.cause = cause

@@ -14,14 +14,14 @@ import os
 import sys
 
 from buildidd import __version__
-from buildidd.cli import analyze, archive, checkconfig, ctl, record, serve, show
+from buildidd.cli import analyze, archive, checkconfig, ctl, fleet, record, serve, show
 from buildidd.cli.manpage import print_man
 from buildidd.errors import BuildiddError
 
 log = logging.getLogger("buildidd")
 
 #: The verb families, in the order ``buildidd --help`` lists them.
-FAMILIES = (record, show, ctl, checkconfig, serve, archive, analyze)
+FAMILIES = (record, show, ctl, checkconfig, serve, archive, analyze, fleet)
 
 EXIT_STATUS = """\
 exit status:

@@ -1,0 +1,61 @@
+"""buildidd-push.service's loop: a pass every ``push_interval_s``, backoff with jitter after failures, and
+a stop within ``push_stop_budget_s``.
+
+After a pass that ended on a failure concerning every request (the bucket
+unreachable, slow, refusing credentials, full), the next one waits
+``backoff_s(n)``: 1 s, 2 s, 4 s ... doubled per consecutive failure up to
+``push_retry_max_s``, each times a random factor in [0.5, 1] ("full jitter"
+halved, so that a fleet whose bucket came back does not return in step).
+SIGTERM (or SIGINT) starts no new upload, lets those in progress run for up to
+``push_stop_budget_s``, writes the status with what is left (the backlog:
+pushed by the next start, since the store and sessions are the queue) and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+
+from buildidd.fleet.push import Pusher
+
+__all__ = ["backoff_s", "run_service"]
+
+log = logging.getLogger(__name__)
+
+
+def backoff_s(failures: int, max_s: float, rng: random.Random | None = None) -> float:
+    """Seconds to wait after ``failures`` consecutive failed passes (>= 1): min(max_s, 2**(failures-1))
+    times a random factor in [0.5, 1]."""
+    base = min(max_s, 2.0 ** min(failures - 1, 30))
+    return base * (rng or random).uniform(0.5, 1.0)
+
+
+def run_service(pusher: Pusher, stop: threading.Event | None = None) -> int:
+    """Pass after pass until stop is set (by SIGTERM/SIGINT when stop is None: handlers are installed).
+
+    Returns:
+        0 (a stop is not a failure; failures are counted in the status).
+    """
+    cfg = pusher.cfg
+    if stop is None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _n, _f: stop.set())
+    failures = 0
+    log.info("push: to bucket %s prefix %r as host %s, every %.0f s", cfg.push_bucket, cfg.push_prefix,
+             pusher.keys.host, cfg.push_interval_s)
+    while not stop.is_set():
+        report = pusher.run_pass(stop.is_set)
+        failures = failures + 1 if report.failed else 0
+        delay = backoff_s(failures, cfg.push_retry_max_s) if failures else cfg.push_interval_s
+        pusher.write_status({"service": {"consecutive_failures": failures, "next_pass_in_s": round(delay, 3),
+                                         "stopping": stop.is_set()}})
+        if report.counts.get("sent_bytes") or report.failed:
+            log.info("push: pass: %s%s", dict(report.counts), f"; {report.error}" if report.error else "")
+        stop.wait(delay)
+    left = pusher.last.backlog if pusher.last is not None else {}
+    pusher.write_status({"service": {"consecutive_failures": failures, "stopped": True, "left": left}})
+    log.info("push: stopped; left for the next start: %s", left)
+    return 0
