@@ -43,12 +43,13 @@ def _key_of(path: Path, key: str) -> str:
         os.close(fd)
 
 
-def _through(snap: Snapshotter, path: Path, key: str = KEY_GNU) -> tuple[str, str]:
-    """Hand path over as the recorder does (a descriptor of the file) and wait for its outcome: (bid, state)."""
+def _through(snap: Snapshotter, path: Path, key: str = KEY_GNU, uid: int | None = None) -> tuple[str, str]:
+    """Hand path over as the recorder does (a descriptor of the file, charged to uid: the task that mapped
+    it, by default the file's owner) and wait for its outcome: (bid, state)."""
     bid = _key_of(path, key)
     fd = os.open(path, os.O_RDONLY)
     try:
-        snap.submit(CopyJob(bid, str(path), None, uid=os.fstat(fd).st_uid, key=key), fd)
+        snap.submit(CopyJob(bid, str(path), None, uid=os.fstat(fd).st_uid if uid is None else uid, key=key), fd)
     finally:
         os.close(fd)
     deadline = time.monotonic() + 30
@@ -213,3 +214,26 @@ def test_a_trusted_copy_of_a_users_content_leaves_the_users_share(tmp_path, atta
             assert st.uid_bytes(attacker[0]) > 0 and st.origin(bid).uid == attacker[0]
     assert st.origin(bid).uid == 0 and st.origin(bid).trusted
     assert st.uid_bytes(attacker[0]) == 0
+
+
+def test_a_users_copy_of_another_users_file_is_charged_to_the_user_who_mapped_it(stage, attacker, bystander):
+    """The attacker maps the bystander's readable files: their copies are charged to the attacker (the
+    record's uid), not to the bystander, whose share stays its own; root's file mapped by the attacker
+    stays root's."""
+    st, daemon_run, _sessions, public, base, _mine = stage
+    snap = daemon_run()
+    theirs = public / "bystander"
+    theirs.mkdir()
+    os.chown(theirs, bystander[0], bystander[1])
+    own, mapped = _user_files(bystander, theirs, base, [30000, 40000], "b")
+    own_bid, s1 = _through(snap, own, KEY_HTLHASH)                           # the bystander runs its own
+    theirs_before, mine_before = st.uid_bytes(bystander[0]), st.uid_bytes(attacker[0])
+    mapped_bid, s2 = _through(snap, mapped, KEY_HTLHASH, uid=attacker[0])    # the attacker maps the other
+    sleep_bid, s3 = _through(snap, Path("/usr/bin/sleep"), uid=attacker[0])
+    assert (s1, s2, s3) == (HELD, HELD, HELD)
+    assert (st.origin(mapped_bid).uid, st.origin(mapped_bid).charged_uid) == (bystander[0], attacker[0])
+    assert st.origin(mapped_bid).payer == attacker[0] and st.origin(own_bid).payer == bystander[0]
+    assert st.origin(sleep_bid).payer == 0
+    assert theirs_before >= own.stat().st_blocks * 512 and mine_before == 0
+    assert st.uid_bytes(bystander[0]) == theirs_before                      # not a byte of the attacker's
+    assert st.uid_bytes(attacker[0]) >= mapped.stat().st_blocks * 512

@@ -119,7 +119,7 @@ class FileEntries:
         if present is not None and main_file(present) is not None:
             return self._add_present(present, req, before, origin)
         entry_dir = self.layout.root / req.rel / req.bid
-        self.quota.reserve(before.st_blocks * 512, origin.uid, req.bid)
+        self.quota.reserve(before.st_blocks * 512, origin.payer, req.bid)
         done = Installed()
         try:
             size = self._install_unit(entry_dir, req, before, origin, done)
@@ -162,7 +162,7 @@ class FileEntries:
         except OSError as e:
             self.tally.count("copy_errors")
             raise StoreError(f"{unit}: cannot sync: {e.strerror}") from e
-        self.quota.account_dir(unit, origin.uid)
+        self.quota.account_dir(unit, origin.payer)
         return total, reflinked, debug_bytes
 
     def _described(self, origin: Origin, elf: Path, sha: str = "", *, hashed: bool = False) -> Origin:
@@ -219,7 +219,7 @@ class FileEntries:
             self.tally.count("skipped_alt_limit")
             raise StoreRefusedError("alt_limit", f"build-id {req.bid}: {MAX_ALT_DIRS} other contents kept already")
         unit = present / ALT_NAME / sha
-        self.quota.reserve(before.st_blocks * 512, origin.uid, req.bid)
+        self.quota.reserve(before.st_blocks * 512, origin.payer, req.bid)
         done = Installed()
         try:
             self.installer.makedirs(present / ALT_NAME, done)
@@ -249,15 +249,15 @@ class FileEntries:
         if better != stored:
             if origin.trusted and not stored.trusted:
                 better = better.replace(uid=origin.uid, gid=origin.gid, mode=origin.mode, path=origin.path,
-                                        **source)
+                                        charged_uid=origin.charged_uid, **source)
             # The unit's bytes move to the owner the new origin names (a trusted source takes a user's
             # copy of the same content over: the user's share no longer holds it).
-            self.quota.account_dir(unit, stored.uid, -1)
+            self.quota.account_dir(unit, stored.payer, -1)
             try:
                 self.installer.install_bytes(unit / ORIGIN_NAME, better.to_json(), FILE_MODE, Installed())
             finally:
                 now = read_origin(unit)
-                self.quota.account_dir(unit, now.uid if now is not None else None)
+                self.quota.account_dir(unit, now.payer if now is not None else None)
             try:
                 self.installer.own(unit, dir_mode(better))
             except OSError as e:
@@ -273,7 +273,7 @@ class FileEntries:
                  origin: Origin) -> AddResult:
         """Make req's trusted copy the entry's main one; the old main copy (and its alts) go to its alt/."""
         final = self.layout.root / req.rel / req.bid
-        self.quota.reserve(before.st_blocks * 512, origin.uid, req.bid)
+        self.quota.reserve(before.st_blocks * 512, origin.payer, req.bid)
         done = Installed()
         self.installer.makedirs(final.parent, done)
         aside = final.parent / f".{req.bid}{TEMP_INFIX}{secrets.token_hex(6)}"

@@ -1,10 +1,10 @@
 """Which entries a copy may evict to make room, in which order: each copy is charged to its owner.
 
-*Owner.*  A copy is charged to its source file's owner (``st_uid`` of the
-descriptor the store copies from: :attr:`buildidd.store.origin.Origin.uid`).
-The hand-over from the recorder carries no uid of the process that mapped the
-file, so the file's owner stands for the user who caused the copy: a user can
-only make files it owns, and a flood of its own files is charged to it.  An
+*Owner.*  A copy is charged to :attr:`buildidd.store.origin.Origin.payer`: root
+for a source root owns, else the real uid of the task whose mapping or exec
+caused the copy (the hand-over's Request.uid), so that a user who maps another
+user's readable files pays for their copies, not that user; the source's owner
+when the causing task is not known (a /proc scan, an older entry).  An
 *entry's* owner is the uid every copy in it comes from (its main copy and each
 ``alt/<sha256>``); an entry whose copies come from several owners (a user's
 content claiming root's build-id) or that has no ``origin.json`` (the

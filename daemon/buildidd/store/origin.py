@@ -90,6 +90,8 @@ class Origin:
             ``process.executable.build_id.htlhash``) for a file without a GNU build-id (:data:`KEYS`).
         file_id: the copy's htlhash, 32 lower-case hex digits ("" when not computed: an older entry).
         go_build_id: the copy's Go build ID (``.note.go.buildid``), "" when it has none.
+        charged_uid: the real uid of the task whose mapping or exec caused the copy (Request.uid);
+            -1 when not known (a /proc scan, an entry stored before this was recorded).
     """
 
     uid: int
@@ -111,6 +113,16 @@ class Origin:
     key: str = "gnu"
     file_id: str = ""
     go_build_id: str = ""
+    charged_uid: int = -1
+
+    @property
+    def payer(self) -> int:
+        """The uid the copy's disk bytes are charged to (the quota's per-user shares and eviction, see
+        store.eviction): root for a source root owns (a system file is no user's flood, and no user's
+        copies may evict it as their own), else the user whose task mapped or exec'd it, so that a user
+        who maps another user's readable files pays for their copies; the source's owner when that
+        user is not known."""
+        return self.uid if self.uid == 0 or self.charged_uid < 0 else self.charged_uid
 
     def same_file(self, st: os.stat_result) -> bool:
         """Whether st names the same unchanged source (dev, inode, size, mtime)."""

@@ -63,8 +63,8 @@ class Usage:
                 a, d = dir_usage(unit)
                 size, disk = size + a, disk + d
                 origin = read_origin(unit)
-                if origin is not None and origin.uid != 0:
-                    per_uid[origin.uid] = per_uid.get(origin.uid, 0) + d
+                if origin is not None and origin.payer != 0:
+                    per_uid[origin.payer] = per_uid.get(origin.payer, 0) + d
         self._totals = (size, disk)
         self._per_uid = per_uid
 
@@ -132,7 +132,7 @@ class Quota(Usage):
 
         Args:
             need_bytes: what the copy will take on disk (the source's ``st_blocks * 512``).
-            uid: the source's owner (``Origin.uid``), to whom the copy is charged.
+            uid: to whom the copy is charged (``Origin.payer``).
             keep_bid: the build-id being added to (never evicted for it).
 
         Raises:
@@ -202,7 +202,7 @@ class Quota(Usage):
             uids = set()
             for unit in [e.directory, *alt_dirs(e.directory)]:
                 origin = read_origin(unit)
-                uids.add(origin.uid if origin is not None else None)
+                uids.add(origin.payer if origin is not None else None)
             found = uids.pop() if len(uids) == 1 else None
             self._owners[e.build_id_hex] = found
             return found
@@ -255,7 +255,7 @@ class Quota(Usage):
             size = entry_usage(directory)[0]
             for unit in [directory, *alt_dirs(directory)]:
                 origin = read_origin(unit)
-                self.account_dir(unit, origin.uid if origin is not None else None, -1)
+                self.account_dir(unit, origin.payer if origin is not None else None, -1)
             try:
                 os.unlink(link)
                 fsync_dir(link.parent)

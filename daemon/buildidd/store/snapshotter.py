@@ -434,7 +434,9 @@ class Snapshotter:
                     self.stats["gone"] += 1
                     self.coverage.outcome(build_id, "gone", path, uid)
                     return
-            res = self.store.add_from_fd(fd, path, build_id, identity=ident, origin=origin_of_fd(fd, path), key=key)
+            origin = origin_of_fd(fd, path)
+            res = self.store.add_from_fd(fd, path, build_id, identity=ident, key=key,
+                                         origin=origin.replace(charged_uid=uid) if uid >= 0 else origin)
             self.stats["stored" if res.added else "already_present"] += 1
             self.coverage.outcome(build_id, HELD, path, uid)
             if self.on_held is not None:
