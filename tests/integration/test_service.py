@@ -210,7 +210,8 @@ def test_install_with_destdir_changes_nothing_outside_it(tmp_path):
                 for p in watched if p.exists()} == before
         written = sorted(str(p.relative_to(dest)) for p in dest.rglob("*")
                          if (p.is_file() or p.is_symlink()) and not p.is_relative_to(dest / "opt/buildidd/venv"))
-        assert written == ["etc/buildidd/buildidd.toml", "etc/systemd/system/buildidd-serve.service",
+        assert written == ["etc/buildidd/buildidd.toml", "etc/systemd/system/buildidd-push.service",
+                           "etc/systemd/system/buildidd-serve.service",
                            "etc/systemd/system/buildidd.service", "opt/buildidd/README.md",
                            "opt/buildidd/installed-files", "opt/buildidd/share/buildidd.toml",
                            "usr/local/bin/buildidd", "usr/local/share/man/man8/buildidd.8"]
