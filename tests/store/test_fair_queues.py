@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -31,13 +30,12 @@ from buildidd.resolve.routes import HandOver
 from buildidd.resolve.workers import PoolPolicy
 from buildidd.store import CopyJob, SnapshotPolicy, Snapshotter, Store
 
-from conftest import as_user_popen, gcc, need, readelf_build_id
+from conftest import as_user_popen, gcc, readelf_build_id
 
 #: Fresh files the attacker maps (each its own build-id).
 FLOOD_FILES = 3000
 #: The build-id the template is linked with; each copy gets its own in its place.
 TEMPLATE_BID = "5a" * 20
-BYSTANDER_NAME = "buildidd-test-bystander"
 
 #: Maps each path named in the file argv[1] (PROT_READ|PROT_EXEC, one page), unlinks it when
 #: argv[2] == "unlink", prints "ready" and keeps the mappings until stdin closes.
@@ -53,20 +51,6 @@ for path in open(sys.argv[1]).read().split():
 print("ready", flush=True)
 sys.stdin.read()
 """
-
-
-@pytest.fixture(scope="session")
-def bystander():
-    """A second real unprivileged user: (uid, gid, name), made like conftest's ``attacker``."""
-    need(os.geteuid() == 0, "making a test user needs root")
-    try:
-        pw = pwd.getpwnam(BYSTANDER_NAME)
-    except KeyError:
-        r = subprocess.run(["useradd", "-M", "-r", "-s", "/bin/sh", BYSTANDER_NAME], capture_output=True, text=True)
-        if r.returncode != 0 and "already exists" not in r.stderr:
-            pytest.fail(f"useradd {BYSTANDER_NAME}: {r.stderr}")
-        pw = pwd.getpwnam(BYSTANDER_NAME)
-    return pw.pw_uid, pw.pw_gid, BYSTANDER_NAME
 
 
 @dataclasses.dataclass
