@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -45,22 +46,33 @@ def _summary(manifest) -> str:
     return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + by_reason(manifest)
 
 
-def _create(tmp: Path, out: Path):
-    """Open tmp (the hidden name the archive is written under) for writing; an error names out and its directory.
+def _create(tmp: Path, out: Path, mode: int):
+    """Open tmp (the hidden name the archive is written under) for writing, with exactly mode
+    (offline.archive.create_archive_file); an error names out and its directory.
 
     Raises:
         PrivilegeError: the directory is not writable by this user (exit 4).
         ArchiveError: ``cannot_write``: another error (a read-only file system, no space).
     """
     from buildidd.errors import ArchiveError
+    from buildidd.offline.archive import create_archive_file
 
     try:
-        return open(tmp, "xb")
+        return create_archive_file(tmp, mode)
     except PermissionError as e:
         raise PrivilegeError(f"-o {out}: cannot create a file in {out.parent}: {e.strerror}; "
                              "name a file in a directory you can write") from e
     except OSError as e:
         raise ArchiveError("cannot_write", f"-o {out}: cannot create a file in {out.parent}: {e.strerror}") from e
+
+
+def _mode_arg(text: str) -> int:
+    """argparse type of --mode (offline.archive.parse_mode)."""
+    from buildidd.offline.archive import parse_mode
+    try:
+        return parse_mode(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def cmd_archive(args) -> int:
@@ -69,8 +81,9 @@ def cmd_archive(args) -> int:
     Written to ``FILE.part-XXXX`` next to FILE and renamed when complete, so a
     failed archive leaves no partial FILE.
     """
-    from buildidd.offline.archive import write_archive
+    from buildidd.offline.archive import ARCHIVE_MODE, write_archive
 
+    mode = ARCHIVE_MODE if args.mode is None else args.mode
     cfg = roots_from_args(args)
     session = resolve_session(args.session, cfg.session_root)
     out = Path(args.output)
@@ -82,7 +95,7 @@ def cmd_archive(args) -> int:
     tmp = out.with_name(f".{out.name}.part-{secrets.token_hex(4)}")
     bar, progress = _progress_bar(session.name)
     try:
-        with _create(tmp, out) as f:
+        with _create(tmp, out, mode) as f:
             manifest = write_archive(session, _store(cfg), f, exclude_upstream=args.exclude_upstream,
                                      progress=progress,
                                      share_private=cfg.store_share_private or args.share_private)
@@ -96,7 +109,7 @@ def cmd_archive(args) -> int:
             tmp.unlink()
     # An unreachable --exclude-upstream was logged (stderr) by write_archive and is in the manifest.
     print(f"{out}: session {session.name}, {len(manifest.segments)} segment(s), build-ids: "
-          f"{_summary(manifest)}, {out.stat().st_size} bytes")
+          f"{_summary(manifest)}, {out.stat().st_size} bytes, mode {mode:04o}")
     for line in left_out_lines(manifest, full=args.list_left_out):
         print(line)
     return 0
@@ -229,6 +242,9 @@ def register(sub) -> None:
     p.add_argument("--share-private", action="store_true",
                    help="include binaries the store marked private (their source was not readable by every "
                         "user); the default leaves them out and names each (store_share_private does the same)")
+    p.add_argument("--mode", type=_mode_arg, metavar="OCTAL",
+                   help="the archive file's permission bits (default 0600: its owner's alone, as it carries the "
+                        "host's exec history; e.g. 0640 for the owner's group too)")
     p.add_argument("--exclude-upstream", metavar="URL",
                    help="leave out the binaries this debuginfod server already serves (listed as 'upstream')")
     add_list_option(p)
