@@ -9,13 +9,10 @@ import secrets
 import sys
 from pathlib import Path
 
-from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args, session_roots
+from buildidd.cli.common import (add_roots_options, debug_dir as import_dir, open_stores, resolve_session,
+                                 roots_from_args, session_roots)
 from buildidd.cli.leftout import add_list_option, by_reason, left_out_lines, untrusted_lines
 from buildidd.errors import PrivilegeError, UsageError
-
-DEFAULT_DEBUG_DIR = "~/.debug"
-"""perf's default build-id cache (``buildid.dir``; perf ignores PERF_BUILDID_DIR)."""
-
 
 def _store(cfg):
     """The config's store, or ``None`` when none is configured or it does not exist (never created here)."""
@@ -120,7 +117,7 @@ def cmd_import(args) -> int:
     from buildidd.offline.importer import import_archive
 
     cfg = roots_from_args(args)
-    debug_dir = os.path.expanduser(args.debug_dir)
+    debug_dir = import_dir(args)
     try:
         r = import_archive(args.file, debug_dir=debug_dir, session_root=cfg.session_root,
                            untrusted=args.untrusted)
@@ -175,7 +172,7 @@ def cmd_sessions(args) -> int:
     from buildidd.offline.sessions import list_sessions
 
     cfg = roots_from_args(args)
-    holds = _store_holds(cfg.store_root)
+    holds = _store_holds(open_stores(cfg, args))
     roots = session_roots(cfg.session_root)
     _check_roots(roots)
     infos = [i for root in roots if os.path.isdir(root) for i in list_sessions(root, holds=holds)]
@@ -214,14 +211,11 @@ def _check_roots(roots: list[str]) -> None:
                               "buildidd import put them)")
 
 
-def _store_holds(store_root: str):
-    """Store.contains of the store at store_root, or None when there is none to ask (no root, not
-    a directory, unreadable): the listing then shows no STORED count."""
-    from buildidd.store import Store
-
-    if not store_root or not os.path.isdir(store_root) or not os.access(store_root, os.R_OK | os.X_OK):
+def _store_holds(store):
+    """contains() of the stores (a StoreChain), or None when there is none to ask: the listing then
+    shows no STORED count."""
+    if store is None:
         return None
-    store = Store(store_root)
 
     def holds(bid: str) -> bool:
         try:
@@ -256,8 +250,6 @@ def register(sub) -> None:
                                    "a perf build-id cache (perf --buildid-dir DIR; gdb: set "
                                    "debug-file-directory DIR) and its session under the session root.")
     p.add_argument("file", help="an archive written by buildidd archive")
-    p.add_argument("--debug-dir", default=DEFAULT_DEBUG_DIR, metavar="DIR",
-                   help="build-id cache to install into (default %(default)s, perf's)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
                    help="entries whose provenance is not 'trusted' (not a root-owned system file on the host): "
