@@ -247,8 +247,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("import", help="verify an archive and install it into a perf build-id cache",
                        description="Verify FILE (manifest, sizes, build-ids), then install its binaries into "
-                                   "a perf build-id cache (perf --buildid-dir DIR; gdb: set "
-                                   "debug-file-directory DIR) and its session under the session root.")
+                                   "the analyst's store, --debug-dir (default ~/.debug: perf's build-id cache, "
+                                   "which every offline verb reads too), with gdb's tree for cores beside it "
+                                   "(gdb -iex 'set debug-file-directory ~/.debug/.gdb' -c CORE), and its "
+                                   "session under the session root. Files keep the host's mtime.")
     p.add_argument("file", help="an archive written by buildidd archive")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
