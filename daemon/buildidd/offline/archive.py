@@ -66,8 +66,7 @@ UPSTREAM_PARALLEL = 16
 #: debuginfod's kind for each entry file that an upstream may serve.
 _UPSTREAM_KIND = {ELF_NAME: "executable", DEBUG_NAME: "debuginfo"}
 
-#: An archive file's mode unless told otherwise: its owner's alone.  It carries the host's exec history
-#: (every path every user ran), which serve gives only to callers with rights to the session logs.
+#: An archive file's mode unless told otherwise: its owner's alone (it carries the host's exec history).
 ARCHIVE_MODE = 0o600
 
 Progress = Callable[[int, int], None]
@@ -76,10 +75,7 @@ Progress = Callable[[int, int], None]
 
 def parse_mode(text: str) -> int:
     """An archive's ``--mode``: permission bits in octal (``0640``, ``640``), at most ``0o777``.
-
-    Raises:
-        ValueError: not octal digits, or set-id/sticky bits (the archive is data, never run).
-    """
+    Raises ValueError: not octal digits, or set-id/sticky bits (the archive is data, never run)."""
     if not text or any(c not in "01234567" for c in text.removeprefix("0o")):
         raise ValueError(f"mode {text!r}: give permission bits in octal, e.g. 0640")
     mode = int(text.removeprefix("0o"), 8)
