@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,49 @@ def test_import_installs_perf_cache_gdb_links_and_session(world, tmp_path):
     assert not [p for p in snapshot(tmp_path / "t") if ".buildidd-import-" in p]       # staging removed
     assert json.loads((tmp_path / "t" / "sessions" / SESSION_NAME / ".closed").read_bytes())["clean"] is True
     assert session_info(tmp_path / "t" / "sessions" / SESSION_NAME).closed
+
+
+def test_import_lays_out_gdbs_tree_and_keeps_the_hosts_file_times(world, tmp_path):
+    """gdb's tree (.gdb/.build-id/xx/rest -> the binary, rest.debug -> its debuginfo) beside perf's, and every
+    installed file with the archive member's mtime: the store copy's, which is the host file's."""
+    archive = tmp_path / "a.tar.zst"
+    archive.write_bytes(world["archive"])
+    do_import(tmp_path, archive)
+    debug = tmp_path / "t" / "debug"
+    bids, files = world["bids"], world["files"]
+    for name in ("full", "split"):
+        bid = bids[name]
+        exe = debug / ".gdb" / ".build-id" / bid[:2] / bid[2:]
+        assert os.readlink(exe) == f"../../../{str(files[name]).lstrip('/')}/{bid}/elf"
+        assert exe.read_bytes() == files[name].read_bytes()
+        host_ns = os.stat(files[name]).st_mtime_ns
+        assert os.stat(world["store"].path_of(bid)).st_mtime_ns == host_ns          # the store kept it
+        assert os.stat(exe).st_mtime == host_ns // 10**9                            # the archive's seconds
+    split_dbg = debug / ".gdb" / ".build-id" / bids["split"][:2] / (bids["split"][2:] + ".debug")
+    assert split_dbg.read_bytes() == world["debug"].read_bytes()
+    full_dbg = debug / ".gdb" / ".build-id" / bids["full"][:2] / (bids["full"][2:] + ".debug")
+    assert os.readlink(full_dbg).endswith("/elf")
+    if world["kbid"]:                                    # no executable for gdb in the kernel's entry
+        assert not os.path.lexists(debug / ".gdb" / ".build-id" / world["kbid"][:2] / world["kbid"][2:])
+    seg = next(world["session"].glob("segment-*"))
+    assert os.stat(tmp_path / "t" / "sessions" / SESSION_NAME / seg.name).st_mtime == int(seg.stat().st_mtime)
+
+
+def test_an_mtime_out_of_range_is_not_applied(world, tmp_path):
+    """A member mtime past 2**34 s (or not a number) leaves the file with the import's time; the archive is taken."""
+    members = []
+    for ti, body in good_members(world):
+        if ti.isreg() and ti.name.endswith(f"/{world['bids']['full']}/elf"):
+            ti.mtime = 1 << 40
+        members.append((ti, body))
+    archive = tmp_path / "far.tar.zst"
+    write_tar(archive, members)
+    before = time.time()
+    r = do_import(tmp_path, archive)
+    bid = world["bids"]["full"]
+    assert bid in r.installed
+    assert before - 1 <= os.stat(tmp_path / "t" / "debug" / ".build-id" / bid[:2] / bid[2:] / "elf").st_mtime \
+        <= time.time() + 1
 
 
 def test_an_archive_without_closed_marker_gets_one_recreated(world, tmp_path):

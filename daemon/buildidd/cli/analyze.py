@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args
+from buildidd.cli.common import add_roots_options, open_stores, resolve_session, roots_from_args
 from buildidd.errors import UsageError
 from buildidd.inputs import SessionClock, parse_address
 from buildidd.store import KALLSYMS_DSO
@@ -16,25 +15,15 @@ def _session_arg(p) -> None:
     p.add_argument("session", help="session directory, its name under the session root, or 'latest'")
 
 
-def _store(cfg):
-    """The store of the config, or ``None`` when none is configured or it does not exist (never created here)."""
-    from buildidd.store import Store
-
-    if not cfg.store_root or not os.path.isdir(cfg.store_root):
-        return None
-    return Store(cfg.store_root)
-
-
 # -- buildid-list ----------------------------------------------------------------------
 
 
 def cmd_which(args) -> int:
     """`buildidd which PATH`: every build-id PATH had in the sessions (debuginfod's /metadata answer)."""
     from buildidd.offline.metadata import metadata
-    from buildidd.store import Store
 
     cfg = roots_from_args(args)
-    store = Store(cfg.store_root) if cfg.store_root and os.path.isdir(cfg.store_root) else None
+    store = open_stores(cfg, args)
     answer = metadata(cfg.session_root, "glob" if args.glob else "file", args.path,
                       held=store.contains if store is not None else None)
     if args.json:
@@ -126,7 +115,7 @@ def cmd_buildid_list(args) -> int:
         seen[key]["pids"].add(r.get("pid"))
     rows = [{"build_id": kernel, "path": KALLSYMS_DSO, "error": None, "pids": set()}] if kernel else []
     rows += seen.values()
-    store = _store(cfg)
+    store = open_stores(cfg, args)
     out = sys.stdout
     for row in rows:
         held_as = row["build_id"] or row.get("file_id")       # a file without a GNU build-id: its htlhash
@@ -281,7 +270,7 @@ def cmd_resolve(args) -> int:
     replay = Replay.load(session)
     clock = SessionClock(replay.session.get("boot_to_wall_offset_ns"))
     default_ns = clock.parse(args.time) if args.time else replay.end_ns
-    store = _store(cfg)
+    store = open_stores(cfg, args)
     demangler = Demangler() if args.symbolize and not args.no_demangle else None
     out = _Output(args.json, store, Symbolizer(store) if args.symbolize else None, clock, demangler)
     try:

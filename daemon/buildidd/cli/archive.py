@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
 import sys
 from pathlib import Path
 
-from buildidd.cli.common import add_roots_options, resolve_session, roots_from_args, session_roots
+from buildidd.cli.common import (add_roots_options, debug_dir as import_dir, open_stores, resolve_session,
+                                 roots_from_args, session_roots)
 from buildidd.cli.leftout import add_list_option, by_reason, left_out_lines, untrusted_lines
 from buildidd.errors import PrivilegeError, UsageError
-
-DEFAULT_DEBUG_DIR = "~/.debug"
-"""perf's default build-id cache (``buildid.dir``; perf ignores PERF_BUILDID_DIR)."""
-
 
 def _store(cfg):
     """The config's store, or ``None`` when none is configured or it does not exist (never created here)."""
@@ -45,22 +43,33 @@ def _summary(manifest) -> str:
     return ", ".join(f"{n} {status}" for status, n in manifest.counts().items()) + by_reason(manifest)
 
 
-def _create(tmp: Path, out: Path):
-    """Open tmp (the hidden name the archive is written under) for writing; an error names out and its directory.
+def _create(tmp: Path, out: Path, mode: int):
+    """Open tmp (the hidden name the archive is written under) for writing, with exactly mode
+    (offline.archive.create_archive_file); an error names out and its directory.
 
     Raises:
         PrivilegeError: the directory is not writable by this user (exit 4).
         ArchiveError: ``cannot_write``: another error (a read-only file system, no space).
     """
     from buildidd.errors import ArchiveError
+    from buildidd.offline.archive import create_archive_file
 
     try:
-        return open(tmp, "xb")
+        return create_archive_file(tmp, mode)
     except PermissionError as e:
         raise PrivilegeError(f"-o {out}: cannot create a file in {out.parent}: {e.strerror}; "
                              "name a file in a directory you can write") from e
     except OSError as e:
         raise ArchiveError("cannot_write", f"-o {out}: cannot create a file in {out.parent}: {e.strerror}") from e
+
+
+def _mode_arg(text: str) -> int:
+    """argparse type of --mode (offline.archive.parse_mode)."""
+    from buildidd.offline.archive import parse_mode
+    try:
+        return parse_mode(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def cmd_archive(args) -> int:
@@ -69,8 +78,9 @@ def cmd_archive(args) -> int:
     Written to ``FILE.part-XXXX`` next to FILE and renamed when complete, so a
     failed archive leaves no partial FILE.
     """
-    from buildidd.offline.archive import write_archive
+    from buildidd.offline.archive import ARCHIVE_MODE, write_archive
 
+    mode = ARCHIVE_MODE if args.mode is None else args.mode
     cfg = roots_from_args(args)
     session = resolve_session(args.session, cfg.session_root)
     out = Path(args.output)
@@ -82,7 +92,7 @@ def cmd_archive(args) -> int:
     tmp = out.with_name(f".{out.name}.part-{secrets.token_hex(4)}")
     bar, progress = _progress_bar(session.name)
     try:
-        with _create(tmp, out) as f:
+        with _create(tmp, out, mode) as f:
             manifest = write_archive(session, _store(cfg), f, exclude_upstream=args.exclude_upstream,
                                      progress=progress,
                                      share_private=cfg.store_share_private or args.share_private)
@@ -96,7 +106,7 @@ def cmd_archive(args) -> int:
             tmp.unlink()
     # An unreachable --exclude-upstream was logged (stderr) by write_archive and is in the manifest.
     print(f"{out}: session {session.name}, {len(manifest.segments)} segment(s), build-ids: "
-          f"{_summary(manifest)}, {out.stat().st_size} bytes")
+          f"{_summary(manifest)}, {out.stat().st_size} bytes, mode {mode:04o}")
     for line in left_out_lines(manifest, full=args.list_left_out):
         print(line)
     return 0
@@ -107,7 +117,7 @@ def cmd_import(args) -> int:
     from buildidd.offline.importer import import_archive
 
     cfg = roots_from_args(args)
-    debug_dir = os.path.expanduser(args.debug_dir)
+    debug_dir = import_dir(args)
     try:
         r = import_archive(args.file, debug_dir=debug_dir, session_root=cfg.session_root,
                            untrusted=args.untrusted)
@@ -162,7 +172,7 @@ def cmd_sessions(args) -> int:
     from buildidd.offline.sessions import list_sessions
 
     cfg = roots_from_args(args)
-    holds = _store_holds(cfg.store_root)
+    holds = _store_holds(open_stores(cfg, args))
     roots = session_roots(cfg.session_root)
     _check_roots(roots)
     infos = [i for root in roots if os.path.isdir(root) for i in list_sessions(root, holds=holds)]
@@ -201,14 +211,11 @@ def _check_roots(roots: list[str]) -> None:
                               "buildidd import put them)")
 
 
-def _store_holds(store_root: str):
-    """Store.contains of the store at store_root, or None when there is none to ask (no root, not
-    a directory, unreadable): the listing then shows no STORED count."""
-    from buildidd.store import Store
-
-    if not store_root or not os.path.isdir(store_root) or not os.access(store_root, os.R_OK | os.X_OK):
+def _store_holds(store):
+    """contains() of the stores (a StoreChain), or None when there is none to ask: the listing then
+    shows no STORED count."""
+    if store is None:
         return None
-    store = Store(store_root)
 
     def holds(bid: str) -> bool:
         try:
@@ -229,6 +236,9 @@ def register(sub) -> None:
     p.add_argument("--share-private", action="store_true",
                    help="include binaries the store marked private (their source was not readable by every "
                         "user); the default leaves them out and names each (store_share_private does the same)")
+    p.add_argument("--mode", type=_mode_arg, metavar="OCTAL",
+                   help="the archive file's permission bits (default 0600: its owner's alone, as it carries the "
+                        "host's exec history; e.g. 0640 for the owner's group too)")
     p.add_argument("--exclude-upstream", metavar="URL",
                    help="leave out the binaries this debuginfod server already serves (listed as 'upstream')")
     add_list_option(p)
@@ -237,11 +247,11 @@ def register(sub) -> None:
 
     p = sub.add_parser("import", help="verify an archive and install it into a perf build-id cache",
                        description="Verify FILE (manifest, sizes, build-ids), then install its binaries into "
-                                   "a perf build-id cache (perf --buildid-dir DIR; gdb: set "
-                                   "debug-file-directory DIR) and its session under the session root.")
+                                   "the analyst's store, --debug-dir (default ~/.debug: perf's build-id cache, "
+                                   "which every offline verb reads too), with gdb's tree for cores beside it "
+                                   "(gdb -iex 'set debug-file-directory ~/.debug/.gdb' -c CORE), and its "
+                                   "session under the session root. Files keep the host's mtime.")
     p.add_argument("file", help="an archive written by buildidd archive")
-    p.add_argument("--debug-dir", default=DEFAULT_DEBUG_DIR, metavar="DIR",
-                   help="build-id cache to install into (default %(default)s, perf's)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--untrusted", choices=("mark", "skip", "refuse"), default="mark",
                    help="entries whose provenance is not 'trusted' (not a root-owned system file on the host): "

@@ -245,15 +245,24 @@ def require_recording_privileges(verb: str) -> None:
                              f"{', '.join(missing)}: run it as root (sudo buildidd {verb} ...)")
 
 
+DEFAULT_DEBUG_DIR = "~/.debug"
+"""The analyst's store: where ``import`` and ``pull`` install, and perf's default build-id cache
+(perf's ``buildid.dir``; perf ignores PERF_BUILDID_DIR), for root and every other user alike."""
+
+
 def add_roots_options(p: argparse.ArgumentParser) -> None:
-    """--config, --session-root, --store-root: the options every offline verb shares with ``run``."""
+    """--config, --session-root, --store-root, --debug-dir: the options every offline verb shares."""
     p.add_argument("--config", default=configmod.DEFAULT_CONFIG_PATH,
                    help="TOML configuration file (default %(default)s; absent is fine)")
     p.add_argument("--session-root", metavar="DIR", help="directory of session directories "
                    f"(default from the config: {configmod.Config.session_root}; for a user other than root: "
                    "$XDG_DATA_HOME/buildidd/sessions, then the system's when readable)")
-    p.add_argument("--store-root", metavar="DIR", help="build-id store "
-                   f"(default from the config: {configmod.Config.store_root})")
+    p.add_argument("--store-root", metavar="DIR", help="the host's build-id store, read first "
+                   f"(default from the config: {configmod.Config.store_root}, when it exists and you may read "
+                   "it; '' for none). Given alone, the only store read")
+    p.add_argument("--debug-dir", metavar="DIR", help="the analyst's store: where import and pull install, "
+                   f"read after --store-root (default {DEFAULT_DEBUG_DIR}, perf's build-id cache; not read "
+                   "by default when --store-root is given)")
 
 
 def roots_from_args(args) -> configmod.Config:
@@ -265,3 +274,32 @@ def roots_from_args(args) -> configmod.Config:
     cfg = configmod.load(args.config, required=args.config != configmod.DEFAULT_CONFIG_PATH)
     return cfg.replace(session_root=effective_session_root(cfg.session_root, args.session_root),
                        store_root=args.store_root)
+
+
+def debug_dir(args) -> str:
+    """The analyst's store of an offline verb: --debug-dir, else :data:`DEFAULT_DEBUG_DIR`, ``~`` expanded."""
+    return os.path.expanduser(getattr(args, "debug_dir", None) or DEFAULT_DEBUG_DIR)
+
+
+def store_roots(cfg: configmod.Config, args) -> list[str]:
+    """The stores an offline verb reads, in order, each a directory this user may list (the others,
+    absent or closed to them, are left out): the host's (cfg.store_root: --store-root or the
+    config's), then the analyst's (:func:`debug_dir`: what import wrote), which is left out when
+    --store-root was given without --debug-dir.  The same for root and every other user."""
+    wanted = [cfg.store_root]
+    if getattr(args, "debug_dir", None) is not None or getattr(args, "store_root", None) is None:
+        wanted.append(debug_dir(args))
+    roots: list[str] = []
+    for root in wanted:
+        if root and os.path.isdir(root) and os.access(root, os.R_OK | os.X_OK) and \
+                os.path.realpath(root) not in map(os.path.realpath, roots):
+            roots.append(root)
+    return roots
+
+
+def open_stores(cfg: configmod.Config, args):
+    """A :class:`buildidd.store.StoreChain` over :func:`store_roots`, or None when there is none."""
+    from buildidd.store import Store, StoreChain
+
+    roots = store_roots(cfg, args)
+    return StoreChain([Store(r) for r in roots]) if roots else None

@@ -52,16 +52,18 @@ buildidd record \-\- python3 \-c 'import ssl'
 .RE
 .fi
 .PP
-On the host, archive the newest session with its binaries; on another machine, import it and read a
-profile taken during it with the exact build\-ids (\fB\-\-buildid\-dir\fR is an option of \fBperf\fR
-itself, before the subcommand):
+On the host, archive the newest session with its binaries (mode 0600); on another machine, as any user,
+import it into ~/.debug (which every offline verb then reads), read a profile taken during it with the
+exact build\-ids (\fB\-\-buildid\-dir\fR is an option of \fBperf\fR itself, before the subcommand),
+and open a core dumped on the host with gdb, its executable and debuginfo found by build\-id:
 .PP
 .nf
 .RS
 buildidd archive latest \-o host1.tar.zst
-buildidd import host1.tar.zst \-\-debug\-dir ~/.debug
+buildidd import host1.tar.zst
 buildidd inject perf.data latest \-o perf.exact.data
 perf \-\-buildid\-dir ~/.debug report \-i perf.exact.data
+gdb \-iex 'set debug\-file\-directory ~/.debug/.gdb' \-c core
 .RE
 .fi
 .PP

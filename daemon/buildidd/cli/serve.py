@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from buildidd.cli.common import add_roots_options, roots_from_args
+from buildidd.cli.common import add_roots_options, debug_dir, roots_from_args, store_roots
 from buildidd.cli.leftout import add_list_option
+from buildidd.errors import BuildiddError
 
 log = logging.getLogger("buildidd")
 
@@ -34,10 +35,16 @@ def cmd_serve(args) -> int:
     from buildidd.store.store import group_id
 
     cfg = roots_from_args(args)
+    roots = store_roots(cfg, args)
+    if not roots:
+        looked = " nor ".join(r for r in (cfg.store_root, debug_dir(args)) if r)
+        raise BuildiddError(f"serve: no build-id store to serve: neither {looked} is a directory you may read; "
+                            "buildidd import an archive first, or give --store-root DIR or --debug-dir DIR")
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
     limits = GuardLimits(max_connections=args.max_connections, max_streams=args.max_streams,
                          max_streams_per_peer=args.max_streams_per_peer, send_timeout_s=args.send_timeout)
-    opts = ServeOptions(host=host, port=port, store_root=cfg.store_root, session_root=cfg.session_root,
+    opts = ServeOptions(host=host, port=port, store_root=roots[0], more_store_roots=tuple(roots[1:]),
+                        session_root=cfg.session_root,
                         token=read_token(args.token_file) if args.token_file else None,
                         tls_cert=args.tls_cert, tls_key=args.tls_key, idle_timeout_s=args.idle_timeout,
                         spool_dir=args.spool_dir, share_private=cfg.store_share_private,
@@ -61,7 +68,7 @@ def cmd_pull(args) -> int:
     cfg = roots_from_args(args)
     opts = PullOptions(url=args.url, sessions=tuple(args.sessions),
                        token=read_token(args.token_file) if args.token_file else None,
-                       debug_dir=args.debug_dir, session_root=cfg.session_root, work_dir=args.work_dir,
+                       debug_dir=debug_dir(args), session_root=cfg.session_root, work_dir=args.work_dir,
                        timeout_s=args.timeout, cafile=args.cafile, max_bytes=args.max_bytes,
                        deadline_s=args.deadline, untrusted=args.untrusted)
     from buildidd.cli.leftout import by_reason, left_out_lines, untrusted_lines
@@ -72,7 +79,7 @@ def cmd_pull(args) -> int:
               f"{len(r.present)} already present, {len(r.upstream)} upstream, {len(r.missing)} missing"
               + by_reason(r.manifest))
         for line in left_out_lines(r.manifest, full=args.list_left_out) + untrusted_lines(
-                r.manifest, r.untrusted, args.untrusted, args.debug_dir or "~/.debug"):
+                r.manifest, r.untrusted, args.untrusted, debug_dir(args)):
             print(line)
     return 0
 
@@ -120,7 +127,6 @@ def register(sub) -> None:
     pl.add_argument("url", help="the serve's base URL, e.g. http://host:8002")
     pl.add_argument("sessions", nargs="*", metavar="SESSION", help="session names (default: all it lists)")
     pl.add_argument("--token-file", help="file holding the bearer token to send")
-    pl.add_argument("--debug-dir", help="perf build-id cache to install binaries into (default ~/.debug)")
     pl.add_argument("--work-dir", help="where partial downloads are kept to be resumed "
                     "(default ~/.cache/buildidd/pull)")
     pl.add_argument("--timeout", type=float, default=60.0, help="seconds without progress before a retry")

@@ -50,7 +50,8 @@ from buildidd.sessionlog import list_segments
 from buildidd.store import DEBUG_NAME, ELF_NAME, PROBES_NAME, Store
 from buildidd.store.origin import Origin, private_cause, read_origin
 
-__all__ = ["write_archive", "check_upstream", "UpstreamCheck", "ZSTD_LEVEL"]
+__all__ = ["ARCHIVE_MODE", "create_archive_file", "parse_mode", "write_archive", "check_upstream", "UpstreamCheck",
+           "ZSTD_LEVEL"]
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,38 @@ UPSTREAM_PARALLEL = 16
 #: debuginfod's kind for each entry file that an upstream may serve.
 _UPSTREAM_KIND = {ELF_NAME: "executable", DEBUG_NAME: "debuginfo"}
 
+#: An archive file's mode unless told otherwise: its owner's alone (it carries the host's exec history).
+ARCHIVE_MODE = 0o600
+
 Progress = Callable[[int, int], None]
 """Called as ``progress(bytes_done, bytes_total)`` after each chunk written."""
+
+
+def parse_mode(text: str) -> int:
+    """An archive's ``--mode``: permission bits in octal (``0640``, ``640``), at most ``0o777``.
+    Raises ValueError: not octal digits, or set-id/sticky bits (the archive is data, never run)."""
+    if not text or any(c not in "01234567" for c in text.removeprefix("0o")):
+        raise ValueError(f"mode {text!r}: give permission bits in octal, e.g. 0640")
+    mode = int(text.removeprefix("0o"), 8)
+    if mode > 0o777:
+        raise ValueError(f"mode {text!r}: only permission bits (at most 0777), no set-id or sticky bits")
+    return mode
+
+
+def create_archive_file(path: str | os.PathLike, mode: int = ARCHIVE_MODE):
+    """A new file at path (``O_EXCL``, never through a symlink) with exactly mode (fchmod: the umask does
+    not widen or narrow it), open for binary writing.
+
+    Raises:
+        OSError: it exists, or cannot be created.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, mode)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 # --- the upstream check ----------------------------------------------------------

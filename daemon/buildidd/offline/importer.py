@@ -45,13 +45,8 @@ The tar checks are this module's own.  The standard library's PEP 706
 ``tarfile.data_filter`` is applied as well when the running Python has it
 (3.11.4 and later; Debian's 3.11.2 does not).
 
-Layout installed (perf, tools/perf/util/build-id.c): ``DIR/<path>/<build-id>/elf``
-(``debug``, ``probes``; ``kallsyms``, ``modules``, ``vmlinux`` for the kernel),
-``DIR/.build-id/xx/rest -> ../../<path>/<build-id>`` so that
-``perf --buildid-dir DIR report`` finds them, and for gdb (which looks up only
-``.build-id/xx/rest.debug`` under ``debug-file-directory``)
-``DIR/.build-id/xx/rest.debug -> ../../<path>/<build-id>/debug``, or ``…/elf``
-when no separate debuginfo is held.
+Layout installed: perf's build-id cache, gdb's ``.build-id`` tree beside it,
+and the host's file times (:mod:`buildidd.offline.trees`).
 
 Trust: the manifest gives each archived build-id the provenance of the store's
 copies on the host (``trusted``, ``untrusted``, ``conflict``, ``unknown``;
@@ -74,7 +69,6 @@ import json
 import os
 import secrets
 import shutil
-import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,12 +76,13 @@ from pathlib import Path
 from buildidd.errors import ArchiveError, ElfError
 from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import MISSING, UPSTREAM, Manifest
+from buildidd.offline.trees import GDB_DIR, STAGE_PREFIX, install_links, keep_time, safe_dirs
 from buildidd.offline.untar import (ZSTD_PEEK_BYTES, Bounded, ImportLimits, check_name, check_symlink, check_type,
                                    check_zstd_magic, tarinfo_class)
 from buildidd.resolve.buildid import read_build_id_fd
 from buildidd.resolve.fileid import file_id
 from buildidd.store.origin import KEY_GNU, KEY_HTLHASH
-from buildidd.store import BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, TRUSTED
+from buildidd.store import BUILD_ID_DIR, ELF_NAME, TRUSTED
 
 __all__ = ["ImportLimits", "ImportReport", "PROVENANCE_NAME", "UNTRUSTED_POLICIES", "import_archive"]  # ImportLimits lives in offline.untar
 
@@ -97,7 +92,6 @@ UNTRUSTED_POLICIES = ("mark", "skip", "refuse")
 PROVENANCE_NAME = "provenance"
 """The file that marks an installed entry's provenance when it is not ``trusted``."""
 
-_STAGE_PREFIX = ".buildidd-import-"
 _COPY_CHUNK_BYTES = 1 << 20
 #: tarfile's PEP 706 filter, where this Python has it (3.11.4+, 3.12+).
 _DATA_FILTER = getattr(tarfile, "data_filter", None)
@@ -164,32 +158,11 @@ def _expected(m: Manifest) -> tuple[dict[str, _Expect], dict[str, str]]:
 # --- staging and installing -------------------------------------------------------------------
 
 
-def _safe_dirs(root: Path, parts: tuple[str, ...], *, create: bool) -> Path:
-    """root/parts..., each component a real directory (never a symlink); made (0o755) when create.
-
-    Raises:
-        ArchiveError: ``target_symlink`` a component is a symlink or not a directory.
-    """
-    d = root
-    for p in parts:
-        d = d / p
-        try:
-            st = os.lstat(d)
-        except FileNotFoundError:
-            if not create:
-                return root.joinpath(*parts)
-            os.mkdir(d, 0o755)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            raise ArchiveError("target_symlink", f"{d}: not a directory (a symlink?); refusing to write through it")
-    return d
-
-
 class _Staging:
     """Staging directories inside both targets; removed whatever happens."""
 
     def __init__(self, debug_dir: Path, session_root: Path):
-        tag = _STAGE_PREFIX + secrets.token_hex(6)
+        tag = STAGE_PREFIX + secrets.token_hex(6)
         self.roots = {False: debug_dir / tag, True: session_root / tag}
         self.made: list[Path] = []        # target directories this import created, deepest first
         for r in self.roots.values():
@@ -198,8 +171,8 @@ class _Staging:
             self.made.extend(missing)
             os.mkdir(r, 0o700)
 
-    def write(self, exp: _Expect, src, mode: int) -> Path:
-        d = _safe_dirs(self.roots[exp.session], exp.rel[:-1], create=True)
+    def write(self, exp: _Expect, src, mode: int, mtime: float | None = None) -> Path:
+        d = safe_dirs(self.roots[exp.session], exp.rel[:-1], create=True)
         path = d / exp.rel[-1]
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         try:
@@ -212,6 +185,7 @@ class _Staging:
                 left -= len(chunk)
             if exp.fname in mf.ELF_FILES:
                 _verify_build_id(fd, exp)
+            keep_time(fd, mtime)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -258,31 +232,6 @@ def _verify_htlhash(fd: int, exp: _Expect) -> None:
     if got != exp.build_id or gnu is not None:
         raise ArchiveError("build_id_mismatch", f"{'/'.join(exp.rel)}: has htlhash {got} and build-id "
                            f"{gnu.hex if gnu else 'none'}, filed under the htlhash {exp.build_id}")
-
-
-def _symlink_over(link: Path, target: str) -> None:
-    tmp = link.with_name(f".{link.name}{_STAGE_PREFIX}{secrets.token_hex(4)}")
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-
-
-def _install_links(debug_dir: Path, ref) -> None:
-    """``.build-id/xx/rest`` (perf) and ``rest.debug`` (gdb) for an installed entry."""
-    heads = _safe_dirs(debug_dir, (BUILD_ID_DIR, ref.build_id[:2]), create=True)
-    link = heads / ref.build_id[2:]
-    if not (os.path.islink(link) and os.path.isdir(link)):
-        _symlink_over(link, mf.link_target(ref.entry))
-    if ref.key != KEY_GNU:
-        return                  # gdb looks for rest.debug by GNU build-id: an htlhash is none
-    entry = debug_dir / ref.entry
-    name = DEBUG_NAME if (entry / DEBUG_NAME).is_file() else ELF_NAME if (entry / ELF_NAME).is_file() else None
-    if name is None:
-        return
-    dbg = heads / (ref.build_id[2:] + ".debug")
-    want = f"{mf.link_target(ref.entry)}/{name}"
-    current = os.readlink(dbg) if os.path.islink(dbg) else None
-    if not os.path.exists(dbg) or (current == f"{mf.link_target(ref.entry)}/{ELF_NAME}" and current != want):
-        _symlink_over(dbg, want)
 
 
 def _plan_session(m: Manifest, session_root: Path) -> Path | None:
@@ -349,7 +298,7 @@ def _mark(entry: Path, ref) -> None:
     """Write the entry's provenance beside its files (``provenance``: one word and a newline)."""
     if ref.provenance == TRUSTED:
         return
-    tmp = entry / f".{PROVENANCE_NAME}{_STAGE_PREFIX}{secrets.token_hex(4)}"
+    tmp = entry / f".{PROVENANCE_NAME}{STAGE_PREFIX}{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         _write_all(fd, f"{ref.provenance or 'unknown'}\n".encode())
@@ -366,13 +315,14 @@ def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path
     if final_session is not None:
         _closed_marker(m, staging.roots[True] / name)
     for ref in held:                       # refuse before the first rename
-        _safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=False)
-        _safe_dirs(debug_dir, (BUILD_ID_DIR, ref.build_id[:2]), create=False)
+        safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=False)
+        safe_dirs(debug_dir, (BUILD_ID_DIR, ref.build_id[:2]), create=False)
+        safe_dirs(debug_dir, (GDB_DIR, BUILD_ID_DIR, ref.build_id[:2]), create=False)
     if final_session is not None:
         os.rename(staging.roots[True] / name, final_session)
         report.session_new = True
     for ref in held:
-        entry = _safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=True)
+        entry = safe_dirs(debug_dir, tuple(ref.entry.split("/")), create=True)
         new = 0
         for f in ref.files:
             if f.upstream or os.path.lexists(entry / f.name):
@@ -380,7 +330,7 @@ def _install(m: Manifest, staging: _Staging, debug_dir: Path, session_root: Path
             os.rename(staging.roots[False].joinpath(*ref.entry.split("/"), f.name), entry / f.name)
             new += 1
             report.bytes += f.size_bytes
-        _install_links(debug_dir, ref)
+        install_links(debug_dir, ref)
         _mark(entry, ref)
         (report.installed if new else report.present).append(ref.build_id)
 
@@ -424,7 +374,7 @@ def _receive(tf: tarfile.TarFile, staging: _Staging, limits: ImportLimits) -> Ma
             raise ArchiveError("too_large", f"member {ti.name!r}: {ti.size} bytes (limit {limits.max_member_bytes})")
         if ti.size != exp.size:
             raise ArchiveError("size_mismatch", f"member {ti.name!r}: {ti.size} bytes, manifest says {exp.size}")
-        staging.write(exp, tf.extractfile(ti), (ti.mode & 0o755) | 0o400)
+        staging.write(exp, tf.extractfile(ti), (ti.mode & 0o755) | 0o400, ti.mtime)
         done.add(ti.name)
     if manifest is None:
         raise ArchiveError("bad_manifest", "empty archive: no manifest")

@@ -9,7 +9,8 @@ kernelfiles (the kernel's own files: kallsyms, modules, vmlinux), sdt (perf's
 probes file), quota (size, recency, removal), eviction (which entries a copy
 may evict: each copy is charged to its file's owner), counters (counts and
 rate-limited warnings), origin (where a copy came from), store (the
-:class:`Store` composing them), coverage (which of a session's build-ids the
+:class:`Store` composing them), chain (several stores read as one: the
+host's and the analyst's imports), coverage (which of a session's build-ids the
 store holds, and why not) snapshotter (the copy thread) and copyqueue
 (its queue, charged per uid).
 
@@ -20,6 +21,7 @@ The names below are the store's public API (other stages import them from
 """
 
 from buildidd.store.copyqueue import CopyJob
+from buildidd.store.chain import StoreChain
 from buildidd.store.install import COPY_CHUNK_BYTES, AddResult
 from buildidd.store.layout import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME,
                                    PROBES_NAME, VDSO_NAME, VMLINUX_NAME, Entry)
@@ -30,5 +32,5 @@ from buildidd.store.store import Store
 
 __all__ = ["BUILD_ID_DIR", "CONFLICT", "PROVENANCES", "TRUSTED", "UNKNOWN", "UNTRUSTED", "COPY_CHUNK_BYTES",
            "DEBUG_NAME", "ELF_NAME", "KALLSYMS_DSO", "KALLSYMS_NAME", "MODULES_NAME", "PROBES_NAME", "VDSO_NAME",
-           "VMLINUX_NAME", "AddResult", "CopyJob", "Entry", "SnapshotPolicy", "Snapshotter", "Store",
+           "VMLINUX_NAME", "AddResult", "CopyJob", "Entry", "SnapshotPolicy", "Snapshotter", "Store", "StoreChain",
            "sdt_probe_cache"]

@@ -200,7 +200,6 @@ class DataCopier:
             self.throttle(n)
 
 
-
 class Installer(DataCopier):
     """Writes files into the store: verified copies, streams, small files, the link; undoes a failed add.
 
@@ -276,7 +275,7 @@ class Installer(DataCopier):
                 raise StoreError(f"{directory}: cannot set its mode: {e.strerror}") from e
 
     def install_copy(self, req: CopyRequest, done: Installed, *, sync_dir: bool = True) -> tuple[bool, int]:
-        """Copy req.src_fd to req.final through a temporary file, verified; (reflinked, bytes).
+        """Copy req.src_fd to req.final through a temporary file, verified, source's mtime; (reflinked, bytes).
 
         sync_dir=False: the directory is not fsync-ed after the rename (the caller does it once for
         the entry's files, before anything links to them).
@@ -296,6 +295,7 @@ class Installer(DataCopier):
             try:
                 self.own(dst, FILE_MODE)
                 reflinked = self._copy_data(req.src_fd, dst, size, what)
+                os.utime(dst, ns=(before.st_mtime_ns, before.st_mtime_ns))   # for archives, Last-Modified, gdb
                 os.fsync(dst)
                 after = os.fstat(req.src_fd)
                 copied = os.fstat(dst).st_size

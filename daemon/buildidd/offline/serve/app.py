@@ -54,7 +54,7 @@ from buildidd.errors import ServeError
 from buildidd.offline.serve import buildid, debuginfod, metadata, metrics, rights, sessions
 from buildidd.offline.serve.guard import GUARD_KEY, GuardLimits, guard_middleware, make_guard, raise_fd_limit
 from buildidd.offline.serve.metrics import METRICS_KEY, MetricsAccessLogger, ServeMetrics, StatusFn
-from buildidd.store import Store
+from buildidd.store import Store, StoreChain
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class ServeOptions:
         host: the address to listen on, an IP literal.
         port: TCP port; 0 picks a free one (logged, and given to ``on_listening``).
         store_root: the build-id store (read only).
+        more_store_roots: stores read after it for build-id lookups (a StoreChain: the analyst's imports).
         session_root: the session directories served under ``/sessions``; "" for none.
         token: the bearer token clients must send; None for none (loopback only).
         tls_cert, tls_key: PEM files; both or neither.
@@ -93,6 +94,7 @@ class ServeOptions:
     port: int
     store_root: str
     session_root: str = ""
+    more_store_roots: tuple[str, ...] = ()
     token: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -191,8 +193,11 @@ def make_app(opts: ServeOptions, store: Store | None = None, fd_limit: int | Non
     app[METRICS_KEY] = ServeMetrics()
     app[rights.ACCESS_KEY] = rights.Access(opts.group_gid, opts.metrics_public)
     make_guard(app, opts.limits, fd_limit)
-    buildid.add_routes(app, store if store is not None else Store(opts.store_root),
-                       debuginfod.Privacy(opts.share_private))
+    if store is None:
+        store = Store(opts.store_root)
+        if opts.more_store_roots:
+            store = StoreChain([store, *(Store(r) for r in opts.more_store_roots)])
+    buildid.add_routes(app, store, debuginfod.Privacy(opts.share_private))
     metrics.add_routes(app, opts.status_fn, lambda: _gauges(app), rights.check_metrics)
     if opts.session_root:
         sessions.add_routes(app, sessions.SessionsOptions(

@@ -43,7 +43,7 @@ from pathlib import Path
 from aiohttp import web
 
 from buildidd.errors import BuildiddError
-from buildidd.offline.archive import write_archive
+from buildidd.offline.archive import create_archive_file, write_archive
 from buildidd.offline.serve.guard import ARCHIVE_WORKERS, GUARD_KEY, Cut
 from buildidd.offline.serve.metrics import METRICS_KEY
 from buildidd.offline.serve.rights import has_rights
@@ -194,7 +194,7 @@ def _build(final: Path, directory: Path, cfg: SessionsConfig, listener: _Listene
     """write_archive into a temporary file next to final, then rename it into place (in a builder thread)."""
     tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "xb") as f:
+        with create_archive_file(tmp) as f:      # the owner's alone (ARCHIVE_MODE), as every archive
             store = Store(cfg.store_root) if cfg.store_root and os.path.isdir(cfg.store_root) else None
             write_archive(directory, store, _Tee(f, listener), share_private=cfg.share_private)
             f.flush()
