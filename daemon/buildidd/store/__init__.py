@@ -10,7 +10,8 @@ probes file), quota (size, recency, removal), eviction (which entries a copy
 may evict: each copy is charged to its file's owner), counters (counts and
 rate-limited warnings), origin (where a copy came from), store (the
 :class:`Store` composing them), coverage (which of a session's build-ids the
-store holds, and why not) snapshotter (the copy thread) and copyqueue
+store holds, and why not), sightings (what the snapshotter remembers of a session's
+sightings, bounded in bytes), snapshotter (the copy thread) and copyqueue
 (its queue, charged per uid).
 
 May import: resolve, kernel, and the shared modules; never sessionlog.
