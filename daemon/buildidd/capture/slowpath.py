@@ -37,7 +37,7 @@ _EXEC_ORIGINS = (MapOrigin.EXEC_MAIN, MapOrigin.EXEC_INTERP)
 #: kept at most; the oldest go first.  (Identity entries follow the enricher's cache.)
 KERNEL_FAST_MAX = 65536
 #: ... and the bytes they hold at most (fast_cost): each keeps its answer's path and JSON tail.
-KERNEL_FAST_MAX_BYTES = 16 << 20
+KERNEL_FAST_MAX_BYTES = 6 << 20
 #: Bytes of a FastEntry, its key object and their dict entries besides the strings counted by length.
 _FAST_FIXED_BYTES = 560
 

@@ -44,7 +44,7 @@ LIVE_PIDS_MAX = 65536
 #: Live mappings kept in all (every pid's): one user's processes could otherwise keep LIVE_MAX
 #: each, for as many processes as they may run.  A mapping not kept is only recorded again
 #: (origin "recovered") if a rescan follows a loss while it is mapped.
-LIVE_ENTRIES_MAX = 65536
+LIVE_ENTRIES_MAX = 16384
 #: What one live mapping holds (its tuple, vm_start, identity key bytes, the set's slot), bytes:
 #: the estimate status reports (Tables.memory).
 LIVE_ENTRY_BYTES = 256

@@ -49,9 +49,9 @@ SUSPECT_S = 10.0
 SUSPECT_MAX = 1024
 #: Bytes the identity cache keeps at most (resolution_cost of its entries): each answer holds the
 #: path it was found at and its JSON tail, and a user picks how long a path is.
-IDENTITY_CACHE_MAX_BYTES = 16 << 20
+IDENTITY_CACHE_MAX_BYTES = 6 << 20
 #: Bytes the kernel hand-overs' memory (Enricher.handed, keyed by build-id and path) keeps at most.
-HANDED_MAX_BYTES = 8 << 20
+HANDED_MAX_BYTES = 3 << 20
 #: Bytes of an Identity, a Resolution and their dict entry besides the strings counted by length.
 _ANSWER_FIXED_BYTES = 480
 #: Bytes of a (build-id, path, dev, inode) key and its entry besides the strings counted by length.

@@ -129,15 +129,17 @@ resolution without a build-id but with a ``file_id`` (a file without a GNU build
 too: the store keeps it under that htlhash."""
 
 #: File identities whose htlhash was queued as a ``file_id`` record, remembered at most (each entry
-#: an Identity, no path: a fixed size, so the count bounds its bytes: KEYED_ENTRY_BYTES each).
+#: an Identity, no path: KEYED_ENTRY_BYTES each, within KEYED_MAX_BYTES).
 FILE_IDS_MAX = 65536
 #: FileKeys waiting for the recording thread at most (it drains them every step; no path in one).
-FILE_KEYS_QUEUED_MAX = 16384
+FILE_KEYS_QUEUED_MAX = 4096
 #: Hand-overs that reached no file remembered at most until the recording thread drains them
 #: (each holds a path of at most BUILDIDD_PATH_MAX bytes: this many bounds them to a few MiB).
-UNREACHED_MAX = 1024
-#: What one entry of the ``file_id_keyed`` memory holds (an Identity and its dict entry), bytes.
+UNREACHED_MAX = 256
+#: What one entry of the ``file_id_keyed`` memory holds (an Identity and its dict entry), bytes ...
 KEYED_ENTRY_BYTES = 320
+#: ... and the bytes it keeps at most (an identity forgotten only has its file_id record written again).
+KEYED_MAX_BYTES = 2 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +196,7 @@ class Routes:
         self.file_keys: deque[FileKey] = deque()
         self.file_keys_dropped = 0
         self.keyed: LruCache[Identity, bool] = LruCache("file_id_keyed", FILE_IDS_MAX,
-                                                         max_bytes=FILE_IDS_MAX * KEYED_ENTRY_BYTES,
+                                                         max_bytes=KEYED_MAX_BYTES,
                                                          cost=lambda _ident, _v: KEYED_ENTRY_BYTES)
         self._keyed_lock = threading.Lock()     # hand-over workers share _keyed
         #: stored_file_id(build-id hex, identity) -> the htlhash the store recorded for that very file

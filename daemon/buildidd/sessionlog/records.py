@@ -104,9 +104,9 @@ def raw_name(text: str) -> bytes:
 #: lengths and a constant).  A user chooses the paths and file names they map and exec (up to
 #: PATH_MAX each, and as many as they like): without a byte budget, 65,536 paths of 4 KiB
 #: held twice (raw and JSON) are 512 MiB.  A path evicted is only encoded again.
-COMM_JSON_MAX_BYTES = 4 << 20
-FILENAME_JSON_MAX_BYTES = 2 << 20
-PATH_JSON_MAX_BYTES = 8 << 20
+COMM_JSON_MAX_BYTES = 1 << 20
+FILENAME_JSON_MAX_BYTES = 1 << 20
+PATH_JSON_MAX_BYTES = 4 << 20
 
 #: Raw 16-byte task comm (NUL-padded) -> its JSON value (bytes), as the
 #: records below write "comm" (name_json).  Also read by the C fast path (memo.py).
