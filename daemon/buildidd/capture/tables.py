@@ -123,10 +123,12 @@ class Tables:
 
     def add_live(self, pid: int, start: int, key: bytes) -> None:
         """Remember a recorded mapping of pid at start (bytes) of the identity key."""
+        if self.live_entries >= self.live_max_entries:
+            return                          # full: no set is made for a new pid either
         live = self.live.get(pid)
         if live is None:
             live = self.live[pid] = set()
-        if len(live) < LIVE_MAX and self.live_entries < self.live_max_entries:
+        if len(live) < LIVE_MAX:
             had = len(live)
             live.add((start, key))
             self.live_entries += len(live) - had

@@ -53,7 +53,7 @@ IDENTITY_CACHE_MAX_BYTES = 6 << 20
 #: Bytes the kernel hand-overs' memory (Enricher.handed, keyed by build-id and path) keeps at most.
 HANDED_MAX_BYTES = 3 << 20
 #: Bytes of an Identity, a Resolution and their dict entry besides the strings counted by length.
-_ANSWER_FIXED_BYTES = 480
+_ANSWER_FIXED_BYTES = 600
 #: Bytes of a (build-id, path, dev, inode) key and its entry besides the strings counted by length.
 _HANDED_FIXED_BYTES = 360
 

@@ -395,9 +395,11 @@ static int count_missing(struct run_state *st, PyObject *reason)
 /* live[pid].add((start, key)), at most LIVE_MAX per process and tables.live_max_entries in all.  0, or -1 with an error set. */
 static int add_live(struct run_state *st, uint32_t pid, uint64_t start, PyObject *key)
 {
-	PyObject *pid_obj = PyLong_FromUnsignedLong(pid), *pl, *item;
+	PyObject *pid_obj, *pl, *item;
 
-	if (pid_obj == NULL)
+	if (st->live_entries >= st->live_max)
+		goto added;		/* full: no set is made for a new pid either */
+	if ((pid_obj = PyLong_FromUnsignedLong(pid)) == NULL)
 		return -1;
 	pl = PyDict_GetItemWithError(st->live, pid_obj);
 	if (pl == NULL) {
@@ -428,6 +430,7 @@ static int add_live(struct run_state *st, uint32_t pid, uint64_t start, PyObject
 		Py_DECREF(item);
 		st->live_entries += PySet_GET_SIZE(pl) - had;
 	}
+added:
 	st->live_pid = pid;
 	st->live_start = start;
 	st->live_key = key;
