@@ -154,11 +154,12 @@ class Tables:
 
     def memory(self) -> dict:
         """What the per-identity tables hold (JSON-ready): {"fast": {"entries"}, "live": {"entries",
-        "pids", "max_entries", "bytes"}, "held": {"entries"}}; live's bytes are LIVE_ENTRY_BYTES each
+        "pids", "max_entries", "bytes", "max_bytes"}, "held": {"entries"}}; live's bytes are LIVE_ENTRY_BYTES each
         (the fast entries' bytes are counted by the caches that bound them: identity, kernel_fast)."""
         return {"fast": {"entries": len(self.fast)},
                 "live": {"entries": self.live_entries, "pids": len(self.live), "max_entries": self.live_max_entries,
-                         "bytes": self.live_entries * LIVE_ENTRY_BYTES},
+                         "bytes": self.live_entries * LIVE_ENTRY_BYTES,
+                         "max_bytes": self.live_max_entries * LIVE_ENTRY_BYTES},
                 "held": {"entries": len(self.held)}}
 
 
