@@ -5,8 +5,8 @@ than RSS_GROWTH_MAX_BYTES.
 
 The recorder runs in this process (the ``recorder`` fixture), with the heap set as ``buildidd run``
 sets it (buildidd.heap: one arena, a fixed mmap threshold, trimmed every heap.TRIM_INTERVAL_S), so
-its growth is the daemon's.  The session's coverage ledger (store/coverage.py) is bounded by its own
-change (issue 42's ledger part); here it is capped at LEDGER_ENTRIES so that it does not count.
+its growth is the daemon's, the session's coverage ledger (store/coverage.py, its own byte budget)
+included.
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ FLOOD_S = 20
 DEEP_CHARS = 3700
 #: Growth of the recording process's RSS allowed during the flood and just after it: the daemon's
 #: RSS after READY (~46 MiB, tests/integration/test_footprint.py) plus this stays within the goal's
-#: 128 MiB with room for the coverage ledger's own bound.
+#: 128 MiB.
 RSS_GROWTH_MAX_BYTES = 64 << 20
-#: The coverage ledger's entries in this test (see the module docstring).
-LEDGER_ENTRIES = 1024
 #: A template of ~5 KB: one function, no libc, pages of 4 KiB, the build-id note near the start.
 TEMPLATE_SRC = "int f(int x) { return x + 1; }\n"
 TEMPLATE_FLAGS = ("-shared", "-fPIC", "-nostdlib", "-s", "-Wl,--build-id=sha1", "-Wl,-z,max-page-size=4096",
@@ -116,7 +114,6 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
     assert len(str(deep)) >= DEEP_CHARS
     heap.configure()                              # as `buildidd run` does, before the workers start
     rec = recorder(store_root=str(tmp_path / "store"))
-    rec.snapshotter.coverage.max_entries = LEDGER_ENTRIES
     stop = threading.Event()
     next_trim = [0.0]
 

@@ -47,7 +47,7 @@ def test_kernel_answers_handed_over_stay_within_the_hand_overs_budgets():
     process is gone): the hand-overs' memory, the queues and the unreached list stay bounded."""
     e = Enricher(on_build_id=lambda *a: None)
     gaps = []
-    e.routes.on_gap = lambda bid, path, reason: gaps.append(reason) if len(gaps) < 10 else None
+    e.routes.on_gap = lambda bid, path, reason, uid: gaps.append(reason) if len(gaps) < 10 else None
     try:
         def flood():
             for i in range(FLOOD_N):
@@ -62,7 +62,7 @@ def test_kernel_answers_handed_over_stay_within_the_hand_overs_budgets():
         bound = enrich.HANDED_MAX_BYTES + routes.UNREACHED_MAX * (len(deep_path(0)) + 400)
         assert e.handed.bytes <= enrich.HANDED_MAX_BYTES
         assert held <= bound, (held, bound)
-        assert gaps and set(gaps) <= {"process_gone", "handover_dropped"}
+        assert gaps and set(gaps) <= {"process_gone", "handover_dropped", "uid_budget"}
     finally:
         e.close()
 
@@ -92,4 +92,23 @@ def test_a_pool_refuses_jobs_beyond_its_queued_bytes():
         gate.set()
         assert pool.drain(10.0)
         assert pool.status()["queued_bytes"] == 0
+        pool.close()
+
+
+def test_a_fair_pool_holds_one_users_bytes_to_their_share_and_roots_job_still_waits():
+    import threading
+    pool = WorkerPool(PoolPolicy(workers=1, max_threads=1, queue_max=1 << 20, queue_max_bytes=10_000,
+                                 uid_share=0.25))
+    gate = threading.Event()
+    try:
+        assert not isinstance(pool.submit_charged(lambda _: gate.wait(10), None, 0, 0), str)
+        got = [pool.submit_charged(lambda _: None, i, 1000, 1000) for i in range(10)]
+        assert got[2:] == ["uid_budget"] * 8 and not any(isinstance(j, str) for j in got[:2])
+        assert not isinstance(pool.submit_charged(lambda _: None, None, 0, 5000), str)     # root: no share
+        assert pool.submit_charged(lambda _: None, None, 0, 5000) == "queue_full"          # the whole is full
+        assert pool.status()["queued_bytes"] == 7000
+    finally:
+        gate.set()
+        assert pool.drain(10.0)
+        assert pool.status()["queued_bytes"] == 0 and pool._bytes_by_uid == {}
         pool.close()

@@ -7,6 +7,7 @@ import time
 
 from buildidd.kernel.events import Identity
 from buildidd.store import SnapshotPolicy, Snapshotter, Store
+from buildidd.store.copyqueue import CopyJob
 from buildidd.store.origin import Origin
 from buildidd.store.sightings import Settled, SettledMemory, Sightings
 from tests.memflood import FLOOD_N, deep_path, retained_bytes
@@ -50,18 +51,21 @@ def test_settled_answers_are_dropped_whole_beyond_their_budget():
 
 
 def test_the_snapshot_queue_and_its_memory_of_sightings_stay_within_budget(tmp_path):
-    """Without its worker the queue only fills: jobs beyond max_queue_bytes are refused as
-    ``queue_full`` (counted ``dropped``); sightings beyond max_seen_bytes are counted ``seen_full``."""
+    """Without its worker the queue only fills: a user's jobs beyond their share of max_queue_bytes
+    are refused (``uid_budget``, counted ``dropped``), and root's job still finds room; sightings
+    beyond max_seen_bytes are counted ``seen_full``."""
     policy = SnapshotPolicy(max_queue_bytes=2 << 20, max_seen_bytes=2 << 20)
     snap = Snapshotter(Store(tmp_path / "store"), policy)
-    snap.coverage.max_entries = 16          # the ledger is bounded on its own (store/coverage.py)
 
     def flood():
         for i in range(FLOOD_N):
-            snap.submit(f"{i:040x}", deep_path(i), _ident(i), None)
+            snap.submit(CopyJob(f"{i:040x}", deep_path(i), _ident(i), uid=1000), None)
     held = retained_bytes(flood)
     mem = snap.memory()
-    assert mem["queue"]["bytes"] <= 2 << 20 and mem["seen"]["bytes"] <= 2 << 20
-    assert held <= (4 << 20) + (1 << 20), held
-    assert snap.stats["dropped"] == FLOOD_N - snap.queued() and snap.queued() > 100
+    assert mem["queue"]["bytes"] <= mem["queue"]["uid_max_bytes"] < 2 << 20 and mem["seen"]["bytes"] <= 2 << 20
+    # With the ledger's own (store/coverage.py: every refused job is a named gap there).
+    assert held <= (4 << 20) + snap.coverage.max_bytes + (1 << 20), held
+    assert snap.stats["dropped"] == FLOOD_N - snap.queued() and snap.queued() > 50
+    snap.submit(CopyJob("ab" * 20, deep_path(0), _ident(0), uid=0), None)
+    assert snap.memory()["queue"]["entries"] == FLOOD_N - snap.stats["dropped"] + 1
     assert snap.status()["memory"] == snap.memory()

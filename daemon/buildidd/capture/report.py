@@ -34,7 +34,8 @@ def status(rec: Recorder) -> dict:
     misses, evictions, bytes, max_bytes} by name (memo.py; bytes: the entries' estimated
     bytes), and the other per-file memories' {entries, bytes, max_bytes, ...}:
     ``live_mappings`` (Tables.memory), ``snapshot_seen``, ``snapshot_settled`` and
-    ``snapshot_queue`` (Snapshotter.memory, with a store); see caches();
+    ``snapshot_queue`` (Snapshotter.memory, with a store), ``coverage_ledger`` (its bytes,
+    store.coverage); see caches();
     "kernel_build_id_memo" Tracer.memo_stats();
     "quiet" Rings.quiet_status() (an idle recorder sleeps: last_step_s_ago grows meanwhile);
     "last_reload" the last SIGHUP's outcome ({"time_ns", "ok", "error"}, or None);
@@ -75,6 +76,8 @@ def caches(rec: Recorder) -> dict:
     if rec.snapshotter is not None:
         for name, got in rec.snapshotter.memory().items():
             out[f"snapshot_{name}"] = got
+        cov = rec.snapshotter.coverage
+        out["coverage_ledger"] = {"bytes": cov.bytes, "max_bytes": cov.max_bytes}
     return out
 
 
