@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from buildidd import heap
 from conftest import as_user, gcc, readelf_build_id
@@ -103,8 +104,12 @@ def test_the_patched_template_carries_the_tag_as_its_build_id(tmp_path):
     assert got.startswith("8877665544332211") and got[16:] == readelf_build_id(so)[16:]
 
 
-def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recorder, attacker,
-                                                                            public_tmp_factory, tmp_path):
+@pytest.mark.parametrize("uid_rate", [None, 0], ids=["uid_budget", "no_uid_budget"])
+def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recorder, attacker, public_tmp_factory,
+                                                                            tmp_path, uid_rate):
+    """uid_budget: as shipped (the BPF side holds back the user's records past
+    uid_record_rate_bytes_per_s: few reach the recorder); no_uid_budget: every record reaches it, as
+    when many users flood at once: the worst case for the recorder's memory."""
     pub = public_tmp_factory("buildidd-memflood-")
     so = gcc(TEMPLATE_SRC, pub / "t.so", *TEMPLATE_FLAGS)
     os.chmod(so, 0o644)
@@ -113,7 +118,8 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
     deep = deep_dir(pub, DEEP_CHARS, attacker[:2])
     assert len(str(deep)) >= DEEP_CHARS
     heap.configure()                              # as `buildidd run` does, before the workers start
-    rec = recorder(store_root=str(tmp_path / "store"))
+    overrides = {} if uid_rate is None else {"uid_record_rate_bytes_per_s": uid_rate}
+    rec = recorder(store_root=str(tmp_path / "store"), **overrides)
     stop = threading.Event()
     next_trim = [0.0]
 
@@ -135,15 +141,18 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
         loop.join(timeout=60)
     assert got.returncode == 0, got.stderr
     files, rate = (int(x) for x in got.stdout.split())
-    caches = rec.status()["caches"]
+    status = rec.status()
+    caches, throttled = status["caches"], status["throttled"]["records"]
     growth = peak - rss.base
     print(f"\nflood: {files} files in {FLOOD_S} s ({rate}/s), paths of {len(str(deep)) + 8} characters; "
           f"recorder RSS {rss.base / 2**20:.1f} MiB before, peak {peak / 2**20:.1f} MiB "
           f"(+{growth / 2**20:.1f} MiB, bound +{RSS_GROWTH_MAX_BYTES >> 20} MiB); events {rec.stats.events}, "
-          f"lost {rec.stats.lost}")
+          f"lost {rec.stats.lost}, held back by the uid budget {throttled}")
     print({name: (c.get("entries"), c.get("bytes"), c.get("max_bytes")) for name, c in caches.items()})
     assert files >= 20_000
-    assert rec.stats.events.get("mmap", 0) + sum(rec.stats.lost.values()) >= files // 2
+    assert rec.stats.events.get("mmap", 0) + sum(rec.stats.lost.values()) + throttled >= files // 2
+    if uid_rate == 0:
+        assert throttled == 0 and rec.stats.events["mmap"] >= 20_000
     assert caches["path_json"]["evictions"] > 0 and caches["kernel_fast"]["evictions"] > 0
     for name, c in caches.items():
         if c.get("max_bytes") is not None and c.get("bytes") is not None:
