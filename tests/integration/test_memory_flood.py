@@ -17,6 +17,11 @@ import threading
 import time
 from pathlib import Path
 
+import signal
+import socket
+import subprocess
+import sys
+
 import psutil
 import pytest
 
@@ -32,6 +37,8 @@ DEEP_CHARS = 3700
 #: RSS after READY (~46 MiB, tests/integration/test_footprint.py) plus this stays within the goal's
 #: 128 MiB.
 RSS_GROWTH_MAX_BYTES = 64 << 20
+#: The issue's goal: the daemon's RSS peaks at this during a 20 s flood.
+DAEMON_RSS_MAX_BYTES = 128 << 20
 #: A template of ~5 KB: one function, no libc, pages of 4 KiB, the build-id note near the start.
 TEMPLATE_SRC = "int f(int x) { return x + 1; }\n"
 TEMPLATE_FLAGS = ("-shared", "-fPIC", "-nostdlib", "-s", "-Wl,--build-id=sha1", "-Wl,-z,max-page-size=4096",
@@ -77,10 +84,11 @@ def deep_dir(top: Path, chars: int, owner: tuple[int, int]) -> Path:
 
 
 class RssSampler:
-    """This process's RSS, sampled every interval_s on a thread: base at start, peak meanwhile."""
+    """A process's RSS (default: this one's), sampled every interval_s on a thread: base at start,
+    peak meanwhile."""
 
-    def __init__(self, interval_s: float = 0.05):
-        self.proc = psutil.Process()
+    def __init__(self, interval_s: float = 0.05, pid: int | None = None):
+        self.proc = psutil.Process(pid)
         self.base = self.peak = self.proc.memory_info().rss
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -97,6 +105,62 @@ class RssSampler:
         return self.peak
 
 
+def _flood_setup(attacker, public_tmp_factory) -> tuple[list[str], Path]:
+    """The flood's argv (fresh_flood built in a public directory, the template, its build-id's offset,
+    a deep directory the attacker owns, FLOOD_S) and the deep directory."""
+    pub = public_tmp_factory("buildidd-memflood-")
+    so = gcc(TEMPLATE_SRC, pub / "t.so", *TEMPLATE_FLAGS)
+    os.chmod(so, 0o644)
+    flood = gcc((ROOT / "scripts/workloads/fresh_flood.c").read_text(), pub / "fresh_flood", "-O2")
+    os.chmod(flood, 0o755)
+    deep = deep_dir(pub, DEEP_CHARS, attacker[:2])
+    assert len(str(deep)) >= DEEP_CHARS
+    return [str(flood), str(so), str(build_id_offset(so)), str(deep), str(FLOOD_S)], deep
+
+
+def test_buildidd_runs_rss_stays_within_the_goal_during_a_flood_without_the_uid_budget(bpf, attacker,
+                                                                                       public_tmp_factory,
+                                                                                       tmp_path):
+    """The daemon itself (`buildidd run`, as the unit runs it), every record of the flood reaching it
+    (uid_record_rate_bytes_per_s = 0): its RSS, sampled, peaks within DAEMON_RSS_MAX_BYTES."""
+    argv, _deep = _flood_setup(attacker, public_tmp_factory)
+    conf = tmp_path / "buildidd.toml"
+    conf.write_text("uid_record_rate_bytes_per_s = 0\ncontrol_socket = \"\"\n")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    p = subprocess.Popen([sys.executable, "-m", "buildidd.cli", "run", "--config", str(conf), "--session-root",
+                          str(tmp_path / "sessions"), "--store-root", str(tmp_path / "store"), "--no-compress"],
+                         env=env, stderr=subprocess.DEVNULL)
+    try:
+        sock.settimeout(120)
+        while b"READY=1" not in sock.recv(4096).split(b"\n"):
+            pass
+        rss = RssSampler(pid=p.pid)
+        got = as_user(attacker, argv, timeout=FLOOD_S + 60)
+        time.sleep(3.0)
+        peak = rss.stop()
+        p.send_signal(signal.SIGTERM)
+        t_stop = time.monotonic()
+        try:        # how long the stop takes after such a flood is printed, not judged here
+            p.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            pass
+        stop_s, exited = time.monotonic() - t_stop, p.poll() is not None
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        sock.close()
+    assert got.returncode == 0, got.stderr
+    files, rate = (int(x) for x in got.stdout.split())
+    print(f"\nbuildidd run: {files} files in {FLOOD_S} s ({rate}/s); RSS {rss.base / 2**20:.1f} MiB after READY, "
+          f"peak {peak / 2**20:.1f} MiB (goal {DAEMON_RSS_MAX_BYTES >> 20} MiB); "
+          f"{'exited' if exited else 'not exited'} {stop_s:.1f} s after SIGTERM")
+    assert files >= 20_000
+    assert peak <= DAEMON_RSS_MAX_BYTES, f"peak RSS {peak / 2**20:.1f} MiB"
+
+
 def test_the_patched_template_carries_the_tag_as_its_build_id(tmp_path):
     so = gcc(TEMPLATE_SRC, tmp_path / "t.so", *TEMPLATE_FLAGS)
     off = build_id_offset(so)
@@ -110,13 +174,7 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
     """uid_budget: as shipped (the BPF side holds back the user's records past
     uid_record_rate_bytes_per_s: few reach the recorder); no_uid_budget: every record reaches it, as
     when many users flood at once: the worst case for the recorder's memory."""
-    pub = public_tmp_factory("buildidd-memflood-")
-    so = gcc(TEMPLATE_SRC, pub / "t.so", *TEMPLATE_FLAGS)
-    os.chmod(so, 0o644)
-    flood = gcc((ROOT / "scripts/workloads/fresh_flood.c").read_text(), pub / "fresh_flood", "-O2")
-    os.chmod(flood, 0o755)
-    deep = deep_dir(pub, DEEP_CHARS, attacker[:2])
-    assert len(str(deep)) >= DEEP_CHARS
+    argv, deep = _flood_setup(attacker, public_tmp_factory)
     heap.configure()                              # as `buildidd run` does, before the workers start
     overrides = {} if uid_rate is None else {"uid_record_rate_bytes_per_s": uid_rate}
     rec = recorder(store_root=str(tmp_path / "store"), **overrides)
@@ -132,8 +190,7 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
     time.sleep(1.0)
     rss = RssSampler()
     try:
-        got = as_user(attacker, [str(flood), str(so), str(build_id_offset(so)), str(deep), str(FLOOD_S)],
-                      timeout=FLOOD_S + 60)
+        got = as_user(attacker, argv, timeout=FLOOD_S + 60)
         time.sleep(3.0)                           # what the flood left queued is recorded
     finally:
         peak = rss.stop()
