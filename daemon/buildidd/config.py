@@ -163,7 +163,8 @@ class Config:
                                "full), so that CPU-bound work on every core cannot starve it into losing "
                                "events; never lower than the process's own.")
     identity_cache_entries: int = _key(65536, "entries",
-                                       "file identities whose build-id answer is kept (LRU); also the size of "
+                                       "file identities whose build-id answer is kept (LRU), within 6 MiB of "
+                                       "answers and paths (docs/operations.md, Memory); also the size of "
                                        "the kernel's known_ids map; at least 16.")
     bpf_pin_root: str = _key("/sys/fs/bpf/buildidd", "path",
                              "a bpffs directory where the loaded BPF programs are kept (pinned) for the next "

@@ -260,6 +260,7 @@ def test_fast_path_lines_and_counters_equal_the_python_path(tmp_path, elfs):
     assert fast.tables.live == slow.tables.live
     # Each exec record and exec mapping confirms its pin, from either path: (pid, uid, kdev, ino, time_ns).
     assert fast.pins.execs == slow.pins.execs and len(fast.pins.execs) > 300
+    assert fast.tables.live_entries == slow.tables.live_entries == sum(map(len, fast.tables.live.values()))
     # The fast path did the work: only the records that need Python reached it.
     assert slow_calls == n_python
     assert n_python < sum(map(len, batches)) * 0.4

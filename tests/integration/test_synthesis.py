@@ -123,7 +123,7 @@ def test_a_refused_iterator_falls_back_to_the_proc_scan(recorder, workloads):
         progs[synth.ITERATOR] = progs["on_sched_process_fork"]
         try:
             # As if the iterator had failed before idle's mappings: they are not live yet.
-            rec.tables.live.pop(idle.pid, None)
+            rec.tables.drop_live(idle.pid)
             before = rec.stats.synthesized
             rec.recovery.synthesize(rec.tracer, rec._record_raws, rec.log.flush, rec.last_errors, 0.2)
             assert rec.stats.synthesized > before

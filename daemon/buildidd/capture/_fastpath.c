@@ -73,7 +73,8 @@ FP_INTERNAL PyTypeObject *HeldExec, *FastEntry, *RunCounts;
 
 /* Attribute names read from run()'s tables object and from a Memo. */
 FP_INTERNAL PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_path_json, *s_origins,
-	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json, *s_execs;
+	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json, *s_execs, *s_live_entries,
+	*s_live_max_entries;
 
 static PyMethodDef methods[] = {
 	{"read_ring", read_ring, METH_VARARGS, read_ring_doc},
@@ -107,6 +108,7 @@ PyMODINIT_FUNC PyInit__fastpath(void)
 	struct { PyObject **s; const char *name; } names[] = {
 		{&s_fast, "fast"}, {&s_held, "held"}, {&s_live, "live"}, {&s_comm_json, "comm_json"},
 		{&s_filename_json, "filename_json"}, {&s_path_json, "path_json"}, {&s_path_cut_json, "path_cut_json"},
+		{&s_live_entries, "live_entries"}, {&s_live_max_entries, "live_max_entries"},
 		{&s_origins, "origins"}, {&s_missing, "missing"},
 		{&s_out, "out"}, {&s_step, "step"}, {&s_entries, "entries"}, {&s_fill, "fill"},
 		{&s_hits, "hits"}, {&s_execs, "execs"},

@@ -45,7 +45,7 @@ class ExecJoin:
         if prev is not None:
             self.write(prev, None)
         held[head.tid] = HeldExec((raw, self.tables.step, exec_file_key(raw), exec_prefix(head)))
-        self.tables.live.pop(head.pid, None)
+        self.tables.drop_live(head.pid)
 
     def complete(self, ev: RawEvent, res: Resolution) -> None:
         """A mapping (decoded, resolved to res) from ev.tid: write the exec that tid holds, if any.

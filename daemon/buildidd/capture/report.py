@@ -31,7 +31,12 @@ def status(rec: Recorder) -> dict:
     """What the daemon is doing (JSON-ready; read by the control socket's thread).
 
     Besides summary(): "caches" gives every bounded cache's {entries, capacity, hits,
-    misses, evictions} by name (memo.py); "kernel_build_id_memo" Tracer.memo_stats();
+    misses, evictions, bytes, max_bytes} by name (memo.py; bytes: the entries' estimated
+    bytes), and the other per-file memories' {entries, bytes, max_bytes, ...}:
+    ``live_mappings`` (Tables.memory), ``snapshot_seen``, ``snapshot_settled`` and
+    ``snapshot_queue`` (Snapshotter.memory, with a store), ``coverage_ledger`` (its bytes,
+    store.coverage); see caches();
+    "kernel_build_id_memo" Tracer.memo_stats();
     "quiet" Rings.quiet_status() (an idle recorder sleeps: last_step_s_ago grows meanwhile);
     "last_reload" the last SIGHUP's outcome ({"time_ns", "ok", "error"}, or None);
     "limits" the configuration keys the text status names beside what they bound;
@@ -52,11 +57,27 @@ def status(rec: Recorder) -> dict:
            "quiet": rec.rings.quiet_status() if rec.rings is not None else None,
            "kernel_build_id_path": rec.kernel_path.as_dict() if rec.kernel_path else None,
            "kernel_build_id_memo": rec.tracer.memo_stats() if rec.tracer is not None else None,
-           "caches": {**memo.shared_stats(), rec.enricher.cache.name: rec.enricher.cache.stats()},
+           "caches": caches(rec),
            "last_reload": rec.last_reload,
            "limits": {k: getattr(cfg, k) for k in LIMIT_KEYS},
            "sessions": {"root": cfg.session_root, "count": n_sessions, "bytes": sessions_bytes}}
     out.update(summary(rec))
+    return out
+
+
+def caches(rec: Recorder) -> dict:
+    """Every per-file or per-path memory of the recorder by name, with the bytes it holds (JSON-ready;
+    see status())."""
+    e = rec.enricher
+    out = {**memo.shared_stats()}
+    for cache in (e.cache, e.handed, e.routes.keyed, rec.slow.kernel_fast):
+        out[cache.name] = cache.stats()
+    out["live_mappings"] = rec.tables.memory()["live"]
+    if rec.snapshotter is not None:
+        for name, got in rec.snapshotter.memory().items():
+            out[f"snapshot_{name}"] = got
+        cov = rec.snapshotter.coverage
+        out["coverage_ledger"] = {"bytes": cov.bytes, "max_bytes": cov.max_bytes}
     return out
 
 

@@ -16,6 +16,7 @@ from buildidd.capture.execjoin import ExecJoin
 from buildidd.capture.tables import FastEntry, Stats, Tables
 from buildidd.kernel.events import (DecodeError, EventType, MapOrigin, RawEvent, answer_key, decode, decode_task,
                                      exec_file_key, exec_head, file_key)
+from buildidd.memo import LruCache, text_bytes
 from buildidd.resolve.enrich import Enricher, Resolution
 from buildidd.sessionlog.records import ORIGIN_NAMES, file_id_line, mmap_line, res_tail, task_line
 
@@ -35,6 +36,16 @@ _EXEC_ORIGINS = (MapOrigin.EXEC_MAIN, MapOrigin.EXEC_INTERP)
 #: Fast entries of kernel answers (answer_key longer than the identity key)
 #: kept at most; the oldest go first.  (Identity entries follow the enricher's cache.)
 KERNEL_FAST_MAX = 65536
+#: ... and the bytes they hold at most (fast_cost): each keeps its answer's path and JSON tail.
+KERNEL_FAST_MAX_BYTES = 6 << 20
+#: Bytes of a FastEntry, its key object and their dict entries besides the strings counted by length.
+_FAST_FIXED_BYTES = 560
+
+
+def fast_cost(akey: bytes, res: Resolution) -> int:
+    """Bytes one kernel answer's fast entry holds (memo.Cost): its key, the path and the JSON tail
+    (as text in the Resolution and as bytes in the FastEntry) by length, plus a constant."""
+    return len(akey) + text_bytes(res.path) + 2 * text_bytes(res.json_tail) + _FAST_FIXED_BYTES
 
 
 class SlowPath:
@@ -52,7 +63,11 @@ class SlowPath:
         self.stats = stats
         self.enricher = enricher
         self.join = join
-        self._kernel_keys: dict[bytes, None] = {}
+        #: the fast entries of kernel answers, oldest first (only put: C's hits do not refresh them);
+        #: one evicted leaves tables.fast too
+        self.kernel_fast: LruCache[bytes, Resolution] = LruCache(
+            "kernel_fast", KERNEL_FAST_MAX, max_bytes=KERNEL_FAST_MAX_BYTES, cost=fast_cost,
+            on_evict=lambda akey, _res: tables.fast.pop(akey, None))
         #: named(build_id_hex, path, uid): told of every build-id recorded, and of the htlhash of a file
         #: without one (the store's key for it), with the uid of the task that mapped it
         #: (store.coverage.Coverage.named, which charges it to that uid)
@@ -73,7 +88,7 @@ class SlowPath:
             return
         if etype >= EventType.FORK:
             if task.type == EventType.EXIT:
-                self.tables.live.pop(task.pid, None)
+                self.tables.drop_live(task.pid)
             self.tables.emit(task_line(task))
             self.stats.count(EventType(task.type).name.lower())
         elif etype == EventType.EXEC:
@@ -105,11 +120,7 @@ class SlowPath:
         if res.final and ev.origin is not None and akey not in fast:
             fast[akey] = FastEntry((res, None if res.build_id else res.error or "unknown", res_tail(res)))
             if akey is not key:
-                self._kernel_keys[akey] = None
-                if len(self._kernel_keys) > KERNEL_FAST_MAX:
-                    old = next(iter(self._kernel_keys))
-                    del self._kernel_keys[old]
-                    fast.pop(old, None)
+                self.kernel_fast.put(akey, res)
         self.tables.emit(mmap_line(ev, origin, res))
 
     def record_resolutions(self, answers: list[tuple[object, Resolution]]) -> None:

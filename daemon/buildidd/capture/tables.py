@@ -41,6 +41,13 @@ _KEY_INO_DEV = struct.Struct("=Q20xI")
 LIVE_MAX = 4096
 #: Processes whose live mappings are kept (Tables.trim_live): above, exits were lost.
 LIVE_PIDS_MAX = 65536
+#: Live mappings kept in all (every pid's): one user's processes could otherwise keep LIVE_MAX
+#: each, for as many processes as they may run.  A mapping not kept is only recorded again
+#: (origin "recovered") if a rescan follows a loss while it is mapped.
+LIVE_ENTRIES_MAX = 16384
+#: What one live mapping holds (its tuple, vm_start, identity key bytes, the set's slot), bytes:
+#: the estimate status reports (Tables.memory).
+LIVE_ENTRY_BYTES = 256
 #: Seconds between two log lines about events of one exception type that could not be recorded.
 EVENT_ERROR_LOG_EVERY_S = 60.0
 
@@ -62,6 +69,8 @@ class Tables:
         held: tid -> HeldExec, execs waiting for their executable's mapping.
         live: pid (tgid) -> {(vm_start, identity key)} of its recorded
             mappings (at most LIVE_MAX), for the rescan after a loss.
+        live_entries: the mappings in live (all pids; the C fast path keeps it too);
+            live_max_entries: none is added beyond it (LIVE_ENTRIES_MAX).
         comm_json, filename_json, path_json: the memos of records.py (raw
             comm / raw exec filename / raw path -> JSON bytes).
         path_cut_json: records.PATH_CUT_JSON (what follows a path: read whole, cut).
@@ -77,6 +86,8 @@ class Tables:
     fast: dict[bytes, FastEntry] = field(default_factory=dict)
     held: dict[int, HeldExec] = field(default_factory=dict)
     live: dict[int, set[tuple[int, bytes]]] = field(default_factory=dict)
+    live_entries: int = 0
+    live_max_entries: int = LIVE_ENTRIES_MAX
     comm_json: Memo = COMM_JSON
     filename_json: Memo = FILENAME_JSON
     path_json: Memo = PATH_JSON
@@ -112,11 +123,21 @@ class Tables:
 
     def add_live(self, pid: int, start: int, key: bytes) -> None:
         """Remember a recorded mapping of pid at start (bytes) of the identity key."""
+        if self.live_entries >= self.live_max_entries:
+            return                          # full: no set is made for a new pid either
         live = self.live.get(pid)
         if live is None:
             live = self.live[pid] = set()
         if len(live) < LIVE_MAX:
+            had = len(live)
             live.add((start, key))
+            self.live_entries += len(live) - had
+
+    def drop_live(self, pid: int) -> None:
+        """Forget pid's live mappings (it exited, or exec'd)."""
+        gone = self.live.pop(pid, None)
+        if gone is not None:
+            self.live_entries -= len(gone)
 
     def trim_live(self, max_pids: int = LIVE_PIDS_MAX) -> int:
         """Forget the live mappings of the longest-known pids beyond max_pids; how many pids went.
@@ -128,8 +149,18 @@ class Tables:
         live = self.live
         excess = len(live) - max_pids
         for _ in range(max(0, excess)):
-            del live[next(iter(live))]
+            self.drop_live(next(iter(live)))
         return max(0, excess)
+
+    def memory(self) -> dict:
+        """What the per-identity tables hold (JSON-ready): {"fast": {"entries"}, "live": {"entries",
+        "pids", "max_entries", "bytes", "max_bytes"}, "held": {"entries"}}; live's bytes are LIVE_ENTRY_BYTES each
+        (the fast entries' bytes are counted by the caches that bound them: identity, kernel_fast)."""
+        return {"fast": {"entries": len(self.fast)},
+                "live": {"entries": self.live_entries, "pids": len(self.live), "max_entries": self.live_max_entries,
+                         "bytes": self.live_entries * LIVE_ENTRY_BYTES,
+                         "max_bytes": self.live_max_entries * LIVE_ENTRY_BYTES},
+                "held": {"entries": len(self.held)}}
 
 
 @dataclass

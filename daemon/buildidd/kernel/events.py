@@ -452,7 +452,7 @@ def _comm_text(raw: bytes) -> str:
 
 
 #: Raw 16-byte event_header.comm -> text (memo.py: bounded LRU "comm_text").
-_COMM_TEXT = memo.shared("comm_text", 4096, _comm_text)
+_COMM_TEXT = memo.shared("comm_text", 4096, _comm_text, max_bytes=512 << 10, cost=memo.text_cost)
 
 
 def _identity(buf: bytes, off: int) -> tuple[Identity, int]:

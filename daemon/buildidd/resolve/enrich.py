@@ -34,7 +34,7 @@ from typing import Callable
 
 from buildidd.config import Config
 from buildidd.kernel.events import KERNEL_FINAL, Identity, MapOrigin, RawEvent
-from buildidd.memo import LruCache
+from buildidd.memo import LruCache, text_bytes
 from buildidd.resolve.fairqueue import UID_BUDGET
 from buildidd.resolve.procfs import Source
 from buildidd.resolve.reasons import MissReason
@@ -47,6 +47,38 @@ __all__ = ["Enricher", "Offload", "Resolution", "kernel_resolution"]
 SUSPECT_S = 10.0
 #: Suspect devices remembered at most (the oldest forgotten first).
 SUSPECT_MAX = 1024
+#: Bytes the identity cache keeps at most (resolution_cost of its entries): each answer holds the
+#: path it was found at and its JSON tail, and a user picks how long a path is.
+IDENTITY_CACHE_MAX_BYTES = 6 << 20
+#: Bytes the kernel hand-overs' memory (Enricher.handed, keyed by build-id and path) keeps at most.
+HANDED_MAX_BYTES = 3 << 20
+#: Bytes of an Identity, a Resolution and their dict entry besides the strings counted by length.
+_ANSWER_FIXED_BYTES = 600
+#: Bytes of a (build-id, path, dev, inode) key and its entry besides the strings counted by length.
+_HANDED_FIXED_BYTES = 360
+
+
+#: Bytes of a queued job (workers.Job, its Request and Resolution) besides the path counted by length.
+_JOB_FIXED_BYTES = 1000
+
+
+def job_cost(path: str) -> int:
+    """Bytes a worker job for a mapping of path holds while it waits (WorkerPool.submit's cost)."""
+    return text_bytes(path) + _JOB_FIXED_BYTES
+
+
+def resolution_cost(_ident: Identity, res: Resolution) -> int:
+    """Bytes one identity cache entry holds (memo.Cost): its path, JSON tail and keys by length, plus
+    a constant for the objects around them."""
+    return (text_bytes(res.path) + text_bytes(res.json_tail) + text_bytes(res.go_build_id)
+            + text_bytes(res.file_id) + _ANSWER_FIXED_BYTES)
+
+
+def handed_cost(key: tuple[str, str, int, int], _value: bool) -> int:
+    """Bytes one entry of the kernel hand-overs' memory holds (memo.Cost): build-id and path by length."""
+    return text_bytes(key[0]) + text_bytes(key[1]) + _HANDED_FIXED_BYTES
+
+
 #: Mappings made by execve (the executable, its interpreter): their files have exec pins.
 _EXEC_ORIGINS = (MapOrigin.EXEC_MAIN, MapOrigin.EXEC_INTERP)
 
@@ -78,7 +110,7 @@ class Enricher:
     """Resolves identities to build-ids, with a bounded identity cache; file work on workers.
 
     Args:
-        cache_entries: identities kept (LRU).
+        cache_entries: identities kept (LRU), within IDENTITY_CACHE_MAX_BYTES.
         on_resolved: called with (identity, Resolution) when an identity gets a
             final answer (the tracer then stops sending its path); recording thread.
         on_evicted: called with an identity dropped from the cache; recording thread.
@@ -94,7 +126,9 @@ class Enricher:
                  on_build_id: OnBuildId | None = None,
                  offload: Offload | None = None):
         self.cache: LruCache[Identity, Resolution] = LruCache("identity", cache_entries,
-                                                              on_evict=self._evicted)
+                                                              on_evict=self._evicted,
+                                                              max_bytes=IDENTITY_CACHE_MAX_BYTES,
+                                                              cost=resolution_cost)
         self.on_resolved = on_resolved
         self.on_evicted = on_evicted
         self.routes = Routes(self.cache, on_build_id)
@@ -111,7 +145,9 @@ class Enricher:
         #: (build-id, path) pairs the kernel read whose file was handed to on_build_id (bounded).
         #: Keyed by (build-id, path, dev, inode): a user's file claiming a build-id at a path (a bind
         #: mount in their own namespace) never stands for the root-owned file met there later.
-        self._handed: LruCache[tuple[str, str, int, int], bool] = LruCache("kernel_handed", cache_entries)
+        self.handed: LruCache[tuple[str, str, int, int], bool] = LruCache("kernel_handed", cache_entries,
+                                                                            max_bytes=HANDED_MAX_BYTES,
+                                                                            cost=handed_cost)
         self.handovers_dropped = 0
 
     def _handover_pool(self, name: str) -> WorkerPool:
@@ -172,7 +208,7 @@ class Enricher:
             self.cache.count_hits(1)     # answered without a file read, as the fast path counts it
             res = kernel_resolution(ev)
             while self.routes.unreached:     # hand-overs that found no route: the next sighting tries again
-                self._handed.pop(self.routes.unreached.popleft())
+                self.handed.pop(self.routes.unreached.popleft())
             if self.routes.on_build_id is not None:
                 self._hand_over(ev, res)     # with or without a build-id: the store keeps it, and its htlhash
             return res
@@ -182,12 +218,13 @@ class Enricher:
             # Unreachable before: only the mapping itself can still help.
             if ident in self._pending or ev.start == 0 or ev.length == 0:
                 return res
-            got = self._offload(ident, self.routes.retry, _request(ev, ev.path or res.path))
+            req = _request(ev, ev.path or res.path)
+            got = self._offload(ident, self.routes.retry, req, job_cost(req.path))
             return self._store(ident, got) if isinstance(got, Resolution) else res
         res = self.cache.get(ident)         # counts the hit or the miss
         if res is not None:
             return res
-        got = self._offload(ident, self.routes.fresh, _request(ev, ev.path))
+        got = self._offload(ident, self.routes.fresh, _request(ev, ev.path), job_cost(ev.path))
         if got is _TIMED_OUT:
             self.timeouts += 1
             return self._store(ident, make_resolution(ident, None, Source.NONE, MissReason.TIMEOUT, ev.path))
@@ -200,11 +237,11 @@ class Enricher:
         the event's uid: refused when its pool is full (gap ``handover_dropped``) or the uid holds its
         share of it (gap ``uid_budget``), counted ``handovers_dropped`` and by uid in the pool's status."""
         seen = (res.build_id, ev.path, ev.identity.dev, ev.identity.ino)
-        if seen in self._handed:
+        if seen in self.handed:
             if self.routes.pins is not None:
                 self.routes.pins.release(ev.identity)
             return
-        self._handed.put(seen, True)
+        self.handed.put(seen, True)
         req = _request(ev, ev.path)
         pins = self.routes.pins
         # The live pool is for files only a living process reaches (mmap'd); an exec'd file on a
@@ -213,12 +250,13 @@ class Enricher:
         pool = self.bulk_handovers if req.bulk or pinned else self.handovers
         if pinned:
             pins.claim(ev.identity, ev.pid, ev.uid)     # its pin waits for this hand-over
-        got = pool.submit_charged(self._pinned_hand_over if pinned else self.routes.hand_over, (req, res), req.uid)
+        got = pool.submit_charged(self._pinned_hand_over if pinned else self.routes.hand_over, (req, res), req.uid,
+                                 job_cost(ev.path))
         if isinstance(got, str):
             if pinned:
                 pins.unclaim(ev.identity)
             self.handovers_dropped += 1
-            self._handed.pop(seen)
+            self.handed.pop(seen)
             if self.routes.on_gap is not None and res.build_id:
                 self.routes.on_gap(res.build_id, ev.path, UID_BUDGET if got == UID_BUDGET else "handover_dropped",
                                    ev.uid)
@@ -239,7 +277,7 @@ class Enricher:
         Raises:
             Exception: an unexpected error of the job (a bug; the caller counts it).
         """
-        got = self._offload(None, self.routes.scan, (pid, vma, path))
+        got = self._offload(None, self.routes.scan, (pid, vma, path), job_cost(path))
         if got is _TIMED_OUT or got is None:
             return None
         ident, res, cached = got
@@ -303,8 +341,9 @@ class Enricher:
         self.bulk_handovers.close()
         return self.pool.close()
 
-    def _offload(self, ident: Identity | None, fn: Callable, arg):
-        """Run fn(arg) on a worker and wait for it within the deadline and the step's budget.
+    def _offload(self, ident: Identity | None, fn: Callable, arg, cost: int):
+        """Run fn(arg) on a worker (a job holding cost bytes while it waits: job_cost) and wait for it
+        within the deadline and the step's budget.
 
         Returns its result, or _TIMED_OUT (the job is then pending: take_late).
         """
@@ -313,7 +352,7 @@ class Enricher:
         wait = min(self.offload.deadline_s, self._budget_s)
         if (dev is not None and self._suspect.get(dev, 0.0) > now) or not self.pool.can_run_now():
             wait = 0.0
-        job = self.pool.submit(fn, arg)
+        job = self.pool.submit(fn, arg, cost)
         if job is None:
             return _TIMED_OUT
         done = self.pool.wait(job, wait)

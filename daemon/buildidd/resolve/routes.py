@@ -128,8 +128,18 @@ copy is charged to.  A
 resolution without a build-id but with a ``file_id`` (a file without a GNU build-id) is handed over
 too: the store keeps it under that htlhash."""
 
-#: File identities whose htlhash was queued as a ``file_id`` record, remembered at most.
+#: File identities whose htlhash was queued as a ``file_id`` record, remembered at most (each entry
+#: an Identity, no path: KEYED_ENTRY_BYTES each, within KEYED_MAX_BYTES).
 FILE_IDS_MAX = 65536
+#: FileKeys waiting for the recording thread at most (it drains them every step; no path in one).
+FILE_KEYS_QUEUED_MAX = 4096
+#: Hand-overs that reached no file remembered at most until the recording thread drains them
+#: (each holds a path of at most BUILDIDD_PATH_MAX bytes: this many bounds them to a few MiB).
+UNREACHED_MAX = 256
+#: What one entry of the ``file_id_keyed`` memory holds (an Identity and its dict entry), bytes ...
+KEYED_ENTRY_BYTES = 320
+#: ... and the bytes it keeps at most (an identity forgotten only has its file_id record written again).
+KEYED_MAX_BYTES = 2 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +183,7 @@ class Routes:
         self.on_gap: OnGap | None = None
         #: (build-id, path) of hand-overs that reached no file (appended on workers, drained by the
         #: recording thread, which then hands the next sighting over again; deque appends are atomic).
-        self.unreached: deque[tuple[str, str, int, int]] = deque(maxlen=4096)
+        self.unreached: deque[tuple[str, str, int, int]] = deque(maxlen=UNREACHED_MAX)
         #: (build-id hex, the sighting's Identity, its path) -> True when the store needs no file for
         #: it (Snapshotter.settled); set once a store exists.  settled_handovers counts the hand-overs
         #: it spared.
@@ -185,7 +195,9 @@ class Routes:
         #: Enricher.take_file_keys); file_keys_dropped counts those not queued, the deque being full.
         self.file_keys: deque[FileKey] = deque()
         self.file_keys_dropped = 0
-        self._keyed: LruCache[Identity, bool] = LruCache("file_id_keyed", FILE_IDS_MAX)
+        self.keyed: LruCache[Identity, bool] = LruCache("file_id_keyed", FILE_IDS_MAX,
+                                                         max_bytes=KEYED_MAX_BYTES,
+                                                         cost=lambda _ident, _v: KEYED_ENTRY_BYTES)
         self._keyed_lock = threading.Lock()     # hand-over workers share _keyed
         #: stored_file_id(build-id hex, identity) -> the htlhash the store recorded for that very file
         #: (its origin's dev, inode, size, mtime), or None; set once a store exists.  A settled
@@ -334,7 +346,7 @@ class Routes:
         """Whether req's file has its htlhash queued already, or the store recorded it for this very
         file (then it is queued here): a settled hand-over need not open the file for it."""
         ident = req.identity
-        if ident in self._keyed:
+        if ident in self.keyed:
             return True
         fid = self.stored_file_id(res.build_id, ident) if self.stored_file_id is not None else None
         if fid is None:
@@ -345,10 +357,10 @@ class Routes:
     def _queue_key(self, key: FileKey) -> None:
         """Queue key for its file_id record unless its identity has one queued already (any worker)."""
         with self._keyed_lock:
-            if key.identity in self._keyed:
+            if key.identity in self.keyed:
                 return
-            self._keyed.put(key.identity, True)
-            if len(self.file_keys) >= FILE_IDS_MAX:
+            self.keyed.put(key.identity, True)
+            if len(self.file_keys) >= FILE_KEYS_QUEUED_MAX:
                 self.file_keys_dropped += 1
                 return
             self.file_keys.append(key)

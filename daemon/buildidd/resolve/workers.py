@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from buildidd.resolve.fairqueue import QUEUE_FULL, Budget, FairQueue, UidCounts
+from buildidd.resolve.fairqueue import QUEUE_FULL, ROOT_UID, UID_BUDGET, Budget, FairQueue, UidCounts
 
 __all__ = ["Job", "PoolPolicy", "WorkerPool"]
 
@@ -48,6 +48,9 @@ class PoolPolicy:
         stuck_after_s: a worker on one job this long (seconds) is stuck.
         uid_share: None (first come, first served), or the part of queue_max one uid other than root
             may hold, in (0, 1]: jobs then go through submit_charged and are served round robin by uid.
+        queue_max_bytes: the bytes waiting jobs hold at most, as the submitter counts them (the
+            cost given to submit: a path's length and a constant); beyond, as beyond queue_max.  In
+            a fair pool one uid other than root holds at most uid_share of it too.
     """
 
     workers: int = 2
@@ -55,6 +58,7 @@ class PoolPolicy:
     queue_max: int = 4096
     stuck_after_s: float = 0.2
     uid_share: float | None = None
+    queue_max_bytes: int = 2 << 20
 
 #: What a fair pool's SimpleQueue carries: "take the next job from the fair queue".
 _FAIR = object()
@@ -72,11 +76,12 @@ class Job:
         started: time.monotonic() when a worker took it (0 while queued).
     """
 
-    __slots__ = ("fn", "arg", "result", "error", "late", "started", "_done")
+    __slots__ = ("fn", "arg", "result", "error", "late", "started", "cost", "_done")
 
-    def __init__(self, fn: Callable[[Any], Any], arg: Any):
+    def __init__(self, fn: Callable[[Any], Any], arg: Any, cost: int = 0):
         self.fn = fn
         self.arg = arg
+        self.cost = cost
         self.result: Any = None
         self.error: BaseException | None = None
         self.late = False
@@ -104,6 +109,8 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()   # C: no Python-level wake-up cost
         self._queued = 0
+        self._queued_bytes = 0
+        self._bytes_by_uid: dict[int, int] = {}      # a fair pool's queued bytes by uid (only uids holding some)
         self._late: collections.deque[Job] = collections.deque()
         #: called (on the worker's thread) after a late job finished: e.g. to wake the recorder
         self.on_late: Callable[[], None] | None = None
@@ -122,24 +129,28 @@ class WorkerPool:
                 self._start_thread()
 
     # -- the recording thread's side ----------------------------------------
-    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Job | None:
-        """Queue fn(arg); the Job, or None when the queue is full or the pool closed (counted)."""
+    def submit(self, fn: Callable[[Any], Any], arg: Any, cost: int = 0) -> Job | None:
+        """Queue fn(arg), which holds cost bytes while it waits; the Job, or None when the queue is
+        full (queue_max jobs, or queue_max_bytes) or the pool closed (counted)."""
         with self._lock:
-            if self._closed or self._queued >= self.policy.queue_max:
+            if self._closed or self._queued >= self.policy.queue_max \
+                    or self._queued_bytes + cost > self.policy.queue_max_bytes:
                 self.stats["queue_dropped"] += 1
                 return None
-            job = Job(fn, arg)
+            job = Job(fn, arg, cost)
             self._queued += 1
+            self._queued_bytes += cost
             self.stats["submitted"] += 1
             if self._idle < self._queued and self._threads < self.policy.max_threads:
                 self._start_thread()
         self._queue.put(job)
         return job
 
-    def submit_charged(self, fn: Callable[[Any], Any], arg: Any, uid: int) -> Job | str:
-        """Queue fn(arg) charged to uid (a fair pool: PoolPolicy.uid_share set): the Job, or why it was
-        refused: fairqueue.QUEUE_FULL (queue_max jobs wait, or the pool is closed) or UID_BUDGET (uid
-        holds its share), counted ``queue_dropped`` and in :attr:`refused` by uid.
+    def submit_charged(self, fn: Callable[[Any], Any], arg: Any, uid: int, cost: int = 0) -> Job | str:
+        """Queue fn(arg) charged to uid (a fair pool: PoolPolicy.uid_share set), holding cost bytes while
+        it waits: the Job, or why it was refused: fairqueue.QUEUE_FULL (queue_max jobs or queue_max_bytes
+        wait, or the pool is closed) or UID_BUDGET (uid holds its share of the slots or of the bytes),
+        counted ``queue_dropped`` and in :attr:`refused` by uid.
 
         Raises:
             ValueError: the pool is not fair.
@@ -147,19 +158,32 @@ class WorkerPool:
         if self._fair is None:
             raise ValueError(f"{self.name}: not a fair pool (PoolPolicy.uid_share unset)")
         with self._lock:
-            got = QUEUE_FULL if self._closed else self._slots.take(uid, False)
+            got = self._bytes_refusal(uid, cost) or (QUEUE_FULL if self._closed else self._slots.take(uid, False))
             if isinstance(got, str):
                 self.stats["queue_dropped"] += 1
                 self.refused.add(uid)
                 return got
-            job = Job(fn, arg)
+            job = Job(fn, arg, cost)
             self._fair.push(uid, 0, job)
             self._queued += 1
+            self._queued_bytes += cost
+            if cost:
+                self._bytes_by_uid[uid] = self._bytes_by_uid.get(uid, 0) + cost
             self.stats["submitted"] += 1
             if self._idle < self._queued and self._threads < self.policy.max_threads:
                 self._start_thread()
         self._queue.put(_FAIR)
         return job
+
+    def _bytes_refusal(self, uid: int, cost: int) -> str | None:
+        """Why a job of uid holding cost bytes may not wait (lock held): QUEUE_FULL past
+        queue_max_bytes, UID_BUDGET past uid's share of it (root has none); None: it may."""
+        limit = self.policy.queue_max_bytes
+        if self._queued_bytes + cost > limit:
+            return QUEUE_FULL
+        if uid != ROOT_UID and self._bytes_by_uid.get(uid, 0) + cost > limit * self.policy.uid_share:
+            return UID_BUDGET
+        return None
 
     def can_run_now(self) -> bool:
         """True when a submitted job would start at once: an idle thread, or room for a new one."""
@@ -196,7 +220,8 @@ class WorkerPool:
         with self._lock:
             stuck = sum(1 for j in self._running.values() if now - j.started >= self.policy.stuck_after_s)
             out = {**self.stats, "threads": self._threads, "idle": self._idle, "stuck": stuck,
-                   "queued": self._queued, "queue_max": self.policy.queue_max}
+                   "queued": self._queued, "queue_max": self.policy.queue_max,
+                   "queued_bytes": self._queued_bytes, "queue_max_bytes": self.policy.queue_max_bytes}
             if self._slots is not None:
                 out.update(uid_cap=self._slots.uid_caps[0], queued_by_uid=self._slots.top(_TOP_UIDS),
                            refused_by_uid=self.refused.top(_TOP_UIDS))
@@ -261,7 +286,12 @@ class WorkerPool:
                 if job is _FAIR:            # one token per queued job: the fair queue holds one for it
                     uid, job = self._fair.pop()
                     self._slots.release(uid, 0)
+                    if job.cost:
+                        left = self._bytes_by_uid.pop(uid) - job.cost
+                        if left:
+                            self._bytes_by_uid[uid] = left
                 self._queued -= 1
+                self._queued_bytes -= job.cost
                 job.started = time.monotonic()
                 self._running[me] = job
             try:

@@ -100,15 +100,24 @@ def raw_name(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
+#: Bytes the memos below keep at most (memo.text_cost of each entry: its key's and value's
+#: lengths and a constant).  A user chooses the paths and file names they map and exec (up to
+#: PATH_MAX each, and as many as they like): without a byte budget, 65,536 paths of 4 KiB
+#: held twice (raw and JSON) are 512 MiB.  A path evicted is only encoded again.
+COMM_JSON_MAX_BYTES = 1 << 20
+FILENAME_JSON_MAX_BYTES = 1 << 20
+PATH_JSON_MAX_BYTES = 4 << 20
+
 #: Raw 16-byte task comm (NUL-padded) -> its JSON value (bytes), as the
 #: records below write "comm" (name_json).  Also read by the C fast path (memo.py).
-COMM_JSON = memo.shared("comm_json", 65536, _comm_json)
+COMM_JSON = memo.shared("comm_json", 65536, _comm_json, max_bytes=COMM_JSON_MAX_BYTES, cost=memo.text_cost)
 #: Raw exec filename (linux_binprm.filename bytes) -> its JSON value (bytes),
 #: as exec_prefix() writes "filename".  Also read by the C fast path.
-FILENAME_JSON = memo.shared("exec_filename_json", 4096, _filename_json)
+FILENAME_JSON = memo.shared("exec_filename_json", 4096, _filename_json, max_bytes=FILENAME_JSON_MAX_BYTES,
+                            cost=memo.text_cost)
 #: Raw path bytes -> its JSON value (bytes), as mapping and exec records write
 #: "path".  Also read by the C fast path.
-PATH_JSON = memo.shared("path_json", 65536, _path_json)
+PATH_JSON = memo.shared("path_json", 65536, _path_json, max_bytes=PATH_JSON_MAX_BYTES, cost=memo.text_cost)
 #: What follows a path's JSON value: by whether it was read whole.
 PATH_CUT_JSON = (b"", b',"path_truncated":true')
 

@@ -11,7 +11,8 @@ may evict: each copy is charged to its file's owner), counters (counts and
 rate-limited warnings), origin (where a copy came from), store (the
 :class:`Store` composing them), chain (several stores read as one: the
 host's and the analyst's imports), coverage (which of a session's build-ids the
-store holds, and why not) snapshotter (the copy thread) and copyqueue
+store holds, and why not), sightings (what the snapshotter remembers of a session's
+sightings, bounded in bytes), snapshotter (the copy thread) and copyqueue
 (its queue, charged per uid).
 
 May import: resolve, kernel, and the shared modules; never sessionlog.

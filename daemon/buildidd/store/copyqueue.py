@@ -10,6 +10,10 @@ the descriptor the job holds) and a share per uid other than root
 - slots: jobs queued, ``max_jobs`` in all.  A job beyond its part is refused:
   ``queue_full`` when the part is full, ``uid_budget`` when its uid holds its
   share (store.coverage's gap reasons), counted per uid.
+- bytes: what queued jobs hold (:func:`job_bytes`: build-id and path by
+  length, and a constant), ``max_bytes`` in all, ``uid_share`` of it per uid
+  other than root: a user picks how long their paths are.  Refused past it
+  as past the slots.
 - descriptors: the dup of the hand-over's descriptor a queued job holds,
   ``max_fds`` in all, BULK jobs (the start-up synthesis) a quarter of it at
   most.  A job beyond them is queued without one (path and identity only,
@@ -28,7 +32,8 @@ import os
 from typing import NamedTuple
 
 from buildidd.kernel.events import Identity
-from buildidd.resolve.fairqueue import Budget, FairQueue, UidCounts
+from buildidd.memo import text_bytes
+from buildidd.resolve.fairqueue import QUEUE_FULL, ROOT_UID, UID_BUDGET, Budget, FairQueue, UidCounts
 from buildidd.resolve.routes import HandOver
 from buildidd.store.origin import KEY_GNU
 
@@ -36,6 +41,13 @@ __all__ = ["CopyJob", "CopyQueue"]
 
 #: Uids shown in a status (the most queued first).
 TOP_UIDS = 5
+#: Bytes of one queued job besides its build-id and path (the tuples, its Identity, the queue's slot).
+JOB_FIXED_BYTES = 500
+
+
+def job_bytes(job: "CopyJob") -> int:
+    """What a queued job holds, bytes (estimate): its build-id and path by length, plus JOB_FIXED_BYTES."""
+    return text_bytes(job.build_id) + text_bytes(job.path) + JOB_FIXED_BYTES
 
 
 class CopyJob(NamedTuple):
@@ -72,11 +84,17 @@ class CopyQueue:
         max_jobs: slots; max_fds: descriptors held by queued jobs at most.
         uid_share: the part of each budget part one uid other than root may hold, in (0, 1].
         at_risk_reserve: the part of slots and of descriptors only AT_RISK jobs may take, in [0, 1).
+        max_bytes: bytes the queued jobs hold at most (job_bytes), uid_share of it per uid but root.
     Attributes:
         refused: refusals by uid (either reason); no_fd: jobs queued without a descriptor, by uid.
     """
 
-    def __init__(self, max_jobs: int, max_fds: int, uid_share: float, at_risk_reserve: float):
+    def __init__(self, max_jobs: int, max_fds: int, uid_share: float, at_risk_reserve: float,
+                 max_bytes: int = 4 << 20):
+        self.max_bytes = max_bytes
+        self.uid_max_bytes = int(max_bytes * uid_share)
+        self.bytes = 0
+        self._bytes_by_uid: dict[int, int] = {}      # only uids with a job queued
         self.slots = Budget(max_jobs, at_risk_reserve, uid_share)
         self.fds = Budget(max_fds, at_risk_reserve, uid_share)
         self.bulk_fds_max = max_fds // 4
@@ -94,7 +112,14 @@ class CopyQueue:
         UID_BUDGET), counted in :attr:`refused`.  Raises nothing: a dup that fails queues the job
         without a descriptor."""
         urgent = job.priority == HandOver.AT_RISK
-        slot = self.slots.take(job.uid, urgent)
+        cost = job_bytes(job)
+        held = self._bytes_by_uid.get(job.uid, 0)
+        if self.bytes + cost > self.max_bytes:
+            slot = QUEUE_FULL
+        elif job.uid != ROOT_UID and held + cost > self.uid_max_bytes:
+            slot = UID_BUDGET
+        else:
+            slot = self.slots.take(job.uid, urgent)
         if isinstance(slot, str):
             self.refused.add(job.uid)
             return slot
@@ -110,6 +135,8 @@ class CopyQueue:
             if dup is None:
                 self.no_fd.add(job.uid)
         job = job._replace(fd=dup)
+        self.bytes += cost
+        self._bytes_by_uid[job.uid] = held + cost
         self._order.push(job.uid, int(job.priority), _Queued(job, slot, fd_part))
         return job
 
@@ -137,6 +164,11 @@ class CopyQueue:
             return None
         queued = got[1]
         self.slots.release(queued.job.uid, queued.slot_part)
+        cost = job_bytes(queued.job)
+        self.bytes -= cost
+        left = self._bytes_by_uid.pop(queued.job.uid) - cost
+        if left:
+            self._bytes_by_uid[queued.job.uid] = left
         if queued.fd_part is not None:
             self._release_fd(queued.job, queued.fd_part)
         return queued.job
@@ -147,6 +179,11 @@ class CopyQueue:
         while (job := self.pop()) is not None:
             out.append(job)
         return out
+
+    def memory(self) -> dict:
+        """{"entries", "bytes", "max_bytes", "uid_max_bytes"}: the jobs queued and what they hold."""
+        return {"entries": len(self._order), "bytes": self.bytes, "max_bytes": self.max_bytes,
+                "uid_max_bytes": self.uid_max_bytes}
 
     def status(self) -> dict:
         """Small, JSON-ready: slots and descriptors held (in all, and by the TOP_UIDS uids holding most),

@@ -35,7 +35,6 @@ import logging
 import os
 import threading
 import time
-from typing import NamedTuple
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,7 +47,8 @@ from buildidd.kernel.sched import make_current_thread_background
 from buildidd.store.copyqueue import CopyJob, CopyQueue
 from buildidd.store.counters import LogLimiter
 from buildidd.store.coverage import HELD, Coverage
-from buildidd.store.origin import KEY_GNU, Origin, origin_of_fd
+from buildidd.store.origin import KEY_GNU, origin_of_fd
+from buildidd.store.sightings import Settled, SettledMemory, Sightings, file_of
 from buildidd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -58,13 +58,9 @@ log = logging.getLogger(__name__)
 SETTLED_TTL_S = 300.0
 #: Settled answers kept at most (the memory is dropped whole beyond).
 SETTLED_MAX = 65536
-
-
-def _file_of(ident: Identity | None, path: str | None) -> tuple | None:
-    """What names one unchanged source file: (path, dev, inode, size, mtime ns, ctime ns), or None."""
-    if ident is None or path is None:
-        return None
-    return path, ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns
+#: ... and the bytes they hold at most (sightings.settled_cost): each keeps the sighting's path and
+#: its origin's.
+SETTLED_MAX_BYTES = 2 << 20
 
 
 class TokenBucket:
@@ -100,9 +96,13 @@ class SnapshotPolicy:
         uid_share: the part of the slots (and of the descriptors) one uid other than root may hold,
             in (0, 1]; its jobs beyond are refused (``dropped``, ``uid_budget``) or keep no descriptor.
         at_risk_reserve: the part of the slots and of the descriptors only AT_RISK jobs may take, in [0, 1).
-        max_seen: build-ids remembered as submitted this session; beyond it a
-            build-id is still queued but not remembered (``seen_full``), so it
-            may be queued again and is not protected by housekeeping.
+        max_queue_bytes: bytes the queued jobs hold at most (each its build-id and path by length,
+            and a constant; CopyQueue's max_bytes): a user picks how long a path is.
+        max_seen: sightings (build-id, path, file) remembered as submitted this session; beyond
+            it a build-id is still queued but not remembered (``seen_full``), so it may be queued
+            again and is not protected by housekeeping.
+        max_seen_bytes: ... and the bytes they hold at most (build-ids and paths by length, and
+            a constant each); beyond, as beyond max_seen.
         housekeeping_interval_s: seconds between two runs of the housekeeping callable.
     """
 
@@ -113,6 +113,8 @@ class SnapshotPolicy:
     at_risk_reserve: float = 0.25
     housekeeping_interval_s: float = 600.0
     max_seen: int = 1 << 20
+    max_queue_bytes: int = 4 << 20
+    max_seen_bytes: int = 6 << 20
 
 
 Housekeeping = Callable[[set[str], dict[str, int]], None]
@@ -123,15 +125,6 @@ never change it); ``stats``: the snapshotter's counters, to which it adds its
 own (``retention_removed``, ``quota_removed``).  An exception it raises is
 logged and kept in ``last_error``; the worker goes on.
 """
-
-
-class _Settled(NamedTuple):
-    """What Snapshotter.settled() found for a build-id, remembered while its stamp holds."""
-    found_at: float             #: time.monotonic() when found settled
-    stamp: tuple                #: the entry's Store.origin_stamp then
-    touched_at: float           #: time.monotonic() of the last touch (0.0: none yet)
-    source: tuple | None        #: the file it is settled for (_file_of), None for every one
-    origin: Origin              #: the entry's origin.json as read then
 
 
 class Snapshotter:
@@ -155,16 +148,17 @@ class Snapshotter:
         self.housekeeping_interval_s = policy.housekeeping_interval_s
         self.coverage = coverage if coverage is not None else Coverage()
         self._housekeeping = housekeeping
-        self._queue = CopyQueue(policy.max_queue, policy.max_fds, policy.uid_share, policy.at_risk_reserve)
+        self._queue = CopyQueue(policy.max_queue, policy.max_fds, policy.uid_share, policy.at_risk_reserve,
+                                max_bytes=policy.max_queue_bytes)
         self._cv = threading.Condition()
         self._stop = False
-        self._seen: set[str] = set()          # build-ids submitted this session
         #: (build-id, path, dev, inode) submitted this session: the same build-id at the same path from
         #: another file (a user's claim first, root's file later) is queued again.
-        self._seen_paths: set[tuple[str, str, int, int]] = set()
-        #: build-id -> what settled() found (_Settled): settled() and stored_file_id() answer again
+        self._sightings = Sightings(policy.max_seen, policy.max_seen_bytes)
+        self._seen: set[str] = self._sightings.build_ids      # build-ids submitted this session
+        #: build-id -> what settled() found (Settled): settled() and stored_file_id() answer again
         #: from a readlink and a stat while the stamp is the same.
-        self._settled: dict[str, _Settled] = {}
+        self._settled = SettledMemory(SETTLED_MAX, SETTLED_MAX_BYTES)
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "bulk": 0, "no_fd": 0, "uid_budget": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
@@ -205,7 +199,7 @@ class Snapshotter:
         """
         build_id, path, ident = job.build_id, job.path, job.ident
         seen = (build_id, path, ident.dev if ident else 0, ident.ino if ident else 0)
-        if seen in self._seen_paths:
+        if seen in self._sightings:
             return
         if fd is None and self.settled(build_id, ident, path):
             # Nothing to copy: the sighting is done here, on the caller's thread, without a trip
@@ -304,7 +298,17 @@ class Snapshotter:
                 "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
                 "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
                 "evicted_for_root": c["evicted_for_root"],
-                "last_error": self.last_error, "log_lines_suppressed": dict(self.lines.suppressed)}
+                "last_error": self.last_error, "log_lines_suppressed": dict(self.lines.suppressed),
+                "memory": self.memory()}
+
+    def memory(self) -> dict:
+        """What the snapshotter's per-file structures hold (JSON-ready): {name: {"entries", "bytes",
+        "max_bytes", ...}} for ``seen`` (sightings and build-ids submitted), ``settled`` (settled
+        answers) and ``queue`` (jobs waiting); bytes are estimates (text by length, a constant per
+        entry).  Any thread."""
+        with self._cv:
+            queue = self._queue.memory()
+        return {"seen": self._sightings.memory(), "settled": self._settled.memory(), "queue": queue}
 
     # -- the worker --------------------------------------------------------
     def _run(self) -> None:
@@ -344,7 +348,7 @@ class Snapshotter:
         try:
             known = self._settled.get(build_id)
             if known is not None and time.monotonic() - known.found_at < SETTLED_TTL_S \
-                    and known.source in (None, _file_of(ident, path)) \
+                    and known.source in (None, file_of(ident, path)) \
                     and known.stamp == self.store.origin_stamp(build_id):
                 return True
             found = self.store.stamped_origin(build_id)
@@ -355,24 +359,19 @@ class Snapshotter:
         stamp, present = found
         if present.trusted and not present.private:
             source = None                   # settled for every sighting
-        elif present.ctime_ns and _file_of(ident, path) == (present.path, present.dev, present.ino,
+        elif present.ctime_ns and file_of(ident, path) == (present.path, present.dev, present.ino,
                                                             present.size_bytes, present.mtime_ns, present.ctime_ns):
-            source = _file_of(ident, path)  # settled for this file only
+            source = file_of(ident, path)   # settled for this file only
         else:
             return False
-        if len(self._settled) >= SETTLED_MAX:
-            self._settled.clear()
-        self._settled[build_id] = _Settled(time.monotonic(), stamp, known.touched_at if known else 0.0, source,
-                                           present)
+        self._settled.put(build_id, Settled(time.monotonic(), stamp, known.touched_at if known else 0.0, source,
+                                            present))
         return True
 
     def _note_seen(self, build_id: str, seen: tuple[str, str, int, int]) -> None:
         """Remember a submitted sighting (under _cv): it is not queued again, and the housekeeping
-        keeps its build-id; beyond max_seen, counted only."""
-        if len(self._seen_paths) < self.max_seen:
-            self._seen.add(build_id)
-            self._seen_paths.add(seen)
-        else:
+        keeps its build-id; beyond max_seen or max_seen_bytes, counted only."""
+        if not self._sightings.add(seen):
             self.stats["seen_full"] += 1
 
     def _held_settled(self, build_id: str, path: str, uid: int = -1) -> None:
@@ -399,7 +398,7 @@ class Snapshotter:
             return
         self.store.touch(build_id)
         if known is not None:
-            self._settled[build_id] = known._replace(touched_at=now)
+            self._settled.put(build_id, known._replace(touched_at=now))
 
     def stored_file_id(self, build_id: str, ident: Identity) -> str | None:
         """The htlhash (32 hex) the store recorded for build_id's main copy when that copy was made from

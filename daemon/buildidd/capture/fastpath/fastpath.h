@@ -244,7 +244,8 @@ FP_INTERNAL void batch_release_to(PyObject *batch, Py_ssize_t i);
 /* The named types and the interned attribute names (_fastpath.c). */
 extern FP_INTERNAL PyTypeObject *HeldExec, *FastEntry, *RunCounts;
 extern FP_INTERNAL PyObject *s_fast, *s_held, *s_live, *s_comm_json, *s_filename_json, *s_path_json, *s_origins,
-	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json, *s_execs;
+	*s_missing, *s_out, *s_step, *s_entries, *s_fill, *s_hits, *s_path_cut_json, *s_execs, *s_live_entries,
+	*s_live_max_entries;
 
 /* The module's functions and their docs. */
 extern FP_INTERNAL const char read_ring_doc[], quiet_wait_doc[], sort_by_time_doc[], configure_doc[], run_doc[],

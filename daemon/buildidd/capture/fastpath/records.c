@@ -26,6 +26,10 @@ struct run_state {
 	uint32_t live_pid;
 	uint64_t live_start;
 	PyObject *live_key;	/* borrowed: held by last_key.id_obj while it is the same */
+	/* tables.live_entries (mappings in live, all pids), written back when run() returns, and
+	 * tables.live_max_entries (no mapping is added beyond it) */
+	Py_ssize_t live_entries, live_max;
+	PyObject *tables;	/* borrowed: run()'s argument */
 };
 
 static PyObject *get_attr_of(PyObject *obj, PyObject *name, PyTypeObject *type)
@@ -74,8 +78,24 @@ static void release_memo(struct memo_ref *m)
 	Py_CLEAR(m->memo);
 }
 
+/* tables.NAME as a Py_ssize_t into *v: 0, or -1 with an error set. */
+static int get_ssize_of(PyObject *tables, PyObject *name, Py_ssize_t *v)
+{
+	PyObject *o = get_attr_of(tables, name, &PyLong_Type);
+
+	if (o == NULL)
+		return -1;
+	*v = PyLong_AsSsize_t(o);
+	Py_DECREF(o);
+	return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 static int load_state(struct run_state *st, PyObject *tables)
 {
+	st->tables = tables;
+	if (get_ssize_of(tables, s_live_entries, &st->live_entries) < 0 ||
+	    get_ssize_of(tables, s_live_max_entries, &st->live_max) < 0)
+		return -1;
 	if ((st->fast = get_attr_of(tables, s_fast, &PyDict_Type)) == NULL ||
 	    (st->held = get_attr_of(tables, s_held, &PyDict_Type)) == NULL ||
 	    (st->live = get_attr_of(tables, s_live, &PyDict_Type)) == NULL ||
@@ -107,6 +127,16 @@ static int load_state(struct run_state *st, PyObject *tables)
 
 static void release_state(struct run_state *st)
 {
+	if (st->live != NULL) {		/* loaded: the count goes back (a pending error is kept) */
+		PyObject *exc_type, *exc, *tb, *n;
+
+		PyErr_Fetch(&exc_type, &exc, &tb);
+		n = PyLong_FromSsize_t(st->live_entries);
+		if (n == NULL || PyObject_SetAttr(st->tables, s_live_entries, n) < 0)
+			PyErr_WriteUnraisable(st->tables);
+		Py_XDECREF(n);
+		PyErr_Restore(exc_type, exc, tb);
+	}
 	release_memo(&st->comm);
 	release_memo(&st->filename);
 	release_memo(&st->path);
@@ -214,21 +244,23 @@ static PyObject *path_cut_of(struct run_state *st, uint32_t id_flags)
 /* The pid's live mappings are gone (exit, exec): live.pop(pid, None).  0, or -1 with an error set. */
 static int forget_pid(struct run_state *st, uint32_t pid)
 {
-	PyObject *k = PyLong_FromUnsignedLong(pid);
+	PyObject *k = PyLong_FromUnsignedLong(pid), *pl;
 	int r;
 
 	st->live_key = NULL;
 
 	if (k == NULL)
 		return -1;
+	pl = PyDict_GetItemWithError(st->live, k);
+	if (pl == NULL) {
+		Py_DECREF(k);
+		return PyErr_Occurred() ? -1 : 0;
+	}
+	if (PyAnySet_Check(pl))
+		st->live_entries -= PySet_GET_SIZE(pl);
 	r = PyDict_DelItem(st->live, k);
 	Py_DECREF(k);
-	if (r < 0) {
-		if (!PyErr_ExceptionMatches(PyExc_KeyError))
-			return -1;
-		PyErr_Clear();
-	}
-	return 0;
+	return r;
 }
 
 /*
@@ -360,12 +392,14 @@ static int count_missing(struct run_state *st, PyObject *reason)
 	return 0;
 }
 
-/* live[pid].add((start, key)), at most LIVE_MAX per process.  0, or -1 with an error set. */
+/* live[pid].add((start, key)), at most LIVE_MAX per process and tables.live_max_entries in all.  0, or -1 with an error set. */
 static int add_live(struct run_state *st, uint32_t pid, uint64_t start, PyObject *key)
 {
-	PyObject *pid_obj = PyLong_FromUnsignedLong(pid), *pl, *item;
+	PyObject *pid_obj, *pl, *item;
 
-	if (pid_obj == NULL)
+	if (st->live_entries >= st->live_max)
+		goto added;		/* full: no set is made for a new pid either */
+	if ((pid_obj = PyLong_FromUnsignedLong(pid)) == NULL)
 		return -1;
 	pl = PyDict_GetItemWithError(st->live, pid_obj);
 	if (pl == NULL) {
@@ -385,14 +419,18 @@ static int add_live(struct run_state *st, uint32_t pid, uint64_t start, PyObject
 		PyErr_SetString(PyExc_TypeError, "tables.live values must be sets");
 		return -1;
 	}
-	if (PySet_GET_SIZE(pl) < LIVE_MAX) {
+	if (PySet_GET_SIZE(pl) < LIVE_MAX && st->live_entries < st->live_max) {
+		Py_ssize_t had = PySet_GET_SIZE(pl);
+
 		item = Py_BuildValue("(KO)", (unsigned long long)start, key);
 		if (item == NULL || PySet_Add(pl, item) < 0) {
 			Py_XDECREF(item);
 			return -1;
 		}
 		Py_DECREF(item);
+		st->live_entries += PySet_GET_SIZE(pl) - had;
 	}
+added:
 	st->live_pid = pid;
 	st->live_start = start;
 	st->live_key = key;
