@@ -17,7 +17,8 @@ import pytest
 
 from buildidd.errors import AnalysisError
 from buildidd.offline.inject import inject
-from buildidd.offline.perffile import FILE_HEADER, SECTION, PerfDataError, PerfFile
+from buildidd.offline.perfabi import FILE_HEADER, SECTION
+from buildidd.offline.perffile import PerfDataError, PerfFile
 
 from conftest import need
 

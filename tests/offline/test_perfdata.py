@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from buildidd.offline.perfdata import (ATTR_SIZE, BUILD_ID_ENTRY, FILE_HEADER, PERF_RECORD_MISC_BUILD_ID_SIZE,
-                                       SECTION, export_perf)
+from buildidd.offline.perfabi import BUILD_ID_ENTRY, FILE_HEADER, PERF_RECORD_MISC_BUILD_ID_SIZE, SECTION
+from buildidd.offline.perfdata import ATTR_SIZE, export_perf
 
 from offline.test_replay import mmap, task, write_session
 

@@ -47,24 +47,23 @@ from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
 from buildidd.offline.injectcover import MAX_PENDING, Coverage, SampleLayout
-from buildidd.offline.injectheader import (MAX_BUILD_ID_SECTION, PERF_RECORD_MISC_CPUMODE_MASK,
-                                          PERF_RECORD_MISC_GUEST_KERNEL, build_id_section, parse_build_id_section)
+from buildidd.offline.injectheader import MAX_BUILD_ID_SECTION, build_id_section, parse_build_id_section
 from buildidd.offline.injectmatch import TOO_LONG, PerfMapping, SessionIndex
 from buildidd.offline.injectnames import VersionNames
-from buildidd.offline.perfdata import (MAX_BUILD_ID_BYTES, MMAP2_BUILD_ID, PERF_RECORD_MISC_KERNEL,
-                                       PERF_RECORD_MISC_MMAP_BUILD_ID)
-from buildidd.offline.perffile import (CLOCK_BOOTTIME, EVENT_HEADER, FILE_HEADER, HEADER_BUILD_ID,
-                                       PERF_RECORD_FINISHED_ROUND, PERF_RECORD_FORK, PERF_RECORD_MMAP,
-                                       PERF_RECORD_MMAP2, SECTION, Copy, PerfDataError, PerfFile, Tally)
+from buildidd.offline.perfabi import (BUILD_ID_SIZE, CLOCK_BOOTTIME, EVENT_HEADER, FILE_HEADER, HEADER_BUILD_ID,
+                                      HEADER_HOSTNAME, HEADER_OSRELEASE, HEADER_STRING, MAP_PRIVATE, MAX_RECORD_BYTES,
+                                      MMAP2_BUILD_ID, MMAP2_ID, MMAP2_NAME_AT, MMAP2_PROT_FLAGS, MMAP2_UNION_AT,
+                                      MMAP_HEAD, MMAP_NAME_AT, PERF_RECORD_FINISHED_ROUND, PERF_RECORD_FORK,
+                                      PERF_RECORD_MISC_CPUMODE_MASK, PERF_RECORD_MISC_GUEST_KERNEL,
+                                      PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_MMAP_BUILD_ID,
+                                      PERF_RECORD_MISC_MMAP_DATA, PERF_RECORD_MMAP, PERF_RECORD_MMAP2, PROT_EXEC,
+                                      PROT_READ, SECTION, set_feature)
+from buildidd.offline.perffile import Copy, PerfDataError, PerfFile, Tally
 
-MMAP_HEAD = struct.Struct("<IIQQQ")             # pid, tid, start, len, pgoff (after perf_event_header)
-MMAP2_ID = struct.Struct("<IIQQ")               # maj, min, ino, ino_generation
-PROT_FLAGS = struct.Struct("<II")
-MMAP_NAME_AT = EVENT_HEADER.size + MMAP_HEAD.size                                     # 40
-MMAP2_NAME_AT = MMAP_NAME_AT + MMAP2_ID.size + PROT_FLAGS.size                        # 72
-PERF_RECORD_MISC_MMAP_DATA = 1 << 13
-PROT_READ, PROT_EXEC, MAP_PRIVATE = 1, 4, 2
-HEADER_HOSTNAME, HEADER_OSRELEASE = 3, 4
+_U64 = struct.Struct("<Q")
+#: Where an MMAP2's build-id starts, and its prot and flags (from the record's first byte).
+_BUILD_ID_AT = MMAP2_UNION_AT + MMAP2_BUILD_ID.offset_of("build_id")
+_PROT_AT = MMAP2_UNION_AT + MMAP2_ID.size
 #: User-space mapping records a profile may have (pass 1 keeps 8 bytes of offset and a key for each).
 MAX_MAPPINGS = 1 << 23
 #: Disagreements shown in the summary (all are counted).
@@ -148,17 +147,18 @@ def parse_mmap(pf: PerfFile, rtype: int, rec: memoryview) -> tuple[PerfMapping, 
     if trailer_at < name_at:
         raise PerfDataError(f"{pf.path}: a PERF_RECORD_MMAP{'2' if rtype != PERF_RECORD_MMAP else ''} of "
                             f"{len(rec)} bytes, too short for its fields")
-    pid, _tid, start, _len, pgoff = MMAP_HEAD.unpack_from(rec, EVENT_HEADER.size)
-    misc = EVENT_HEADER.unpack_from(rec)[1]
+    head = MMAP_HEAD.fields_from(rec, EVENT_HEADER.size)
+    pid, start, pgoff = head.pid, head.start, head.pgoff
+    misc = EVENT_HEADER.fields_from(rec).misc
     dev = ino = gen = bid = None
     if rtype == PERF_RECORD_MMAP2:
-        size = rec[MMAP_NAME_AT]
-        if misc & PERF_RECORD_MISC_MMAP_BUILD_ID and 0 < size <= MAX_BUILD_ID_BYTES:
-            bid = bytes(rec[MMAP_NAME_AT + 4:MMAP_NAME_AT + 4 + size])
+        size = rec[MMAP2_UNION_AT]          # MMAP2_BUILD_ID.build_id_size
+        if misc & PERF_RECORD_MISC_MMAP_BUILD_ID and 0 < size <= BUILD_ID_SIZE:
+            bid = bytes(rec[_BUILD_ID_AT:_BUILD_ID_AT + size])
         else:       # see flag_without_build_id()
-            maj, mnr, ino, gen = MMAP2_ID.unpack_from(rec, MMAP_NAME_AT)
+            maj, mnr, ino, gen = MMAP2_ID.unpack_from(rec, MMAP2_UNION_AT)
             dev = (maj, mnr)
-    t = struct.unpack_from("<Q", rec, trailer_at + pf.time_at)[0] if pf.time_at is not None else None
+    t = _U64.unpack_from(rec, trailer_at + pf.time_at)[0] if pf.time_at is not None else None
     name = bytes(rec[name_at:trailer_at]).split(b"\0", 1)[0]
     return PerfMapping(pid, start, pgoff, t, dev, ino, gen, name), bid, trailer_at
 
@@ -170,7 +170,7 @@ def flag_without_build_id(rtype: int, misc: int, rec: memoryview) -> bool:
     with --buildid-mmap, another one's MMAP2 records get the flag over their dev/inode (seen here: a size byte
     of 254, the low byte of the disk's major; perf report then fails an assertion and aborts)."""
     return rtype == PERF_RECORD_MMAP2 and bool(misc & PERF_RECORD_MISC_MMAP_BUILD_ID) and \
-        not 0 < rec[MMAP_NAME_AT] <= MAX_BUILD_ID_BYTES
+        not 0 < rec[MMAP2_UNION_AT] <= BUILD_ID_SIZE
 
 
 def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer_at: int,
@@ -181,17 +181,17 @@ def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer
     Raises:
         PerfDataError: the new record would exceed 65535 bytes.
     """
-    misc = EVENT_HEADER.unpack_from(rec)[1] | PERF_RECORD_MISC_MMAP_BUILD_ID
+    misc = EVENT_HEADER.fields_from(rec).misc | PERF_RECORD_MISC_MMAP_BUILD_ID
     union = MMAP2_BUILD_ID.pack(len(bid), 0, 0, bid)
     if rtype == PERF_RECORD_MMAP:
         prot = PROT_READ if misc & PERF_RECORD_MISC_MMAP_DATA else PROT_READ | PROT_EXEC
-        prot_flags, name_at = PROT_FLAGS.pack(prot, MAP_PRIVATE), MMAP_NAME_AT
+        prot_flags, name_at = MMAP2_PROT_FLAGS.pack(prot, MAP_PRIVATE), MMAP_NAME_AT
     else:
-        prot_flags, name_at = bytes(rec[MMAP_NAME_AT + MMAP2_ID.size:MMAP2_NAME_AT]), MMAP2_NAME_AT
+        prot_flags, name_at = bytes(rec[_PROT_AT:MMAP2_NAME_AT]), MMAP2_NAME_AT
     filename = bytes(rec[name_at:trailer_at]) if name is None else name + b"\0" * (8 - len(name) % 8)
-    body = bytes(rec[EVENT_HEADER.size:MMAP_NAME_AT]) + union + prot_flags + filename + bytes(rec[trailer_at:])
+    body = bytes(rec[EVENT_HEADER.size:EVENT_HEADER.size + MMAP_HEAD.size]) + union + prot_flags + filename + bytes(rec[trailer_at:])
     size = EVENT_HEADER.size + len(body)
-    if size > 0xFFFF:
+    if size > MAX_RECORD_BYTES:
         raise PerfDataError(f"{pf.path}: a mapping record of {size} bytes does not fit perf's u16 size")
     return EVENT_HEADER.pack(PERF_RECORD_MMAP2, misc, size) + body
 
@@ -249,7 +249,7 @@ def _carried(index: SessionIndex, m: PerfMapping, had: bytes | None) -> tuple[st
     ours, why = index.match(m)
     if had is not None:
         return ours, why, had.hex()
-    return ours, why, ours if ours is not None and len(ours) <= 2 * MAX_BUILD_ID_BYTES else None
+    return ours, why, ours if ours is not None and len(ours) <= 2 * BUILD_ID_SIZE else None
 
 
 def plan(pf: PerfFile, src, offsets: array, index: SessionIndex) -> VersionNames:
@@ -390,9 +390,9 @@ def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> bool:
     same = True
     for bit, key in ((HEADER_HOSTNAME, "host"), (HEADER_OSRELEASE, "kernel_release")):
         raw = pf.read_feature(src, bit, 1 << 16)
-        if raw is None or len(raw) < 4 or not session.get(key):
+        if raw is None or len(raw) < HEADER_STRING.size or not session.get(key):
             continue
-        text = raw[4:4 + struct.unpack_from("<I", raw)[0]].split(b"\0", 1)[0].decode("utf-8", "replace")
+        text = raw[HEADER_STRING.size:HEADER_STRING.size + HEADER_STRING.fields_from(raw).len].split(b"\0", 1)[0].decode("utf-8", "replace")
         if text != session[key]:
             stats.warnings.append(f"the profile's {key} is {text!r}, the session's {session[key]!r}")
             same = False
@@ -428,12 +428,9 @@ def _write(pf: PerfFile, src, out_path: str, passes: tuple[_Rewriter, _Scan], pe
                     _copy(src, out, *pf.features[b])
             size = out.tell()
             out.seek(0)
-            head = bytearray(_read(pf, src, 0, FILE_HEADER.size))
-            struct.pack_into("<Q", head, 48, data_size)
-            bitmap = list(struct.unpack_from("<4Q", head, 72))
-            bitmap[HEADER_BUILD_ID // 64] |= 1 << (HEADER_BUILD_ID % 64)
-            struct.pack_into("<4Q", head, 72, *bitmap)
-            out.write(head)
+            head = FILE_HEADER.fields_from(_read(pf, src, 0, FILE_HEADER.size))
+            out.write(FILE_HEADER.pack_fields(head._replace(
+                data_size=data_size, adds_features=set_feature(head.adds_features, HEADER_BUILD_ID))))
         os.rename(tmp, out_path)
         return size
     except OSError as e:

@@ -26,14 +26,14 @@ from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from buildidd.offline.perffile import (EVENT_HEADER, PERF_SAMPLE_IDENTIFIER, PERF_SAMPLE_IP, PERF_SAMPLE_TID,
-                                       Attr)
+from buildidd.offline.perfabi import EVENT_HEADER, PERF_SAMPLE_IDENTIFIER, PERF_SAMPLE_IP, PERF_SAMPLE_TID
+from buildidd.offline.perffile import Attr
 
 #: Samples held until the end of their round.
 MAX_PENDING = 1 << 18
 #: Mappings tracked over all processes (beyond: forks are not copied, and the counts say so).
 MAX_ENTRIES = 1 << 22
-_FORK = struct.Struct("<II")          # pid, ppid
+_FORK = struct.Struct("<II")          # pid, ppid: the head of perfabi.TASK_BODY
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ u8 build_id[20]; u8 size; u8 res; u16 res}`` (36 bytes) + filename (tools/perf/u
 from __future__ import annotations
 
 from buildidd.offline.injectmatch import HEX_BUILD_ID
-from buildidd.offline.perfdata import (BUILD_ID_ENTRY, HOST_KERNEL_ID, MAX_BUILD_ID_BYTES,
-                                       PERF_RECORD_MISC_BUILD_ID_SIZE, PERF_RECORD_MISC_KERNEL, build_id_entry,
-                                       user_build_id_entries)
+from buildidd.offline.perfabi import (BUILD_ID_ENTRY, BUILD_ID_SIZE, HOST_KERNEL_ID, PERF_RECORD_MISC_BUILD_ID_SIZE,
+                                      PERF_RECORD_MISC_CPUMODE_MASK, PERF_RECORD_MISC_GUEST_KERNEL,
+                                      PERF_RECORD_MISC_KERNEL)
+from buildidd.offline.perfdata import build_id_entry, user_build_id_entries
 from buildidd.offline.perffile import PerfDataError, PerfFile
 from buildidd.store import KALLSYMS_DSO
 
-PERF_RECORD_MISC_CPUMODE_MASK, PERF_RECORD_MISC_GUEST_KERNEL = 7, 4
 #: Largest HEADER_BUILD_ID section read from the input (bytes).
 MAX_BUILD_ID_SECTION = 256 << 20
 
@@ -30,10 +30,11 @@ def parse_build_id_section(pf: PerfFile, raw: bytes) -> list[tuple[int, int, str
     while at < len(raw):
         if len(raw) - at < BUILD_ID_ENTRY.size:
             raise PerfDataError(f"{pf.path}: HEADER_BUILD_ID ends inside an entry")
-        _t, misc, size, pid, bid, bsize, _r1, _r2 = BUILD_ID_ENTRY.unpack_from(raw, at)
+        e = BUILD_ID_ENTRY.fields_from(raw, at)
+        misc, size, pid, bid, bsize = e.misc, e.size, e.pid, e.build_id, e.build_id_size
         if size < BUILD_ID_ENTRY.size or size > len(raw) - at:
             raise PerfDataError(f"{pf.path}: HEADER_BUILD_ID entry of {size} bytes at {at} of {len(raw)}")
-        n = bsize if misc & PERF_RECORD_MISC_BUILD_ID_SIZE and bsize <= MAX_BUILD_ID_BYTES else MAX_BUILD_ID_BYTES
+        n = bsize if misc & PERF_RECORD_MISC_BUILD_ID_SIZE and bsize <= BUILD_ID_SIZE else BUILD_ID_SIZE
         name = raw[at + BUILD_ID_ENTRY.size:at + size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         out.append((misc, pid, bid[:n].hex(), name, raw[at:at + size]))
         at += size
@@ -69,7 +70,7 @@ def build_id_section(perf_entries: list, carried: dict, unmatched_paths: set, ke
             header["kept_from_perf"] += 1
             user.append((bid, name, pid))
     if isinstance(kernel_bid, str) and not kernel and HEX_BUILD_ID.fullmatch(kernel_bid) and \
-            len(kernel_bid) <= 2 * MAX_BUILD_ID_BYTES:
+            len(kernel_bid) <= 2 * BUILD_ID_SIZE:
         kernel.append(build_id_entry(kernel_bid, KALLSYMS_DSO, True, HOST_KERNEL_ID))
         header["kernel_added"] = True
     user += [(bid, out_name, pid) for (bid, _path), (pid, out_name) in carried.items()]

@@ -74,41 +74,32 @@ import struct
 from dataclasses import dataclass, field
 
 from buildidd.errors import AnalysisError
-from buildidd.offline.perffile import EVENT_HEADER, FILE_HEADER, PERF_MAGIC, SECTION
+from buildidd.offline.perfabi import (ATTR_FLAG_BUILD_ID, ATTR_FLAG_COMM, ATTR_FLAG_COMM_EXEC, ATTR_FLAG_MMAP,
+                                      ATTR_FLAG_MMAP2, ATTR_FLAG_SAMPLE_ID_ALL, ATTR_FLAG_TASK, ATTR_FLAG_USE_CLOCKID,
+                                      BUILD_ID_ENTRY, BUILD_ID_SIZE, CLOCK_BOOTTIME, COMM_HEAD, EVENT_HEADER,
+                                      FILE_HEADER, HEADER_BUILD_ID, HEADER_HOSTNAME, HEADER_OSRELEASE, HEADER_STRING,
+                                      HOST_KERNEL_ID, MMAP2_BODY, MMAP2_BUILD_ID, MMAP2_ID, NAME_ALIGN,
+                                      PERF_ATTR_SIZE_VER7, PERF_COUNT_SW_DUMMY, PERF_EVENT_ATTR, PERF_MAGIC,
+                                      PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK,
+                                      PERF_RECORD_MISC_BUILD_ID_SIZE, PERF_RECORD_MISC_COMM_EXEC,
+                                      PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_MMAP_BUILD_ID, PERF_RECORD_MISC_USER,
+                                      PERF_RECORD_MMAP2, PERF_SAMPLE_TID, PERF_SAMPLE_TIME, PERF_TYPE_SOFTWARE,
+                                      SAMPLE_ID_TID_TIME, SECTION, TASK_BODY, TASK_COMM_LEN, set_feature)
 from buildidd.offline.resolutions import LateResolutions
 from buildidd.sessionlog import read_session
 from buildidd.store import KALLSYMS_DSO
 
-ATTR_SIZE = 128                                          # PERF_ATTR_SIZE_VER7
-SAMPLE_ID = struct.Struct("<IIQ")                        # sample_id: pid, tid, time
-MMAP2_BODY = struct.Struct("<IIQQQ24sII")                # pid, tid, addr, len, pgoff, union, prot, flags
-MMAP2_ID = struct.Struct("<IIQQ")                        # maj, min, ino, ino_generation
-MMAP2_BUILD_ID = struct.Struct("<BBH20s")                # build_id_size, res, res, build_id
-TASK_BODY = struct.Struct("<IIIIQ")                      # pid, ppid, tid, ptid, time
-BUILD_ID_ENTRY = struct.Struct("<IHHi20sBBH")            # perf_record_header_build_id, 36 bytes
-
-PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY = 1, 9
-PERF_SAMPLE_TID, PERF_SAMPLE_TIME = 1 << 1, 1 << 2
-# perf_event_attr flag bits (perf_event.h bitfield order).
-_ATTR_MMAP, _ATTR_COMM, _ATTR_TASK, _ATTR_SAMPLE_ID_ALL = 1 << 8, 1 << 9, 1 << 13, 1 << 18
-_ATTR_MMAP2, _ATTR_COMM_EXEC, _ATTR_USE_CLOCKID, _ATTR_BUILD_ID = 1 << 23, 1 << 24, 1 << 25, 1 << 34
-CLOCK_BOOTTIME = 7
-
-PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK, PERF_RECORD_MMAP2 = 3, 4, 7, 10
-PERF_RECORD_MISC_KERNEL, PERF_RECORD_MISC_USER = 1, 2
-PERF_RECORD_MISC_COMM_EXEC = 1 << 13
-PERF_RECORD_MISC_MMAP_BUILD_ID = 1 << 14
-PERF_RECORD_MISC_BUILD_ID_SIZE = 1 << 15
-HEADER_BUILD_ID, HEADER_HOSTNAME, HEADER_OSRELEASE = 2, 3, 4
-NAME_ALIGN = 64
-MAX_BUILD_ID_BYTES = 20                                  # perf's BUILD_ID_SIZE
-HOST_KERNEL_ID = -1
+ATTR_SIZE = PERF_ATTR_SIZE_VER7
 #: Records held to sort by time before they are written: a record that arrives
 #: later than this many others is written out of order (perf sorts on reading).
 SORT_WINDOW = 1 << 16
 #: Longest path written (bytes, before the NUL): a record's size is a u16.
 MAX_NAME_BYTES = 4095
 _ID = 1                                                  # the attr's one event id
+_U64 = struct.Struct("<Q")
+#: Layout written: the header, the one event id (a u64), then the one perf_file_attr.
+_IDS_AT = FILE_HEADER.size
+_ATTRS_AT = _IDS_AT + _U64.size
 
 
 @dataclass
@@ -146,21 +137,18 @@ def _name(text: str) -> bytes:
 
 
 def _record(rtype: int, misc: int, body: bytes, pid: int, tid: int, time_ns: int) -> bytes:
-    trailer = SAMPLE_ID.pack(pid & 0xFFFFFFFF, tid & 0xFFFFFFFF, time_ns)
+    trailer = SAMPLE_ID_TID_TIME.pack(pid & 0xFFFFFFFF, tid & 0xFFFFFFFF, time_ns)
     return EVENT_HEADER.pack(rtype, misc, EVENT_HEADER.size + len(body) + len(trailer)) + body + trailer
 
 
 def attr_bytes() -> bytes:
     """The dummy event's perf_event_attr (128 bytes, layout of perf_event.h, PERF_ATTR_SIZE_VER7)."""
-    flags = (_ATTR_MMAP | _ATTR_COMM | _ATTR_TASK | _ATTR_SAMPLE_ID_ALL | _ATTR_MMAP2 | _ATTR_COMM_EXEC
-             | _ATTR_USE_CLOCKID | _ATTR_BUILD_ID)
-    head = struct.pack("<IIQQQQQ", PERF_TYPE_SOFTWARE, ATTR_SIZE, PERF_COUNT_SW_DUMMY, 1,
-                       PERF_SAMPLE_TID | PERF_SAMPLE_TIME, 0, flags)
-    # wakeup_events, bp_type, config1, config2, branch_sample_type, sample_regs_user,
-    # sample_stack_user, clockid, then the rest zero.
-    tail = struct.pack("<IIQQQQIi", 0, 0, 0, 0, 0, 0, 0, CLOCK_BOOTTIME)
-    out = head + tail
-    return out + b"\0" * (ATTR_SIZE - len(out))
+    flags = (ATTR_FLAG_MMAP | ATTR_FLAG_COMM | ATTR_FLAG_TASK | ATTR_FLAG_SAMPLE_ID_ALL | ATTR_FLAG_MMAP2
+             | ATTR_FLAG_COMM_EXEC | ATTR_FLAG_USE_CLOCKID | ATTR_FLAG_BUILD_ID)
+    attr = PERF_EVENT_ATTR.Fields(*[0] * len(PERF_EVENT_ATTR.names))._replace(
+        type=PERF_TYPE_SOFTWARE, size=ATTR_SIZE, config=PERF_COUNT_SW_DUMMY, sample_period=1,
+        sample_type=PERF_SAMPLE_TID | PERF_SAMPLE_TIME, flags=flags, clockid=CLOCK_BOOTTIME)
+    return PERF_EVENT_ATTR.pack_fields(attr)
 
 
 def mmap2_record(r: dict) -> tuple[bytes, bool]:
@@ -173,11 +161,11 @@ def mmap2_record(r: dict) -> tuple[bytes, bool]:
     misc = PERF_RECORD_MISC_USER
     too_long = False
     raw = bytes.fromhex(bid) if isinstance(bid, str) else b""
-    if raw and len(raw) <= MAX_BUILD_ID_BYTES:
+    if raw and len(raw) <= BUILD_ID_SIZE:
         union = MMAP2_BUILD_ID.pack(len(raw), 0, 0, raw)
         misc |= PERF_RECORD_MISC_MMAP_BUILD_ID
     else:
-        too_long = len(raw) > MAX_BUILD_ID_BYTES
+        too_long = len(raw) > BUILD_ID_SIZE
         dev = int(r.get("dev") or 0)
         union = MMAP2_ID.pack(os.major(dev), os.minor(dev), int(r.get("ino") or 0),
                               int(r.get("ino_generation") or 0))
@@ -191,7 +179,7 @@ def mmap2_record(r: dict) -> tuple[bytes, bool]:
 def comm_record(pid: int, tid: int, comm: str, time_ns: int, exec_: bool) -> bytes:
     """PERF_RECORD_COMM (misc COMM_EXEC for an exec)."""
     misc = PERF_RECORD_MISC_USER | (PERF_RECORD_MISC_COMM_EXEC if exec_ else 0)
-    return _record(PERF_RECORD_COMM, misc, struct.pack("<II", pid, tid) + _pad(_name(comm)[:15], 8),
+    return _record(PERF_RECORD_COMM, misc, COMM_HEAD.pack(pid, tid) + _pad(_name(comm)[:TASK_COMM_LEN - 1], 8),
                    pid, tid, time_ns)
 
 
@@ -215,7 +203,7 @@ def build_id_entry(build_id_hex: str, path: str, kernel: bool, machine_pid: int 
 def header_string(text: str) -> bytes:
     """A perf_header_string: u32 len, then the string NUL-terminated and padded to 64."""
     data = _pad(_name(text), NAME_ALIGN)
-    return struct.pack("<I", len(data)) + data
+    return HEADER_STRING.pack(len(data)) + data
 
 
 class _Converter:
@@ -310,7 +298,7 @@ def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> 
     conv = _Converter(stats)
     late = LateResolutions.scan(session_dir)
     tmp = f"{os.fspath(out_path)}.tmp"
-    data_offset = FILE_HEADER.size + 8 + ATTR_SIZE + SECTION.size
+    data_offset = _ATTRS_AT + ATTR_SIZE + SECTION.size
     try:
         with open(tmp, "wb") as f:
             f.write(b"\0" * data_offset)
@@ -339,8 +327,8 @@ def export_perf(session_dir: str | os.PathLike, out_path: str | os.PathLike) -> 
             stats.resolved_late = late.completed
             f.seek(0)
             f.write(_file_header(data_offset, data_size, [n for n, _ in features]))
-            f.write(struct.pack("<Q", _ID))
-            f.write(attr_bytes() + SECTION.pack(FILE_HEADER.size, 8))
+            f.write(_U64.pack(_ID))
+            f.write(attr_bytes() + SECTION.pack(_IDS_AT, _U64.size))
         os.rename(tmp, out_path)
     except OSError as e:
         with contextlib.suppress(FileNotFoundError):
@@ -371,9 +359,10 @@ def _write_features(f, features: list[tuple[int, bytes]]) -> None:
 
 
 def _file_header(data_offset: int, data_size: int, feature_bits: list[int]) -> bytes:
-    bitmap = [0, 0, 0, 0]
+    bitmap = (0, 0, 0, 0)
     for bit in feature_bits:
-        bitmap[bit // 64] |= 1 << (bit % 64)
-    attrs_offset = FILE_HEADER.size + 8
-    return FILE_HEADER.pack(PERF_MAGIC, FILE_HEADER.size, ATTR_SIZE + SECTION.size,
-                            attrs_offset, ATTR_SIZE + SECTION.size, data_offset, data_size, 0, 0, *bitmap)
+        bitmap = set_feature(bitmap, bit)
+    return FILE_HEADER.pack_fields(FILE_HEADER.Fields(
+        magic=PERF_MAGIC, size=FILE_HEADER.size, attr_size=ATTR_SIZE + SECTION.size, attrs_offset=_ATTRS_AT,
+        attrs_size=ATTR_SIZE + SECTION.size, data_offset=data_offset, data_size=data_size, event_types_offset=0,
+        event_types_size=0, adds_features=bitmap))

@@ -30,30 +30,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from buildidd.errors import BuildiddError
+from buildidd.offline.perfabi import (ATTR_FLAG_SAMPLE_ID_ALL, ATTR_FLAG_USE_CLOCKID, ATTR_HEAD, EVENT_HEADER,
+                                      FILE_HEADER, MAX_RECORD_BYTES, PERF_ATTR_SIZE_VER0, PERF_EVENT_ATTR, PERF_MAGIC,
+                                      PERF_MAGIC_SWAPPED, PERF_PIPE_HEADER_SIZE, PERF_RECORD_AUXTRACE,
+                                      PERF_RECORD_COMPRESSED, PERF_RECORD_MISC_CPUMODE_MASK, PERF_RECORD_MISC_USER,
+                                      PERF_RECORD_SAMPLE, PERF_SAMPLE_CPU, PERF_SAMPLE_ID, PERF_SAMPLE_IDENTIFIER,
+                                      PERF_SAMPLE_STREAM_ID, PERF_SAMPLE_TID, PERF_SAMPLE_TIME, SECTION, feature_bits)
 
-PERF_MAGIC = b"PERFILE2"
-FILE_HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")       # perf_file_header, 104 bytes
-SECTION = struct.Struct("<QQ")                           # perf_file_section {offset, size}
-EVENT_HEADER = struct.Struct("<IHH")                     # perf_event_header
-ATTR_HEAD = struct.Struct("<IIQQQQQ")                    # type, size, config, period, sample_type, read_format, flags
-PERF_ATTR_SIZE_VER0 = 64
-#: attr.clockid sits at byte 92 of perf_event_attr (PERF_ATTR_SIZE_VER1 and later).
-_CLOCKID_AT = 92
-_ATTR_SAMPLE_ID_ALL, _ATTR_USE_CLOCKID = 1 << 18, 1 << 25
-
-PERF_SAMPLE_IP, PERF_SAMPLE_TID, PERF_SAMPLE_TIME = 1 << 0, 1 << 1, 1 << 2
-PERF_SAMPLE_ID, PERF_SAMPLE_CPU, PERF_SAMPLE_STREAM_ID, PERF_SAMPLE_IDENTIFIER = 1 << 6, 1 << 7, 1 << 9, 1 << 16
-
-PERF_RECORD_MMAP, PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK = 1, 3, 4, 7
-PERF_RECORD_SAMPLE, PERF_RECORD_MMAP2 = 9, 10
-PERF_RECORD_FINISHED_ROUND, PERF_RECORD_AUXTRACE, PERF_RECORD_COMPRESSED = 68, 71, 81
+_CLOCKID = struct.Struct("<i")     #: perf_event_attr.clockid (s32)
+_U64 = struct.Struct("<Q")
+_CLOCKID_AT = PERF_EVENT_ATTR.offset_of("clockid")
 _ALL_TYPES = range(1 << 32)        #: every u32 record type (walk()'s wanted=None)
 FLUSH = -1                          #: walk()'s pseudo record type: the collected samples want emptying
-_MISC_USER = 2                      #: PERF_RECORD_MISC_USER, a sample's cpumode (header.misc & 7)
 _IP_PID = struct.Struct("<QI")      #: PERF_SAMPLE_IP then PERF_SAMPLE_TID's pid
-HEADER_BUILD_ID = 2
-FEATURE_BITS = 256
-CLOCK_BOOTTIME = 7
 
 #: Bytes read from the data section at a time (records are cut out of this buffer).
 READ_CHUNK_BYTES = 4 << 20
@@ -164,31 +153,34 @@ class PerfFile:
         path = os.fspath(path)
         size = os.fstat(f.fileno()).st_size
         raw = _read_at(f, 0, FILE_HEADER.size)
-        if raw[:8] == b"2ELIFREP":
+        if raw[:8] == PERF_MAGIC_SWAPPED:
             raise PerfDataError(f"{path}: a big-endian perf.data (recorded on another byte order); not supported")
         if raw[:8] != PERF_MAGIC:
             raise PerfDataError(f"{path}: not a perf.data file (no PERFILE2 magic)")
-        if len(raw) < 16:
+        at = FILE_HEADER.offset_of
+        if len(raw) < PERF_PIPE_HEADER_SIZE:
             raise PerfDataError(f"{path}: truncated perf.data ({size} bytes)")
-        if struct.unpack_from("<Q", raw, 8)[0] == 16:
+        if _U64.unpack_from(raw, at("size"))[0] == PERF_PIPE_HEADER_SIZE:
             raise PerfDataError(f"{path}: a pipe-mode perf.data (perf record -o -); record to a file, "
                                 "or convert it with 'perf inject -i IN -o OUT'")
         if len(raw) < FILE_HEADER.size:
-            raise PerfDataError(f"{path}: truncated perf.data ({size} bytes, the header alone is 104)")
-        (_m, hsize, attr_size, a_off, a_size, d_off, d_size, _e_off, _e_size, *bitmap) = FILE_HEADER.unpack(raw)
+            raise PerfDataError(f"{path}: truncated perf.data ({size} bytes, the header alone is "
+                                f"{FILE_HEADER.size})")
+        h = FILE_HEADER.fields_from(raw)
+        attr_size, a_off, a_size, d_off, d_size = h.attr_size, h.attrs_offset, h.attrs_size, h.data_offset, h.data_size
         pf = cls(path, size, d_off, d_size, {}, [], 0, None)
-        if hsize != FILE_HEADER.size:
-            raise pf.fail(8, f"header size {hsize}, expected {FILE_HEADER.size}")
+        if h.size != FILE_HEADER.size:
+            raise pf.fail(at("size"), f"header size {h.size}, expected {FILE_HEADER.size}")
         if not FILE_HEADER.size <= d_off <= size or d_size > size - d_off:
-            raise pf.fail(40, f"data section [{d_off}, +{d_size}) outside the file of {size} bytes "
-                              "(truncated, or perf record did not finish)")
+            raise pf.fail(at("data_offset"), f"data section [{d_off}, +{d_size}) outside the file of {size} bytes "
+                                             "(truncated, or perf record did not finish)")
         if not PERF_ATTR_SIZE_VER0 + SECTION.size <= attr_size <= MAX_ATTR_BYTES + SECTION.size:
-            raise pf.fail(16, f"attr_size {attr_size} out of range")
+            raise pf.fail(at("attr_size"), f"attr_size {attr_size} out of range")
         if a_size % attr_size or not 0 < a_size // attr_size <= MAX_ATTRS or not _within(a_off, a_size, d_off):
-            raise pf.fail(24, f"attrs section [{a_off}, +{a_size}) is not whole attrs of {attr_size} bytes "
-                              f"before the data")
+            raise pf.fail(at("attrs_offset"), f"attrs section [{a_off}, +{a_size}) is not whole attrs of "
+                                              f"{attr_size} bytes before the data")
         pf.attrs = _read_attrs(pf, f, a_off, a_size // attr_size, attr_size)
-        pf.features = _read_feature_index(pf, f, bitmap)
+        pf.features = _read_feature_index(pf, f, h.adds_features)
         first = pf.attrs[0]
         if any(a.sample_id_all != first.sample_id_all or (a.sample_id_all and id_hdr_size(a.sample_type)
                != id_hdr_size(first.sample_type)) for a in pf.attrs):
@@ -233,7 +225,8 @@ class PerfFile:
         pid_ip = _IP_PID.unpack_from
         ip_at, cap = (copy.ip_at, copy.cap) if samples is not None else (0, 0)
         n = nsamples = 0
-        sample_t, aux_t, compressed_t, user = PERF_RECORD_SAMPLE, PERF_RECORD_AUXTRACE, PERF_RECORD_COMPRESSED, _MISC_USER
+        sample_t, aux_t, compressed_t = PERF_RECORD_SAMPLE, PERF_RECORD_AUXTRACE, PERF_RECORD_COMPRESSED
+        user, cpumode, max_rec = PERF_RECORD_MISC_USER, PERF_RECORD_MISC_CPUMODE_MASK, MAX_RECORD_BYTES
         if wanted is None:
             wanted = _ALL_TYPES
         try:
@@ -250,10 +243,10 @@ class PerfFile:
                     view = memoryview(buf)
                     at = run = 0
                     unread -= len(more)
-                # Records starting before limit lie whole in buf (a record is at most 65535 bytes); after the
+                # Records starting before limit lie whole in buf (a record is at most MAX_RECORD_BYTES); after the
                 # last read, buf ends where the data section does.
                 blen = len(buf)
-                limit = blen - 65535 if unread else blen
+                limit = blen - max_rec if unread else blen
                 while at < limit:
                     try:
                         rtype, misc, size = unpack(buf, at)
@@ -266,7 +259,7 @@ class PerfFile:
                     n += 1
                     if rtype == sample_t:
                         nsamples += 1
-                        if samples is not None and misc & 7 == user and size >= ip_at + 12:
+                        if samples is not None and misc & cpumode == user and size >= ip_at + 12:
                             samples.append(pid_ip(buf, at + ip_at))
                             if len(samples) >= cap:
                                 yield base + at, FLUSH, 0, None
@@ -322,12 +315,13 @@ def _read_attrs(pf: PerfFile, f, off: int, count: int, attr_size: int) -> list[A
     attrs, total_ids = [], 0
     for i in range(count):
         base = i * attr_size
-        _type, size, _cfg, _period, sample_type, _rf, flags = ATTR_HEAD.unpack_from(raw, base)
+        head = ATTR_HEAD.fields_from(raw, base)
+        size, sample_type, flags = head.size, head.sample_type, head.flags
         if size != attr_size - SECTION.size:
-            raise pf.fail(off + base + 4, f"attr.size {size} disagrees with attr_size {attr_size}")
+            raise pf.fail(off + base + ATTR_HEAD.offset_of("size"), f"attr.size {size} disagrees with attr_size {attr_size}")
         clockid = None
-        if flags & _ATTR_USE_CLOCKID and size >= _CLOCKID_AT + 4:
-            clockid = struct.unpack_from("<i", raw, base + _CLOCKID_AT)[0]
+        if flags & ATTR_FLAG_USE_CLOCKID and size >= _CLOCKID_AT + _CLOCKID.size:
+            clockid = _CLOCKID.unpack_from(raw, base + _CLOCKID_AT)[0]
         ids_off, ids_size = SECTION.unpack_from(raw, base + size)
         if ids_size % 8 or not _within(ids_off, ids_size, pf.data_offset):
             raise pf.fail(off + base + size, f"ids section [{ids_off}, +{ids_size}) outside the header")
@@ -335,12 +329,12 @@ def _read_attrs(pf: PerfFile, f, off: int, count: int, attr_size: int) -> list[A
         if total_ids > MAX_IDS:
             raise pf.fail(off + base + size, f"more than {MAX_IDS} event ids")
         ids = struct.unpack(f"<{ids_size // 8}Q", _read_exact(pf, f, ids_off, ids_size)) if ids_size else ()
-        attrs.append(Attr(sample_type, bool(flags & _ATTR_SAMPLE_ID_ALL), clockid, ids))
+        attrs.append(Attr(sample_type, bool(flags & ATTR_FLAG_SAMPLE_ID_ALL), clockid, ids))
     return attrs
 
 
-def _read_feature_index(pf: PerfFile, f, bitmap: list[int]) -> dict[int, tuple[int, int]]:
-    bits = [b for b in range(FEATURE_BITS) if bitmap[b // 64] >> (b % 64) & 1]
+def _read_feature_index(pf: PerfFile, f, bitmap: tuple[int, ...]) -> dict[int, tuple[int, int]]:
+    bits = feature_bits(bitmap)
     if not bits:
         return {}
     at = pf.data_offset + pf.data_size
