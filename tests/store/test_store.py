@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from buildidd.store import install as install_mod
+from buildidd.store import copydata as copy_mod
 from buildidd.resolve.buildid import read_build_id
 from buildidd.errors import StoreError
 from buildidd.resolve.host import kernel_build_id
@@ -439,19 +439,19 @@ def _fail(err: int):
 def test_copy_falls_back(st, tmp_path, monkeypatch, broken):
     big = build_big(tmp_path, 5 << 19)
     if "ioctl" in broken:
-        monkeypatch.setattr(install_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
+        monkeypatch.setattr(copy_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
     if "cfr" in broken:
-        monkeypatch.setattr(install_mod, "_copy_file_range", _fail(errno.EXDEV))
+        monkeypatch.setattr(copy_mod, "_copy_file_range", _fail(errno.EXDEV))
     if "sendfile" in broken:
-        monkeypatch.setattr(install_mod, "_sendfile", _fail(errno.EINVAL))
+        monkeypatch.setattr(copy_mod, "_sendfile", _fail(errno.EINVAL))
     res = add(st, big)
     assert res.path.read_bytes() == big.read_bytes()
 
 
 def test_io_error_is_a_store_error(st, tmp_path, monkeypatch):
     exe = build(tmp_path, "prog")
-    monkeypatch.setattr(install_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
-    monkeypatch.setattr(install_mod, "_copy_file_range", _fail(errno.EIO))
+    monkeypatch.setattr(copy_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
+    monkeypatch.setattr(copy_mod, "_copy_file_range", _fail(errno.EIO))
     with pytest.raises(StoreError, match="Input/output"):
         add(st, exe)
     assert st.counters["copy_errors"] == 1 and files_under(st.root) == []
@@ -575,8 +575,8 @@ def test_entry_left_without_link_by_a_crash_is_invisible_then_reused(st, four_bi
 
 def test_copy_file_range_answering_zero_falls_back(st, tmp_path, monkeypatch):
     big = build_big(tmp_path, 5 << 19)
-    monkeypatch.setattr(install_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
-    monkeypatch.setattr(install_mod, "_copy_file_range", lambda *a: 0)
+    monkeypatch.setattr(copy_mod.fcntl, "ioctl", _fail(errno.EOPNOTSUPP))
+    monkeypatch.setattr(copy_mod, "_copy_file_range", lambda *a: 0)
     assert add(st, big).path.read_bytes() == big.read_bytes()
 
 

@@ -4,10 +4,12 @@
 ``debug``, ``probes``, kallsyms and modules for the kernel), filled by atomic,
 verified copies; a quota; and the snapshotter that copies each binary the
 first time its build-id is seen.  One module per concern: layout (perf's
-tree, names, listing), install (atomic, verified copies), debuginfo,
+tree, names, listing), install (atomic, verified installs: every file through
+one temporary-file path), copydata (the bytes: reflink, else extents with
+holes kept), debuginfo,
 kernelfiles (the kernel's own files: kallsyms, modules, vmlinux), sdt (perf's
 probes file), quota (size, recency, removal), eviction (which entries a copy
-may evict: each copy is charged to its file's owner), counters (counts and
+may evict: each copy is charged to its payer, origin.Origin.payer), counters (counts and
 rate-limited warnings), origin (where a copy came from), store (the
 :class:`Store` composing them), chain (several stores read as one: the
 host's and the analyst's imports), coverage (which of a session's build-ids the
@@ -23,7 +25,8 @@ The names below are the store's public API (other stages import them from
 
 from buildidd.store.copyqueue import CopyJob
 from buildidd.store.chain import StoreChain
-from buildidd.store.install import COPY_CHUNK_BYTES, AddResult
+from buildidd.store.copydata import COPY_CHUNK_BYTES
+from buildidd.store.install import AddResult
 from buildidd.store.layout import (BUILD_ID_DIR, DEBUG_NAME, ELF_NAME, KALLSYMS_DSO, KALLSYMS_NAME, MODULES_NAME,
                                    PROBES_NAME, VDSO_NAME, VMLINUX_NAME, Entry)
 from buildidd.store.lookups import CONFLICT, PROVENANCES, TRUSTED, UNKNOWN, UNTRUSTED

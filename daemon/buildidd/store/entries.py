@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import secrets
 import shutil
 import stat
 from dataclasses import dataclass
@@ -36,9 +35,9 @@ from buildidd.kernel.events import Identity
 from buildidd.store.counters import Tally
 from buildidd.store.debuginfo import Debuginfo, has_debug_sections
 from buildidd.store.goindex import GoIndex
-from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir
+from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir, temp_name
 from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALLSYMS_DSO, MAX_ALT_DIRS,
-                                   PRIVATE_DIR_MODE, PROBES_NAME, TEMP_INFIX, Layout, alt_dirs, main_file)
+                                   PRIVATE_DIR_MODE, PROBES_NAME, Layout, alt_dirs, main_file)
 from buildidd.store.origin import KEY_GNU, ORIGIN_NAME, Origin, origin_of_fd, read_origin, sha256_fd
 from buildidd.resolve.fileid import file_id, read_go_build_id
 from buildidd.store.quota import Quota
@@ -276,7 +275,7 @@ class FileEntries:
         self.quota.reserve(before.st_blocks * 512, origin.payer, req.bid)
         done = Installed()
         self.installer.makedirs(final.parent, done)
-        aside = final.parent / f".{req.bid}{TEMP_INFIX}{secrets.token_hex(6)}"
+        aside = temp_name(final)
         try:
             size = self._install_unit(aside, req, before, origin, done)
         except BaseException:

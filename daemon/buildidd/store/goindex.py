@@ -12,13 +12,12 @@ claim one Go build ID, the index names a trusted copy before an untrusted one
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from buildidd.errors import StoreError
 from buildidd.store.counters import Tally
-from buildidd.store.install import Installed, Installer, fsync_dir
-from buildidd.store.layout import BUILD_ID_DIR, TEMP_INFIX, Layout
+from buildidd.store.install import Installer
+from buildidd.store.layout import BUILD_ID_DIR, Layout
 from buildidd.store.origin import read_origin
 
 
@@ -55,18 +54,5 @@ class GoIndex:
             self.tally.warn("Go build ID %s: cannot index: %s", new.go_build_id, e)
 
     def _link(self, go_build_id: str, bid: str) -> None:
-        """Make (or replace) the link atomically: a symlink under a temporary name, renamed. Raises StoreError."""
-        link = self.layout.go_link(go_build_id)
-        self.installer.makedirs(link.parent, Installed())
-        temp = link.with_name(f".{link.name}{TEMP_INFIX}{os.urandom(6).hex()}")
-        try:
-            os.symlink(f"../{BUILD_ID_DIR}/{bid[:2]}/{bid[2:]}", temp)
-            os.rename(temp, link)
-            fsync_dir(link.parent)
-        except OSError as e:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            self.tally.count("copy_errors")
-            raise StoreError(f"{link}: cannot link: {e.strerror}") from e
+        """Make (or replace) the link atomically (Installer.symlink). Raises StoreError."""
+        self.installer.symlink(self.layout.go_link(go_build_id), f"../{BUILD_ID_DIR}/{bid[:2]}/{bid[2:]}")

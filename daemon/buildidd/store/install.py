@@ -1,13 +1,6 @@
 """Atomic, verified installs of files into the store.
 
-perf *hard-links* ``elf`` and ``debug`` to the original when both are on one
-file system, and copies with mode 0o755 otherwise (util/copyfile.c
-``copyfile()``).  A hard link is not a snapshot (an in-place rewrite of the
-original changes it), so the store always copies: a reflink (``FICLONE``)
-where the file system shares extents, else ``copy_file_range``/``sendfile``/
-``pread``.  Holes stay holes: data is copied extent by extent
-(``SEEK_DATA``/``SEEK_HOLE``) and the copy is cut to the source's size with
-``ftruncate``, so a 300 MB sparse file with 76 KiB of data takes about 76 KiB.
+The bytes are copied by :mod:`buildidd.store.copydata` (a reflink, else the data extents, holes kept).
 Every file is mode 0o640 (:data:`~buildidd.store.layout.FILE_MODE`) and every
 directory 0o750 (0o700 for a private copy), owned by root and the store's
 group, whatever the umask and the source's mode: a copy of a setuid binary is
@@ -17,6 +10,9 @@ Durability and atomicity: every file is written under a temporary name in its
 final directory (``.NAME.buildidd-tmp-XXXX``, ``O_EXCL``), ``fsync``-ed,
 checked, ``rename``-d into place, and the directory ``fsync``-ed; the link is
 made last, as a symlink under a temporary name renamed over the final one.
+Every file takes that one path, :meth:`Installer.atomic_file`, with its one
+clean-up (perf's tools/perf/util/build-id.c ``build_id_cache__add`` is the
+model: one add path, one clean-up); every link takes :meth:`Installer.symlink`.
 So an entry is visible (:meth:`buildidd.store.Store.contains`) only when
 complete, and no file is ever half-written under its final name.  A crash can
 leave temporary files (:meth:`buildidd.store.Store.sweep_temps` removes them)
@@ -27,37 +23,25 @@ later step's failure can undo it (:meth:`Installer.undo`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import fcntl
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildidd.errors import StoreError
 from buildidd.kernel.events import Identity
 from buildidd.resolve.procfs import identity_of, mismatch
+from buildidd.store.copydata import COPY_CHUNK_BYTES, copy_data, write_all
 from buildidd.store.counters import Tally
 from buildidd.store.layout import DIR_MODE, FILE_MODE, PRIVATE_DIR_MODE, TEMP_INFIX, Layout
 from buildidd.store.origin import KEY_GNU, dir_closed
 from buildidd.store.verify import copy_mismatch
 
-COPY_CHUNK_BYTES = 1 << 20
-"""Bytes per copy step when not reflinking; ``Store.throttle`` is called after each."""
-
-FICLONE = 0x40049409
-"""ioctl FICLONE = _IOW(0x94, 9, int): share the source's extents (include/uapi/linux/fs.h)."""
-
-_SEEK_DATA_UNSUPPORTED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS, errno.ESPIPE})
-
-#: errnos meaning "this way of copying does not work here, try the next".
-_REFLINK_FALLBACK = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.EBADF,
-                               errno.ENOSYS, errno.EPERM, errno.ETXTBSY})
-_COPY_FALLBACK = frozenset({errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF})
-
 _PROC_READ_MAX_BYTES = 256 << 20
-"""Bytes read at most from a /proc file (kallsyms is ~10 MB with many modules)."""
+"""Bytes read at most from a /proc file (kallsyms with many modules is a few tens of MiB at most)."""
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -73,7 +57,9 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _temp_name(final: Path) -> Path:
+def temp_name(final: Path) -> Path:
+    """A fresh temporary name beside final: ``.NAME.buildidd-tmp-XXXXXXXXXXXX`` (Store.sweep_temps removes
+    those a crash left)."""
     return final.with_name(f".{final.name}{TEMP_INFIX}{secrets.token_hex(6)}")
 
 
@@ -136,71 +122,7 @@ class CopyRequest:
     key: str = KEY_GNU
 
 
-class DataCopier:
-    """The data-copying half of :class:`Installer` (reflink, then extents with holes kept); sets nothing."""
-
-    tally: Tally
-    throttle: Callable[[int], None] | None
-
-    def _copy_data(self, src: int, dst: int, size: int, what: str) -> bool:
-        """Copy size bytes from offset 0 of src to dst; True when reflinked (FICLONE).
-
-        Order: FICLONE (whole file, shares extents: btrfs, XFS, bcachefs);
-        ``copy_file_range`` (in-kernel; may itself share extents or do
-        server-side copy on NFS); ``sendfile``; ``pread``/``pwrite``.  A way
-        that fails with an errno meaning "not here" (EXDEV, EOPNOTSUPP, EINVAL,
-        …) is dropped for the rest of this file; ENOSPC and EIO are raised.
-        """
-        if size > 0:
-            try:
-                fcntl.ioctl(dst, FICLONE, src)
-                return True
-            except OSError as e:
-                if e.errno not in _REFLINK_FALLBACK:
-                    raise
-        os.ftruncate(dst, size)  # the holes: a sparse source gives a sparse copy
-        probe = _own_description(src)
-        try:
-            return self._copy_extents(src, dst, probe, size, what)
-        finally:
-            if probe is not None:
-                os.close(probe)
-
-    def _copy_extents(self, src: int, dst: int, probe: int | None, size: int, what: str) -> bool:
-        """Copy the data extents of src (found with SEEK_DATA/SEEK_HOLE on probe, when given) to dst."""
-        ways = [_copy_file_range, _sendfile, _pread_pwrite]
-        offset = 0
-        while offset < size:
-            if probe is not None:
-                offset = _next_data(probe, offset, size)
-                if offset >= size:
-                    break
-            end = _next_hole(probe, offset, size) if probe is not None else size
-            want = min(COPY_CHUNK_BYTES, end - offset)
-            try:
-                n = ways[0](src, dst, offset, want)
-            except OSError as e:
-                if e.errno in _COPY_FALLBACK and len(ways) > 1:
-                    ways.pop(0)
-                    continue
-                raise
-            if n == 0:
-                if len(ways) > 1:  # copy_file_range answers 0 where it cannot copy (some file systems)
-                    ways.pop(0)
-                    continue
-                self.tally.count("identity_mismatch")
-                raise StoreError(f"{what}: ended at {offset} of {size} bytes while being copied")
-            offset += n
-            self._copied(n)
-        return False
-
-    def _copied(self, n: int) -> None:
-        self.tally.count("bytes_copied", n)
-        if self.throttle is not None:
-            self.throttle(n)
-
-
-class Installer(DataCopier):
+class Installer:
     """Writes files into the store: verified copies, streams, small files, the link; undoes a failed add.
 
     Attributes:
@@ -274,53 +196,74 @@ class Installer(DataCopier):
                 self.tally.count("copy_errors")
                 raise StoreError(f"{directory}: cannot set its mode: {e.strerror}") from e
 
+    @contextlib.contextmanager
+    def atomic_file(self, final: Path, mode: int, done: Installed, *, what: str | os.PathLike | None = None,
+                    sync_dir: bool = True) -> Iterator[int]:
+        """The one way a file enters the store: yields the fd (read-write) of a new temporary file beside final
+        (:func:`temp_name`, ``O_EXCL``), already given mode and root:gid (:meth:`own`).  The caller writes and
+        checks it in the ``with`` body; when the body returns, the file is ``fsync``-ed, renamed to final,
+        listed in done, and (sync_dir) the directory ``fsync``-ed.  When the body raises or a step fails, the
+        temporary file is removed and final is untouched: the one clean-up.
+
+        Args:
+            what: how the data's source is named in errors (default: final).
+            sync_dir: False when the caller fsyncs the directory once for several files, before anything
+                links to them.
+
+        Raises:
+            StoreError: the body's own StoreError, unchanged; an OSError of the body or of a step, counted
+                in ``copy_errors`` and named (the temporary file cannot be made, the data cannot be written,
+                the rename or the directory's fsync failed).
+        """
+        temp = temp_name(final)
+        try:
+            fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            self.tally.count("copy_errors")
+            raise StoreError(f"{final}: cannot create a temporary file: {e.strerror}") from e
+        failed = f"{what if what is not None else final}: cannot write into the store"
+        renamed = False
+        try:
+            self.own(fd, mode)
+            yield fd
+            os.fsync(fd)
+            failed = f"{final}: cannot rename into place"
+            os.rename(temp, final)
+            renamed = True
+            done.files.append(final)
+            if sync_dir:
+                failed = f"{final.parent}: cannot sync the directory"
+                fsync_dir(final.parent)
+        except OSError as e:
+            self.tally.count("copy_errors")
+            raise StoreError(f"{failed}: {e.strerror}") from e
+        finally:
+            os.close(fd)
+            if not renamed:
+                _unlink_quietly(temp)
+
     def install_copy(self, req: CopyRequest, done: Installed, *, sync_dir: bool = True) -> tuple[bool, int]:
-        """Copy req.src_fd to req.final through a temporary file, verified, source's mtime; (reflinked, bytes).
+        """Copy req.src_fd to req.final through :meth:`atomic_file`, verified, source's mtime; (reflinked, bytes).
 
         sync_dir=False: the directory is not fsync-ed after the rename (the caller does it once for
         the entry's files, before anything links to them).
 
         Raises:
-            StoreError: verify failure, the source changed, or an OS error.
+            StoreError: verify failure, the source changed (counted in ``identity_mismatch``), or an OS error.
         """
-        before, final, what = req.before, req.final, req.what
-        size = before.st_size
-        temp = _temp_name(final)
-        try:
-            dst = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            self.tally.count("copy_errors")
-            raise StoreError(f"{final}: cannot create a temporary file: {e.strerror}") from e
-        try:
-            try:
-                self.own(dst, FILE_MODE)
-                reflinked = self._copy_data(req.src_fd, dst, size, what)
-                os.utime(dst, ns=(before.st_mtime_ns, before.st_mtime_ns))   # for archives, Last-Modified, gdb
-                os.fsync(dst)
-                after = os.fstat(req.src_fd)
-                copied = os.fstat(dst).st_size
-            except OSError as e:
-                self.tally.count("copy_errors")
-                raise StoreError(f"{what}: cannot copy into the store: {e.strerror}") from e
-            if (after.st_size, after.st_mtime_ns, after.st_ino, after.st_dev) != (
-                    before.st_size, before.st_mtime_ns, before.st_ino, before.st_dev) or copied != size:
+        before, what, size = req.before, req.what, req.before.st_size
+        with self.atomic_file(req.final, FILE_MODE, done, what=what, sync_dir=sync_dir) as dst:
+            reflinked, reached = copy_data(req.src_fd, dst, size, self._copied)
+            os.utime(dst, ns=(before.st_mtime_ns, before.st_mtime_ns))   # for archives, Last-Modified, gdb
+            after = os.fstat(req.src_fd)
+            if reached < size or os.fstat(dst).st_size != size or (
+                    after.st_size, after.st_mtime_ns, after.st_ino, after.st_dev) != (
+                    before.st_size, before.st_mtime_ns, before.st_ino, before.st_dev):
                 self.tally.count("identity_mismatch")
-                raise StoreError(f"{what}: changed while being copied")
+                raise StoreError(f"{what}: changed while being copied (copied {reached} of {size} bytes)")
             if req.identity is not None:
                 self.check_identity(req.src_fd, req.identity, what, "after copying")
             self._verify(dst, req)
-            try:
-                os.rename(temp, final)
-                done.files.append(final)
-                if sync_dir:
-                    fsync_dir(final.parent)
-            except OSError as e:
-                self.tally.count("copy_errors")
-                raise StoreError(f"{final}: cannot rename into place: {e.strerror}") from e
-        finally:
-            os.close(dst)
-            if final not in done.files:
-                _unlink_quietly(temp)
         if reflinked:
             self.tally.count("reflinks")
         return reflinked, size
@@ -332,78 +275,50 @@ class Installer(DataCopier):
             self.tally.count("verify_failed")
             raise StoreError(f"{req.what}: {why}")
 
+    def _copied(self, n: int) -> None:
+        self.tally.count("bytes_copied", n)
+        if self.throttle is not None:
+            self.throttle(n)
+
     def install_stream(self, source: Path, final: Path, mode: int, done: Installed,
                        *, check: Callable[[bytes], None] | None = None) -> int:
-        """Copy a file read sequentially (a /proc file: st_size 0) to final; bytes written.
+        """Copy a file read sequentially (a /proc file: st_size 0) to final through :meth:`atomic_file`;
+        bytes written.
 
         ``check(first_chunk)`` (``b""`` for an empty file) may raise to refuse the file.
 
         Raises:
             StoreError: longer than 256 MiB, refused by check, or an OS error.
         """
-        temp = _temp_name(final)
-        total = 0
         try:
-            with open(source, "rb", buffering=0) as src:
-                dst = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                try:
-                    self.own(dst, mode)
-                    first = True
-                    while True:
-                        chunk = src.read(COPY_CHUNK_BYTES)
-                        if not chunk:
-                            break
-                        if first and check is not None:
-                            check(chunk)
-                        first = False
-                        _write_all(dst, chunk)
-                        total += len(chunk)
-                        if total > _PROC_READ_MAX_BYTES:
-                            raise StoreError(f"{source}: longer than {_PROC_READ_MAX_BYTES} bytes")
-                        self._copied(len(chunk))
-                    if first and check is not None:
-                        check(b"")
-                    os.fsync(dst)
-                finally:
-                    os.close(dst)
-            os.rename(temp, final)
-            done.files.append(final)
-            fsync_dir(final.parent)
+            src = open(source, "rb", buffering=0)
         except OSError as e:
             self.tally.count("copy_errors")
-            raise StoreError(f"{source}: cannot copy into the store: {e.strerror}") from e
-        finally:
-            if final not in done.files:
-                _unlink_quietly(temp)
+            raise StoreError(f"{source}: cannot open: {e.strerror}") from e
+        total = 0
+        with src, self.atomic_file(final, mode, done, what=source) as dst:
+            while chunk := src.read(COPY_CHUNK_BYTES):
+                if total == 0 and check is not None:
+                    check(chunk)
+                write_all(dst, chunk)
+                total += len(chunk)
+                if total > _PROC_READ_MAX_BYTES:
+                    raise StoreError(f"{source}: longer than {_PROC_READ_MAX_BYTES} bytes")
+                self._copied(len(chunk))
+            if total == 0 and check is not None:
+                check(b"")
         return total
 
     def install_bytes(self, final: Path, data: bytes, mode: int, done: Installed, *, sync_dir: bool = True) -> int:
-        """Write data to final through a temporary file; bytes written.
+        """Write data to final through :meth:`atomic_file`; bytes written.
 
         sync_dir=False: the directory is not fsync-ed (the caller does it once for several files).
 
         Raises:
             StoreError: an OS error (counted in ``copy_errors``).
         """
-        temp = _temp_name(final)
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                self.own(fd, mode)
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(temp, final)
-            done.files.append(final)
-            if sync_dir:
-                fsync_dir(final.parent)
-        except OSError as e:
-            self.tally.count("copy_errors")
-            raise StoreError(f"{final}: cannot write: {e.strerror}") from e
-        finally:
-            if final not in done.files:
-                _unlink_quietly(temp)
+        with self.atomic_file(final, mode, done, sync_dir=sync_dir) as fd:
+            write_all(fd, data)
         return len(data)
 
     def publish(self, bid: str, target: str) -> None:
@@ -412,9 +327,17 @@ class Installer(DataCopier):
         Raises:
             StoreError: an OS error (counted in ``copy_errors``).
         """
-        link = self.layout.linkname(bid)
+        self.symlink(self.layout.linkname(bid), target)
+
+    def symlink(self, link: Path, target: str) -> None:
+        """Make (or replace) link -> target atomically: a symlink under :func:`temp_name`, renamed over link,
+        and link's directory fsync-ed (made first, root:gid, when missing).
+
+        Raises:
+            StoreError: an OS error (counted in ``copy_errors``).
+        """
         self.makedirs(link.parent, Installed())
-        temp = _temp_name(link)
+        temp = temp_name(link)
         try:
             os.symlink(target, temp)
             os.rename(temp, link)
@@ -437,64 +360,3 @@ class Installer(DataCopier):
                 os.rmdir(d)
             except OSError:
                 break
-
-
-# --- the ways of copying, tried in order by Installer._copy_data -------------------
-
-
-def _own_description(fd: int) -> int | None:
-    """A second open file description of fd's file (through /proc/self/fd), so that SEEK_DATA/SEEK_HOLE
-    do not move the offset the caller's fd shares with its dups; None when /proc cannot reopen it."""
-    try:
-        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError:
-        return None
-
-
-def _next_data(fd: int, offset: int, size: int) -> int:
-    """The first offset >= offset holding data (SEEK_DATA); size when only a hole follows.
-
-    A file system without SEEK_DATA (EINVAL...) has data everywhere, as lseek(2) allows.
-    """
-    try:
-        return min(os.lseek(fd, offset, os.SEEK_DATA), size)
-    except OSError as e:
-        if e.errno == errno.ENXIO:
-            return size
-        if e.errno in _SEEK_DATA_UNSUPPORTED:
-            return offset
-        raise
-
-
-def _next_hole(fd: int, offset: int, size: int) -> int:
-    """The end of the data that starts at offset (SEEK_HOLE), at most size."""
-    try:
-        return max(offset + 1, min(os.lseek(fd, offset, os.SEEK_HOLE), size))
-    except OSError as e:
-        if e.errno == errno.ENXIO or e.errno in _SEEK_DATA_UNSUPPORTED:
-            return size
-        raise
-
-
-def _copy_file_range(src: int, dst: int, offset: int, count: int) -> int:
-    return os.copy_file_range(src, dst, count, offset, offset)
-
-
-def _sendfile(src: int, dst: int, offset: int, count: int) -> int:
-    os.lseek(dst, offset, os.SEEK_SET)
-    return os.sendfile(dst, src, offset, count)
-
-
-def _pread_pwrite(src: int, dst: int, offset: int, count: int) -> int:
-    data = os.pread(src, count, offset)
-    done = 0
-    while done < len(data):
-        done += os.pwrite(dst, data[done:], offset + done)
-    return len(data)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]

@@ -67,7 +67,7 @@ class Store(StoreLookups):
             ``debug_root/.build-id/xx/rest.debug``.
         quota_bytes: :meth:`enforce_quota`'s limit on :meth:`size_bytes`; ``None``: none.
         throttle: ``None``, or called as ``throttle(n)`` after each chunk of
-            ``n`` bytes copied (at most :data:`~buildidd.store.install.COPY_CHUNK_BYTES`;
+            ``n`` bytes copied (at most :data:`~buildidd.store.copydata.COPY_CHUNK_BYTES`;
             not called for a reflink, which copies no data).  It may sleep to
             limit the copy rate; an exception it raises aborts the add
             (nothing is left behind).
@@ -185,7 +185,7 @@ class Store(StoreLookups):
         The file is read with positioned reads (or cloned), so fd's offset is
         untouched.  Steps: a temporary file in the entry directory (``O_EXCL``,
         permission bits of the source & 0o755); reflink, else copy in chunks of
-        :data:`~buildidd.store.install.COPY_CHUNK_BYTES` calling :attr:`throttle`;
+        :data:`~buildidd.store.copydata.COPY_CHUNK_BYTES` calling :attr:`throttle`;
         ``fsync``; read the copy's build-id back and compare; when ``identity``
         is given compare ``identity_of(fd)`` with it before and after copying
         (always: the source's ``fstat`` before and after); ``rename`` into
