@@ -13,13 +13,20 @@ A serve is a peer like any other, hence hostile until proven otherwise:
 * an archive is at most ``max_bytes`` (:data:`MAX_BYTES_CEILING` at most):
   a larger ``Content-Length`` is refused before a byte is read, and a body
   that runs past it (an endless chunked one) is stopped there and discarded;
+* every socket read waits at most ``timeout_s`` (urllib3's read timeout, a
+  timeout on each ``recv``, not on the whole body), and at most what was left
+  of the deadline when the attempt began;
 * one archive's download, all its attempts and pauses together, ends at
-  ``deadline_s``: each read waits at most what is left of it, so a body
-  trickling a byte every few seconds (never idle for ``timeout_s``) stops
-  there too;
+  ``deadline_s``: it is checked between reads, so a body trickling a byte
+  every few seconds (never idle for ``timeout_s``) stops at the first read
+  past it;
 * the bearer token never crosses an origin: it is sent only to the URL's
-  scheme, host and port, a redirect elsewhere is followed without it, and an
-  https URL's redirect to plain http is refused.
+  scheme, host and port, a redirect elsewhere is followed without it (at most
+  :data:`MAX_REDIRECTS`), and an https URL's redirect to plain http, or to a
+  scheme that is not http(s), is refused.
+
+The HTTP client is urllib3 (a connection pool with per-read timeouts and no
+automatic redirects or retries, so that the rules above are pull's own).
 
 After the download, :func:`buildidd.offline.importer.import_archive` verifies
 everything (manifest, sizes, each binary's build-id) before installing.  When
@@ -35,15 +42,14 @@ import json
 import logging
 import os
 import re
-import socket
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import urllib3
 
 from buildidd.errors import ArchiveError, ServeError, ServeRefusedError
 from buildidd.offline.importer import ImportReport, import_archive
@@ -71,6 +77,12 @@ SESSIONS_MAX_BYTES = 16 << 20
 REFUSAL_TEXT_MAX_BYTES = 1024
 """Bytes of a refusal's body (the serve's explanation) read and shown, at most."""
 
+MAX_REDIRECTS = 10
+"""Redirects followed for one request, at most (urllib's HTTPRedirectHandler.max_redirections)."""
+
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+#: What a transfer can fail with: the socket's errors, urllib3's (timeouts, protocol), http.client's.
+_NET_ERRORS = (OSError, urllib3.exceptions.HTTPError, http.client.HTTPException)
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 _CONTENT_RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED_RE = re.compile(r"bytes \*/(\d+)")
@@ -134,61 +146,62 @@ def origin(url: str) -> tuple[str, str, int]:
     return parts.scheme.lower(), (parts.hostname or "").lower(), port if port is not None else default
 
 
-class _TokenStaysHome(urllib.request.HTTPRedirectHandler):
-    """Redirects: the token is sent again only to its own origin; https → http is refused.
-
-    The token is an unredirected header (urllib never copies those to a
-    redirect's request); this handler adds it back when the redirect stays on
-    the token's origin.
-    """
-
-    def __init__(self, home: tuple[str, str, int], token: str | None):
-        super().__init__()
-        self.home, self.token = home, token
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is None:
-            return None
-        target = origin(new.full_url)
-        if self.home[0] == "https" and target[0] != "https":
-            raise urllib.error.HTTPError(newurl, code, f"redirect from https to {target[0]} refused", headers, fp)
-        if self.token is not None and target == self.home:
-            new.add_unredirected_header("Authorization", f"Bearer {self.token}")
-        elif self.token is not None:
-            log.warning("redirected to %s://%s:%d: following it without the token", *target)
-        return new
-
-
 class _Client:
-    """GET requests to one serve, with the token and TLS settings."""
+    """GET requests to one serve through a urllib3 pool: the token only to its origin, TLS settings, redirects
+    followed by hand (see the module doc)."""
 
     def __init__(self, opts: PullOptions):
         parsed = urllib.parse.urlsplit(opts.url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ServeError(f"{opts.url}: expected an http:// or https:// URL")
         self.base = opts.url.rstrip("/")
+        self.home = origin(self.base)
         self.token = opts.token
         self.timeout_s = opts.timeout_s
         context = ssl.create_default_context(cafile=opts.cafile) if parsed.scheme == "https" else None
-        self.opener = urllib.request.build_opener(_TokenStaysHome(origin(self.base), opts.token),
-                                                  urllib.request.HTTPSHandler(context=context))
+        self.pool = urllib3.PoolManager(ssl_context=context, retries=False)
 
     def open(self, path: str, headers: dict[str, str] | None = None, timeout_s: float | None = None):
-        """The response to GET path (an HTTPError is returned too, as a response).
+        """The response to GET path, any status, its body unread (a urllib3 HTTPResponse: status, reason,
+        headers, read, read1); each connect and each socket read waits at most timeout_s (default: the
+        options' timeout_s).
 
         Raises:
             _Broken: the connection failed or timed out.
+            ServeError: a redirect refused (https to http, not http(s)) or more than MAX_REDIRECTS.
         """
-        req = urllib.request.Request(self.base + path, headers=dict(headers or {}))
-        if self.token is not None:
-            req.add_unredirected_header("Authorization", f"Bearer {self.token}")
-        try:
-            return self.opener.open(req, timeout=self.timeout_s if timeout_s is None else timeout_s)
-        except urllib.error.HTTPError as e:
-            return e
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-            raise _Broken(f"{self.base}{path}: {getattr(e, 'reason', e)}") from e
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        timeout = urllib3.Timeout(connect=wait, read=wait)
+        url = self.base + path
+        for _ in range(MAX_REDIRECTS + 1):
+            sent = {**(headers or {}), "Connection": "close"}     # one request per connection, as urllib sent
+            if self.token is not None and origin(url) == self.home:
+                sent["Authorization"] = f"Bearer {self.token}"
+            try:
+                resp = self.pool.request("GET", url, headers=sent, preload_content=False, decode_content=False,
+                                         redirect=False, retries=False, timeout=timeout)
+            except _NET_ERRORS as e:
+                raise _Broken(f"{url}: {e}") from e
+            location = resp.headers.get("Location")
+            if resp.status not in _REDIRECT_STATUSES or not location:
+                return resp
+            resp.close()            # its body is not read: a redirect's body is the peer's to make endless
+            url = self._redirect(url, location)
+        raise ServeError(f"{self.base}{path}: more than {MAX_REDIRECTS} redirects")
+
+    def _redirect(self, url: str, location: str) -> str:
+        """The URL a redirect from url names (relative ones resolved, RFC 9110 §10.2.2), if it may be followed.
+
+        Raises:
+            ServeError: https to another scheme, or a scheme that is not http(s).
+        """
+        target = urllib.parse.urljoin(url, location)
+        there = origin(target)
+        if there[0] not in ("http", "https") or (self.home[0] == "https" and there[0] != "https"):
+            raise ServeError(f"{url}: redirect from {self.home[0]} to {there[0] or '?'} refused")
+        if self.token is not None and there != self.home:
+            log.warning("redirected to %s://%s:%d: following it without the token", *there)
+        return target
 
 
 def refusal(client: _Client, where: str, resp) -> ServeError:
@@ -200,7 +213,7 @@ def refusal(client: _Client, where: str, resp) -> ServeError:
     """
     try:
         body = resp.read(REFUSAL_TEXT_MAX_BYTES)
-    except (OSError, http.client.HTTPException):
+    except _NET_ERRORS:
         body = b""
     text = "".join(c if c.isprintable() else "?" for c in " ".join(body.decode("utf-8", "replace").split()))
     message = f"{where}: HTTP {resp.status} {resp.reason}" + (f": {text.rstrip('.')}" if text else "")
@@ -228,7 +241,10 @@ def remote_sessions(client: _Client) -> list[str]:
     with resp:
         if resp.status != 200:
             raise refusal(client, f"{client.base}/sessions", resp)
-        data = resp.read(SESSIONS_MAX_BYTES + 1)
+        try:
+            data = resp.read(SESSIONS_MAX_BYTES + 1)
+        except _NET_ERRORS as e:
+            raise ServeError(f"{client.base}/sessions: the answer broke off: {e}") from e
     if len(data) > SESSIONS_MAX_BYTES:
         raise ServeError(f"{client.base}/sessions: answer over {SESSIONS_MAX_BYTES} bytes")
     try:
@@ -349,8 +365,8 @@ class _Download:
             self._copy(resp, mode)
 
     def _copy(self, resp, mode: str) -> None:
-        """Write resp's body to the part file: within max_bytes and the deadline, each read waiting at most
-        timeout_s and what is left of the deadline.
+        """Write resp's body to the part file: within max_bytes and the deadline (checked before each read;
+        each read waits at most the attempt's read timeout, see :meth:`_Client.open`).
 
         Raises:
             ServeError: the archive is over max_bytes (the part file is removed), or the deadline passed.
@@ -362,14 +378,11 @@ class _Download:
             self.discard()
             raise ServeError(f"{self.name}: the archive is {base + int(expected)} bytes, over the cap of "
                              f"{self.max_bytes} (--max-bytes)")
-        sock = _socket_of(resp)
         got = 0
         with open(self.part, mode) as f:
             try:
                 while True:
-                    left = self._left_s()
-                    if sock is not None:
-                        sock.settimeout(min(self.client.timeout_s, left))
+                    self._left_s()
                     chunk = resp.read1(CHUNK_BYTES)
                     if not chunk:
                         break
@@ -380,7 +393,7 @@ class _Download:
                         self.discard()
                         raise ServeError(f"{self.name}: the archive runs past the cap of {self.max_bytes} bytes "
                                          f"(--max-bytes); stopped and discarded")
-            except (OSError, http.client.HTTPException) as e:
+            except _NET_ERRORS as e:
                 raise _Broken(f"transfer broke after {got} bytes: {e}") from e
             finally:
                 if not f.closed:
@@ -388,13 +401,6 @@ class _Download:
                     os.fsync(f.fileno())
         if expected is not None and got != int(expected):
             raise _Broken(f"transfer ended after {got} of {expected} bytes")
-
-
-def _socket_of(resp) -> socket.socket | None:
-    """The socket under an http.client response (its read timeout is set per read), when it can be found."""
-    raw = getattr(getattr(resp, "fp", None), "raw", None)
-    sock = getattr(raw, "_sock", None)
-    return sock if isinstance(sock, socket.socket) else None
 
 
 def _pull_one(client: _Client, name: str, opts: PullOptions, work_dir: Path) -> PullResult:
