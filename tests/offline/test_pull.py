@@ -16,6 +16,7 @@ import pytest
 from buildidd.sessionlog import read_session
 from conftest import ServeProcess
 from offline.archive_world import SESSION_NAME, make_world
+from offline.promtext import samples
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +53,8 @@ def get(served, path: str, headers: dict | None = None) -> tuple[int, dict, byte
 def archive_requests(served) -> dict[str, int]:
     """status → count of /sessions/{name}/archive answers, from /metrics."""
     _, _, body = get(served, "/metrics")
-    out = {}
-    for line in body.decode().splitlines():
-        if line.startswith('buildidd_serve_requests_total{route="/sessions/{name}/archive"'):
-            status = line.split('status="')[1].split('"')[0]
-            out[status] = int(line.rsplit(" ", 1)[1])
-    return out
+    return {dict(labels)["status"]: int(n) for (name, labels), n in samples(body).items()
+            if name == "buildidd_serve_requests_total" and dict(labels)["route"] == "/sessions/{name}/archive"}
 
 
 def check_imported(served, dest: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from buildidd.store import Store
 from conftest import ServeProcess, gcc, readelf_build_id, store_add
+from offline.promtext import samples, value
 
 pytestmark = pytest.mark.skipif(shutil.which("debuginfod-find") is None, reason="debuginfod-find not installed")
 
@@ -205,18 +206,14 @@ def test_metrics_count_requests_bytes_hits_and_misses(world):
     request(url, "GET", "/buildid/" + "11" * 20 + "/executable")
     status, h, body = request(url, "GET", "/metrics")
     assert status == 200 and h["content-type"].startswith("text/plain; version=0.0.4")
-    lines = body.decode().splitlines()
-
-    def value(prefix: str) -> int:
-        [line] = [x for x in lines if x.startswith(prefix + " ")]
-        return int(line.rsplit(" ", 1)[1])
-
-    assert value('buildidd_serve_lookups_total{artifact="executable",result="hit"}') >= 1
-    assert value('buildidd_serve_lookups_total{artifact="executable",result="miss"}') >= 1
-    assert value('buildidd_serve_requests_total{route="/buildid/{build_id}/{artifact}",status="200"}') >= 1
-    assert value('buildidd_serve_sent_bytes_total{route="/buildid/{build_id}/{artifact}"}') \
+    got = samples(body)                                     # prometheus_client's parser reads it all
+    route = "/buildid/{build_id}/{artifact}"
+    assert got[("buildidd_serve_lookups_total", frozenset({"artifact": "executable", "result": "hit"}.items()))] >= 1
+    assert got[("buildidd_serve_lookups_total", frozenset({"artifact": "executable", "result": "miss"}.items()))] >= 1
+    assert got[("buildidd_serve_requests_total", frozenset({"route": route, "status": "200"}.items()))] >= 1
+    assert got[("buildidd_serve_sent_bytes_total", frozenset({"route": route}.items()))] \
         >= world["files"]["stripped"].stat().st_size
-    assert "buildidd_daemon_up" not in body.decode()        # --socket '': no daemon asked
+    assert not any(name.startswith("buildidd_daemon_") for name, _ in got)     # --socket '': no daemon asked
 
 
 def test_slow_client_does_not_block_others_and_is_cut_off(world, tmp_path):
@@ -341,14 +338,16 @@ def test_metrics_carry_the_recording_daemons_status(world, tmp_path):
     serve = ServeProcess(world["tmp"] / "store", tmp_path / "serve.log", "--socket", path,
                          "--config", str(world["public_metrics"]))
     try:
-        body = request(serve.url, "GET", "/metrics")[2].decode()
-        assert "buildidd_daemon_up 1" in body.splitlines()
-        assert 'buildidd_daemon_status{key="events.mmap"} 42' in body
-        assert 'buildidd_daemon_status{key="uptime_s"} 12.5' in body
-        assert 'buildidd_daemon_status{key="ready"} 1' in body
+        body = request(serve.url, "GET", "/metrics")[2]
+        assert value(body, "buildidd_daemon_up") == 1
+        assert value(body, "buildidd_daemon_status", key="events.mmap") == 42
+        assert value(body, "buildidd_daemon_status", key="uptime_s") == 12.5
+        assert value(body, "buildidd_daemon_status", key="ready") == 1
+        assert value(body, "buildidd_daemon_status", key="session") is None        # strings are left out
         ctl.stop()
-        body = request(serve.url, "GET", "/metrics")[2].decode()
-        assert "buildidd_daemon_up 0" in body.splitlines() and "buildidd_daemon_status{" not in body
+        body = request(serve.url, "GET", "/metrics")[2]
+        assert value(body, "buildidd_daemon_up") == 0
+        assert not any(name == "buildidd_daemon_status" for name, _ in samples(body))
     finally:
         ctl.stop()
         serve.stop()

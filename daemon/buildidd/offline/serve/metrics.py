@@ -1,26 +1,29 @@
 """``/metrics`` of ``buildidd serve``: its counters and the recording daemon's status, as Prometheus text.
 
-Exposition format: Prometheus "text-based format" 0.0.4 (``# HELP``, ``# TYPE``,
-``name{label="value"} number``; label values escape ``\\``, ``"`` and newline).
-Counters are kept in memory from the server's start; the daemon's status is
-asked for at each scrape through a callable the caller supplies (the CLI gives
-one that asks the control socket: offline never imports control).
+Counters are kept in memory from the server's start (:class:`ServeMetrics`); the daemon's status is
+asked for at each scrape through a callable the caller supplies (the CLI gives one that asks the control
+socket: offline never imports control).  The text is written by ``prometheus_client`` (the Prometheus
+project's own Python client): at each scrape a collector turns a snapshot of the counters into metric
+families and ``generate_latest`` writes them in the text format 0.0.4 (escaping, number formatting, HELP
+and TYPE lines are the library's).  Who may read ``/metrics`` is :mod:`.rights`' decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from buildidd.errors import BuildiddError
 
@@ -32,7 +35,15 @@ StatusFn = Callable[[], dict]
 Raises OSError when no daemon answers, BuildiddError when it answers badly.
 """
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""The Prometheus text format 0.0.4, what :meth:`ServeMetrics.render` writes."""
+
+#: HELP of the server's own gauges (app._gauges); a gauge not listed gets its name.
+GAUGE_HELP = {
+    "buildidd_serve_connections": "Connections open now.",
+    "buildidd_serve_connections_max": "Connections open at most (the cap; more are refused, counted connections).",
+    "buildidd_serve_streams": "Answers being sent now (files and archives).",
+}
 
 STATUS_MAX_SERIES = 2000
 """Numbers taken from one status answer at most (a bound on the scrape's size)."""
@@ -108,13 +119,19 @@ class ServeMetrics:
             self.served_quality[(artifact, quality or "unknown")] += 1
 
     def render(self, status: dict | None, status_error: str | None, gauges: dict[str, int] | None = None) -> str:
-        """The Prometheus text of the counters, plus the daemon's status.
+        """The Prometheus text (format 0.0.4) of the counters, plus the daemon's status.
 
         Args:
             status: the daemon's status answer, or None when there is no daemon to ask.
             status_error: why the daemon did not answer (``buildidd_daemon_up 0``), or None.
             gauges: ``{name: value}`` of the server's own gauges (open connections, answers in progress, caps).
         """
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Scrape(self._families(), gauges or {}, status, status_error))
+        return generate_latest(registry).decode()
+
+    def _families(self) -> list[Metric]:
+        """The counters as metric families, from one snapshot taken under the lock."""
         with self._lock:
             requests = sorted(self.requests.items())
             sent = sorted(self.sent_bytes.items())
@@ -122,39 +139,52 @@ class ServeMetrics:
             qualities = sorted(self.served_quality.items())
             refused = sorted(self.refused.items())
             suppressed = self.log_suppressed
-        out = ["# HELP buildidd_serve_requests_total HTTP answers sent, by route pattern and status code.",
-               "# TYPE buildidd_serve_requests_total counter"]
-        out += [f'buildidd_serve_requests_total{{route="{_esc(r)}",status="{s}"}} {n}' for (r, s), n in requests]
-        out += ["# HELP buildidd_serve_sent_bytes_total Body bytes sent, by route pattern.",
-                "# TYPE buildidd_serve_sent_bytes_total counter"]
-        out += [f'buildidd_serve_sent_bytes_total{{route="{_esc(r)}"}} {n}' for r, n in sent]
-        out += ["# HELP buildidd_serve_lookups_total Build-id lookups by artifact type and result "
-                "(hit: sent, miss: 404, unavailable: held but unreadable, 503; withheld: private, 403 to a caller "
-                "with rights; a caller without them gets a miss).",
-                "# TYPE buildidd_serve_lookups_total counter"]
-        out += [f'buildidd_serve_lookups_total{{artifact="{a}",result="{r}"}} {n}' for (a, r), n in lookups]
-        out += ["# HELP buildidd_serve_served_by_quality_total Files sent, by artifact and what the entry is "
-                "good for (dwarf, symtab, minidebuginfo, go_pclntab, dynsym, none).",
-                "# TYPE buildidd_serve_served_by_quality_total counter"]
-        out += [f'buildidd_serve_served_by_quality_total{{artifact="{a}",quality="{q}"}} {n}'
-                for (a, q), n in qualities]
-        out += ["# HELP buildidd_serve_refused_total Connections closed, requests refused (503) and clients cut, "
-                "by reason.", "# TYPE buildidd_serve_refused_total counter"]
-        out += [f'buildidd_serve_refused_total{{reason="{_esc(r)}"}} {n}' for r, n in refused]
-        out += ["# HELP buildidd_serve_log_suppressed_total Warnings not logged (rate limit); see the counters.",
-                "# TYPE buildidd_serve_log_suppressed_total counter", f"buildidd_serve_log_suppressed_total {suppressed}"]
-        for name, value in sorted((gauges or {}).items()):
-            out += [f"# TYPE {name} gauge", f"{name} {value}"]
-        if status is not None or status_error is not None:
-            out += ["# HELP buildidd_daemon_up 1 when the recording daemon answered its control socket.",
-                    "# TYPE buildidd_daemon_up gauge", f"buildidd_daemon_up {0 if status is None else 1}"]
-        if status is not None:
-            out += ["# HELP buildidd_daemon_status Numbers of the recording daemon's status answer, "
-                    "by key path (see buildidd status --json).",
-                    "# TYPE buildidd_daemon_status gauge"]
-            out += [f'buildidd_daemon_status{{key="{_esc(k)}"}} {_number(v)}'
-                    for k, v in flatten_numbers(status)]
-        return "\n".join(out) + "\n"
+        return [
+            _counter("buildidd_serve_requests_total", "HTTP answers sent, by route pattern and status code.",
+                     ("route", "status"), (((r, str(st)), n) for (r, st), n in requests)),
+            _counter("buildidd_serve_sent_bytes_total", "Body bytes sent, by route pattern.",
+                     ("route",), (((r,), n) for r, n in sent)),
+            _counter("buildidd_serve_lookups_total", "Build-id lookups by artifact type and result (hit: sent, "
+                     "miss: 404, unavailable: held but unreadable, 503; withheld: private, 403 to a caller with "
+                     "rights; a caller without them gets a miss).", ("artifact", "result"), lookups),
+            _counter("buildidd_serve_served_by_quality_total", "Files sent, by artifact and what the entry is good "
+                     "for (dwarf, symtab, minidebuginfo, go_pclntab, dynsym, none).", ("artifact", "quality"),
+                     qualities),
+            _counter("buildidd_serve_refused_total", "Connections closed, requests refused (503) and clients cut, "
+                     "by reason.", ("reason",), (((r,), n) for r, n in refused)),
+            _counter("buildidd_serve_log_suppressed_total", "Warnings not logged (rate limit); see the counters.",
+                     (), [((), suppressed)]),
+        ]
+
+
+def _counter(name: str, help_text: str, labels: tuple[str, ...], samples) -> CounterMetricFamily:
+    """A counter family; name ends in ``_total`` (the library writes the family without it in TYPE and the
+    sample with it); samples are (label values, count) pairs."""
+    family = CounterMetricFamily(name, help_text, labels=labels)
+    for values, n in samples:
+        family.add_metric(list(values), n)
+    return family
+
+
+class _Scrape:
+    """One scrape's metric families for prometheus_client's registry (its Collector protocol: ``collect``)."""
+
+    def __init__(self, counters: list[Metric], gauges: dict[str, int], status: dict | None, status_error: str | None):
+        self.counters, self.gauges, self.status, self.status_error = counters, gauges, status, status_error
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.counters
+        for name, value in sorted(self.gauges.items()):
+            yield GaugeMetricFamily(name, GAUGE_HELP.get(name, name), value=value)
+        if self.status is not None or self.status_error is not None:
+            yield GaugeMetricFamily("buildidd_daemon_up", "1 when the recording daemon answered its control socket.",
+                                    value=0 if self.status is None else 1)
+        if self.status is not None:
+            family = GaugeMetricFamily("buildidd_daemon_status", "Numbers of the recording daemon's status answer, "
+                                       "by key path (see buildidd status --json).", labels=("key",))
+            for key, value in flatten_numbers(self.status):
+                family.add_metric([key], value)
+            yield family
 
 
 def flatten_numbers(value: Any, prefix: str = "") -> list[tuple[str, float]]:
@@ -179,18 +209,6 @@ def flatten_numbers(value: Any, prefix: str = "") -> list[tuple[str, float]]:
             for i, item in enumerate(v):
                 stack.append((f"{path}.{i}", item))
     return sorted(out)
-
-
-def _number(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
-
-
-def _esc(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def daemon_status(status_fn: StatusFn | None) -> tuple[dict | None, str | None]:
