@@ -257,9 +257,9 @@ static __always_inline long ring_output(void *data, __u64 size, __u64 flags)
  * consumer (it polls every few ms while busy), except that once a CPU has
  * written WAKE_BYTES since the consumer last drained (user space bumps
  * drain_gen after each drain: Tracer.reset_wakeups) it forces one, so a
- * burst after an idle spell (the consumer then
- * sleeps up to idle_poll_interval_s, 50 ms: 2 MiB of ~220-byte records fill in
- * ~13 ms at 800k mappings/s) wakes it long before its ring is full.
+ * burst after an idle spell (the consumer then sleeps up to
+ * idle_poll_interval_s, longer than a mapping storm takes to fill a ring)
+ * wakes it long before its ring is full.
  * bpf_ringbuf_query(AVAIL_DATA) would say how full the ring is, but BCC 0.26
  * cannot hand a ring's map pointer to a helper it does not wrap.
  */

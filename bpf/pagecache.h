@@ -58,9 +58,9 @@ struct pagecache_bases {
 };
 
 #ifndef PC_WIN
-#define PC_WIN		1024	/* window bytes; a power of two, at most one page (1024: 460 ns per read
-				 * against 580 with 4096; the headers and notes of ordinary
-				 * files lie in the first KiB) */
+#define PC_WIN		1024	/* window bytes; a power of two, at most one page (1024: a
+				 * read costs less than a whole page's, and the headers and
+				 * notes of ordinary files lie in the first KiB) */
 #endif
 #ifndef PC_MAX_STEPS
 #define PC_MAX_STEPS	16	/* windows filled or walked per file */

@@ -134,7 +134,7 @@ class Config:
                            "CPU, at most 8 (CPU n uses ring n mod 8).  The daemon maps each twice, so "
                            "its RSS holds 2 x rings x ring_bytes.  A ring must hold what the host maps "
                            "while the daemon is off the CPU: scripts/bench_rings.py measures losses by "
-                           "size under unpaced mmap storms (docs/benchmarks.md).")
+                           "size under unpaced mmap storms (its results: docs/performance-history.md, 'Ring size').")
     poll_interval_s: float = _key(0.005, "seconds",
                                   "while events arrive the ring buffers are drained at the pace that lets the "
                                   "fullest fill to a tenth, but at most this often, and at once when a CPU "

@@ -40,7 +40,7 @@ __all__ = ["ARENAS", "MMAP_THRESHOLD_BYTES", "TRIM_INTERVAL_S", "configure", "tr
 #: Fixed mmap threshold (bytes): larger blocks are mmapped and unmapped on free; smaller ones
 #: come from the arenas, whose free pages trim() returns.
 MMAP_THRESHOLD_BYTES = 4 << 20
-#: Seconds between two :func:`trim` calls of the recording loop (malloc_trim(0) took ~0.1-1 ms here).
+#: Seconds between two :func:`trim` calls of the recording loop (malloc_trim(0) walks every arena).
 TRIM_INTERVAL_S = 60.0
 #: malloc arenas at most (M_ARENA_MAX): the main one only, shared by every thread.
 ARENAS = 1

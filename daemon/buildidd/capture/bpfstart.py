@@ -135,10 +135,10 @@ def load_programs(config: Config) -> tuple[KernelPath, Tracer]:
 
     The check (:func:`configured_kernel_path`: the probe program, its bases, the self-test)
     runs on a thread while the main program loads on this one: each is mostly BCC's compile
-    in a child process or the kernel's verifier, which run side by side on two CPUs (a first
-    start: 3.06 s one after the other, see README).  The BTF is parsed once, here, for both:
-    parsed on the thread too, it left ~8 MiB in that thread's malloc arena, which the threads
-    started later reuse (RSS after READY 45-49 MiB instead of 40.6).  The probe is the smaller, so it is
+    in a child process or the kernel's verifier, which run side by side on two CPUs (the start
+    time is the README's).  The BTF is parsed once, here, for both: parsed on the thread too, it
+    would leave its parse in that thread's malloc arena, which the threads started later reuse
+    (a larger RSS after READY).  The probe is the smaller, so it is
     normally done when the main program attaches and the bases are written right after; a
     mapping in between carries kernel_status ``fault`` and is read by user space.
 
@@ -159,6 +159,6 @@ def load_programs(config: Config) -> tuple[KernelPath, Tracer]:
             tracer.close()
             raise
     kernel_path.apply(tracer)
-    del btf                 # ~10 MiB of Python objects; their pages go back now, not at the first trim
+    del btf                 # the whole parsed BTF; its pages go back now, not at the first trim
     heap.trim()
     return kernel_path, tracer

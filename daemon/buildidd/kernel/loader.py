@@ -1,7 +1,7 @@
 """Compile a BPF program with BCC in a short-lived child; load what it compiled here, without BCC.
 
-BCC stays the compiler, but importing it maps libbcc, libLLVM (~55 MiB) and
-libclang-cpp (~28 MiB) into the process for good.  :func:`load` runs BCC in a
+BCC stays the compiler, but importing it maps libbcc, libLLVM and
+libclang-cpp (tens of MiB each) into the process for good.  :func:`load` runs BCC in a
 child process (``python -m buildidd.kernel.loader``) that compiles the source
 and captures what BCC compiled as data (kernel.compiled: each program's
 instructions with its map references by name and its ``bpf_loop`` callbacks

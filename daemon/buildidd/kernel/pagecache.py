@@ -70,7 +70,7 @@ TRIGGER_OFFSET = 0x6275696C64696464
 TRIGGER_ADVICE = 0x62696464
 PROBE_SOURCE = "pagecache_probe.bpf.c"
 #: Probes of the downward page_offset_base search; the highest RAM address over
-#: 1 GiB bounds it (25 here), this caps it on any machine.
+#: 1 GiB bounds it, this caps it on any machine.
 MAX_BASE_PROBES = 4096
 # enum pc_op of bpf/pagecache_probe.bpf.c
 _OP_FOLIO, _OP_READ, _OP_BUILD_ID, _OP_FILE = 1, 2, 3, 4

@@ -189,7 +189,8 @@ def with_build_id(pf: PerfFile, rtype: int, rec: memoryview, bid: bytes, trailer
     else:
         prot_flags, name_at = bytes(rec[_PROT_AT:MMAP2_NAME_AT]), MMAP2_NAME_AT
     filename = bytes(rec[name_at:trailer_at]) if name is None else name + b"\0" * (8 - len(name) % 8)
-    body = bytes(rec[EVENT_HEADER.size:EVENT_HEADER.size + MMAP_HEAD.size]) + union + prot_flags + filename + bytes(rec[trailer_at:])
+    head = bytes(rec[EVENT_HEADER.size:EVENT_HEADER.size + MMAP_HEAD.size])
+    body = head + union + prot_flags + filename + bytes(rec[trailer_at:])
     size = EVENT_HEADER.size + len(body)
     if size > MAX_RECORD_BYTES:
         raise PerfDataError(f"{pf.path}: a mapping record of {size} bytes does not fit perf's u16 size")
@@ -392,7 +393,8 @@ def _check_host(pf: PerfFile, src, session: dict, stats: InjectStats) -> bool:
         raw = pf.read_feature(src, bit, 1 << 16)
         if raw is None or len(raw) < HEADER_STRING.size or not session.get(key):
             continue
-        text = raw[HEADER_STRING.size:HEADER_STRING.size + HEADER_STRING.fields_from(raw).len].split(b"\0", 1)[0].decode("utf-8", "replace")
+        at = HEADER_STRING.size
+        text = raw[at:at + HEADER_STRING.fields_from(raw).len].split(b"\0", 1)[0].decode("utf-8", "replace")
         if text != session[key]:
             stats.warnings.append(f"the profile's {key} is {text!r}, the session's {session[key]!r}")
             same = False

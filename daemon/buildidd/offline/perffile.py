@@ -318,7 +318,8 @@ def _read_attrs(pf: PerfFile, f, off: int, count: int, attr_size: int) -> list[A
         head = ATTR_HEAD.fields_from(raw, base)
         size, sample_type, flags = head.size, head.sample_type, head.flags
         if size != attr_size - SECTION.size:
-            raise pf.fail(off + base + ATTR_HEAD.offset_of("size"), f"attr.size {size} disagrees with attr_size {attr_size}")
+            raise pf.fail(off + base + ATTR_HEAD.offset_of("size"),
+                          f"attr.size {size} disagrees with attr_size {attr_size}")
         clockid = None
         if flags & ATTR_FLAG_USE_CLOCKID and size >= _CLOCKID_AT + _CLOCKID.size:
             clockid = _CLOCKID.unpack_from(raw, base + _CLOCKID_AT)[0]

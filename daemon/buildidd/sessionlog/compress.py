@@ -2,7 +2,7 @@
 
 Closing a segment (the writer): terminate a torn last line with ``b"\\n"``,
 close.  Then, here: ``fsync`` the ``.jsonl`` (here, not on the recording
-thread, which an ``fsync`` of a 64 MiB segment stalls for ~100 ms); without
+thread, which an ``fsync`` of a whole segment would stall); without
 compression ``fsync`` the directory and stop there; else compress
 into ``….jsonl.zst.tmp`` (one zstd frame with checksum), ``fsync``,
 ``rename`` to ``….jsonl.zst``, ``fsync`` the directory, unlink the
@@ -53,8 +53,8 @@ class SegmentFinisher:
     """Makes the closed segments of one session directory final, in order, on one thread.
 
     A closed segment is ``fsync``-ed here, never on the recording thread (an
-    ``fsync`` of a 64 MiB segment blocked it for 75-120 ms here, long enough
-    for a 1 MiB ring to overflow at 130k mappings/s), then compressed
+    ``fsync`` of a full segment blocks for as long as the disk takes to write
+    it, long enough for a small ring to overflow under a mapping storm), then compressed
     (:func:`compress_segment`) or, without compression, its directory entry
     synced (:func:`sync_segment`).  The thread starts at the first
     :meth:`submit` and runs as background work

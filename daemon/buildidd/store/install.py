@@ -41,7 +41,7 @@ from buildidd.store.origin import KEY_GNU, dir_closed
 from buildidd.store.verify import copy_mismatch
 
 _PROC_READ_MAX_BYTES = 256 << 20
-"""Bytes read at most from a /proc file (kallsyms with many modules is a few tens of MiB at most)."""
+"""Bytes read at most from a /proc file (kallsyms grows with the modules loaded)."""
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
