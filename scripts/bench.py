@@ -637,7 +637,7 @@ def main(argv=None) -> int:
         args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 10, 3
         args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 5_000, 50, "50000x2", 1.0
         args.idle_seconds = 1.0
-        args.farm_n = 60
+        args.farm_n = min(args.farm_n, 60)
     workdir = Path(tempfile.mkdtemp(prefix="buildidd-bench-"))
     try:
         w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
