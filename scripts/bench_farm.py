@@ -246,7 +246,10 @@ def prepare(work: Path, store: Path, programs: int, rename_every: int, farm_dir:
     warm, cold = sets
     forget(store, warm)
     for _ in range(FILL_TRIES):
-        fresh_copy(warm)
+        # Nothing is renamed over in the filling run (no second build in place): the store gets every
+        # program however far its copies fall behind the workload.
+        shutil.rmtree(warm.run, ignore_errors=True)
+        copy_builds(warm, [f"prog{i}" for i in range(programs)])
         filled = run_set(store, warm, work, None)
         if filled.held == programs:
             return Farm(warm, cold, store)
