@@ -22,7 +22,11 @@ so that buildidd's excess over perf splits into the kernel's part and the
 daemon's.  Daemon and perf CPU are read from each process's CPUCLOCK_SCHED
 clock, to the ns.
 
---against DIR adds, to every storm, buildidd run from another source tree
+--scenarios farm is the build farm (scripts/bench_farm.py): thousands of freshly built programs,
+each run once, some renamed over after, on a warm and on a cold store: daemon CPU per new program
+beside perf's, and whether the store holds every program.
+
+--against DIR adds, to every storm and to the farm, buildidd run from another source tree
 (DIR/daemon: a ``git worktree`` of an earlier commit with its fast path built
 in place, ``setup.py build_ext --inplace``), alternating with the other modes:
 a change's effect on the workload and on the daemon's CPU, measured in one
@@ -52,6 +56,7 @@ HERE = Path(__file__).resolve().parent
 from benchlib import (FINISHER, SETTLE_S, Buildidd, RssSampler, build, cpu_s_of, lost_count,  # noqa: E402
                       mapping_records, page_touch_cost, parse_ramp, storms, uss_of, warm_store)
 from perfcompare import PerfRecorder, compare, require_quiet_host  # noqa: E402
+import bench_farm  # noqa: E402
 
 
 @dataclass
@@ -602,8 +607,13 @@ def main(argv=None) -> int:
     ap.add_argument("--split", action="store_true",
                     help="exec and dlopen storms: also run buildidd with its daemon stopped during the "
                          "workload, splitting its cost into the kernel side's and the daemon's")
-    ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,idle,profile",
-                    help="comma-separated subset of exec,dlopen,mmap,dlopen-cold,procs,ramp,idle,profile")
+    ap.add_argument("--scenarios", default="exec,dlopen,mmap,dlopen-cold,procs,ramp,idle,farm,profile",
+                    help="comma-separated subset of exec,dlopen,mmap,dlopen-cold,procs,ramp,idle,farm,profile")
+    ap.add_argument("--farm-n", type=int, default=2000, help="farm: distinct programs built and run once")
+    ap.add_argument("--farm-dir", type=Path, help="farm: build and run it here (default: a new directory "
+                    "under /opt, removed after; elsewhere, the store's entries are not trusted)")
+    ap.add_argument("--farm-rename-every", type=int, default=10,
+                    help="farm: every Nth program gets a second build renamed over it after it ran (0: none)")
     ap.add_argument("--idle-seconds", type=float, default=10.0, help="idle: seconds measured per daemon and repetition")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -627,6 +637,7 @@ def main(argv=None) -> int:
         args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 10, 3
         args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 5_000, 50, "50000x2", 1.0
         args.idle_seconds = 1.0
+        args.farm_n = min(args.farm_n, 60)
     workdir = Path(tempfile.mkdtemp(prefix="buildidd-bench-"))
     try:
         w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
@@ -669,6 +680,9 @@ def main(argv=None) -> int:
         ramp_rows = ramp(w, workdir, rates, args.ramp_seconds, store) if "ramp" in want else []
         idle = idle_cost(workdir, store, max(1, min(args.reps, 3)), args.idle_seconds, args.against) \
             if "idle" in want else {}
+        farm = bench_farm.run(workdir, store, args.farm_n, args.farm_rename_every, args.reps,
+                              tree_env(args.against) if args.against is not None else None, args.farm_dir) \
+            if "farm" in want else None
         prof = profile(w, workdir, args.mmap_n, store) if "profile" in want else []
         print()
         print(fmt_table(results))
@@ -690,11 +704,14 @@ def main(argv=None) -> int:
         if goals:
             print("\ngoals (daemon CPU per event with the session log's compression; the two-storm rate in k maps/s):")
             print("\n".join(goals))
+        if farm:
+            print()
+            print("\n".join(bench_farm.fmt(farm)))
         print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
         print("\n".join("  " + line for line in prof))
         out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release,
                "page_touch_ns_after_sleep_ms": touch,
-               "scenarios": [r.as_dict() for r in results], "ramp": ramp_rows, "idle": idle, "profile": prof}
+               "scenarios": [r.as_dict() for r in results], "ramp": ramp_rows, "idle": idle, "profile": prof, "farm": farm}
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
         failures = []
@@ -706,6 +723,7 @@ def main(argv=None) -> int:
                 failures.append(f"{r.name}: {c['wrong']} wrong build-ids")
             if c and c.get("match_rate", 1.0) < 1.0:
                 failures.append(f"{r.name}: completeness {c['match_rate']}")
+        failures += bench_farm.failures(farm) if farm else []
         for row in ramp_rows:
             if not row["kept_up"]:
                 failures.append(f"mmap storms at {row['target_per_s']}/s x{row['procs']}: recorded "

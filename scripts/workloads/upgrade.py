@@ -6,12 +6,15 @@ its replacement ``exec.new<i>`` for i < programs, ``dlopen<i>`` and
 build-id, and ``dlopen_once``; race_script() is the sh script that runs each
 program once and renames its replacement over it 0 ms after it exits, and
 dlopens each library from a process that lives life_ms, replacing it after.
+build_farm() and farm_script() are the build farm of scripts/bench_farm.py:
+thousands of distinct programs, each run once, some renamed over after.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -53,6 +56,28 @@ def build_race(dest: Path, programs: int, libs: int) -> dict[str, list[str]]:
             out[kind].append(link_variant(obj, dest / f"{kind}{i}", *flags))
             link_variant(obj, dest / f"{kind}.new{i}", *flags)
     return out
+
+
+def build_farm(dest: Path, programs: int, rename_every: int, jobs: int | None = None) -> dict[str, list]:
+    """A build farm's output under dest: ``prog<i>`` for i < programs, each prog.o linked again with
+    its own random build-id, and ``prog<i>.new`` (another link) for every rename_every-th i (0: none),
+    linked by jobs gccs at once (default: one per CPU).  Returns {"programs": [build-id hex of
+    prog<i>], "renamed": [i with a .new]}.  Raises RuntimeError on a compiler error."""
+    prog_o, _ = objects(dest / "obj")
+    renamed = [i for i in range(programs) if rename_every and i % rename_every == rename_every - 1]
+    jobs_list = [(dest / f"prog{i}", None) for i in range(programs)]
+    jobs_list += [(dest / f"prog{i}.new", None) for i in renamed]
+    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        bids = list(pool.map(lambda job: link_variant(prog_o, job[0]), jobs_list))
+    return {"programs": bids[:programs], "renamed": renamed}
+
+
+def farm_script(dest: Path, programs: int) -> str:
+    """The sh script that runs each of build_farm's programs once, in order, and renames its
+    ``.new`` over it right after it exits, where there is one."""
+    return (f"set -e; cd {dest}\n"
+            f"i=0; while [ $i -lt {programs} ]; do ./prog$i; "
+            f"if [ -e prog$i.new ]; then mv -f prog$i.new prog$i; fi; i=$((i+1)); done\n")
 
 
 def race_script(dest: Path, programs: int, libs: int, life_ms: int) -> str:
