@@ -228,10 +228,12 @@ class Config:
     snapshot_queue_max: int = _key(8192, "jobs",
                                    "copies waiting for the snapshot worker at most; beyond it a copy is "
                                    "refused (gap reason queue_full); at least 16.")
-    snapshot_fds_max: int = _key(1024, "descriptors",
+    snapshot_fds_max: int = _key(4096, "descriptors",
                                  "descriptors held by queued copies at most (each keeps the exact mapped "
                                  "inode readable); a copy beyond it keeps only its path (counted no_fd).  "
-                                 "The start-up synthesis' copies hold a quarter of it at most.")
+                                 "The start-up synthesis' copies hold a quarter of it at most.  A build host that runs thousands of "
+                                 "new programs a second and renames builds over them wants it high (the "
+                                 "unit's LimitNOFILE bounds it with pin_max_files).")
     snapshot_at_risk_reserve: float = _key(0.25, "fraction",
                                            "the part of the snapshot queue's slots and of its descriptors "
                                            "that only at-risk copies (the file is reachable only through "
