@@ -60,7 +60,8 @@ def test_a_deep_path_flood_leaves_a_small_readable_end_record_and_a_gap_file(rec
     os.chown(flood_dir, uid, attacker[1])
     budget = 1 << 20
     rec = recorder(store_root=str(tmp_path / "store"), snapshot_rate_bytes_per_s=65536, snapshot_stop_budget_s=0,
-                   coverage_max_bytes=budget, coverage_uid_share=0.25)
+                   coverage_max_bytes=budget, coverage_uid_share=0.25,
+                   uid_record_rate_bytes_per_s=0)     # every record reaches the ledger: its bound is tested
     proc = as_user_popen(attacker, [sys.executable, "-c", FLOOD, str(lib), str(off), str(FLOOD_FILES),
                                     str(flood_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
