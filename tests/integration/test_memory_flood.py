@@ -157,7 +157,7 @@ def test_buildidd_runs_rss_stays_within_the_goal_during_a_flood_without_the_uid_
     print(f"\nbuildidd run: {files} files in {FLOOD_S} s ({rate}/s); RSS {rss.base / 2**20:.1f} MiB after READY, "
           f"peak {peak / 2**20:.1f} MiB (goal {DAEMON_RSS_MAX_BYTES >> 20} MiB); "
           f"{'exited' if exited else 'not exited'} {stop_s:.1f} s after SIGTERM")
-    assert files >= 20_000
+    assert files >= 8_000
     assert peak <= DAEMON_RSS_MAX_BYTES, f"peak RSS {peak / 2**20:.1f} MiB"
 
 
@@ -206,10 +206,10 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
           f"(+{growth / 2**20:.1f} MiB, bound +{RSS_GROWTH_MAX_BYTES >> 20} MiB); events {rec.stats.events}, "
           f"lost {rec.stats.lost}, held back by the uid budget {throttled}")
     print({name: (c.get("entries"), c.get("bytes"), c.get("max_bytes")) for name, c in caches.items()})
-    assert files >= 20_000
+    assert files >= 8_000
     assert rec.stats.events.get("mmap", 0) + sum(rec.stats.lost.values()) + throttled >= files // 2
     if uid_rate == 0:
-        assert throttled == 0 and rec.stats.events["mmap"] >= 20_000
+        assert throttled == 0 and rec.stats.events["mmap"] >= 8_000
     assert caches["path_json"]["evictions"] > 0 and caches["kernel_fast"]["evictions"] > 0
     for name, c in caches.items():
         if c.get("max_bytes") is not None and c.get("bytes") is not None:
