@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from buildidd.cli.common import add_roots_options, roots_from_args
+from buildidd.cli.common import add_roots_options, debug_dir, roots_from_args
 
 
 def _config(args):
@@ -54,8 +54,74 @@ def cmd_push(args) -> int:
         pusher.close()
 
 
+def _bucket(args):
+    from buildidd.fleet.bucket import Bucket, BucketOptions
+    cfg = _config(args)
+    return cfg, Bucket(BucketOptions.from_config(cfg))
+
+
+def cmd_fleet_sessions(args) -> int:
+    """`buildidd fleet sessions [HOST]`: the hosts and sessions the bucket holds."""
+    from buildidd.fleet.fetch import list_sessions
+    cfg, bucket = _bucket(args)
+    found, refused = list_sessions(bucket, cfg.push_prefix, args.from_host)
+    if args.json:
+        json.dump({"sessions": [{"host": s.host, "name": s.name, "closed": s.closed} for s in found],
+                   "refused_names": refused}, sys.stdout)
+        print()
+        return 0
+    for s in found:
+        print(f"{s.host}/{s.name}" + ("" if s.closed else "  (open: more may come)"))
+    if refused:
+        print(f"{refused} malformed name(s) in the bucket left out", file=sys.stderr)
+    return 0
+
+
+def cmd_fleet_pull(args) -> int:
+    """`buildidd fleet pull HOST/SESSION`: a session and its binaries from the bucket, installed as import does."""
+    from buildidd.fleet.fetch import Target, fetch_session
+    host, _, session = args.session.partition("/")
+    if not session:
+        raise SystemExit("buildidd fleet pull: give HOST/SESSION (buildidd fleet sessions lists them)")
+    cfg, bucket = _bucket(args)
+    r = fetch_session(bucket, cfg.push_prefix, host, session,
+                      Target(debug_dir(args), cfg.session_root, args.untrusted_policy))
+    if args.json:
+        json.dump({"session_dir": str(r.session_dir), "session_new": r.session_new, "debug_dir": debug_dir(args),
+                   "installed": r.installed, "present": r.present, "missing": r.missing,
+                   "untrusted": r.untrusted, "bytes": r.bytes}, sys.stdout)
+        print()
+        return 0
+    print(f"session {host}/{session} -> {r.session_dir}" + ("" if r.session_new else " (already there)"))
+    print(f"build-ids -> {debug_dir(args)}: {len(r.installed)} installed ({r.bytes} bytes), "
+          f"{len(r.present)} already present, {len(r.missing)} missing, {len(r.untrusted)} not trusted")
+    return 0
+
+
+def _register_fleet(sub) -> None:
+    p = sub.add_parser("fleet", help="read the bucket push fills: list sessions, pull one with its binaries")
+    verbs = p.add_subparsers(dest="fleet_verb", required=True)
+    ls = verbs.add_parser("sessions", help="the hosts and sessions in the bucket")
+    ls.add_argument("from_host", nargs="?", metavar="HOST", help="only this host's sessions")
+    ls.set_defaults(func=cmd_fleet_sessions)
+    pull = verbs.add_parser("pull", help="fetch HOST/SESSION and the binaries it names into the session root "
+                            "and the analyst's store (--debug-dir), verified as import verifies an archive")
+    pull.add_argument("session", metavar="HOST/SESSION")
+    pull.add_argument("--untrusted-policy", choices=("mark", "skip", "refuse"), default="mark",
+                      help="build-ids the host did not trust (read from hosts/HOST/): as import --untrusted")
+    pull.set_defaults(func=cmd_fleet_pull)
+    for q in (ls, pull):
+        add_roots_options(q)
+        q.add_argument("--bucket", help="the bucket (default: push_bucket from the config)")
+        q.add_argument("--endpoint-url", help="the S3 endpoint URL (default: push_endpoint_url)")
+        q.add_argument("--prefix", help="the key prefix (default: push_prefix)")
+        q.add_argument("--json", action="store_true", help="the answer as JSON")
+        q.set_defaults(host=None, state_dir=None, untrusted=None)
+
+
 def register(sub) -> None:
-    """Add ``push`` to the subcommand parsers."""
+    """Add ``push`` and ``fleet`` (sessions, pull) to the subcommand parsers."""
+    _register_fleet(sub)
     p = sub.add_parser("push", help="push the store and closed sessions to an S3-compatible bucket",
                        description="Push every store entry (in debuginfod's URL space: PREFIX/buildid/HEX/"
                                    "executable and debuginfo; trusted entries only at those canonical keys, "

@@ -13,7 +13,7 @@ memory of what was checked and pushed, and the counters), binaries (one
 store entry → its objects, with the trust rules), sessions (closed
 segments and the session manifest), push (a pass over the store and the
 sessions, and the status) and service (the loop of buildidd-push.service).
-Reading a gone host's session back from the bucket is not written yet.
+fetch reads a gone host's sessions back (``buildidd fleet sessions`` and ``fleet pull``).
 
 This is the only stage with network code (boto3); it runs in its own process
 and unit, never in the recording daemon (a forbidden-import contract in

@@ -25,7 +25,7 @@ import botocore.exceptions
 
 from buildidd.errors import PushError
 
-__all__ = ["CAUSES", "FATAL_CAUSES", "BucketOptions", "Bucket", "Exists", "RateLimit"]
+__all__ = ["CAUSES", "FATAL_CAUSES", "BucketOptions", "Bucket", "Body", "Exists", "RateLimit"]
 
 CAUSES = ("unreachable", "timeout", "credentials", "denied", "full", "throttled", "server", "client", "source",
           "config")
@@ -349,6 +349,40 @@ class Bucket:
             return done
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
             raise _error(e, f"GET {key}") from e
+
+    def open(self, key: str, size_bytes: int) -> "Body":
+        """An object's body as a stream (:class:`Body`), refused unless it is exactly size_bytes long.
+
+        Raises:
+            PushError: the request failed, or the object's length differs (``client``).
+        """
+        try:
+            r = self._s3.get_object(Bucket=self.name, Key=key)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            raise _error(e, f"GET {key}") from e
+        if int(r.get("ContentLength", -1)) != size_bytes:
+            r["Body"].close()
+            raise PushError("client", f"GET {key}: {r.get('ContentLength')} bytes, expected {size_bytes}")
+        return Body(r["Body"], key)
+
+
+class Body:
+    """An object's body being read: ``read(n)`` (at most n bytes; errors as PushError), a context manager."""
+
+    def __init__(self, stream, key: str):
+        self._stream, self.key = stream, key
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self._stream.read(n)
+        except (botocore.exceptions.BotoCoreError, OSError) as e:
+            raise _error(e, f"GET {self.key}") from e
+
+    def __enter__(self) -> "Body":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stream.close()
 
 
 def _read(fd: int, offset: int, size: int, what) -> bytes:

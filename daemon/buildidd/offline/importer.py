@@ -84,7 +84,7 @@ from buildidd.resolve.fileid import file_id
 from buildidd.store.origin import KEY_GNU, KEY_HTLHASH
 from buildidd.store import BUILD_ID_DIR, ELF_NAME, TRUSTED
 
-__all__ = ["ImportLimits", "ImportReport", "PROVENANCE_NAME", "UNTRUSTED_POLICIES", "import_archive"]  # ImportLimits lives in offline.untar
+__all__ = ["ImportLimits", "ImportReport", "PROVENANCE_NAME", "UNTRUSTED_POLICIES", "import_archive", "import_members"]  # ImportLimits lives in offline.untar
 
 UNTRUSTED_POLICIES = ("mark", "skip", "refuse")
 """What import does with an entry whose provenance is not ``trusted`` (see the module docstring)."""
@@ -437,4 +437,46 @@ def import_archive(path: str | os.PathLike, *, debug_dir: str | os.PathLike, ses
             report.upstream.append(ref.build_id)
         elif ref.status == MISSING:
             report.missing.append(ref.build_id)
+    return report
+
+
+def import_members(manifest: Manifest, open_member, *, debug_dir: str | os.PathLike,
+                   session_root: str | os.PathLike, untrusted: str = "mark",
+                   limits: ImportLimits = ImportLimits()) -> ImportReport:
+    """Like :func:`import_archive`, with each file fetched by name instead of read from a tar stream.
+
+    The same staging, checks (each ELF file's build-id or htlhash, each file's exact size, the
+    closed marker) and install as an archive's; the fleet's read side (fleet.fetch) uses it.
+
+    Args:
+        manifest: the session's manifest, checked (Manifest.from_json) and sized by the caller.
+        open_member: ``open_member(member, size_bytes)`` -> a context manager giving an object with
+            ``read(n)``: the archive member's bytes (``session/NAME/segment-…``, ``cache/<entry>/elf``).
+        debug_dir, session_root, untrusted, limits: as for :func:`import_archive`.
+
+    Raises:
+        ArchiveError: a file is refused (``too_large``, ``build_id_mismatch``, ``corrupt``: short); nothing
+            was installed.
+        OSError: a target cannot be written.
+    """
+    if untrusted not in UNTRUSTED_POLICIES:
+        raise ValueError(f"untrusted must be one of {UNTRUSTED_POLICIES}, not {untrusted!r}")
+    debug_dir, session_root = Path(os.path.abspath(debug_dir)), Path(os.path.abspath(session_root))
+    files, _links = _expected(manifest)
+    staging = _Staging(debug_dir, session_root)
+    failed = True
+    try:
+        for member, exp in files.items():
+            if exp.size > limits.max_member_bytes:
+                raise ArchiveError("too_large", f"{member}: {exp.size} bytes (limit {limits.max_member_bytes})")
+            with open_member(member, exp.size) as src:
+                staging.write(exp, src, 0o755 if exp.fname in mf.ELF_FILES else 0o644)
+        report = ImportReport(manifest, session_root / manifest.session["name"])
+        _install(manifest, staging, debug_dir, session_root, report, untrusted)
+        failed = False
+    finally:
+        staging.cleanup(failed)
+    for ref in manifest.build_ids:
+        (report.upstream if ref.status == UPSTREAM else report.missing if ref.status == MISSING else []).append(
+            ref.build_id)
     return report
