@@ -6,6 +6,7 @@ import json
 import sys
 
 from buildidd.cli.common import add_roots_options, debug_dir, roots_from_args
+from buildidd.errors import UsageError
 
 
 def _config(args):
@@ -64,7 +65,10 @@ def cmd_fleet_sessions(args) -> int:
     """`buildidd fleet sessions [HOST]`: the hosts and sessions the bucket holds."""
     from buildidd.fleet.fetch import list_sessions
     cfg, bucket = _bucket(args)
-    found, refused = list_sessions(bucket, cfg.push_prefix, args.from_host)
+    try:
+        found, refused = list_sessions(bucket, cfg.push_prefix, args.from_host)
+    except ValueError as e:
+        raise UsageError(f"fleet sessions: {e}") from e
     if args.json:
         json.dump({"sessions": [{"host": s.host, "name": s.name, "closed": s.closed} for s in found],
                    "refused_names": refused}, sys.stdout)
@@ -82,10 +86,13 @@ def cmd_fleet_pull(args) -> int:
     from buildidd.fleet.fetch import Target, fetch_session
     host, _, session = args.session.partition("/")
     if not session:
-        raise SystemExit("buildidd fleet pull: give HOST/SESSION (buildidd fleet sessions lists them)")
+        raise UsageError("fleet pull: give HOST/SESSION (buildidd fleet sessions lists them)")
     cfg, bucket = _bucket(args)
-    r = fetch_session(bucket, cfg.push_prefix, host, session,
-                      Target(debug_dir(args), cfg.session_root, args.untrusted_policy))
+    try:
+        r = fetch_session(bucket, cfg.push_prefix, host, session,
+                          Target(debug_dir(args), cfg.session_root, args.untrusted_policy))
+    except ValueError as e:
+        raise UsageError(f"fleet pull: {e}") from e
     if args.json:
         json.dump({"session_dir": str(r.session_dir), "session_new": r.session_new, "debug_dir": debug_dir(args),
                    "installed": r.installed, "present": r.present, "missing": r.missing,
