@@ -106,14 +106,25 @@ def cmd_fleet_pull(args) -> int:
 
 
 def _register_fleet(sub) -> None:
-    p = sub.add_parser("fleet", help="read the bucket push fills: list sessions, pull one with its binaries")
+    p = sub.add_parser("fleet", help="read the bucket push fills: list sessions, pull one with its binaries",
+                       description="Read back what buildidd push put in the bucket (push_bucket, push_prefix): "
+                                   "the sessions of every host, and one session with the binaries it names, "
+                                   "also of a host that no longer exists.")
     verbs = p.add_subparsers(dest="fleet_verb", required=True)
-    ls = verbs.add_parser("sessions", help="the hosts and sessions in the bucket")
+    ls = verbs.add_parser("sessions", help="the hosts and sessions in the bucket",
+                          description="List PREFIX/sessions/HOST/SESSION/ as HOST/SESSION, one a line; a session "
+                                      "without its .closed marker is marked open (more segments may come).")
     ls.add_argument("from_host", nargs="?", metavar="HOST", help="only this host's sessions")
     ls.set_defaults(func=cmd_fleet_sessions)
     pull = verbs.add_parser("pull", help="fetch HOST/SESSION and the binaries it names into the session root "
-                            "and the analyst's store (--debug-dir), verified as import verifies an archive")
-    pull.add_argument("session", metavar="HOST/SESSION")
+                            "and the analyst's store (--debug-dir), verified as import verifies an archive",
+                            description="Fetch a session's manifest, segments and .closed marker, and each binary "
+                                        "its manifest holds (trusted ones from PREFIX/buildid/HEX/, others from "
+                                        "PREFIX/hosts/HOST/buildid/HEX/), staged and verified (each file's "
+                                        "build-id or htlhash) before anything is installed, into the session root "
+                                        "and the analyst's store as import lays them out; then resolve, which and "
+                                        "inject work on it offline.")
+    pull.add_argument("session", metavar="HOST/SESSION", help="the session, as fleet sessions lists it")
     pull.add_argument("--untrusted-policy", choices=("mark", "skip", "refuse"), default="mark",
                       help="build-ids the host did not trust (read from hosts/HOST/): as import --untrusted")
     pull.set_defaults(func=cmd_fleet_pull)
