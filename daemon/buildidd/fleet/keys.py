@@ -62,7 +62,7 @@ def check_prefix(prefix: str) -> str:
 
 
 def iso_utc(time_ns: int) -> str:
-    """``2026-11-22T10:00:00Z`` for ns since the epoch."""
+    """ISO 8601 UTC text (``YYYY-MM-DDTHH:MM:SSZ``) for ns since the epoch."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time_ns / 1e9))
 
 
