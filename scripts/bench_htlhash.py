@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the htlhash (resolve.fileid.file_id) adds to a hand-over, per file.
 
-A hand-over to the store (resolve.routes.Routes.hand_over, a worker thread, never the
+A hand-over to the store (resolve.handover.HandOverJob.run, a worker thread, never the
 recording thread) opens the mapped file, checks its identity and reads its build-id back;
 it now also computes the file's htlhash from the same descriptor (two 4 KiB preads and a
 SHA-256 over 8 KiB).  This times, per file on open descriptors with a warm page cache:

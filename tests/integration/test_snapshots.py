@@ -152,7 +152,8 @@ def test_retention_and_quota_never_delete_what_a_retained_session_references(tmp
 
 def test_a_sighting_of_a_build_id_stored_trusted_opens_no_file(recorder, public_tmp_factory, workloads):
     """A restart sees every running DSO again: a build-id the store holds from a trusted, public
-    copy is only touched (Snapshotter.settled), the hand-over opens nothing; a new one is copied."""
+    copy is only touched (SettledView.settled), the hand-over opens nothing; a new one is copied."""
+    from buildidd.store.settledview import SettledView
     from conftest import store_add
 
     d = public_tmp_factory()
@@ -164,20 +165,20 @@ def test_a_sighting_of_a_build_id_stored_trusted_opens_no_file(recorder, public_
     os.chmod(new, 0o755)
     store_root = d / "store"
     known_bid = store_add(Store(store_root), known)
-    assert Snapshotter(Store(store_root)).settled(known_bid)
+    assert SettledView(Store(store_root)).settled(known_bid)
     new_bid = readelf_build_id(new)
-    assert not Snapshotter(Store(store_root)).settled(new_bid)
+    assert not SettledView(Store(store_root)).settled(new_bid)
     rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
     for lib in (known, new):
         subprocess.run([str(workloads["mmap_storm"]), str(lib), "3"], check=True, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         rec.step()
-        if (Store(store_root).contains(new_bid) and rec.enricher.status()["handovers_settled"] >= 1
+        if (Store(store_root).contains(new_bid) and rec.handovers.status()["handovers_settled"] >= 1
                 and rec.snapshotter.status()["already_present"] >= 1):    # queued behind the bulk
             break
         time.sleep(0.05)
-    status = rec.enricher.status()
+    status = rec.status()["resolve"]
     assert status["handovers_settled"] == 1, status
     assert Store(store_root).contains(new_bid)
     assert rec.snapshotter.status()["stored"] >= 1 and rec.snapshotter.status()["already_present"] >= 1

@@ -202,7 +202,7 @@ def test_buildid_list_json_gives_each_dso_its_htlhash_and_the_stored_facts(world
 
 def test_the_file_id_line_the_recorder_writes_is_what_the_reader_joins():
     from buildidd.kernel.events import Identity
-    from buildidd.resolve.routes import FileKey
+    from buildidd.resolve.filekeys import FileKey
     from buildidd.sessionlog.records import file_id_line
     ident = Identity(dev=2049, ino=77, generation=3, size=1234, mtime_ns=5, ctime_ns=0)
     line = json.loads(file_id_line(42, FileKey(ident, "ab" * 20, "cd" * 16)))

@@ -218,9 +218,11 @@ def test_a_hand_over_reaches_the_mapped_file_without_map_files_while_its_path_na
     import mmap
     import subprocess
     import sys
-    from buildidd.resolve import routes as routes_mod
-    from buildidd.resolve.routes import Request, Routes, Source, make_resolution
-    from buildidd.memo import LruCache
+    from buildidd.resolve import handover as handover_mod
+    from buildidd.resolve.filekeys import FileKeys
+    from buildidd.resolve.handover import HandOverJob
+    from buildidd.resolve.procfs import Source
+    from buildidd.resolve.resolution import Request, make_resolution
     lib = gcc("int f(void) { return 1; }\n", tmp_path / "lib.so", "-shared", "-fPIC", "-Wl,--build-id=sha1")
     bid = readelf_build_id(lib)
     ident = _ident(lib)
@@ -235,20 +237,21 @@ def test_a_hand_over_reaches_the_mapped_file_without_map_files_while_its_path_na
             line = next(x for x in f if x.rstrip().endswith(str(lib)))
         start, end = (int(x, 16) for x in line.split()[0].split("-"))
         tried, got = [], []
-        real_open_route = routes_mod.open_route
-        monkeypatch.setattr(routes_mod, "open_route",
+        real_open_route = handover_mod.open_route
+        monkeypatch.setattr(handover_mod, "open_route",
                             lambda source, *a, **k: tried.append(source) or real_open_route(source, *a, **k))
-        r = Routes(LruCache("identity", 16), lambda ident_, res, fd, urgency, uid: got.append(os.fstat(fd).st_ino))
+        r = HandOverJob(lambda ident_, res, fd, urgency, uid: got.append(os.fstat(fd).st_ino), FileKeys(),
+                        None, None, None)
         req = Request(child.pid, start, end - start, str(lib), 1, ident)
         res = make_resolution(ident, bid, Source.NONE, None, str(lib))
-        assert r.hand_over((req, res)) is True
+        assert r.run((req, res)) is True
         assert tried == [Source.PROC_ROOT] and got == [ident.ino]
         # The path now names another file: refused there, reached through map_files.
         shutil.copy(lib, tmp_path / "other.so")
         os.rename(tmp_path / "other.so", lib)
         tried.clear()
         got.clear()
-        assert r.hand_over((req, res)) is True
+        assert r.run((req, res)) is True
         assert tried == [Source.PROC_ROOT, Source.MAP_FILES] and got == [ident.ino]
     finally:
         child.stdin.close()
@@ -264,9 +267,11 @@ def test_a_users_path_swapped_after_the_mapping_never_stands_in_for_the_mapped_f
     import subprocess
     import sys
     import tempfile
-    from buildidd.memo import LruCache
-    from buildidd.resolve import routes as routes_mod
-    from buildidd.resolve.routes import Request, Routes, Source, make_resolution
+    from buildidd.resolve import handover as handover_mod
+    from buildidd.resolve.filekeys import FileKeys
+    from buildidd.resolve.handover import HandOverJob
+    from buildidd.resolve.procfs import Source
+    from buildidd.resolve.resolution import Request, make_resolution
     from conftest import as_user_popen
     work = Path(tempfile.mkdtemp(prefix="buildidd-handover-", dir="/tmp"))  # root's tmp_path is 0700
     try:
@@ -291,13 +296,14 @@ def test_a_users_path_swapped_after_the_mapping_never_stands_in_for_the_mapped_f
             with open(f"/proc/{mapper.pid}/maps") as f:
                 start, end = (int(x, 16) for x in next(x for x in f if "lib.so" in x).split()[0].split("-"))
             tried, got = [], []
-            real = routes_mod.open_route
+            real = handover_mod.open_route
             mp = pytest.MonkeyPatch()
-            mp.setattr(routes_mod, "open_route", lambda source, *a, **k: tried.append(source) or real(source, *a, **k))
+            mp.setattr(handover_mod, "open_route", lambda source, *a, **k: tried.append(source) or real(source, *a, **k))
             try:
-                r = Routes(LruCache("identity", 16), lambda ident_, res, fd, urgency, uid: got.append(os.fstat(fd).st_ino))
+                r = HandOverJob(lambda ident_, res, fd, urgency, uid: got.append(os.fstat(fd).st_ino), FileKeys(),
+                                None, None, None)
                 req = Request(mapper.pid, start, end - start, str(lib), 1, ident)
-                assert r.hand_over((req, make_resolution(ident, bid, Source.NONE, None, str(lib)))) is True
+                assert r.run((req, make_resolution(ident, bid, Source.NONE, None, str(lib)))) is True
             finally:
                 mp.undo()
             assert tried == [Source.PROC_ROOT, Source.MAP_FILES]

@@ -170,16 +170,23 @@ def test_worker_pool_keeps_its_workers_and_submit_never_waits_for_a_new_thread()
 
 
 def test_enricher_pools_follow_the_configured_offload():
-    """The recorder builds its Enricher with Offload.from_config: the kept workers are started at once."""
+    """The recorder builds its Enricher with Offload.from_config, and its hand-over queue from the same
+    Offload (capture.wiring): the kept workers are started at once."""
     from buildidd.config import Config
     from buildidd.resolve.enrich import Offload
+    from buildidd.resolve.filekeys import FileKeys
+    from buildidd.resolve.handover import HandOverJob
+    from buildidd.resolve.handoverqueue import HandOverQueue
 
     off = Offload.from_config(Config(resolve_workers=3, resolve_deadline_s=0.5))
     assert off.deadline_s == 0.5 and off.pool.workers == 3 and off.pool.max_threads == 24
     assert off.pool.stuck_after_s == 0.5
     e = Enricher(offload=off)
+    q = HandOverQueue(HandOverJob(lambda *a: None, FileKeys(), None, None, None), off.pool, off.handover_uid_share)
     try:
         assert e.pool.status()["threads"] == 3
-        assert e.handovers.status()["threads"] == 1
+        assert q.live.status()["threads"] == 1 and q.bulk.status()["threads"] == 1
+        assert q.live.policy.max_threads == 6 and q.live.policy.uid_share == off.handover_uid_share
     finally:
+        q.close()
         e.close()

@@ -4,10 +4,13 @@ deep paths (a user's ~3,700-character directory), measured with tracemalloc."""
 from __future__ import annotations
 
 from buildidd.kernel.events import EventType, Identity, MapOrigin, PcStatus, RawEvent
-from buildidd.resolve import enrich, routes
+from buildidd.resolve import enrich, filekeys, handover, handoverqueue
 from buildidd.resolve.enrich import Enricher
+from buildidd.resolve.filekeys import FileKey, FileKeys
+from buildidd.resolve.handover import HandOverJob
+from buildidd.resolve.handoverqueue import HandOverQueue
 from buildidd.resolve.procfs import Source
-from buildidd.resolve.routes import FileKey, make_resolution
+from buildidd.resolve.resolution import make_resolution
 from buildidd.resolve.workers import PoolPolicy, WorkerPool
 from tests.memflood import FLOOD_N, deep_path, retained_bytes
 
@@ -45,38 +48,41 @@ def test_the_identity_cache_stays_within_its_budget():
 def test_kernel_answers_handed_over_stay_within_the_hand_overs_budgets():
     """Each fresh build-id the kernel read goes to a hand-over (its file unreachable here: the
     process is gone): the hand-overs' memory, the queues and the unreached list stay bounded."""
-    e = Enricher(on_build_id=lambda *a: None)
     gaps = []
-    e.routes.on_gap = lambda bid, path, reason, uid: gaps.append(reason) if len(gaps) < 10 else None
+    job = HandOverJob(lambda *a: None, FileKeys(), None, None,
+                      lambda bid, path, reason, uid: gaps.append(reason) if len(gaps) < 10 else None)
+    q = HandOverQueue(job, enrich.Offload().pool, 0.25)
+    e = Enricher(on_build_id=lambda *a: None, hand_over=q.offer)
     try:
         def flood():
             for i in range(FLOOD_N):
                 res = e.resolve(_kernel_map(i))
                 assert res.build_id == i.to_bytes(20, "little").hex()
                 if i % 1000 == 999:
-                    for pool in (e.handovers, e.bulk_handovers):
+                    for pool in (q.live, q.bulk):
                         assert pool.status()["queued_bytes"] <= pool.policy.queue_max_bytes
-            for pool in (e.handovers, e.bulk_handovers):
+            for pool in (q.live, q.bulk):
                 assert pool.drain(30.0)
         held = retained_bytes(flood)
-        bound = enrich.HANDED_MAX_BYTES + routes.UNREACHED_MAX * (len(deep_path(0)) + 400)
-        assert e.handed.bytes <= enrich.HANDED_MAX_BYTES
+        bound = handoverqueue.HANDED_MAX_BYTES + handover.UNREACHED_MAX * (len(deep_path(0)) + 400)
+        assert q.handed.bytes <= handoverqueue.HANDED_MAX_BYTES
         assert held <= bound, (held, bound)
         assert gaps and set(gaps) <= {"process_gone", "handover_dropped", "uid_budget"}
     finally:
+        q.close()
         e.close()
 
 
 def test_file_keys_and_their_memory_stay_bounded():
-    r = routes.Routes(Enricher().cache, None)
+    keys = FileKeys()
 
     def flood():
         for i in range(FLOOD_N):
-            r._queue_key(FileKey(_ident(i), "ab" * 20, "cd" * 16))
+            keys.put(FileKey(_ident(i), "ab" * 20, "cd" * 16))
     held = retained_bytes(flood)
-    assert len(r.file_keys) == routes.FILE_KEYS_QUEUED_MAX and r.file_keys_dropped == FLOOD_N - len(r.file_keys)
-    assert r.keyed.bytes <= routes.KEYED_MAX_BYTES
-    assert held <= routes.KEYED_MAX_BYTES + routes.FILE_KEYS_QUEUED_MAX * 600, held
+    assert len(keys) == filekeys.FILE_KEYS_QUEUED_MAX and keys.dropped == FLOOD_N - len(keys)
+    assert keys.keyed.bytes <= filekeys.KEYED_MAX_BYTES
+    assert held <= filekeys.KEYED_MAX_BYTES + filekeys.FILE_KEYS_QUEUED_MAX * 600, held
 
 
 def test_a_pool_refuses_jobs_beyond_its_queued_bytes():

@@ -26,7 +26,10 @@ from buildidd.cli.ctl import _handover_refusals, _store_lines
 from buildidd.kernel.events import EventType, MapOrigin, PcStatus, RawEvent
 from buildidd.resolve.enrich import Enricher, Offload
 from buildidd.resolve.procfs import identity_of
-from buildidd.resolve.routes import HandOver
+from buildidd.capture.wiring import submit_copy
+from buildidd.resolve.filekeys import FileKeys
+from buildidd.resolve.handover import HandOver, HandOverJob
+from buildidd.resolve.handoverqueue import HandOverQueue
 from buildidd.resolve.workers import PoolPolicy
 from buildidd.store import CopyJob, SnapshotPolicy, Snapshotter, Store
 
@@ -143,14 +146,15 @@ def world(attacker, bystander):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _wire(snap: Snapshotter, offload: Offload) -> Enricher:
-    """An Enricher whose hand-overs go to snap, as capture.recorder wires them (on_build_id, on_gap, settled)."""
+def _wire(snap: Snapshotter, offload: Offload) -> tuple[Enricher, HandOverQueue]:
+    """An Enricher whose hand-overs go to snap through a hand-over queue, as capture.wiring wires them
+    (the copy sink, on_gap, the settled view)."""
     def on_build_id(ident, res, fd, urgency: HandOver, uid: int) -> None:
-        snap.submit(CopyJob(res.build_id, res.path, ident, urgency, uid), fd)
-    e = Enricher(on_build_id=on_build_id, offload=offload)
-    e.routes.on_gap = lambda bid, path, reason, uid: snap.coverage.outcome(bid, reason, path, uid)
-    e.routes.settled = snap.settled
-    return e
+        submit_copy(snap, ident, res, fd, urgency, uid)
+    job = HandOverJob(on_build_id, FileKeys(), snap.view, None,
+                      lambda bid, path, reason, uid: snap.coverage.outcome(bid, reason, path, uid))
+    q = HandOverQueue(job, offload.pool, offload.handover_uid_share)
+    return Enricher(on_build_id=on_build_id, offload=offload, hand_over=q.offer), q
 
 
 def _only_bid(m: Mapper) -> str:
@@ -169,12 +173,12 @@ def test_a_users_flood_of_fresh_files_never_drops_roots_or_a_bystanders_copy(wor
     policy = SnapshotPolicy(rate_bytes_per_s=3 * len(Path(world["dir"], "tpl.so").read_bytes()), max_queue=256,
                             max_fds=64, uid_share=0.25, at_risk_reserve=0.25, housekeeping_interval_s=3600)
     snap = Snapshotter(store, policy)
-    e = _wire(snap, Offload(pool=PoolPolicy(queue_max=512), handover_uid_share=0.25))
+    e, q = _wire(snap, Offload(pool=PoolPolicy(queue_max=512), handover_uid_share=0.25))
     try:
         for ev in flood.events(nlink=0) + by.events(nlink=0) + root.events(nlink=1):
             e.resolve(ev)
-        assert e.handovers.drain(60.0)
-        handed = e.handovers.status()
+        assert q.live.drain(60.0)
+        handed = q.live.status()
         print(f"\nhand-over pool: {handed['submitted']} taken, {handed['queue_dropped']} refused, "
               f"by uid {handed['refused_by_uid']}")
         assert handed["refused_by_uid"] == {str(flood.uid): handed["queue_dropped"]} and handed["queue_dropped"] > 0
@@ -185,7 +189,7 @@ def test_a_users_flood_of_fresh_files_never_drops_roots_or_a_bystanders_copy(wor
         assert queue["fds_by_uid"][str(flood.uid)] == 16         # 12 general + 4 reserve descriptors
         assert queue["jobs_by_uid"]["0"] == 1 and queue["fds_by_uid"]["0"] == 1
         assert queue["jobs_by_uid"][str(by.uid)] == 1 and queue["fds_by_uid"][str(by.uid)] == 1
-        text = "\n".join(_store_lines(snap.status(), {})) + _handover_refusals(e.status())
+        text = "\n".join(_store_lines(snap.status(), {})) + _handover_refusals({**e.status(), **q.status()})
         assert f"uid {flood.uid} 64 jobs/16 fds" in text and f"refused (queue_uid_share, snapshot_queue_max): " \
             f"uid {flood.uid} {queue['refused_by_uid'][str(flood.uid)]}" in text, text
         assert f"(uid {flood.uid} {handed['queue_dropped']})" in text, text
@@ -206,6 +210,7 @@ def test_a_users_flood_of_fresh_files_never_drops_roots_or_a_bystanders_copy(wor
         # (one of the attacker's at most before each), with the flood's backlog still queued.
         assert all(made <= 3 and left >= 50 for made, left in served.values()), served
     finally:
+        q.close()
         e.close()
         snap.stop(budget_s=20)
     assert store.contains(_only_bid(root)) and store.contains(_only_bid(by))

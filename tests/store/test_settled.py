@@ -1,4 +1,4 @@
-"""Snapshotter.settled remembers a trusted, public entry only while the entry stays what it was."""
+"""SettledView.settled remembers a trusted, public entry only while the entry stays what it was."""
 
 from __future__ import annotations
 
@@ -32,16 +32,16 @@ def test_a_remembered_answer_follows_removal_and_an_untrusted_copy(public_tmp_fa
     store = Store(d / "store")
     bid = store_add(store, _libm())
     snap = Snapshotter(store)
-    assert snap.settled(bid) and snap.settled(bid)          # the second from memory
+    assert snap.view.settled(bid) and snap.view.settled(bid)          # the second from memory
     stamp = store.origin_stamp(bid)
-    assert stamp is not None and snap._settled[bid].stamp == stamp
+    assert stamp is not None and snap.view.answers[bid].stamp == stamp
     store.remove(bid)                                        # an eviction
-    assert store.origin_stamp(bid) is None and not snap.settled(bid)
+    assert store.origin_stamp(bid) is None and not snap.view.settled(bid)
     copy = d / "libm-copy.so"                                # the same bytes where any user could have put them
     shutil.copy(_libm(), copy)
     os.chmod(copy, 0o755)
     assert store_add(store, copy) == bid
-    assert not store.origin(bid).trusted and not snap.settled(bid)
+    assert not store.origin(bid).trusted and not snap.view.settled(bid)
 
 
 def test_a_settled_entry_is_touched_once_per_period(public_tmp_factory):
@@ -49,13 +49,13 @@ def test_a_settled_entry_is_touched_once_per_period(public_tmp_factory):
     store = Store(d / "store")
     bid = store_add(store, _libm())
     snap = Snapshotter(store)
-    assert snap.settled(bid)
+    assert snap.view.settled(bid)
     entry = store.linkname(bid).resolve()
     os.utime(entry, (1, 1))
-    snap._touch_settled(bid)
+    snap.view.touch(bid)
     assert entry.stat().st_mtime > 1                         # touched: recent for the quota
     os.utime(entry, (1, 1))
-    snap._touch_settled(bid)
+    snap.view.touch(bid)
     assert entry.stat().st_mtime == 1                        # not again within SETTLED_TTL_S
 
 
@@ -69,12 +69,12 @@ def test_an_untrusted_copy_is_settled_for_its_own_unchanged_file_only(public_tmp
     assert not store.origin(bid).trusted
 
     snap = Snapshotter(store)
-    assert not snap.settled(bid)                             # not for any file
-    assert snap.settled(bid, _identity(lib), str(lib)) and snap.settled(bid, _identity(lib), str(lib))
-    assert not snap.settled(bid, _identity(lib), str(d / "elsewhere.so"))     # another path: its facts may differ
+    assert not snap.view.settled(bid)                             # not for any file
+    assert snap.view.settled(bid, _identity(lib), str(lib)) and snap.view.settled(bid, _identity(lib), str(lib))
+    assert not snap.view.settled(bid, _identity(lib), str(d / "elsewhere.so"))     # another path: its facts may differ
     os.chmod(lib, 0o700)                                     # a new ctime: owner or mode may have changed
-    assert not snap.settled(bid, _identity(lib), str(lib))
-    assert not snap.settled(bid)
+    assert not snap.view.settled(bid, _identity(lib), str(lib))
+    assert not snap.view.settled(bid)
 
 
 def test_the_same_content_from_a_new_file_moves_the_origin_to_it(public_tmp_factory):
@@ -95,12 +95,12 @@ def test_the_same_content_from_a_new_file_moves_the_origin_to_it(public_tmp_fact
     try:
         ident = identity_of(fd)
         snap = Snapshotter(store)
-        assert not snap.settled(bid, ident, str(lib))        # the stored copy came from the old file
+        assert not snap.view.settled(bid, ident, str(lib))        # the stored copy came from the old file
         assert not store.add_from_fd(fd, str(lib), bid).added
     finally:
         os.close(fd)
     assert store.origin(bid).ino == ident.ino != old_ino
-    assert snap.settled(bid, ident, str(lib))                # its next sighting needs no copy
+    assert snap.view.settled(bid, ident, str(lib))                # its next sighting needs no copy
 
 
 def test_a_user_who_rewrites_the_file_and_puts_its_mtime_back_is_not_settled(public_tmp_factory, attacker):
@@ -119,7 +119,7 @@ def test_a_user_who_rewrites_the_file_and_puts_its_mtime_back_is_not_settled(pub
     snap = Snapshotter(store)
 
     before = _identity(lib)
-    assert snap.settled(bid, before, str(lib))
+    assert snap.view.settled(bid, before, str(lib))
     stamp = f"@{before.mtime_ns // 10**9}.{before.mtime_ns % 10**9:09d}"
     r = as_user(attacker, ["sh", "-c", f'printf x | dd of="{lib}" bs=1 seek=100 conv=notrunc 2>/dev/null && '
                                        f'touch -d "{stamp}" "{lib}"'])
@@ -127,7 +127,7 @@ def test_a_user_who_rewrites_the_file_and_puts_its_mtime_back_is_not_settled(pub
     after = _identity(lib)
     assert (after.ino, after.size, after.mtime_ns) == (before.ino, before.size, before.mtime_ns)
     assert after.ctime_ns != before.ctime_ns
-    assert not snap.settled(bid, after, str(lib))
+    assert not snap.view.settled(bid, after, str(lib))
 
 
 def test_stamped_origin_reads_the_stamp_and_origin_together_and_refuses_what_is_not_an_entry(public_tmp_factory):
@@ -160,15 +160,15 @@ def test_stored_file_id_reads_again_once_the_entry_changed(public_tmp_factory):
     bid = store_add(store, _libm())
     ident = _identity(_libm())
     snap = Snapshotter(store)
-    assert snap.settled(bid)
+    assert snap.view.settled(bid)
     fid = store.origin(bid).file_id
-    assert fid and snap.stored_file_id(bid, ident) == fid
+    assert fid and snap.view.stored_file_id(bid, ident) == fid
     origin = store.linkname(bid).resolve() / "origin.json"
     text = origin.read_text().replace(fid, "0" * 32)
     tmp = origin.with_name("origin.json.new")                # a new origin, renamed into place
     tmp.write_text(text)
     os.rename(tmp, origin)
-    assert snap.stored_file_id(bid, ident) == "0" * 32
+    assert snap.view.stored_file_id(bid, ident) == "0" * 32
 
 
 def test_a_settled_sighting_without_a_file_is_done_at_submit(public_tmp_factory):
@@ -198,13 +198,13 @@ def test_an_entry_evicted_before_its_touch_is_counted_failed(public_tmp_factory)
     store = Store(d / "store")
     bid = store_add(store, _libm())
     snap = Snapshotter(store)
-    touch = snap._touch_settled
+    touch = snap.view.touch
 
     def evicted_first(build_id):
         store.remove(build_id)
         touch(build_id)
 
-    snap._touch_settled = evicted_first
+    snap.view.touch = evicted_first
     snap.submit(CopyJob(bid, str(_libm()), None), None)
     assert snap.stats["failed"] == 1 and snap.stats["already_present"] == 0
     assert snap.coverage.state(bid) == "failed" and bid in (snap.last_error or "")

@@ -9,7 +9,8 @@ from buildidd.kernel.events import Identity
 from buildidd.store import SnapshotPolicy, Snapshotter, Store
 from buildidd.store.copyqueue import CopyJob
 from buildidd.store.origin import Origin
-from buildidd.store.sightings import Settled, SettledMemory, Sightings
+from buildidd.resolve.resolution import Sighting
+from buildidd.store.sightings import Settled, SettledMemory, Sightings, SourceFile
 from tests.memflood import FLOOD_N, deep_path, retained_bytes
 
 
@@ -24,16 +25,16 @@ def test_sightings_stay_within_their_budget_and_say_when_full():
     def flood():
         nonlocal kept
         for i in range(FLOOD_N):
-            kept += s.add((f"{i:040x}", deep_path(i), 2049, i))
+            kept += s.add(Sighting(f"{i:040x}", deep_path(i), 2049, i))
     held = retained_bytes(flood)
     assert s.bytes <= 2 << 20 and held <= 2 << 20, held
     assert kept == len(s) == len(s.build_ids) and 100 < kept < FLOOD_N
-    assert (f"{0:040x}", deep_path(0), 2049, 0) in s
-    assert (f"{FLOOD_N - 1:040x}", deep_path(FLOOD_N - 1), 2049, FLOOD_N - 1) not in s
+    assert Sighting(f"{0:040x}", deep_path(0), 2049, 0) in s
+    assert Sighting(f"{FLOOD_N - 1:040x}", deep_path(FLOOD_N - 1), 2049, FLOOD_N - 1) not in s
     # The same build-id at another path costs its path only.
     before = s.bytes
     s.max_bytes = 1 << 30
-    assert s.add((f"{0:040x}", "/usr/lib/x", 1, 1)) and s.bytes - before < 300
+    assert s.add(Sighting(f"{0:040x}", "/usr/lib/x", 1, 1)) and s.bytes - before < 300
 
 
 def test_settled_answers_are_dropped_whole_beyond_their_budget():
@@ -44,7 +45,7 @@ def test_settled_answers_are_dropped_whole_beyond_their_budget():
             path = deep_path(i)
             origin = Origin(path=path, uid=1000, gid=1000, mode=0o755, dev=2049, ino=i, size_bytes=5120,
                             mtime_ns=i, trusted=False, private=False)
-            m.put(f"{i:040x}", Settled(time.monotonic(), (i,), 0.0, (path, 2049, i, 5120, i, i), origin))
+            m.put(f"{i:040x}", Settled(time.monotonic(), (i,), 0.0, SourceFile(path, 2049, i, 5120, i, i), origin))
     held = retained_bytes(flood)
     assert m.bytes <= 1 << 20 and held <= 1 << 20, held
     assert m.get(f"{FLOOD_N - 1:040x}") is not None and m.get(f"{0:040x}") is None

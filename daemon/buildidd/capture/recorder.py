@@ -16,14 +16,14 @@ records and rescans /proc; pacing (pacing.py) sets the poll interval and the
 thread's priority; loop.py steps, and sleeps while idle; logsink.py writes
 the lines and rotates; follow mode (follow.py) filters a process tree;
 report.py says what it did (status, STATUS=, the end record's totals).
-They share tables.Tables.
+They share tables.Tables.  With a store, wiring.py builds the store side at
+start (the copy thread, the exec pins, the hand-over queue).
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import resource
 import time
 from pathlib import Path
 from typing import Callable
@@ -41,18 +41,15 @@ from buildidd.capture.rescan import LossRecovery
 from buildidd.capture.rings import Rings
 from buildidd.capture.slowpath import SlowPath
 from buildidd.capture.tables import Stats, Tables
+from buildidd.capture.wiring import open_store_side, submit_copy
 from buildidd.config import Config
-from buildidd.errors import StoreError
 from buildidd.kernel.budget import throttled_record
-from buildidd.kernel.events import Identity, file_key
+from buildidd.kernel.events import Identity, RawEvent, file_key
 from buildidd.kernel.tracer import Tracer
 from buildidd.resolve import host
 from buildidd.resolve.enrich import Enricher, Offload, Resolution
-from buildidd.resolve.execpins import ExecPins, PinPolicy
-from buildidd.resolve.routes import HandOver, Routes
+from buildidd.resolve.handover import HandOver
 from buildidd.sessionlog.records import SYNTHESIZED, dict_line
-from buildidd.store.copyqueue import CopyJob
-from buildidd.store.origin import KEY_HTLHASH
 from buildidd.sessionlog import seal_unclosed_sessions
 from buildidd.sessionlog.segments import DIR_MODE
 
@@ -125,11 +122,14 @@ class Recorder:
         self.stats = Stats()
         self.tracer: Tracer | None = None
         self.rings: Rings | None = None
+        # The Enricher's two sinks reach the store side, which start() builds (wiring.py).
+        store = bool(config.store_root)
         self.enricher = Enricher(config.identity_cache_entries, on_evicted=self._on_evicted,
-                                 on_build_id=self._on_build_id if config.store_root else None,
-                                 offload=Offload.from_config(config))
-        self.snapshotter = None
-        self.pins = None             # resolve.execpins.ExecPins once started (with a store)
+                                 on_build_id=self._on_build_id if store else None,
+                                 offload=Offload.from_config(config), hand_over=self._hand_over if store else None)
+        self.snapshotter = None      # store.Snapshotter once started (with a store)
+        self.pins = None             # resolve.execpins.ExecPins once started (with a store and fanotify)
+        self.handovers = None        # resolve.handoverqueue.HandOverQueue once started (with a store)
         self.last_errors: collections.deque = collections.deque(maxlen=10)
         self.last_reload: dict | None = None   # {"time_ns", "ok", "error"} of the last SIGHUP (cli.record)
         self.tables = Tables(missing=self.enricher.missing)
@@ -161,13 +161,10 @@ class Recorder:
         record = session_record(self.session_dir, self.tracer, self.tracked is not None, self.kernel_path)
         self.tables.emit(dict_line(record))
         if self.config.store_root:
-            self.snapshotter = start_snapshots(self.config, self.session_dir, record.get("kernel_build_id"),
-                                               self.last_errors, self.enricher.routes)
+            side = open_store_side(self.config, self.session_dir, record.get("kernel_build_id"),
+                                   self.last_errors, self.enricher)
+            self.snapshotter, self.pins, self.handovers = side.snapshotter, side.pins, side.handovers
             self.slow.named = self.snapshotter.coverage.named
-            raise_nofile(self.config.pin_max_files + self.snapshotter.max_fds + NOFILE_SPARE)
-            self.pins = start_pins(self.config, self.enricher.routes, self.last_errors)
-            if self.pins is not None:       # a file the store holds needs no more exec events
-                self.snapshotter.on_held = self.pins.ignore
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         if self.tracked is None:
@@ -289,10 +286,10 @@ class Recorder:
                 self.guard.step_failed(e)
         self.join.release(everything=True)
         budget_end = time.monotonic() + self.config.snapshot_stop_budget_s
-        if self.snapshotter is not None:     # hand-overs still queued reach the snapshotter first
-            for pool in (self.enricher.handovers, self.enricher.bulk_handovers):
-                pool.drain(max(0.0, budget_end - time.monotonic()))
+        if self.handovers is not None:       # hand-overs still queued reach the snapshotter first
+            self.handovers.drain(max(0.0, budget_end - time.monotonic()))
             self.slow.record_resolutions([])     # the htlhashes those hand-overs computed: file_id records
+            self.handovers.close()
         abandoned = self.enricher.close()
         if self.snapshotter is not None:
             left = max(0.0, budget_end - time.monotonic())
@@ -353,14 +350,16 @@ class Recorder:
         return report.summary(self)
 
     def _on_build_id(self, ident: Identity, res: Resolution, fd: int | None, urgency: HandOver, uid: int) -> None:
-        """A hand-over (a worker): the file goes to the store under its GNU build-id, else its htlhash;
-        the copy is charged to uid (the task that mapped or exec'd it)."""
-        if self.snapshotter is None:
-            return
-        if res.build_id:
-            self.snapshotter.submit(CopyJob(res.build_id, res.path, ident, urgency, uid), fd)
-        elif res.file_id:
-            self.snapshotter.submit(CopyJob(res.file_id, res.path, ident, urgency, uid, KEY_HTLHASH), fd)
+        """A file a resolve worker read (a worker thread): to the copy queue (wiring.submit_copy) once
+        the store side exists."""
+        snapshotter = self.snapshotter
+        if snapshotter is not None:
+            submit_copy(snapshotter, ident, res, fd, urgency, uid)
+
+    def _hand_over(self, ev: RawEvent, res: Resolution) -> None:
+        """A mapping the kernel read (recording thread): to the hand-over queue once the store side exists."""
+        if self.handovers is not None:
+            self.handovers.offer(ev, res)
 
     def _on_evicted(self, ident: Identity) -> None:
         self.tables.fast.pop(file_key(ident), None)
@@ -384,73 +383,3 @@ def session_record(session_dir: Path, tracer: Tracer, follow: bool, kernel_path:
               "kernel_build_id_path": kernel_path.as_dict()}
     record.update(host.describe())
     return record
-
-
-def start_snapshots(cfg: Config, session_dir: Path, kernel_build_id: str | None,
-                    last_errors: collections.deque, routes: Routes):
-    """The store's Snapshotter for a session, started (with kallsyms snapshotted and housekeeping).
-
-    A kallsyms snapshot that fails is noted in last_errors; routes (the
-    enricher's) is told what the store needs no file for (Snapshotter.settled).
-    Raises StoreError (the store cannot be opened).
-    """
-    from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
-    from buildidd.store import SnapshotPolicy, Snapshotter, Store
-    from buildidd.store.coverage import Coverage
-
-    store = Store.from_config(cfg)
-    if kernel_build_id:
-        try:
-            store.add_kallsyms(kernel_build_id)
-        except (StoreError, OSError) as e:
-            last_errors.append({"time_ns": clock.boot_ns(), "error": f"kallsyms snapshot: {e}"})
-    retention = RetentionPolicy(session_root=session_dir.parent, current_session=session_dir,
-                                max_age_s=cfg.session_max_age_s or None,
-                                max_total_bytes=cfg.session_max_total_bytes or None)
-    policy = SnapshotPolicy(rate_bytes_per_s=cfg.snapshot_rate_bytes_per_s, max_queue=cfg.snapshot_queue_max,
-                            max_fds=cfg.snapshot_fds_max, uid_share=cfg.queue_uid_share,
-                            at_risk_reserve=cfg.snapshot_at_risk_reserve)
-    snapshotter = Snapshotter(store, policy, housekeeping=Housekeeping(store, retention),
-                              coverage=Coverage(cfg.coverage_max_bytes, cfg.coverage_uid_share))
-    snapshotter.start()
-    routes.settled = snapshotter.settled
-    routes.stored_file_id = snapshotter.stored_file_id
-    routes.on_gap = lambda bid, path, reason, uid: snapshotter.coverage.outcome(bid, reason, path, uid)
-    return snapshotter
-
-
-#: Descriptors the daemon needs besides pins and queued copies (rings, maps, workers, sockets, segments).
-NOFILE_SPARE = 1024
-
-
-def raise_nofile(need: int) -> int:
-    """Raise RLIMIT_NOFILE's soft limit to need (within the hard limit) when it is lower: pins and
-    queued copies hold descriptors (Config.pin_max_files, SnapshotPolicy.max_fds).  Returns the soft
-    limit in force; a refused raise leaves it (the caps then count what does not fit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = need if hard == resource.RLIM_INFINITY else min(need, hard)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            return want
-        except (ValueError, OSError):
-            return soft
-    return soft
-
-
-def start_pins(cfg: Config, routes: Routes, last_errors: collections.deque) -> ExecPins | None:
-    """Exec pins (resolve.execpins) for the hand-overs of routes, started; None when
-    Config.pin_max_files is 0 or fanotify cannot be had here (noted in last_errors: the
-    hand-overs then reach files by their routes only)."""
-    if cfg.pin_max_files <= 0:
-        return None
-    pins = ExecPins(PinPolicy(max_files=cfg.pin_max_files, ttl_s=cfg.pin_ttl_s, uid_share=cfg.pin_uid_share,
-                              confirm_s=cfg.pin_confirm_s))
-    try:
-        pins.start()
-    except OSError as e:
-        last_errors.append({"time_ns": clock.boot_ns(), "error": f"exec pins: {e}"})
-        pins.close()
-        return None
-    routes.pins = pins
-    return pins

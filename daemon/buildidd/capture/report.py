@@ -51,7 +51,8 @@ def status(rec: Recorder) -> dict:
            "log": rec.log.stats_or_none(),
            "snapshots": rec.snapshotter.status() if rec.snapshotter is not None else None,
            "exec_pins": rec.pins.status() if rec.pins is not None else None,
-           "resolve": rec.enricher.status(), "loop_errors": dict(rec.guard.loop_errors),
+           "resolve": {**rec.enricher.status(), **(rec.handovers.status() if rec.handovers is not None else {})},
+           "loop_errors": dict(rec.guard.loop_errors),
            "last_step_s_ago": round(max(0.0, time.monotonic() - rec.guard.last_progress), 3),
            "ring_wakeups": rec.rings.wakeups if rec.rings is not None else 0,
            "quiet": rec.rings.quiet_status() if rec.rings is not None else None,
@@ -70,8 +71,10 @@ def caches(rec: Recorder) -> dict:
     see status())."""
     e = rec.enricher
     out = {**memo.shared_stats()}
-    for cache in (e.cache, e.handed, e.routes.keyed, rec.slow.kernel_fast):
+    handed = [rec.handovers.handed] if rec.handovers is not None else []
+    for cache in (e.cache, *handed, rec.slow.kernel_fast):
         out[cache.name] = cache.stats()
+    out["file_id_keyed"] = e.file_keys.keyed_stats()
     out["live_mappings"] = rec.tables.memory()["live"]
     if rec.snapshotter is not None:
         for name, got in rec.snapshotter.memory().items():

@@ -35,7 +35,7 @@ The page-cache build-id read is these files, in the order data flows:
 - :mod:`buildidd.capture.bpfstart`: the start-up that runs discovery and the
   self-test and gives the verdict (``kernel_build_id_path`` in the session
   record and ``status``);
-- :func:`buildidd.resolve.routes.kernel_resolution`: a record's kernel answer
+- :func:`buildidd.resolve.resolution.kernel_resolution`: a record's kernel answer
   as a Resolution (``build_id_source: "kernel"``).
 """
 

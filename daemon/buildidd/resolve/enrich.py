@@ -21,9 +21,12 @@ waiting: one stuck file system costs one deadline, not one per file.
 
 Every file read here gets its ``file_id`` (htlhash, resolve.fileid) on its
 resolution, and a Go binary without a GNU build-id its ``go_build_id``.  A
-file whose build-id the kernel read gets its htlhash from its hand-over
-(routes.Routes.hand_over, a worker: the recording thread never reads a file),
-once per identity, written later as a ``file_id`` record (:meth:`Enricher.take_file_keys`).
+mapping whose build-id the kernel read is offered to the hand-over sink given
+to the constructor (resolve.handoverqueue.HandOverQueue.offer, through the
+recorder); its htlhash comes back from its hand-over (resolve.handover, a
+worker: the recording thread never reads a file), once per identity, through
+:attr:`Enricher.file_keys`, written later as a ``file_id`` record
+(:meth:`Enricher.take_file_keys`).
 """
 
 from __future__ import annotations
@@ -33,15 +36,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from buildidd.config import Config
-from buildidd.kernel.events import KERNEL_FINAL, Identity, MapOrigin, RawEvent
+from buildidd.kernel.events import KERNEL_FINAL, Identity, RawEvent
 from buildidd.memo import LruCache, text_bytes
-from buildidd.resolve.fairqueue import UID_BUDGET
+from buildidd.resolve.filekeys import FileKey, FileKeys
+from buildidd.resolve.handover import OnBuildId
 from buildidd.resolve.procfs import Source
 from buildidd.resolve.reasons import MissReason
-from buildidd.resolve.routes import FileKey, OnBuildId, Request, Resolution, Routes, kernel_resolution, make_resolution
+from buildidd.resolve.resolution import Resolution, job_cost, kernel_resolution, make_resolution, request_of
+from buildidd.resolve.routes import Routes
 from buildidd.resolve.workers import Job, PoolPolicy, WorkerPool
 
-__all__ = ["Enricher", "Offload", "Resolution", "kernel_resolution"]
+__all__ = ["Enricher", "HandOverSink", "Offload", "Resolution", "kernel_resolution"]
 
 #: Seconds a device stays suspect after a job on it missed its deadline.
 SUSPECT_S = 10.0
@@ -50,21 +55,8 @@ SUSPECT_MAX = 1024
 #: Bytes the identity cache keeps at most (resolution_cost of its entries): each answer holds the
 #: path it was found at and its JSON tail, and a user picks how long a path is.
 IDENTITY_CACHE_MAX_BYTES = 6 << 20
-#: Bytes the kernel hand-overs' memory (Enricher.handed, keyed by build-id and path) keeps at most.
-HANDED_MAX_BYTES = 3 << 20
 #: Bytes of an Identity, a Resolution and their dict entry besides the strings counted by length.
 _ANSWER_FIXED_BYTES = 600
-#: Bytes of a (build-id, path, dev, inode) key and its entry besides the strings counted by length.
-_HANDED_FIXED_BYTES = 360
-
-
-#: Bytes of a queued job (workers.Job, its Request and Resolution) besides the path counted by length.
-_JOB_FIXED_BYTES = 1000
-
-
-def job_cost(path: str) -> int:
-    """Bytes a worker job for a mapping of path holds while it waits (WorkerPool.submit's cost)."""
-    return text_bytes(path) + _JOB_FIXED_BYTES
 
 
 def resolution_cost(_ident: Identity, res: Resolution) -> int:
@@ -72,15 +64,6 @@ def resolution_cost(_ident: Identity, res: Resolution) -> int:
     a constant for the objects around them."""
     return (text_bytes(res.path) + text_bytes(res.json_tail) + text_bytes(res.go_build_id)
             + text_bytes(res.file_id) + _ANSWER_FIXED_BYTES)
-
-
-def handed_cost(key: tuple[str, str, int, int], _value: bool) -> int:
-    """Bytes one entry of the kernel hand-overs' memory holds (memo.Cost): build-id and path by length."""
-    return text_bytes(key[0]) + text_bytes(key[1]) + _HANDED_FIXED_BYTES
-
-
-#: Mappings made by execve (the executable, its interpreter): their files have exec pins.
-_EXEC_ORIGINS = (MapOrigin.EXEC_MAIN, MapOrigin.EXEC_INTERP)
 
 
 @dataclass(frozen=True)
@@ -105,6 +88,10 @@ class Offload:
 
 _TIMED_OUT = object()
 
+HandOverSink = Callable[[RawEvent, Resolution], None]
+"""``hand_over(event, resolution)``: a MAP or EXEC event whose build-id (or verdict) the kernel read,
+offered on the recording thread (resolve.handoverqueue.HandOverQueue.offer); no system call."""
+
 
 class Enricher:
     """Resolves identities to build-ids, with a bounded identity cache; file work on workers.
@@ -114,17 +101,24 @@ class Enricher:
         on_resolved: called with (identity, Resolution) when an identity gets a
             final answer (the tracer then stops sending its path); recording thread.
         on_evicted: called with an identity dropped from the cache; recording thread.
-        on_build_id: called with (identity, Resolution, fd, routes.HandOver, uid) when a
+        on_build_id: called with (identity, Resolution, fd, handover.HandOver, uid) when a
             build-id was just read from fd (still open: the callee may dup it, e.g.
             to snapshot the exact inode).  Called on a worker thread.
         offload: the deadline and the pool's sizes.
+        hand_over: where a mapping the kernel read goes (HandOverSink); None: nowhere (no store).
+    Attributes:
+        file_keys: the htlhashes hand-overs compute (resolve.filekeys.FileKeys; the hand-over job
+            is given it), taken by :meth:`take_file_keys`.
+    Thread safety: every method is the recording thread's, but :meth:`status` (any thread: its
+    counters are ints written by the recording thread only, read as they are).  The worker jobs
+    (routes.Routes) only peek the cache.
     """
 
     def __init__(self, cache_entries: int = 65536,
                  on_resolved: Callable[[Identity, Resolution], None] | None = None,
                  on_evicted: Callable[[Identity], None] | None = None,
                  on_build_id: OnBuildId | None = None,
-                 offload: Offload | None = None):
+                 offload: Offload | None = None, hand_over: HandOverSink | None = None):
         self.cache: LruCache[Identity, Resolution] = LruCache("identity", cache_entries,
                                                               on_evict=self._evicted,
                                                               max_bytes=IDENTITY_CACHE_MAX_BYTES,
@@ -132,36 +126,16 @@ class Enricher:
         self.on_resolved = on_resolved
         self.on_evicted = on_evicted
         self.routes = Routes(self.cache, on_build_id)
+        self.hand_over = hand_over
+        self.file_keys = FileKeys()
         self.offload = offload or Offload()
         self.pool = WorkerPool(self.offload.pool)
-        self.handovers = self._handover_pool("buildidd-handover")
-        self.bulk_handovers = self._handover_pool("buildidd-handover-bulk")
         self.resolved = 0
         self.missing: dict[str, int] = {}
         self.timeouts = 0
         self._pending: dict[Identity, Job] = {}
         self._suspect: dict[int, float] = {}
         self._budget_s = float("inf")
-        #: (build-id, path) pairs the kernel read whose file was handed to on_build_id (bounded).
-        #: Keyed by (build-id, path, dev, inode): a user's file claiming a build-id at a path (a bind
-        #: mount in their own namespace) never stands for the root-owned file met there later.
-        self.handed: LruCache[tuple[str, str, int, int], bool] = LruCache("kernel_handed", cache_entries,
-                                                                            max_bytes=HANDED_MAX_BYTES,
-                                                                            cost=handed_cost)
-        self.handovers_dropped = 0
-
-    def _handover_pool(self, name: str) -> WorkerPool:
-        """Hand-overs' own workers, apart from resolutions the recording thread waits for.  Two
-        pools: live sightings of mmap'd files (only their living process reaches them), and the
-        rest: the bulk of the start-up synthesis (every DSO of every running process) and exec'd
-        files already pinned (resolve.execpins), so that neither queues ahead of a live one.  Each
-        is fair: a job is charged to Request.uid, one uid other than root holds at most
-        Offload.handover_uid_share of its queue, uids take turns (workers.WorkerPool.submit_charged)."""
-        p = self.offload.pool
-        return WorkerPool(PoolPolicy(workers=1, max_threads=max(2, p.max_threads // 4), queue_max=p.queue_max,
-                                     stuck_after_s=p.stuck_after_s, uid_share=self.offload.handover_uid_share),
-                          name=name)
-
     # -- cache -------------------------------------------------------------
     @property
     def hits(self) -> int:
@@ -207,10 +181,8 @@ class Enricher:
         if ev.pc_status in KERNEL_FINAL:
             self.cache.count_hits(1)     # answered without a file read, as the fast path counts it
             res = kernel_resolution(ev)
-            while self.routes.unreached:     # hand-overs that found no route: the next sighting tries again
-                self.handed.pop(self.routes.unreached.popleft())
-            if self.routes.on_build_id is not None:
-                self._hand_over(ev, res)     # with or without a build-id: the store keeps it, and its htlhash
+            if self.hand_over is not None:
+                self.hand_over(ev, res)      # with or without a build-id: the store keeps it, and its htlhash
             return res
         ident = ev.identity
         res = self.cache.peek(ident)
@@ -218,55 +190,17 @@ class Enricher:
             # Unreachable before: only the mapping itself can still help.
             if ident in self._pending or ev.start == 0 or ev.length == 0:
                 return res
-            req = _request(ev, ev.path or res.path)
+            req = request_of(ev, ev.path or res.path)
             got = self._offload(ident, self.routes.retry, req, job_cost(req.path))
             return self._store(ident, got) if isinstance(got, Resolution) else res
         res = self.cache.get(ident)         # counts the hit or the miss
         if res is not None:
             return res
-        got = self._offload(ident, self.routes.fresh, _request(ev, ev.path), job_cost(ev.path))
+        got = self._offload(ident, self.routes.fresh, request_of(ev, ev.path), job_cost(ev.path))
         if got is _TIMED_OUT:
             self.timeouts += 1
             return self._store(ident, make_resolution(ident, None, Source.NONE, MissReason.TIMEOUT, ev.path))
         return self._store(ident, got)
-
-    def _hand_over(self, ev: RawEvent, res: Resolution) -> None:
-        """The first sighting of a build-id at a path (the kernel read it) goes to a hand-over
-        worker: the store still wants the file, and a root-owned copy met after a user's must
-        reach it too.  A later one lets the file's exec pin go (Routes.pins).  The job is charged to
-        the event's uid: refused when its pool is full (gap ``handover_dropped``) or the uid holds its
-        share of it (gap ``uid_budget``), counted ``handovers_dropped`` and by uid in the pool's status."""
-        seen = (res.build_id, ev.path, ev.identity.dev, ev.identity.ino)
-        if seen in self.handed:
-            if self.routes.pins is not None:
-                self.routes.pins.release(ev.identity)
-            return
-        self.handed.put(seen, True)
-        req = _request(ev, ev.path)
-        pins = self.routes.pins
-        # The live pool is for files only a living process reaches (mmap'd); an exec'd file on a
-        # marked file system is pinned already, so it waits with the bulk.
-        pinned = ev.origin in _EXEC_ORIGINS and pins is not None and pins.covers(ev.identity.dev)
-        pool = self.bulk_handovers if req.bulk or pinned else self.handovers
-        if pinned:
-            pins.claim(ev.identity, ev.pid, ev.uid)     # its pin waits for this hand-over
-        got = pool.submit_charged(self._pinned_hand_over if pinned else self.routes.hand_over, (req, res), req.uid,
-                                 job_cost(ev.path))
-        if isinstance(got, str):
-            if pinned:
-                pins.unclaim(ev.identity)
-            self.handovers_dropped += 1
-            self.handed.pop(seen)
-            if self.routes.on_gap is not None and res.build_id:
-                self.routes.on_gap(res.build_id, ev.path, UID_BUDGET if got == UID_BUDGET else "handover_dropped",
-                                   ev.uid)
-
-    def _pinned_hand_over(self, arg: tuple[Request, Resolution]) -> bool:
-        """Routes.hand_over of an exec'd file whose pin was claimed (ExecPins.claim); the claim ends with it."""
-        try:
-            return self.routes.hand_over(arg)
-        finally:
-            self.routes.pins.unclaim(arg[0].identity)
 
     def resolve_scanned(self, pid: int, vma: tuple[int, int], path: str) -> tuple[Identity, Resolution] | None:
         """Open pid's mapping vma = (vm_start, vm_end) through map_files (on a worker): (identity, Resolution).
@@ -317,28 +251,22 @@ class Enricher:
         """True when no late answer waits to be written (as a ``resolution`` record), nor an htlhash (as
         a ``file_id`` record): one still in flight is not waited for, its worker calls pool.on_late when
         it finishes."""
-        return not self.pool.has_late() and not self.routes.file_keys
+        return not self.pool.has_late() and not len(self.file_keys)
 
     def take_file_keys(self) -> list[FileKey]:
-        """The htlhashes hand-overs computed since the last call (routes.FileKey), to be written as
+        """The htlhashes hand-overs computed since the last call (filekeys.FileKey), to be written as
         ``file_id`` records; recording thread."""
-        keys = self.routes.file_keys
-        return [keys.popleft() for _ in range(len(keys))]
+        return self.file_keys.take()
 
     def status(self) -> dict:
-        """Worker pool and deadline counters (JSON-ready)."""
+        """Worker pool and deadline counters (JSON-ready); the hand-overs' are HandOverQueue.status."""
         now = time.monotonic()
         return {**self.pool.status(), "timeouts": self.timeouts, "pending": len(self._pending),
                 "suspect_devices": sum(1 for t in self._suspect.values() if t > now),
-                "deadline_s": self.offload.deadline_s, "handovers_dropped": self.handovers_dropped,
-                "file_ids_dropped": self.routes.file_keys_dropped,
-                "handovers_settled": self.routes.settled_handovers,
-                "handover_pool": self.handovers.status(), "bulk_handover_pool": self.bulk_handovers.status()}
+                "deadline_s": self.offload.deadline_s, "file_ids_dropped": self.file_keys.dropped}
 
     def close(self) -> int:
         """Stop the workers (blocked ones are left behind); the number of resolutions abandoned."""
-        self.handovers.close()
-        self.bulk_handovers.close()
         return self.pool.close()
 
     def _offload(self, ident: Identity | None, fn: Callable, arg, cost: int):
@@ -370,7 +298,3 @@ class Enricher:
             self._pending[ident] = job
         return _TIMED_OUT
 
-
-def _request(ev: RawEvent, path: str) -> Request:
-    return Request(ev.pid, ev.start, ev.length, path, ev.nlink, ev.identity, ev.time_ns,
-                   ev.origin == MapOrigin.SYNTHESIZED, ev.uid)

@@ -12,7 +12,7 @@ the event keeps the ``struct path``; the descriptor is made when the event
 is read).  The inode and its bytes then outlive a rename or unlink for as
 long as the pin is held.
 
-Hand-overs (resolve.routes.Routes.hand_over) take a pin by identity before
+Hand-overs (resolve.handover.HandOverJob.run) take a pin by identity before
 any path route: :meth:`ExecPins.take`.  A pin nobody asks for (a file whose
 build-id was handed over before at that path) is closed after ``ttl_s``, or
 at once when the hand-over says so (:meth:`ExecPins.release`); a file the

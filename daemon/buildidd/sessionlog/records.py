@@ -179,7 +179,7 @@ FILE_ID_LINE = (b'{"type":"file_id","time_ns":%d,"dev":%d,"ino":%d,"ino_generati
 
 
 def file_id_line(time_ns: int, key) -> bytes:
-    """The JSON line of a ``file_id`` record for key (a resolve.routes.FileKey) at time_ns (ns since boot)."""
+    """The JSON line of a ``file_id`` record for key (a resolve.filekeys.FileKey) at time_ns (ns since boot)."""
     ident = key.identity
     bid = b'"%s"' % key.build_id.encode() if key.build_id else b"null"
     go = b',"go_build_id":%s' % json.dumps(key.go_build_id).encode() if key.go_build_id else b""

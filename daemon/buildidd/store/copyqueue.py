@@ -34,10 +34,10 @@ from typing import NamedTuple
 from buildidd.kernel.events import Identity
 from buildidd.memo import text_bytes
 from buildidd.resolve.fairqueue import QUEUE_FULL, ROOT_UID, UID_BUDGET, Budget, FairQueue, UidCounts
-from buildidd.resolve.routes import HandOver
+from buildidd.resolve.handover import HandOver
 from buildidd.store.origin import KEY_GNU
 
-__all__ = ["CopyJob", "CopyQueue"]
+__all__ = ["CopyJob", "CopyQueue", "priority_of"]
 
 #: Uids shown in a status (the most queued first).
 TOP_UIDS = 5
@@ -68,6 +68,20 @@ class CopyJob(NamedTuple):
     uid: int = -1
     key: str = KEY_GNU
     fd: int | None = None
+
+
+def priority_of(job: CopyJob, fd: int | None) -> HandOver:
+    """job's priority, AT_RISK when its path is not absolute or names a deleted file, or when fd's
+    file has no link left (fstat st_nlink 0) or cannot be asked."""
+    if not job.path.startswith("/") or job.path.endswith(" (deleted)"):
+        return HandOver.AT_RISK
+    if fd is not None and job.priority != HandOver.AT_RISK:
+        try:
+            if os.fstat(fd).st_nlink == 0:
+                return HandOver.AT_RISK
+        except OSError:
+            return HandOver.AT_RISK
+    return job.priority
 
 
 class _Queued(NamedTuple):
@@ -162,7 +176,7 @@ class CopyQueue:
         got = self._order.pop()
         if got is None:
             return None
-        queued = got[1]
+        _, queued = got
         self.slots.release(queued.job.uid, queued.slot_part)
         cost = job_bytes(queued.job)
         self.bytes -= cost

@@ -243,7 +243,7 @@ class FileEntries:
         if better == stored and (stored.uid, stored.gid, stored.mode, stored.path) == (
                 origin.uid, origin.gid, origin.mode, origin.path):
             # The same content from another file with the same facts (a rebuild, a reinstall): the origin
-            # names the newest, so that its next sighting is settled without a copy (Snapshotter.settled).
+            # names the newest, so that its next sighting is settled without a copy (SettledView.settled).
             better = stored.replace(**source)
         if better != stored:
             if origin.trusted and not stored.trusted:

@@ -4,7 +4,7 @@ The recorder hands over every build-id it resolves for the first time, with a
 duplicate of the descriptor it read the build-id from when it has one (the
 exact mapped inode, pinned: it stays readable even if the file is deleted or
 replaced before the copy).  One worker thread copies, rate-limited in bytes/s,
-by risk (:class:`~buildidd.resolve.routes.HandOver`): first the files that can no longer be reached
+by risk (:class:`~buildidd.resolve.handover.HandOver`): first the files that can no longer be reached
 any other way (no name left, the process gone), then those of live
 processes, last the start-up synthesis' bulk of files that running processes
 map.  The queue (:class:`~buildidd.store.copyqueue.CopyQueue`) charges each
@@ -22,11 +22,18 @@ ledger: held, or the reason the store lacks it.  :meth:`Snapshotter.stop`
 copies what is queued within a budget, at full speed, and names what it
 abandons (``shutdown``).
 
-The recording thread only queues (:meth:`Snapshotter.submit` makes no file
+The hand-over workers only queue (:meth:`Snapshotter.submit` makes no file
 system call on the user's path: whether the file is already gone is read from
-the descriptor, ``st_nlink``).  The worker takes the source's facts
-(:func:`buildidd.store.origin.origin_of`: owner from ``fstat``, privacy from
-the ``lstat`` of each directory on the path) and hands them to the store.
+the descriptor, ``st_nlink``).  A sighting the store needs no file for
+(store.settledview.SettledView) is done at submit.  The worker takes the
+source's facts (:func:`buildidd.store.origin.origin_of`: owner from ``fstat``,
+privacy from the ``lstat`` of each directory on the path) and hands them to
+the store, throttled (store.throttle.TokenBucket).
+
+Locks: :attr:`Snapshotter._cv` (a Condition) guards the queue, the
+sightings, the counters (``stats``, ``skipped``), ``last_error``, the log
+limiter and the stop flag; callers of the ``_``-methods that say so hold it.
+The coverage ledger, the settled view and the store guard themselves.
 """
 
 from __future__ import annotations
@@ -40,48 +47,21 @@ from dataclasses import dataclass
 
 from buildidd.resolve import procfs
 from buildidd.resolve.fairqueue import UID_BUDGET
-from buildidd.resolve.routes import HandOver
+from buildidd.resolve.handover import HandOver
+from buildidd.resolve.resolution import Sighting
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.kernel.sched import make_current_thread_background
-from buildidd.store.copyqueue import CopyJob, CopyQueue
+from buildidd.store.copyqueue import CopyJob, CopyQueue, priority_of
 from buildidd.store.counters import LogLimiter
 from buildidd.store.coverage import HELD, Coverage
-from buildidd.store.origin import KEY_GNU, origin_of_fd
-from buildidd.store.sightings import Settled, SettledMemory, Sightings, file_of
+from buildidd.store.origin import origin_of_fd
+from buildidd.store.settledview import SettledView
+from buildidd.store.sightings import Sightings
 from buildidd.store.store import Store
+from buildidd.store.throttle import TokenBucket
 
 log = logging.getLogger(__name__)
-
-#: Seconds a settled answer (Snapshotter.settled) is kept while its entry's stamp is unchanged, and
-#: between two touches of a settled entry (the quota's recency needs no finer grain).
-SETTLED_TTL_S = 300.0
-#: Settled answers kept at most (the memory is dropped whole beyond).
-SETTLED_MAX = 65536
-#: ... and the bytes they hold at most (sightings.settled_cost): each keeps the sighting's path and
-#: its origin's.
-SETTLED_MAX_BYTES = 2 << 20
-
-
-class TokenBucket:
-    """Limits a byte stream to rate_bytes_per_s (burst: one second's worth); 0 = unlimited."""
-
-    def __init__(self, rate_bytes_per_s: int):
-        self.rate = rate_bytes_per_s
-        self.tokens = float(rate_bytes_per_s)
-        self.t = time.monotonic()
-
-    def __call__(self, nbytes: int) -> None:
-        rate = self.rate            # read once: stop() lifts it (to 0) from another thread
-        if rate <= 0:
-            return
-        now = time.monotonic()
-        self.tokens = min(rate, self.tokens + (now - self.t) * rate)
-        self.t = now
-        self.tokens -= nbytes
-        if self.tokens < 0:
-            time.sleep(-self.tokens / rate)
-
 
 @dataclass(frozen=True)
 class SnapshotPolicy:
@@ -120,25 +100,48 @@ class SnapshotPolicy:
 Housekeeping = Callable[[set[str], dict[str, int]], None]
 """``housekeeping(referenced, stats)``, run by the worker thread between copies.
 
-``referenced``: the build-ids submitted this session (the live set: read it,
-never change it); ``stats``: the snapshotter's counters, to which it adds its
-own (``retention_removed``, ``quota_removed``).  An exception it raises is
+``referenced``: the build-ids submitted this session (a copy, taken under the
+snapshotter's lock); ``stats``: a dict of the housekeeping's own counters
+(``retention_removed``, ``quota_removed``, from 0), to which it adds; the
+snapshotter adds them to its counters under its lock afterwards.  An exception it raises is
 logged and kept in ``last_error``; the worker goes on.
 """
 
 
+def open_unchanged(path: str, ident: Identity | None) -> int | None:
+    """A descriptor of the file at path when it is still ident's (None: it is gone or another)."""
+    try:
+        fd = procfs.open_path(path)
+    except (OSError, ValueError):
+        return None
+    try:
+        if ident is not None and procfs.mismatch(ident, procfs.identity_of(fd, ident.generation != 0)):
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class Snapshotter:
-    """The snapshot worker thread and its queue.
+    """The snapshot worker thread and its queue (see the module docstring for its lock).
 
     Args:
         store: the Store to fill; its ``throttle`` is set to the policy's rate.
         policy: rates and bounds (:class:`SnapshotPolicy`).
         housekeeping: run every ``policy.housekeeping_interval_s``; ``None``: nothing is.
         coverage: the session's ledger of build-ids (a new one when None).
+        on_held: called on the snapshot thread with the descriptor of a file the store now holds
+            (copied, or present already), before it is closed (the exec pins' ignore mark:
+            ExecPins.ignore); None: nobody is told.
+        view: the store's settled-file view (a new SettledView of store when None); the hand-overs
+            ask the same one.
     """
 
     def __init__(self, store: Store, policy: SnapshotPolicy = SnapshotPolicy(), *,
-                 housekeeping: Housekeeping | None = None, coverage: Coverage | None = None):
+                 housekeeping: Housekeeping | None = None, coverage: Coverage | None = None,
+                 on_held: Callable[[int], None] | None = None, view: SettledView | None = None):
         self.store = store
         self.bucket = TokenBucket(policy.rate_bytes_per_s)
         self.store.throttle = self.bucket
@@ -147,40 +150,42 @@ class Snapshotter:
         self.max_seen = policy.max_seen
         self.housekeeping_interval_s = policy.housekeeping_interval_s
         self.coverage = coverage if coverage is not None else Coverage()
+        self.view = view if view is not None else SettledView(store)
+        self.on_held = on_held
         self._housekeeping = housekeeping
+        #: Guards every field marked "Guarded by _cv"; the worker waits on it for a job.
+        self._cv = threading.Condition()
+        #: Guarded by _cv.
         self._queue = CopyQueue(policy.max_queue, policy.max_fds, policy.uid_share, policy.at_risk_reserve,
                                 max_bytes=policy.max_queue_bytes)
-        self._cv = threading.Condition()
+        #: Guarded by _cv.
         self._stop = False
-        #: (build-id, path, dev, inode) submitted this session: the same build-id at the same path from
-        #: another file (a user's claim first, root's file later) is queued again.
+        #: Sightings submitted this session: the same build-id at the same path from another file (a
+        #: user's claim first, root's file later) is queued again.  Guarded by _cv.
         self._sightings = Sightings(policy.max_seen, policy.max_seen_bytes)
-        self._seen: set[str] = self._sightings.build_ids      # build-ids submitted this session
-        #: build-id -> what settled() found (Settled): settled() and stored_file_id() answer again
-        #: from a readlink and a stat while the stamp is the same.
-        self._settled = SettledMemory(SETTLED_MAX, SETTLED_MAX_BYTES)
+        #: Counters by name.  Guarded by _cv (status() copies them under it).
         self.stats = {"stored": 0, "already_present": 0, "failed": 0, "dropped": 0, "urgent": 0,
                       "bulk": 0, "no_fd": 0, "uid_budget": 0, "gone": 0, "abandoned": 0, "retention_removed": 0,
                       "quota_removed": 0, "seen_full": 0}
-        self.skipped: dict[str, int] = {}     # StoreRefusedError.reason → count
+        #: StoreRefusedError.reason -> count.  Guarded by _cv.
+        self.skipped: dict[str, int] = {}
+        #: The last failure's text.  Guarded by _cv.
         self.last_error: str | None = None
-        self.lines = LogLimiter(log)          # per-file lines (skips, failures), limited per reason
-        #: on_held(fd): called on this thread with the descriptor of a file the store now holds (copied,
-        #: or present already), before it is closed (the exec pins' ignore mark: ExecPins.ignore)
-        self.on_held: Callable[[int], None] | None = None
+        #: Per-file lines (skips, failures), limited per reason.  Guarded by _cv.
+        self.lines = LogLimiter(log)
         self._thread = threading.Thread(target=self._run, name="buildidd-snapshot", daemon=True)
 
     # -- producer side (hand-over workers) ------------------------------------
     def submit(self, job: CopyJob, fd: int | None) -> None:
         """Queue a copy of job's file (the first sighting of its build-id at its path, from this file);
-        fd, a descriptor of it (None: only the path), is dup'ed (job.fd is ignored).
+        fd, a descriptor of it (None: only the path), is dup'ed (job.fd is ignored).  Any thread.
 
         The same build-id at another path, or from another file at the same path
         (dev, inode), is queued again: it may be the trusted copy of a build-id a
         user's file claimed first (the worker skips it when the stored copy is
         trusted and public already).
 
-        A sighting without fd that is settled (:meth:`settled`) is done at once: counted, its entry
+        A sighting without fd that is settled (SettledView.settled) is done at once: counted, its entry
         touched when due, the ledger told it is held; nothing is queued.
 
         Args:
@@ -197,55 +202,47 @@ class Snapshotter:
         A job refused for its uid's share is named ``uid_budget`` in the ledger, for a full queue
         ``queue_full``; both are counted ``dropped``.
         """
-        build_id, path, ident = job.build_id, job.path, job.ident
-        seen = (build_id, path, ident.dev if ident else 0, ident.ino if ident else 0)
-        if seen in self._sightings:
-            return
-        if fd is None and self.settled(build_id, ident, path):
+        ident = job.ident
+        seen = Sighting(job.build_id, job.path, ident.dev if ident else 0, ident.ino if ident else 0)
+        with self._cv:
+            if seen in self._sightings:
+                return
+        if fd is None and self.view.settled(job.build_id, ident, job.path):
             # Nothing to copy: the sighting is done here, on the caller's thread, without a trip
             # through the queue and a wake-up of the worker for a touch.
             with self._cv:
-                self._note_seen(build_id, seen)
-            self._held_settled(build_id, path, job.uid)
+                self._note_seen(seen)
+            self._held_settled(job)
             return
-        job = job._replace(priority=self._priority(job, fd), fd=None)
+        job = job._replace(priority=priority_of(job, fd), fd=None)
         with self._cv:
-            if self._stop:                      # a hand-over that finished after stop(): nothing copies it now
-                self.coverage.outcome(build_id, "shutdown", path, job.uid)
-                return
-            got = self._queue.push(job, fd)
-            if isinstance(got, str):            # fairqueue.QUEUE_FULL or UID_BUDGET: the ledger's reason too
-                self.stats["dropped"] += 1
-                if got == UID_BUDGET:
-                    self.stats["uid_budget"] += 1
-                self.coverage.outcome(build_id, got, path, job.uid)
-                return
-            if fd is not None and got.fd is None:
-                self.stats["no_fd"] += 1
-            self._note_seen(build_id, seen)
-            if job.priority == HandOver.AT_RISK:
-                self.stats["urgent"] += 1
-            elif job.priority == HandOver.BULK:
-                self.stats["bulk"] += 1
-            self._cv.notify()
+            self._queue_locked(job, fd, seen)
 
-    @staticmethod
-    def _priority(job: CopyJob, fd: int | None) -> HandOver:
-        """job's priority, AT_RISK when its path is not absolute or names a deleted file, or when fd's
-        file has no link left (fstat st_nlink 0) or cannot be asked."""
-        if not job.path.startswith("/") or job.path.endswith(" (deleted)"):
-            return HandOver.AT_RISK
-        if fd is not None and job.priority != HandOver.AT_RISK:
-            try:
-                if os.fstat(fd).st_nlink == 0:
-                    return HandOver.AT_RISK
-            except OSError:
-                return HandOver.AT_RISK
-        return job.priority
+    def _queue_locked(self, job: CopyJob, fd: int | None, seen: Sighting) -> None:
+        """Queue job with a dup of fd, counted; caller holds _cv."""
+        if self._stop:                      # a hand-over that finished after stop(): nothing copies it now
+            self.coverage.outcome(job.build_id, "shutdown", job.path, job.uid)
+            return
+        got = self._queue.push(job, fd)
+        if isinstance(got, str):            # fairqueue.QUEUE_FULL or UID_BUDGET: the ledger's reason too
+            self.stats["dropped"] += 1
+            if got == UID_BUDGET:
+                self.stats["uid_budget"] += 1
+            self.coverage.outcome(job.build_id, got, job.path, job.uid)
+            return
+        if fd is not None and got.fd is None:
+            self.stats["no_fd"] += 1
+        self._note_seen(seen)
+        if job.priority == HandOver.AT_RISK:
+            self.stats["urgent"] += 1
+        elif job.priority == HandOver.BULK:
+            self.stats["bulk"] += 1
+        self._cv.notify()
 
     def queued(self) -> int:
-        """Jobs waiting."""
-        return len(self._queue)
+        """Jobs waiting (any thread)."""
+        with self._cv:
+            return len(self._queue)
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -258,12 +255,12 @@ class Snapshotter:
         ``shutdown`` in the coverage ledger, counted ``abandoned``).  A copy that makes the
         queue no shorter for stall_s seconds (a slow file system) ends the wait early."""
         deadline = time.monotonic() + budget_s
-        self.bucket.rate = 0
-        left, progress = len(self._queue), time.monotonic()
-        while len(self._queue) and self._thread.is_alive():
+        self.bucket.lift()
+        left, progress = self.queued(), time.monotonic()
+        while self.queued() and self._thread.is_alive():
             now = time.monotonic()
-            if len(self._queue) != left:
-                left, progress = len(self._queue), now
+            if self.queued() != left:
+                left, progress = self.queued(), now
             if now >= deadline or now - progress >= stall_s:
                 break
             time.sleep(0.02)
@@ -274,31 +271,33 @@ class Snapshotter:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
         with self._cv:
             left_jobs = self._queue.clear()
+            self.stats["abandoned"] += len(left_jobs)
         for job in left_jobs:
             if job.fd is not None:
                 os.close(job.fd)
             self.coverage.outcome(job.build_id, "shutdown", job.path, job.uid)
-        self.stats["abandoned"] += len(left_jobs)
-        self.lines.flush()
+        with self._cv:
+            self.lines.flush()
         return len(left_jobs)
 
     def status(self) -> dict:
         """Counters for `buildidd status`; ``coverage`` is Coverage.report (not final, 8 uids) without its
         list, with the ledger's bytes, budget and top uids (``ledger``); ``queue`` is CopyQueue.status
-        (slots and descriptors by uid, taken under the queue's lock)."""
+        (slots and descriptors by uid).  Counters are taken under _cv."""
         c = self.store.counters
         cov = self.coverage.report(self.store.contains, final=False, listed_bytes=0, uids_listed=8)
         del cov["missing"], cov["missing_listed"]
         with self._cv:
-            stats, queue = dict(self.stats), self._queue.status()
+            stats, queue, skipped = dict(self.stats), self._queue.status(), dict(self.skipped)
+            last_error, suppressed = self.last_error, dict(self.lines.suppressed)
         return {**stats, "queued": queue["jobs"], "queue": queue, "store_bytes": self.store.size_bytes(),
                 "store_disk_bytes": self.store.disk_bytes(),
                 "quota_bytes": self.store.quota_bytes, "store": str(self.store.root),
-                "skipped": dict(self.skipped), "fds_held": queue["fds"], "coverage": cov,
+                "skipped": skipped, "fds_held": queue["fds"], "coverage": cov,
                 "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
                 "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
                 "evicted_for_root": c["evicted_for_root"],
-                "last_error": self.last_error, "log_lines_suppressed": dict(self.lines.suppressed),
+                "last_error": last_error, "log_lines_suppressed": suppressed,
                 "memory": self.memory()}
 
     def memory(self) -> dict:
@@ -307,8 +306,8 @@ class Snapshotter:
         answers) and ``queue`` (jobs waiting); bytes are estimates (text by length, a constant per
         entry).  Any thread."""
         with self._cv:
-            queue = self._queue.memory()
-        return {"seen": self._sightings.memory(), "settled": self._settled.memory(), "queue": queue}
+            queue, seen = self._queue.memory(), self._sightings.memory()
+        return {"seen": seen, "settled": self.view.answers.memory(), "queue": queue}
 
     # -- the worker --------------------------------------------------------
     def _run(self) -> None:
@@ -325,162 +324,102 @@ class Snapshotter:
                 job = self._queue.pop()
             if job is not None:
                 try:
-                    self._copy(job.build_id, job.path, job.ident, job.fd, job.key, job.uid)
+                    self._copy(job)
                 except Exception as e:      # a bug: counted, named, and the worker goes on
-                    self.stats["failed"] += 1
-                    self.last_error = f"snapshot worker: {e!r}"
+                    self._note("failed", error=f"snapshot worker: {e!r}")
                     self.coverage.outcome(job.build_id, "failed", job.path, job.uid)
                     log.exception("snapshot of %s failed", job.path)
             if time.monotonic() >= next_housekeeping and not self._stop:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
                 self.housekeeping()
 
-    def settled(self, build_id: str, ident: Identity | None = None, path: str | None = None) -> bool:
-        """True when a sighting of build_id (hex) needs no file: the store holds a trusted, public
-        copy (nothing another file could improve), or, given the sighting's file (ident, path), its
-        main copy was made from that very file, unchanged since (same path, dev, inode, size, mtime
-        and ctime: the owner and mode are the same, so its origin facts would be too).  Submit with fd
-        None then only touches the entry.
+    def _note(self, stat: str | None = None, *, skipped: str | None = None, error: str | None = None,
+              line: tuple | None = None) -> None:
+        """One outcome, under _cv (caller does not hold it): stats[stat] += 1, skipped[skipped] += 1,
+        last_error = error, and line = (key, level, msg, *args) through the log limiter."""
+        with self._cv:
+            if stat is not None:
+                self.stats[stat] += 1
+            if skipped is not None:
+                self.skipped[skipped] = self.skipped.get(skipped, 0) + 1
+            if error is not None:
+                self.last_error = error
+            if line is not None:
+                self.lines.log(*line)
 
-        Reads the store's entry once (Store.stamped_origin); while its Store.origin_stamp stays the
-        same (no removal, eviction or new copy since), for SETTLED_TTL_S, the answer is
-        remembered.  Any thread may ask."""
-        try:
-            known = self._settled.get(build_id)
-            if known is not None and time.monotonic() - known.found_at < SETTLED_TTL_S \
-                    and known.source in (None, file_of(ident, path)) \
-                    and known.stamp == self.store.origin_stamp(build_id):
-                return True
-            found = self.store.stamped_origin(build_id)
-        except (ValueError, OSError, StoreError):
-            return False
-        if found is None:
-            return False
-        stamp, present = found
-        if present.trusted and not present.private:
-            source = None                   # settled for every sighting
-        elif present.ctime_ns and file_of(ident, path) == (present.path, present.dev, present.ino,
-                                                            present.size_bytes, present.mtime_ns, present.ctime_ns):
-            source = file_of(ident, path)   # settled for this file only
-        else:
-            return False
-        self._settled.put(build_id, Settled(time.monotonic(), stamp, known.touched_at if known else 0.0, source,
-                                            present))
-        return True
-
-    def _note_seen(self, build_id: str, seen: tuple[str, str, int, int]) -> None:
-        """Remember a submitted sighting (under _cv): it is not queued again, and the housekeeping
-        keeps its build-id; beyond max_seen or max_seen_bytes, counted only."""
+    def _note_seen(self, seen: Sighting) -> None:
+        """Remember a submitted sighting (caller holds _cv): it is not queued again, and the
+        housekeeping keeps its build-id; beyond max_seen or max_seen_bytes, counted only."""
         if not self._sightings.add(seen):
             self.stats["seen_full"] += 1
 
-    def _held_settled(self, build_id: str, path: str, uid: int = -1) -> None:
+    def _held_settled(self, job: CopyJob) -> None:
         """A settled sighting (any thread): its entry touched when due, counted ``already_present``,
         held in the ledger; a touch that fails (the entry evicted since) is counted ``failed``."""
         try:
-            self._touch_settled(build_id)
+            self.view.touch(job.build_id)
         except (StoreError, ValueError) as e:
-            with self._cv:
-                self.stats["failed"] += 1
-            self.last_error = str(e)
-            self.coverage.outcome(build_id, "failed", path, uid)
-            self.lines.log("failed", logging.WARNING, "touch of %s (%s) failed: %s", path, build_id, e)
+            self._note("failed", error=str(e), line=("failed", logging.WARNING, "touch of %s (%s) failed: %s",
+                                                       job.path, job.build_id, e))
+            self.coverage.outcome(job.build_id, "failed", job.path, job.uid)
             return
-        with self._cv:
-            self.stats["already_present"] += 1
-        self.coverage.outcome(build_id, HELD, path, uid)
+        self._note("already_present")
+        self.coverage.outcome(job.build_id, HELD, job.path, job.uid)
 
-    def _touch_settled(self, build_id: str) -> None:
-        """Store.touch a settled entry (its recency for the quota), at most once per SETTLED_TTL_S."""
-        known = self._settled.get(build_id)
-        now = time.monotonic()
-        if known is not None and now - known.touched_at < SETTLED_TTL_S:
-            return
-        self.store.touch(build_id)
-        if known is not None:
-            self._settled.put(build_id, known._replace(touched_at=now))
-
-    def stored_file_id(self, build_id: str, ident: Identity) -> str | None:
-        """The htlhash (32 hex) the store recorded for build_id's main copy when that copy was made from
-        this very file (origin's dev, inode, size and mtime equal ident's), else None; any thread may ask.
-        A settled entry's origin is the one settled() read, while its stamp is the same."""
+    def _copy(self, job: CopyJob) -> None:
+        """Copy one job's file into the store (the snapshot thread; it owns and closes job.fd); every
+        outcome goes to the ledger, charged to job.uid when the recorder has not named its build-id yet."""
+        build_id, path, uid, fd = job.build_id, job.path, job.uid, job.fd
         try:
-            known = self._settled.get(build_id)
-            if known is not None and known.stamp == self.store.origin_stamp(build_id):
-                o = known.origin
-            else:
-                o = self.store.origin(build_id)
-        except (ValueError, OSError, StoreError):
-            return None
-        if o is None or not o.file_id or (o.dev, o.ino, o.size_bytes, o.mtime_ns) != (
-                ident.dev, ident.ino, ident.size, ident.mtime_ns):
-            return None
-        return o.file_id
-
-    def _copy(self, build_id: str, path: str, ident: Identity | None, fd: int | None, key: str = KEY_GNU,
-              uid: int = -1) -> None:
-        """Copy one job's file into the store; every outcome goes to the ledger, charged to uid when the
-        recorder has not named build_id yet."""
-        try:
-            if self.settled(build_id, ident, path):
-                self._held_settled(build_id, path, uid)    # nothing another file could improve
+            if self.view.settled(build_id, job.ident, path):
+                self._held_settled(job)     # nothing another file could improve
                 if fd is not None and self.on_held is not None:
                     self.on_held(fd)
                 return
             if fd is None:
-                fd = self._open_by_path(path, ident)
+                fd = open_unchanged(path, job.ident)
                 if fd is None:
-                    self.stats["gone"] += 1
+                    self._note("gone")
                     self.coverage.outcome(build_id, "gone", path, uid)
                     return
             origin = origin_of_fd(fd, path)
-            res = self.store.add_from_fd(fd, path, build_id, identity=ident, key=key,
+            res = self.store.add_from_fd(fd, path, build_id, identity=job.ident, key=job.key,
                                          origin=origin.replace(charged_uid=uid) if uid >= 0 else origin)
-            self.stats["stored" if res.added else "already_present"] += 1
+            self._note("stored" if res.added else "already_present")
             self.coverage.outcome(build_id, HELD, path, uid)
             if self.on_held is not None:
                 self.on_held(fd)
             if not res.added:
                 self.store.touch(build_id)
         except StoreRefusedError as e:
-            self.skipped[e.reason] = self.skipped.get(e.reason, 0) + 1
-            self.last_error = str(e)
+            self._note(skipped=e.reason, error=str(e), line=(f"skipped: {e.reason}", logging.INFO,
+                                                             "snapshot of %s (%s) skipped: %s", path, build_id, e))
             self.coverage.outcome(build_id, e.reason, path, uid)
-            self.lines.log(f"skipped: {e.reason}", logging.INFO, "snapshot of %s (%s) skipped: %s", path, build_id, e)
         except StoreError as e:
-            self.stats["failed"] += 1
-            self.last_error = str(e)
+            self._note("failed", error=str(e), line=("failed", logging.WARNING, "snapshot of %s (%s) failed: %s",
+                                                       path, build_id, e))
             self.coverage.outcome(build_id, "failed", path, uid)
-            self.lines.log("failed", logging.WARNING, "snapshot of %s (%s) failed: %s", path, build_id, e)
         except OSError as e:
-            self.stats["failed"] += 1
+            self._note("failed", error=f"{path}: {e}")
             self.coverage.outcome(build_id, "failed", path, uid)
-            self.last_error = f"{path}: {e}"
         finally:
             if fd is not None:
                 os.close(fd)
 
-    @staticmethod
-    def _open_by_path(path: str, ident: Identity | None) -> int | None:
-        try:
-            fd = procfs.open_path(path)
-        except (OSError, ValueError):
-            return None
-        try:
-            if ident is not None and procfs.mismatch(ident, procfs.identity_of(fd, ident.generation != 0)):
-                os.close(fd)
-                return None
-        except OSError:
-            os.close(fd)
-            return None
-        return fd
-
     def housekeeping(self) -> None:
-        """Run the housekeeping callable (if any) with the build-ids submitted this session; never raises."""
+        """Run the housekeeping callable (if any) with a copy of the build-ids submitted this session,
+        its counters added to :attr:`stats` under _cv afterwards; never raises."""
         if self._housekeeping is None:
             return
+        with self._cv:
+            referenced = set(self._sightings.build_ids)
+        counts = {"retention_removed": 0, "quota_removed": 0}
         try:
-            self._housekeeping(self._seen, self.stats)
+            self._housekeeping(referenced, counts)
         except Exception as e:   # housekeeping must never kill the worker
-            self.last_error = f"housekeeping: {e}"
+            self._note(error=f"housekeeping: {e}")
             log.warning("housekeeping failed: %s", e)
+        finally:
+            with self._cv:
+                for name, n in counts.items():
+                    self.stats[name] += n
