@@ -3,8 +3,8 @@
 The contract is in pyproject.toml ([tool.importlinter]); these tests fail on the
 first import that runs back up the pipeline, on a module over MAX_FILE_LINES, a
 function whose body is over MAX_FUNCTION_LINES (split by concept, not by a
-class's length), or a function with more than MAX_PARAMS parameters (those
-take a dataclass instead).  The C fast path and the BPF program are C.
+class's length), a class over MAX_CLASS_LINES, or a function with more than
+MAX_PARAMS parameters (those take a dataclass instead).  The C fast path and the BPF program are C.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ PACKAGE = ROOT / "daemon" / "buildidd"
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 65
 MAX_PARAMS = 6
+MAX_CLASS_LINES = 300
 STAGES = ("kernel", "resolve", "sessionlog", "store", "capture", "control", "offline", "fleet", "cli")
 
 
@@ -69,6 +70,21 @@ def test_no_function_is_too_long():
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+def _class_lines(node: ast.ClassDef) -> int:
+    """Lines of a class's body (docstring and methods included), the ``class`` line left out."""
+    return node.end_lineno - node.lineno
+
+
+def test_no_class_is_too_long():
+    """Split by concept: a class longer than MAX_CLASS_LINES holds several (issue 45's Snapshotter)."""
+    long = {}
+    for p in _modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef) and _class_lines(node) > MAX_CLASS_LINES:
+                long[f"{p.relative_to(PACKAGE)}:{node.name}"] = _class_lines(node)
+    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"
+
+
 def test_no_function_takes_too_many_parameters():
     wide = {}
     for p in _modules():
@@ -85,8 +101,11 @@ def test_the_size_checks_can_fail(tmp_path):
     """The walkers above see what they look for (a check that cannot fail is no check)."""
     src = ('def big():\n    """Doc."""\n' + "    x = 1\n" * (MAX_FUNCTION_LINES + 1)
            + 'def small():\n    """Doc\n    over\n    lines."""\n' + "    x = 1\n" * MAX_FUNCTION_LINES
-           + "def f(a, b, c, d, e, f, g):\n    pass\n")
+           + "def f(a, b, c, d, e, f, g):\n    pass\n"
+           + "class Big:\n" + "    x = 1\n" * (MAX_CLASS_LINES + 1) + "class Small:\n" + "    x = 1\n" * MAX_CLASS_LINES)
     funcs = {n.name: n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)}
+    classes = {n.name: n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef)}
+    assert _class_lines(classes["Big"]) == MAX_CLASS_LINES + 1 and _class_lines(classes["Small"]) == MAX_CLASS_LINES
     assert _body_lines(funcs["big"]) == MAX_FUNCTION_LINES + 1
     assert _body_lines(funcs["small"]) == MAX_FUNCTION_LINES          # a docstring does not count
     assert len(funcs["f"].args.args) > MAX_PARAMS

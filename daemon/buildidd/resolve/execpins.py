@@ -27,7 +27,7 @@ evictable mark never pins an inode).
 Charges (:mod:`buildidd.resolve.pinledger`): a pin is charged to the real uid
 of the task that exec'd, never to the file's owner.  The event gives a pid
 only: its uid is read from /proc/PID/status when the event is read (a user's
-cached per pid for :data:`UID_CACHE_S`, root's never: a root process may drop
+cached per pid for :data:`~buildidd.resolve.execuids.UID_CACHE_S`, root's never: a root process may drop
 to a user and exec at once), and an exec record of the recording
 thread (:meth:`ExecPins.recorded`: "pid P exec'd file F as uid U", from the
 ring's EXEC records and EXEC_MAIN/EXEC_INTERP mappings) confirms the pin and
@@ -68,7 +68,6 @@ it reads /proc/PID/status of the exec's process.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import select
@@ -78,24 +77,19 @@ import time
 from dataclasses import dataclass
 
 from buildidd import clock
-from buildidd.kernel.events import Identity, kdev_to_st_dev
+from buildidd.kernel.events import Identity
+from buildidd.resolve.execuids import ExecUids
 from buildidd.resolve.fanotify import FAN_Q_OVERFLOW, FanotifyGroup
+from buildidd.resolve.pininbox import QUIET, PinInbox, apply_notes, drop_released
 from buildidd.resolve.pinledger import UNKNOWN_UID, Pin, PinLedger
-from buildidd.resolve.procfs import identity_of, mismatch, read_uid
+from buildidd.resolve.procfs import identity_of, mismatch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CLAIM_MAX_S", "ExecPins", "PinPolicy", "UID_CACHE_S"]
+__all__ = ["CLAIM_MAX_S", "ExecPins", "PinPolicy"]
 
-#: Seconds a pid's uid read from /proc/PID/status is reused for its next events, and pids remembered.
-UID_CACHE_S = 0.5
-UID_CACHE_MAX = 4096
-#: Exec confirmations handed over by the recording thread and not yet read, at most (the oldest dropped).
-CONFIRMS_MAX = 65536
 #: Seconds a claimed pin (a hand-over of it queued) is held at most without an event.
 CLAIM_MAX_S = 600.0
-#: ExecPins.recorded's progress while the recording thread waits with the rings empty.
-_QUIET = -1
 
 
 @dataclass(frozen=True)
@@ -125,6 +119,9 @@ class ExecPins:
     Args:
         policy: bounds (:class:`PinPolicy`).
         mountinfo: the mount table read to find the file systems to mark.
+    Locks: :attr:`_lock` guards the ledger, ``stats`` and ``last_error``; :attr:`_reading` lets one
+    thread at a time read the group's queue (it is taken before _lock, never inside it); the
+    notes other threads leave for the reader thread guard themselves (resolve.pininbox.PinInbox).
     """
 
     def __init__(self, policy: PinPolicy = PinPolicy(), mountinfo: str = "/proc/self/mountinfo"):
@@ -132,21 +129,19 @@ class ExecPins:
         self.mountinfo = mountinfo
         self.group: FanotifyGroup | None = None
         self._lock = threading.Lock()
-        self._reading = threading.Lock()         # one reader of the group's queue at a time
+        self._reading = threading.Lock()
+        #: Guarded by _lock.
         self.ledger = PinLedger(policy.max_files, policy.uid_share)
-        self._released: collections.deque[tuple[Identity, bool]] = collections.deque(maxlen=65536)
-        #: (pid, uid, kernel dev, ino, time_ns) of exec records, from the recording thread
-        self._confirms: collections.deque[tuple] = collections.deque(maxlen=CONFIRMS_MAX)
-        #: (claim?, pid, uid, Identity): hand-overs queued (True) and run (False)
-        self._claims: collections.deque[tuple] = collections.deque(maxlen=65536)
-        self._uids: collections.OrderedDict[int, tuple[int, float]] = collections.OrderedDict()
-        self._progress_ns: int | None = None     # None: no recording thread publishes its progress
+        self.inbox = PinInbox()
+        #: The uid of an event's pid (the reader thread's, or a hand-over's under _reading).
+        self._uids = ExecUids()
         self._stop = threading.Event()
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
+        #: Counters.  Guarded by _lock.
         self.stats = {"events": 0, "pinned": 0, "repeats": 0, "taken": 0, "released": 0,
-                      "confirms": 0, "confirms_dropped": 0,
-                      "uid_unknown": 0, "overflow": 0, "not_regular": 0, "read_errors": 0}
+                      "confirms": 0, "uid_unknown": 0, "overflow": 0, "not_regular": 0, "read_errors": 0}
+        #: Guarded by _lock.
         self.last_error: str | None = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -251,7 +246,7 @@ class ExecPins:
         """ident's file needs no pin (handed over before at its path; held: the store holds it, so
         its inode also gets the ignore mark): the reader thread closes its pins but a claimed one.
         Any thread; no system call."""
-        self._released.append((ident, held))
+        self.inbox.release(ident, held)
 
     def ignore(self, fd: int) -> None:
         """FanotifyGroup.ignore: fd's file (the store holds it) makes no exec event until modified.
@@ -263,30 +258,26 @@ class ExecPins:
         """FanotifyGroup.mark_exe_of (hand-over workers: a file system met in another mount namespace)."""
         return self.group.mark_exe_of(pid, dev) if self.enabled else False
 
-    # -- the recording thread's side (no system call: deque appends and an assignment) ----------
+    # -- the recording thread's side (no system call: PinInbox notes) --------------------------
     def recorded(self, execs: list[tuple[int, int, int, int, int]], until_ns: int) -> None:
         """The recording thread took every ring record of time before until_ns (ns since boot: the
         time before its drain); execs: (pid, uid, kernel dev_t, ino, time_ns) of each exec record
         and exec mapping it took (capture.tables.Tables.execs), which confirm their pins."""
-        over = len(self._confirms) + len(execs) - CONFIRMS_MAX
-        if over > 0:
-            self.stats["confirms_dropped"] += over
-        self._confirms.extend(execs)
-        self._progress_ns = until_ns
+        self.inbox.recorded(execs, until_ns)
 
     def waiting(self) -> None:
         """The recording thread sleeps with the rings empty (a quiet wait): its progress is the
         present until its next recorded()."""
-        self._progress_ns = _QUIET
+        self.inbox.waiting()
 
     def claim(self, ident: Identity, pid: int, uid: int) -> None:
         """A hand-over of ident's file, exec'd by pid as uid, is queued: its pin is confirmed and
         held until unclaim (at most CLAIM_MAX_S)."""
-        self._claims.append((True, pid, uid, ident))
+        self.inbox.claim(ident, pid, uid)
 
     def unclaim(self, ident: Identity) -> None:
         """The hand-over claim() announced has run (or was dropped): ident's pins expire again."""
-        self._claims.append((False, 0, 0, ident))
+        self.inbox.unclaim(ident)
 
     def status(self) -> dict:
         """Counters (JSON-ready): events read, pins made, taken, released, expired, closed at the
@@ -297,11 +288,14 @@ class ExecPins:
         super blocks, the group's mark counters."""
         g = self.group
         led = self.ledger
-        return {**self.stats, **led.totals, **(g.stats if g is not None else {}), "held": len(led),
-                "unconfirmed": len(led.unconfirmed), "pending_confirms": len(self.ledger.pending),
-                "by_uid": led.top_uids(), "marked": self.marked(), "max_files": self.policy.max_files,
-                "uid_max": led.uid_max, "ttl_s": self.policy.ttl_s, "confirm_s": self.policy.confirm_s,
-                "enabled": self.enabled, "last_error": self.last_error or (g.last_error if g else None)}
+        with self._lock:
+            mine = {**self.stats, "confirms_dropped": self.inbox.dropped(), **led.totals, "held": len(led),
+                    "unconfirmed": len(led.unconfirmed), "pending_confirms": len(led.pending),
+                    "by_uid": led.top_uids(), "uid_max": led.uid_max}
+            last_error = self.last_error
+        return {**mine, **(g.stats if g is not None else {}), "marked": self.marked(),
+                "max_files": self.policy.max_files, "ttl_s": self.policy.ttl_s, "confirm_s": self.policy.confirm_s,
+                "enabled": self.enabled, "last_error": last_error or (g.last_error if g else None)}
 
     # -- the reader thread -------------------------------------------------
     def _run(self) -> None:
@@ -330,7 +324,8 @@ class ExecPins:
                     last = time.monotonic()
                     self._expire()
         except Exception as e:     # the thread must not die silently; pins stop, recording goes on
-            self.last_error = f"reader: {e}"
+            with self._lock:
+                self.last_error = f"reader: {e}"
             log.exception("exec pins: reader thread failed")
         finally:
             if mi >= 0:
@@ -344,34 +339,18 @@ class ExecPins:
             self._read_events_locked()
 
     def _read_events_locked(self) -> None:
+        """Pin each event's file (caller holds _reading, not _lock)."""
         try:
             for mask, fd, pid in self.group.events():
-                self.stats["events"] += 1
-                if mask & FAN_Q_OVERFLOW:
-                    self.stats["overflow"] += 1
+                with self._lock:
+                    self.stats["events"] += 1
+                    self.stats["overflow"] += bool(mask & FAN_Q_OVERFLOW)
                 if fd >= 0:
                     self._pin(fd, pid)
         except (OSError, ValueError) as e:
-            self.stats["read_errors"] += 1
-            self.last_error = f"read: {e}"
-
-    def _uid_of(self, pid: int) -> int:
-        """The real uid of pid (procfs.read_uid); UNKNOWN_UID when it is gone.  A user's uid is reused
-        for UID_CACHE_S (a process cannot make its real uid root's again on its own); root's is read
-        afresh each time: a root process may drop to a user's uid (setpriv, a login) and exec the user's
-        flood at once, which must not be charged to root."""
-        now = time.monotonic()
-        got = self._uids.get(pid)
-        if got is not None and now - got[1] < UID_CACHE_S:
-            return got[0]
-        uid = read_uid(pid)
-        if uid <= 0:
-            return uid if uid == 0 else UNKNOWN_UID
-        self._uids[pid] = (uid, now)
-        self._uids.move_to_end(pid)
-        while len(self._uids) > UID_CACHE_MAX:
-            self._uids.popitem(last=False)
-        return uid if uid >= 0 else UNKNOWN_UID
+            with self._lock:
+                self.stats["read_errors"] += 1
+                self.last_error = f"read: {e}"
 
     def _pin(self, fd: int, pid: int) -> None:
         try:
@@ -380,12 +359,13 @@ class ExecPins:
             os.close(fd)
             return
         if not stat.S_ISREG(st.st_mode):
-            self.stats["not_regular"] += 1
+            with self._lock:
+                self.stats["not_regular"] += 1
             os.close(fd)
             return
         with self._lock:
             pending = self.ledger.pending.pop((st.st_dev, st.st_ino, pid), None)
-        uid = pending[0] if pending is not None else self._uid_of(pid)
+        uid = pending[0] if pending is not None else self._uids.of(pid)
         key = (st.st_dev, st.st_ino, uid)
         now = time.monotonic()
         with self._lock:
@@ -409,60 +389,22 @@ class ExecPins:
     def _expire(self) -> None:
         """The reader thread's round: confirmations and claims read, released pins closed, failed
         execs' pins closed, pins past their ttl closed."""
-        progress = self._progress_ns            # read first: the confirmations before it are queued
+        notes = self.inbox.take()               # the progress covers every confirmation taken with it
+        progress = notes.progress_ns
         with self._lock:
-            closed = self._absorb()
-            closed += self._drop_released()
+            self.stats["confirms"] += len(notes.confirms)
+            closed = [(p, False) for p in apply_notes(self.ledger, notes, time.monotonic(), self.policy.ttl_s)]
+            released = drop_released(self.ledger, notes.released)
+            self.stats["released"] += len(released)
+            closed += released
             if progress is not None:
-                due = (clock.boot_ns() if progress == _QUIET else progress) - int(self.policy.confirm_s * 1e9)
+                due = (clock.boot_ns() if progress == QUIET else progress) - int(self.policy.confirm_s * 1e9)
                 closed += [(p, False) for p in self.ledger.failed(due)]
             closed += [(p, False) for p in self.ledger.expired(time.monotonic(), self.policy.ttl_s, CLAIM_MAX_S)]
         for pin, ignore in closed:
             if ignore:
                 self.ignore(pin.fd)
             os.close(pin.fd)
-
-    def _absorb(self) -> list[tuple[Pin, bool]]:
-        """Confirm the pins the recording thread's exec records and the hand-overs' claims name (lock
-        held); a confirmation whose pin is not read yet waits in the ledger's pending.  Returns the pins a move
-        to another uid closed at its caps."""
-        closed: list[Pin] = []
-        now = time.monotonic()
-        confirms = self._confirms
-        for _ in range(len(confirms)):
-            pid, uid, kdev, ino, _t = confirms.popleft()
-            self.stats["confirms"] += 1
-            closed += self.ledger.confirm_exec((kdev_to_st_dev(kdev), ino, pid), uid, False, now)
-        claims = self._claims
-        for _ in range(len(claims)):
-            claim, pid, uid, ident = claims.popleft()
-            if claim:
-                closed += self.ledger.confirm_exec((ident.dev, ident.ino, pid), uid, True, now)
-                continue
-            for key in self.ledger.of_inode(ident.dev, ident.ino):
-                pin = self.ledger.pins[key]
-                pin.claimed = max(0, pin.claimed - 1)
-        self.ledger.trim_pending(now - self.policy.ttl_s)
-        return [(p, False) for p in closed]
-
-    def _drop_released(self) -> list[tuple[Pin, bool]]:
-        """Close the pins of the files released (lock held): only those of the very contents released
-        (a newer pin of the inode, modified since, stays), and none a queued hand-over claimed."""
-        out = []
-        released = self._released
-        for _ in range(len(released)):
-            ident, held = released.popleft()
-            marked = not held
-            for key in self.ledger.of_inode(ident.dev, ident.ino):
-                pin = self.ledger.pins[key]
-                if pin.claimed or pin.st.st_size != ident.size or pin.st.st_mtime_ns != ident.mtime_ns:
-                    continue
-                self.ledger.remove(key)
-                self.ledger.count(key[2], "released")
-                self.stats["released"] += 1
-                out.append((pin, not marked))
-                marked = True                 # one ignore mark per inode
-        return out
 
 
 def _same_contents(a: os.stat_result, b: os.stat_result) -> bool:
