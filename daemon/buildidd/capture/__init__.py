@@ -6,7 +6,8 @@ executable's mapping (execjoin), records through the C fast path
 (_fastpath.c and fastpath/) or the Python path (slowpath), recovers from
 losses by rescanning /proc (rescan), paces itself (pacing, loop), writes
 (logsink), reports (report), and drives housekeeping (store quota, session
-retention).  recorder.Recorder composes them.
+retention).  recorder.Recorder composes them; wiring builds a session's store
+side (the store, the copy thread, the exec pins, the hand-over queue).
 
 May import: store, sessionlog, resolve, kernel, and the shared modules.
 """

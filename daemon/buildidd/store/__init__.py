@@ -14,8 +14,9 @@ rate-limited warnings), origin (where a copy came from), store (the
 :class:`Store` composing them), chain (several stores read as one: the
 host's and the analyst's imports), coverage (which of a session's build-ids the
 store holds, and why not), sightings (what the snapshotter remembers of a session's
-sightings, bounded in bytes), snapshotter (the copy thread) and copyqueue
-(its queue, charged per uid).
+sightings, bounded in bytes), settledview (whether a sighting needs its file
+at all: what the hand-overs ask the store), snapshotter (the copy thread),
+copyqueue (its queue, charged per uid) and throttle (its rate limit).
 
 May import: resolve, kernel, and the shared modules; never sessionlog.
 
