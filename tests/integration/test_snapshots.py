@@ -10,7 +10,7 @@ from pathlib import Path
 
 from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
 from buildidd.sessionlog import SessionWriter
-from buildidd.store import Snapshotter, Store
+from buildidd.store import CopyJob, Snapshotter, Store
 
 from conftest import gcc, need, readelf_build_id, session_records
 
@@ -140,7 +140,7 @@ def test_retention_and_quota_never_delete_what_a_retained_session_references(tmp
     current.mkdir()
     snap = Snapshotter(store, housekeeping=Housekeeping(store, RetentionPolicy(
         session_root=sessions, current_session=current, max_age_s=30 * 86400, max_total_bytes=None)))
-    snap._seen.add(libs[2][1])        # referenced by the current session
+    snap.submit(CopyJob(libs[2][1], str(libs[2][0]), None), None)     # referenced by the current session
     snap.housekeeping()
     assert not old.exists() and kept.exists() and current.exists()
     assert store.contains(libs[1][1])                     # a retained session references it
