@@ -10,7 +10,9 @@ files (only their living process reaches them), and the rest: the bulk of the
 start-up synthesis and exec'd files already pinned, so that neither queues
 ahead of a live one.  A job is charged to Request.uid: refused when its pool
 is full (gap ``handover_dropped``) or the uid holds its share of it (gap
-``uid_budget``).
+``uid_budget``).  Whether the store needs the file at all is the job's first
+question (HandOverJob.view, a StoreView: a synchronous call that answers from
+memory and a ``stat`` of the store's own entry), asked on the worker today.
 """
 
 from __future__ import annotations
