@@ -106,11 +106,17 @@ class WorkerPool:
     def __init__(self, policy: PoolPolicy = PoolPolicy(), name: str = "buildidd-resolve"):
         self.policy = policy
         self.name = name
+        #: Guards every field below (counters, queues, threads) but _queue (a SimpleQueue, which locks
+        #: itself) and on_late (set once, before any job).
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()   # C: no Python-level wake-up cost
         self._queued = 0
         self._queued_bytes = 0
         self._bytes_by_uid: dict[int, int] = {}      # a fair pool's queued bytes by uid (only uids holding some)
+        #: Late jobs finished, appended and taken under _lock.  has_late() and take_late() first look at
+        #: its length without the lock, as a hint only: len() of a deque is one C call that the GIL
+        #: runs whole, and a job appended just after the look is taken at the next call (its worker
+        #: calls on_late after the append, waking the recording thread for it).
         self._late: collections.deque[Job] = collections.deque()
         #: called (on the worker's thread) after a late job finished: e.g. to wake the recorder
         self.on_late: Callable[[], None] | None = None
@@ -186,7 +192,9 @@ class WorkerPool:
         return None
 
     def can_run_now(self) -> bool:
-        """True when a submitted job would start at once: an idle thread, or room for a new one."""
+        """True when a submitted job would start at once: an idle thread, or room for a new one.  A
+        hint read without _lock (three ints, each read whole): a wrong guess only changes whether the
+        caller waits for this one job."""
         return self._idle > self._queued or self._threads < self.policy.max_threads
 
     def wait(self, job: Job, timeout_s: float) -> bool:
