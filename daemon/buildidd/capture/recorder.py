@@ -122,7 +122,8 @@ class Recorder:
         self.stats = Stats()
         self.tracer: Tracer | None = None
         self.rings: Rings | None = None
-        # The Enricher's two sinks reach the store side, which start() builds (wiring.py).
+        # The sinks below (_on_build_id, _hand_over, _named) reach the store side, which start()
+        # builds (wiring.py): these parts exist before it, and the sinks do nothing until then.
         store = bool(config.store_root)
         self.enricher = Enricher(config.identity_cache_entries, on_evicted=self._on_evicted,
                                  on_build_id=self._on_build_id if store else None,
@@ -135,7 +136,7 @@ class Recorder:
         self.tables = Tables(missing=self.enricher.missing)
         self.log = LogSink(self.tables, self.stats, self.last_errors)
         self.join = ExecJoin(self.tables, self.enricher, self.stats)
-        self.slow = SlowPath(self.tables, self.stats, self.enricher, self.join)
+        self.slow = SlowPath(self.tables, self.stats, self.enricher, self.join, self._named if store else None)
         self.recovery = LossRecovery(self.tables, self.stats, self.enricher, self.slow.record_map, self.tracked)
         self.pacer = Pacer(config, self.stats, self.last_errors)
         self.follow_filter = FollowFilter(self.tracked) if follow else None
@@ -164,7 +165,6 @@ class Recorder:
             side = open_store_side(self.config, self.session_dir, record.get("kernel_build_id"),
                                    self.last_errors, self.enricher)
             self.snapshotter, self.pins, self.handovers = side.snapshotter, side.pins, side.handovers
-            self.slow.named = self.snapshotter.coverage.named
         else:  # retention runs on the snapshotter's thread when there is a store
             retention_without_store(self.config, self.session_dir, lambda: self.log.writer is None)
         if self.tracked is None:
@@ -355,6 +355,11 @@ class Recorder:
         snapshotter = self.snapshotter
         if snapshotter is not None:
             submit_copy(snapshotter, ident, res, fd, urgency, uid)
+
+    def _named(self, key: str, path: str, uid: int) -> None:
+        """A build-id (or htlhash) recorded (recording thread): to the coverage ledger once the store side exists."""
+        if self.snapshotter is not None:
+            self.snapshotter.coverage.named(key, path, uid)
 
     def _hand_over(self, ev: RawEvent, res: Resolution) -> None:
         """A mapping the kernel read (recording thread): to the hand-over queue once the store side exists."""

@@ -56,9 +56,13 @@ class SlowPath:
         stats: counts events and decode errors.
         enricher: resolves mappings.
         join: the exec join (holds execs; a mapping completes them).
+        named: named(build_id_hex, path, uid): told of every build-id recorded, and of the htlhash of a
+            file without one (the store's key for it), with the uid of the task that mapped it
+            (store.coverage.Coverage.named, which charges it to that uid); None: nobody is.
     """
 
-    def __init__(self, tables: Tables, stats: Stats, enricher: Enricher, join: ExecJoin):
+    def __init__(self, tables: Tables, stats: Stats, enricher: Enricher, join: ExecJoin,
+                 named: Callable[[str, str, int], None] | None = None):
         self.tables = tables
         self.stats = stats
         self.enricher = enricher
@@ -68,10 +72,7 @@ class SlowPath:
         self.kernel_fast: LruCache[bytes, Resolution] = LruCache(
             "kernel_fast", KERNEL_FAST_MAX, max_bytes=KERNEL_FAST_MAX_BYTES, cost=fast_cost,
             on_evict=lambda akey, _res: tables.fast.pop(akey, None))
-        #: named(build_id_hex, path, uid): told of every build-id recorded, and of the htlhash of a file
-        #: without one (the store's key for it), with the uid of the task that mapped it
-        #: (store.coverage.Coverage.named, which charges it to that uid)
-        self.named: Callable[[str, str, int], None] | None = None
+        self.named = named
 
     def record(self, raw: bytes) -> None:
         """Record one raw ring record the fast path left to Python (any record type)."""

@@ -14,9 +14,10 @@ collaborators in its constructor:
    file-key queue;
 5. the hand-over queue (resolve.handoverqueue.HandOverQueue) running it.
 
-The Enricher is made earlier (the recorder's parts share it), so it reaches
-the store side through the recorder's two sinks (Recorder._hand_over,
-Recorder._on_build_id), which do nothing until the store side exists.
+The Enricher and the slow path are made earlier (the recorder's parts share
+them), so they reach the store side through the recorder's sinks, given to
+their constructors (Recorder._hand_over, _on_build_id, _named), which do
+nothing until the store side exists.
 """
 
 from __future__ import annotations
