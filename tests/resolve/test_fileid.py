@@ -106,9 +106,9 @@ def test_go_reader_is_bounded_on_hostile_headers(tmp_path):
 
 
 def test_worker_pool_hands_a_late_job_back_and_counts_it():
-    pool = WorkerPool(PoolPolicy(workers=1, max_threads=2, queue_max=2, stuck_after_s=0.0))
     told = []                   # on_late: how the recorder's quiet wait learns of a late answer
-    pool.on_late = lambda: told.append(pool.has_late())
+    pool = WorkerPool(PoolPolicy(workers=1, max_threads=2, queue_max=2, stuck_after_s=0.0),
+                      on_late=lambda: told.append(pool.has_late()))
     gate = threading.Event()
     slow = pool.submit(lambda _: gate.wait(30) and "late answer", None)
     assert not pool.wait(slow, 0.01) and slow.late

@@ -125,7 +125,7 @@ class Recorder:
         # The sinks below (_on_build_id, _hand_over, _named) reach the store side, which start()
         # builds (wiring.py): these parts exist before it, and the sinks do nothing until then.
         store = bool(config.store_root)
-        self.enricher = Enricher(config.identity_cache_entries, on_evicted=self._on_evicted,
+        self.enricher = Enricher(config.identity_cache_entries, on_late=self.wake, on_evicted=self._on_evicted,
                                  on_build_id=self._on_build_id if store else None,
                                  offload=Offload.from_config(config), hand_over=self._hand_over if store else None)
         self.snapshotter = None      # store.Snapshotter once started (with a store)
@@ -148,7 +148,6 @@ class Recorder:
         #: (time.monotonic(), events by type so far), one a second at most: status's events_per_s
         self.rate_window: collections.deque = collections.deque(maxlen=12)
         self.guard = LoopGuard()
-        self.enricher.pool.on_late = self.wake      # a late answer ends a quiet wait
 
     def start(self) -> None:
         """Load BPF, open the session, synthesize running processes. Returns at READY."""

@@ -98,8 +98,8 @@ class Enricher:
 
     Args:
         cache_entries: identities kept (LRU), within IDENTITY_CACHE_MAX_BYTES.
-        on_resolved: called with (identity, Resolution) when an identity gets a
-            final answer (the tracer then stops sending its path); recording thread.
+        on_late: called on a worker thread once a late answer waits for take_late (the recorder's
+            wake-up: it ends a quiet wait; WorkerPool.on_late).
         on_evicted: called with an identity dropped from the cache; recording thread.
         on_build_id: called with (identity, Resolution, fd, handover.HandOver, uid) when a
             build-id was just read from fd (still open: the callee may dup it, e.g.
@@ -115,7 +115,7 @@ class Enricher:
     """
 
     def __init__(self, cache_entries: int = 65536,
-                 on_resolved: Callable[[Identity, Resolution], None] | None = None,
+                 on_late: Callable[[], None] | None = None,
                  on_evicted: Callable[[Identity], None] | None = None,
                  on_build_id: OnBuildId | None = None,
                  offload: Offload | None = None, hand_over: HandOverSink | None = None):
@@ -123,13 +123,12 @@ class Enricher:
                                                               on_evict=self._evicted,
                                                               max_bytes=IDENTITY_CACHE_MAX_BYTES,
                                                               cost=resolution_cost)
-        self.on_resolved = on_resolved
         self.on_evicted = on_evicted
         self.routes = Routes(self.cache, on_build_id)
         self.hand_over = hand_over
         self.file_keys = FileKeys()
         self.offload = offload or Offload()
-        self.pool = WorkerPool(self.offload.pool)
+        self.pool = WorkerPool(self.offload.pool, on_late=on_late)
         self.resolved = 0
         self.missing: dict[str, int] = {}
         self.timeouts = 0
@@ -153,8 +152,6 @@ class Enricher:
 
     def _store(self, ident: Identity, res: Resolution) -> Resolution:
         self.cache.put(ident, res)
-        if res.final and self.on_resolved:
-            self.on_resolved(ident, res)
         return res
 
     def count(self, res: Resolution) -> None:

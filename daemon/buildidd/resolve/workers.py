@@ -101,13 +101,15 @@ class WorkerPool:
     Args:
         policy: its sizes.
         name: thread name prefix.
+        on_late: called (on the worker's thread) after a late job finished: e.g. to wake the recorder.
     """
 
-    def __init__(self, policy: PoolPolicy = PoolPolicy(), name: str = "buildidd-resolve"):
+    def __init__(self, policy: PoolPolicy = PoolPolicy(), name: str = "buildidd-resolve",
+                 on_late: Callable[[], None] | None = None):
         self.policy = policy
         self.name = name
         #: Guards every field below (counters, queues, threads) but _queue (a SimpleQueue, which locks
-        #: itself) and on_late (set once, before any job).
+        #: itself) and on_late (never changed).
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()   # C: no Python-level wake-up cost
         self._queued = 0
@@ -118,8 +120,7 @@ class WorkerPool:
         #: runs whole, and a job appended just after the look is taken at the next call (its worker
         #: calls on_late after the append, waking the recording thread for it).
         self._late: collections.deque[Job] = collections.deque()
-        #: called (on the worker's thread) after a late job finished: e.g. to wake the recorder
-        self.on_late: Callable[[], None] | None = None
+        self.on_late = on_late
         self._running: dict[int, Job] = {}      # thread ident -> its job
         self._threads = 0
         self._idle = 0
