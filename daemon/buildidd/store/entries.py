@@ -122,8 +122,8 @@ class FileEntries:
             self.batch.commit(lambda p: self._published(p.entry_dir, p.bid, p.origin))
 
     def _published(self, entry_dir: Path, bid: str, origin: Origin) -> None:
-        """A new entry's link is made: its Go build ID indexed, counted."""
-        self.go_index.index(entry_dir, bid)
+        """A new entry's link is made: its Go build ID indexed (origin: what its origin.json says), counted."""
+        self.go_index.index(entry_dir, bid, origin)
         self.tally.count("added")
         self._count_origin(origin)
 
@@ -164,9 +164,9 @@ class FileEntries:
         finally:
             self.installer.deferred = False
         if batch is None:
-            self._published(entry_dir, req.bid, origin)
+            self._published(entry_dir, req.bid, size[3])
         else:
-            batch.add(Pending(req.bid, target, entry_dir, done, origin))
+            batch.add(Pending(req.bid, target, entry_dir, done, size[3]))
             if len(batch) >= BATCH_MAX_ENTRIES:
                 self.commit_batch()
         return AddResult(True, entry_dir / ELF_NAME, size[1], size[0], size[2] > 0)
@@ -178,8 +178,9 @@ class FileEntries:
             self.tally.count("untrusted")
 
     def _install_unit(self, unit: Path, req: AddRequest, before: os.stat_result, origin: Origin,
-                      done: Installed, *, main: bool = True) -> tuple[int, bool, int]:
-        """elf, origin.json (and for a main copy debug, probes) into unit; (bytes, reflinked, debug bytes)."""
+                      done: Installed, *, main: bool = True) -> tuple[int, bool, int, Origin]:
+        """elf, origin.json (and for a main copy debug, probes) into unit; (bytes, reflinked, debug bytes,
+        the origin written)."""
         if req.identity is not None:
             self.installer.check_identity(req.fd, req.identity, req.path, "before copying")
         self.installer.makedirs(unit, done, dir_mode(origin))
@@ -203,7 +204,7 @@ class FileEntries:
             self.tally.count("copy_errors")
             raise StoreError(f"{unit}: cannot sync: {e.strerror}") from e
         self.quota.account_dir(unit, origin.payer)
-        return total, reflinked, debug_bytes
+        return total, reflinked, debug_bytes, origin
 
     def _described(self, origin: Origin, elf: Path, sha: str = "", *, hashed: bool = False) -> Origin:
         """origin with the stored copy's has_debug, file_id (htlhash) and Go build ID, and its sha256: sha
