@@ -34,7 +34,7 @@ from pathlib import Path
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.store.counters import Tally
-from buildidd.store.debuginfo import Debuginfo, has_debug_sections
+from buildidd.store.debuginfo import CopySections, Debuginfo, copy_sections
 from buildidd.store.goindex import GoIndex
 from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir, temp_name
 from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALLSYMS_DSO, MAX_ALT_DIRS,
@@ -188,15 +188,15 @@ class FileEntries:
         reflinked, elf_bytes = self.installer.install_copy(
             CopyRequest(req.fd, before, elf, req.bid, what=req.path, identity=req.identity, key=req.key), done,
             sync_dir=False)
-        origin = self._described(origin, elf, origin.sha256)
+        origin, known = self._describe(origin, elf, origin.sha256)
         total = elf_bytes + self.installer.install_bytes(unit / ORIGIN_NAME, origin.to_json(), FILE_MODE, done,
                                                          sync_dir=False)
         debug_bytes = 0
         if main:
             if req.key == KEY_GNU:      # the host's debuginfo is found by GNU build-id (and checked against it)
-                debug_bytes = self.debuginfo.add(unit, req.bid, req.path, done)
+                debug_bytes = self.debuginfo.add(unit, req.bid, req.path, done, known)
             total += debug_bytes + self.installer.install_bytes(
-                unit / PROBES_NAME, probes_text(elf, req.path), FILE_MODE, done, sync_dir=False)
+                unit / PROBES_NAME, probes_text(elf, req.path, known), FILE_MODE, done, sync_dir=False)
         try:
             if not self.installer.deferred:     # a batch's syncfs makes it durable (store.batch)
                 fsync_dir(unit)
@@ -213,6 +213,11 @@ class FileEntries:
         A main copy's sha256 is computed only when another content claims its
         build-id (:meth:`_add_present`): most build-ids never meet a second file.
         """
+        return self._describe(origin, elf, sha, hashed=hashed)[0]
+
+    def _describe(self, origin: Origin, elf: Path, sha: str = "", *,
+                  hashed: bool = False) -> tuple[Origin, CopySections]:
+        """:meth:`_described`, and the copy's sections read on the way (for its debuglink and probes)."""
         try:
             fd = os.open(elf, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -220,8 +225,9 @@ class FileEntries:
         try:
             if hashed:
                 sha = sha256_fd(fd, os.fstat(fd).st_size)
-            return origin.replace(sha256=sha, has_debug=has_debug_sections(fd), file_id=file_id(fd),
-                                  go_build_id=read_go_build_id(fd) or "")
+            known = copy_sections(fd)
+            return origin.replace(sha256=sha, has_debug=known.has_debug, file_id=file_id(fd),
+                                  go_build_id=read_go_build_id(fd) or ""), known
         except OSError as e:
             raise StoreError(f"{elf}: cannot read the copy: {e.strerror}") from e
         finally:
