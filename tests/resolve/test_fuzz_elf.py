@@ -24,6 +24,7 @@ import signal
 import struct
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -32,7 +33,7 @@ from hypothesis import strategies as st
 from buildidd.errors import ElfError
 from buildidd.resolve.buildid import build_id_from_notes, parse_build_id, read_build_id_fd
 from buildidd.store import sdt_probe_cache
-from buildidd.store.debuginfo import has_debug_sections, lacks_section
+from buildidd.store.debuginfo import copy_sections, has_debug_sections, lacks_section, read_debuglink
 
 from conftest import gcc
 
@@ -110,6 +111,11 @@ def _alarm(signum, frame):
     raise _CaseTimeout(f"a fuzz case ran over {CASE_TIMEOUT_S} s")
 
 
+def _debuglink_of(fd: int):
+    """read_debuglink of fd's file (it takes a path: the memfd's /proc/self/fd name)."""
+    return read_debuglink(Path(f"/proc/self/fd/{fd}"))
+
+
 def run_targets(data: bytes) -> None:
     """Every target on data; only ElfError may escape from the note readers."""
     for call in (lambda: parse_build_id(data), lambda: build_id_from_notes(data[64:4096]),
@@ -125,8 +131,12 @@ def run_targets(data: bytes) -> None:
             read_build_id_fd(fd)
         except ElfError:
             pass
-        has_debug_sections(fd)
+        has_debug = has_debug_sections(fd)
         lacks_sdt = lacks_section(fd, b".note.stapsdt")
+        # The store reads a copy's sections once (copy_sections): the same answers as the three readers.
+        known = copy_sections(fd)
+        link = _debuglink_of(fd)
+        assert (known.has_debug, known.lacks(b".note.stapsdt"), known.debuglink) == (has_debug, lacks_sdt, link)
     finally:
         os.close(fd)
     probes = sdt_probe_cache(io.BytesIO(data), "/fuzz")

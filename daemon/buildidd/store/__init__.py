@@ -5,7 +5,8 @@
 verified copies; a quota; and the snapshotter that copies each binary the
 first time its build-id is seen.  One module per concern: layout (perf's
 tree, names, listing), install (atomic, verified installs: every file through
-one temporary-file path), copydata (the bytes: reflink, else extents with
+one temporary-file path), batch (a burst of new entries made durable by one
+syncfs before their links), copydata (the bytes: reflink, else extents with
 holes kept), debuginfo,
 kernelfiles (the kernel's own files: kallsyms, modules, vmlinux), sdt (perf's
 probes file), quota (size, recency, removal), eviction (which entries a copy

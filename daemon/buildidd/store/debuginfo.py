@@ -22,6 +22,7 @@ import os
 import stat
 import struct
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from buildidd.errors import ElfError, StoreError
@@ -85,6 +86,52 @@ def sections(fd: int, *, complete: bool = False) -> tuple[str, list[tuple[bytes,
     Raises:
         OSError: reading failed.
     """
+    found = _section_table(fd)
+    if found is None or (complete and not found[2]):
+        return None
+    return found[0], found[1]
+
+
+@dataclass(frozen=True)
+class CopySections:
+    """What the store reads from a stored copy's section headers, read once (:func:`copy_sections`).
+
+    Attributes:
+        names: the section names read; complete: every section's name could be read (so a name not in
+        names is surely absent, as :func:`lacks_section` answers); debuglink: ``.gnu_debuglink``'s
+        (file name, CRC-32), as :func:`read_debuglink` answers.
+    """
+
+    names: frozenset[bytes]
+    complete: bool
+    debuglink: tuple[str, int] | None
+
+    @property
+    def has_debug(self) -> bool:
+        """:func:`has_debug_sections`' answer."""
+        return not DEBUG_SECTION_NAMES.isdisjoint(self.names)
+
+    def lacks(self, name: bytes) -> bool:
+        """:func:`lacks_section`' answer."""
+        return self.complete and name not in self.names
+
+
+def copy_sections(fd: int) -> CopySections:
+    """The section facts of the ELF file on fd from one read of its headers (bounded as :func:`sections`);
+    a file that is not ELF, or malformed, has none (names empty, not complete, no debuglink).
+
+    Raises:
+        OSError: reading failed.
+    """
+    found = _section_table(fd)
+    if found is None:
+        return CopySections(frozenset(), False, None)
+    order, table, complete = found
+    return CopySections(frozenset(name for name, _o, _s in table), complete, _debuglink(fd, order, table))
+
+
+def _section_table(fd: int) -> tuple[str, list[tuple[bytes, int, int]], bool] | None:
+    """:func:`sections` without complete, and whether every section's name was read."""
     head = os.pread(fd, 64, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF" or head[5] not in (1, 2) or head[4] not in (1, 2):
         return None
@@ -109,21 +156,22 @@ def sections(fd: int, *, complete: bool = False) -> tuple[str, list[tuple[bytes,
         return None
     names = os.pread(fd, min(str_size, _MAX_SHSTRTAB_BYTES), str_off)
     out = []
+    whole = True
     for i in range(shnum):
         name_off = struct.unpack_from(order + "I", table, i * shentsize)[0]
         end = names.find(b"\0", name_off) if name_off < len(names) else -1
         if end >= 0:
             off, sz = struct.unpack_from(where, table, i * shentsize + at)
             out.append((names[name_off:end], off, sz))
-        elif complete:
-            return None
-    return order, out
+        else:
+            whole = False
+    return order, out, whole
 
 
-def _section_bytes(fd: int, name: bytes, max_bytes: int) -> tuple[bytes, str] | None:
-    """The first max_bytes of the first section called name, and the byte order; None when absent
-    or out of the file."""
-    found = sections(fd)
+def _section_bytes(fd: int, name: bytes, max_bytes: int,
+                   found: tuple[str, list[tuple[bytes, int, int]]] | None) -> tuple[bytes, str] | None:
+    """The first max_bytes of the first section called name (in found: sections(fd)), and the byte
+    order; None when absent or out of the file."""
     if found is None:
         return None
     order, table = found
@@ -152,15 +200,17 @@ class Debuginfo:
         """``debug_root/.build-id/xx/rest.debug`` for a lower-case hex build-id."""
         return self.debug_root / BUILD_ID_DIR / bid[:2] / f"{bid[2:]}.debug"
 
-    def candidates(self, bid: str, path: str, elf: Path | None = None) -> list[tuple[Path, int | None]]:
+    def candidates(self, bid: str, path: str, elf: Path | None = None,
+                   known: CopySections | None = None) -> list[tuple[Path, int | None]]:
         """Where the debuginfo of the binary at path may be, in gdb's order: ``(file, CRC-32)``,
-        the CRC given for a ``.gnu_debuglink`` candidate (read from elf, the stored copy), else None.
+        the CRC given for a ``.gnu_debuglink`` candidate (read from elf, the stored copy, or taken from
+        known, its sections read already), else None.
         """
         out: list[tuple[Path, int | None]] = [(self.source(bid), None)]
         if not path.startswith("/") or "\0" in path:
             return out
         out.append((self.debug_root / (path.lstrip("/") + ".debug"), None))
-        link = read_debuglink(elf) if elf is not None else None
+        link = known.debuglink if known is not None else read_debuglink(elf) if elf is not None else None
         if link is not None:
             name, crc = link
             directory = os.path.dirname(path)
@@ -168,7 +218,7 @@ class Debuginfo:
                     (Path(directory) / name, crc)]
         return out
 
-    def add(self, entry_dir: Path, bid: str, path: str, done: Installed) -> int:
+    def add(self, entry_dir: Path, bid: str, path: str, done: Installed, known: CopySections | None = None) -> int:
         """Copy the first debuginfo found (:meth:`candidates`) to entry_dir/debug; bytes added (0: none).
 
         Failures are counted (``debuginfo_mismatch``, ``debuginfo_errors``) and
@@ -179,10 +229,11 @@ class Debuginfo:
             bid: the entry's build-id, lower-case hex.
             path: the original file's path: its ``.ko`` suffix, and its directory for the debuglink.
             done: what this add made so far; the debug file is added to it.
+            known: the sections of entry_dir's elf, read already (:func:`copy_sections`); None: read here.
         """
         if path.endswith(".ko") or (entry_dir / DEBUG_NAME).exists():
             return 0
-        for source, crc in self.candidates(bid, path, entry_dir / ELF_NAME):
+        for source, crc in self.candidates(bid, path, entry_dir / ELF_NAME, known):
             fd = _open_system_file(source)
             if fd is None:
                 continue
@@ -243,22 +294,28 @@ def read_debuglink(elf: Path) -> tuple[str, int] | None:
     except OSError:
         return None
     try:
-        found = _section_bytes(fd, b".gnu_debuglink", DEBUGLINK_NAME_MAX + 8)
-        if found is None:
-            return None
-        data, order = found
-        end = data.find(b"\0")
-        if end <= 0 or end > DEBUGLINK_NAME_MAX or b"/" in data[:end]:
-            return None
-        crc_at = (end + 4) & ~3
-        if crc_at + 4 > len(data):
-            return None
-        name = data[:end].decode("utf-8", "surrogateescape")
-        return (name, struct.unpack_from(order + "I", data, crc_at)[0]) if name not in (".", "..") else None
+        found = sections(fd)
+        return _debuglink(fd, found[0], found[1]) if found is not None else None
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _debuglink(fd: int, order: str, table: list[tuple[bytes, int, int]]) -> tuple[str, int] | None:
+    """read_debuglink's answer from the file's section table (sections(fd)).  Raises OSError."""
+    found = _section_bytes(fd, b".gnu_debuglink", DEBUGLINK_NAME_MAX + 8, (order, table))
+    if found is None:
+        return None
+    data, order = found
+    end = data.find(b"\0")
+    if end <= 0 or end > DEBUGLINK_NAME_MAX or b"/" in data[:end]:
+        return None
+    crc_at = (end + 4) & ~3
+    if crc_at + 4 > len(data):
+        return None
+    name = data[:end].decode("utf-8", "surrogateescape")
+    return (name, struct.unpack_from(order + "I", data, crc_at)[0]) if name not in (".", "..") else None
 
 
 def _open_system_file(path: Path) -> int | None:

@@ -27,13 +27,14 @@ import ctypes
 import os
 import shutil
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from buildidd.errors import StoreError, StoreRefusedError
 from buildidd.kernel.events import Identity
 from buildidd.store.counters import Tally
-from buildidd.store.debuginfo import Debuginfo, has_debug_sections
+from buildidd.store.debuginfo import CopySections, Debuginfo, copy_sections
 from buildidd.store.goindex import GoIndex
 from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir, temp_name
 from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALLSYMS_DSO, MAX_ALT_DIRS,
@@ -41,6 +42,7 @@ from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALL
 from buildidd.store.origin import KEY_GNU, ORIGIN_NAME, Origin, origin_of_fd, read_origin, sha256_fd
 from buildidd.resolve.fileid import file_id, read_go_build_id
 from buildidd.store.quota import Quota
+from buildidd.store.batch import BATCH_MAX_ENTRIES, Batch, Pending
 from buildidd.store.sdt import probes_text
 
 _RENAME_EXCHANGE = 2  # include/uapi/linux/fs.h
@@ -97,6 +99,33 @@ class FileEntries:
         self.quota = quota
         self.limits = Limits()
         self.go_index = GoIndex(layout, installer, tally)
+        #: the open batch of new entries (store.batch), None when there is none
+        self.batch: Batch | None = None
+
+    def open_batch(self) -> Batch:
+        """Open a batch for the calling thread's new entries (store.batch). Raises StoreError if one is open."""
+        if self.batch is not None:
+            raise StoreError("a batch of new entries is open already")
+        self.batch = Batch(threading.get_ident(), self.layout, self.installer, self.quota, self.tally)
+        return self.batch
+
+    def close_batch(self) -> None:
+        """Commit the open batch and close it."""
+        try:
+            self.commit_batch()
+        finally:
+            self.batch = None
+
+    def commit_batch(self) -> None:
+        """Make the open batch's entries durable and visible (Batch.commit)."""
+        if self.batch is not None:
+            self.batch.commit(lambda p: self._published(p.entry_dir, p.bid, p.origin))
+
+    def _published(self, entry_dir: Path, bid: str, origin: Origin) -> None:
+        """A new entry's link is made: its Go build ID indexed (origin: what its origin.json says), counted."""
+        self.go_index.index(entry_dir, bid, origin)
+        self.tally.count("added")
+        self._count_origin(origin)
 
     def add(self, req: AddRequest) -> AddResult:
         """Add req's file (see :meth:`buildidd.store.Store.add_from_fd`)."""
@@ -114,21 +143,32 @@ class FileEntries:
             self.tally.count("skipped_too_large")
             raise StoreRefusedError("too_large", f"{req.path}: {before.st_size} bytes, over the store's "
                                     f"limit of {limit} bytes per file")
+        if self.batch is not None and req.bid in self.batch:
+            self.commit_batch()             # its first copy is linked (or failed) before this one is judged
         present = self.layout.entry_dir(req.bid)
         if present is not None and main_file(present) is not None:
             return self._add_present(present, req, before, origin)
+        batch = self.batch if self.batch is not None and self.batch.thread == threading.get_ident() else None
         entry_dir = self.layout.root / req.rel / req.bid
+        target = f"../../{req.rel}/{req.bid}"
         self.quota.reserve(before.st_blocks * 512, origin.payer, req.bid)
         done = Installed()
+        self.installer.deferred = batch is not None
         try:
             size = self._install_unit(entry_dir, req, before, origin, done)
-            self.installer.publish(req.bid, f"../../{req.rel}/{req.bid}")
+            if batch is None:
+                self.installer.publish(req.bid, target)
         except BaseException:
             self.installer.undo(done)
             raise
-        self.go_index.index(entry_dir, req.bid)
-        self.tally.count("added")
-        self._count_origin(origin)
+        finally:
+            self.installer.deferred = False
+        if batch is None:
+            self._published(entry_dir, req.bid, size[3])
+        else:
+            batch.add(Pending(req.bid, target, entry_dir, done, size[3]))
+            if len(batch) >= BATCH_MAX_ENTRIES:
+                self.commit_batch()
         return AddResult(True, entry_dir / ELF_NAME, size[1], size[0], size[2] > 0)
 
     def _count_origin(self, origin: Origin) -> None:
@@ -138,8 +178,9 @@ class FileEntries:
             self.tally.count("untrusted")
 
     def _install_unit(self, unit: Path, req: AddRequest, before: os.stat_result, origin: Origin,
-                      done: Installed, *, main: bool = True) -> tuple[int, bool, int]:
-        """elf, origin.json (and for a main copy debug, probes) into unit; (bytes, reflinked, debug bytes)."""
+                      done: Installed, *, main: bool = True) -> tuple[int, bool, int, Origin]:
+        """elf, origin.json (and for a main copy debug, probes) into unit; (bytes, reflinked, debug bytes,
+        the origin written)."""
         if req.identity is not None:
             self.installer.check_identity(req.fd, req.identity, req.path, "before copying")
         self.installer.makedirs(unit, done, dir_mode(origin))
@@ -147,22 +188,23 @@ class FileEntries:
         reflinked, elf_bytes = self.installer.install_copy(
             CopyRequest(req.fd, before, elf, req.bid, what=req.path, identity=req.identity, key=req.key), done,
             sync_dir=False)
-        origin = self._described(origin, elf, origin.sha256)
+        origin, known = self._describe(origin, elf, origin.sha256)
         total = elf_bytes + self.installer.install_bytes(unit / ORIGIN_NAME, origin.to_json(), FILE_MODE, done,
                                                          sync_dir=False)
         debug_bytes = 0
         if main:
             if req.key == KEY_GNU:      # the host's debuginfo is found by GNU build-id (and checked against it)
-                debug_bytes = self.debuginfo.add(unit, req.bid, req.path, done)
+                debug_bytes = self.debuginfo.add(unit, req.bid, req.path, done, known)
             total += debug_bytes + self.installer.install_bytes(
-                unit / PROBES_NAME, probes_text(elf, req.path), FILE_MODE, done, sync_dir=False)
+                unit / PROBES_NAME, probes_text(elf, req.path, known), FILE_MODE, done, sync_dir=False)
         try:
-            fsync_dir(unit)
+            if not self.installer.deferred:     # a batch's syncfs makes it durable (store.batch)
+                fsync_dir(unit)
         except OSError as e:
             self.tally.count("copy_errors")
             raise StoreError(f"{unit}: cannot sync: {e.strerror}") from e
         self.quota.account_dir(unit, origin.payer)
-        return total, reflinked, debug_bytes
+        return total, reflinked, debug_bytes, origin
 
     def _described(self, origin: Origin, elf: Path, sha: str = "", *, hashed: bool = False) -> Origin:
         """origin with the stored copy's has_debug, file_id (htlhash) and Go build ID, and its sha256: sha
@@ -171,6 +213,11 @@ class FileEntries:
         A main copy's sha256 is computed only when another content claims its
         build-id (:meth:`_add_present`): most build-ids never meet a second file.
         """
+        return self._describe(origin, elf, sha, hashed=hashed)[0]
+
+    def _describe(self, origin: Origin, elf: Path, sha: str = "", *,
+                  hashed: bool = False) -> tuple[Origin, CopySections]:
+        """:meth:`_described`, and the copy's sections read on the way (for its debuglink and probes)."""
         try:
             fd = os.open(elf, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -178,8 +225,9 @@ class FileEntries:
         try:
             if hashed:
                 sha = sha256_fd(fd, os.fstat(fd).st_size)
-            return origin.replace(sha256=sha, has_debug=has_debug_sections(fd), file_id=file_id(fd),
-                                  go_build_id=read_go_build_id(fd) or "")
+            known = copy_sections(fd)
+            return origin.replace(sha256=sha, has_debug=known.has_debug, file_id=file_id(fd),
+                                  go_build_id=read_go_build_id(fd) or ""), known
         except OSError as e:
             raise StoreError(f"{elf}: cannot read the copy: {e.strerror}") from e
         finally:

@@ -18,7 +18,7 @@ from buildidd.errors import StoreError
 from buildidd.store.counters import Tally
 from buildidd.store.install import Installer
 from buildidd.store.layout import BUILD_ID_DIR, Layout
-from buildidd.store.origin import read_origin
+from buildidd.store.origin import Origin, read_origin
 
 
 class GoIndex:
@@ -29,12 +29,12 @@ class GoIndex:
         self.installer = installer
         self.tally = tally
 
-    def index(self, entry_dir: Path, bid: str) -> None:
+    def index(self, entry_dir: Path, bid: str, origin: Origin | None = None) -> None:
         """Point ``.go-build-id/<name>`` at bid's link when the entry's main copy has a Go build ID
-        (its ``origin.json``) and the index names no entry yet, or one whose main copy is not
-        trusted while this one is.  A failure is counted (``copy_errors``) and logged, never raised:
-        the entry stays, findable by its key."""
-        new = read_origin(entry_dir)
+        (its ``origin.json``, or origin: what the caller just wrote there) and the index names no entry
+        yet, or one whose main copy is not trusted while this one is.  A failure is counted
+        (``copy_errors``) and logged, never raised: the entry stays, findable by its key."""
+        new = origin if origin is not None else read_origin(entry_dir)
         if new is None or not new.go_build_id:
             return
         try:

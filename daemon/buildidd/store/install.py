@@ -19,11 +19,20 @@ leave temporary files (:meth:`buildidd.store.Store.sweep_temps` removes them)
 and an entry directory without a link (invisible; re-adding the build-id
 reuses it).  What one add made is listed in an :class:`Installed`, so that a
 later step's failure can undo it (:meth:`Installer.undo`).
+
+Deferred durability (a batch of new entries, :mod:`buildidd.store.batch`): while
+:attr:`Installer.deferred` is set, :meth:`Installer.atomic_file` renames without the
+file's and the directory's ``fsync``; the batch makes the whole file system durable
+with one ``syncfs`` (:func:`syncfs`) before it makes any link to those files, so that a
+link still names only durable files.  Only a new entry's directory, which no link names
+yet, is written that way: after a crash in a batch, such a directory may hold a torn
+file under its final name, invisible, and replaced when the build-id is added again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import secrets
@@ -53,6 +62,25 @@ def fsync_dir(path: str | os.PathLike) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(path: str | os.PathLike) -> None:
+    """syncfs(2) the file system holding directory path: every dirty file, directory and inode on it is
+    written and the device's cache flushed (Linux 2.6.39; Python's os has no wrapper).
+
+    Raises:
+        OSError: path cannot be opened, or syncfs failed (EIO, ENOSPC, EDQUOT: an earlier writeback error).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
     finally:
         os.close(fd)
 
@@ -128,6 +156,8 @@ class Installer:
     Attributes:
         throttle: ``None``, or called as ``throttle(n)`` after each chunk of
             ``n`` bytes copied (see :attr:`buildidd.store.Store.throttle`).
+        deferred: True while a batch writes a new entry (:mod:`buildidd.store.batch`): :meth:`atomic_file`
+            makes no ``fsync`` (the batch's ``syncfs`` does, before any link to the file).
     """
 
     def __init__(self, layout: Layout, tally: Tally, gid: int | None = None):
@@ -136,6 +166,7 @@ class Installer:
         self.tally = tally
         self.gid = gid
         self.throttle: Callable[[int], None] | None = None
+        self.deferred = False
 
     def own(self, target: int | Path, mode: int) -> None:
         """chmod target (an fd or a path, not followed) to mode and chown it to root:gid (when root).
@@ -202,8 +233,9 @@ class Installer:
         """The one way a file enters the store: yields the fd (read-write) of a new temporary file beside final
         (:func:`temp_name`, ``O_EXCL``), already given mode and root:gid (:meth:`own`).  The caller writes and
         checks it in the ``with`` body; when the body returns, the file is ``fsync``-ed, renamed to final,
-        listed in done, and (sync_dir) the directory ``fsync``-ed.  When the body raises or a step fails, the
-        temporary file is removed and final is untouched: the one clean-up.
+        listed in done, and (sync_dir) the directory ``fsync``-ed (neither fsync while :attr:`deferred`).
+        When the body raises or a step fails, the temporary file is removed and final is untouched: the one
+        clean-up.
 
         Args:
             what: how the data's source is named in errors (default: final).
@@ -226,12 +258,13 @@ class Installer:
         try:
             self.own(fd, mode)
             yield fd
-            os.fsync(fd)
+            if not self.deferred:
+                os.fsync(fd)
             failed = f"{final}: cannot rename into place"
             os.rename(temp, final)
             renamed = True
             done.files.append(final)
-            if sync_dir:
+            if sync_dir and not self.deferred:
                 failed = f"{final.parent}: cannot sync the directory"
                 fsync_dir(final.parent)
         except OSError as e:
@@ -329,9 +362,10 @@ class Installer:
         """
         self.symlink(self.layout.linkname(bid), target)
 
-    def symlink(self, link: Path, target: str) -> None:
+    def symlink(self, link: Path, target: str, *, sync: bool = True) -> None:
         """Make (or replace) link -> target atomically: a symlink under :func:`temp_name`, renamed over link,
-        and link's directory fsync-ed (made first, root:gid, when missing).
+        and (sync) link's directory fsync-ed (made first, root:gid, when missing).  sync=False: the caller
+        makes it durable (a batch's syncfs).
 
         Raises:
             StoreError: an OS error (counted in ``copy_errors``).
@@ -341,7 +375,8 @@ class Installer:
         try:
             os.symlink(target, temp)
             os.rename(temp, link)
-            fsync_dir(link.parent)
+            if sync:
+                fsync_dir(link.parent)
         except OSError as e:
             _unlink_quietly(temp)
             self.tally.count("copy_errors")

@@ -18,7 +18,7 @@ from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.elffile import ELFFile
 
 from buildidd.errors import StoreError
-from buildidd.store.debuginfo import lacks_section
+from buildidd.store.debuginfo import CopySections, lacks_section
 
 _SDT_SECTION_MAX_BYTES = 16 << 20
 """A .note.stapsdt longer than this is not scanned (the probes file stays empty)."""
@@ -237,16 +237,21 @@ def _x86_sdt_op(op: bytes) -> bytes | None:
     return prefix + num + paren + reg + close
 
 
-def probes_text(elf: Path, path: str) -> bytes:
+def probes_text(elf: Path, path: str, known: CopySections | None = None) -> bytes:
     """The ``probes`` file's contents for the stored copy elf of the file named path (see :func:`sdt_probe_cache`).
 
     Most files have no ``.note.stapsdt``: when the bounded section reader shows the whole section
     table without one (debuginfo.lacks_section), the answer is ``b""`` without pyelftools, whose
     parse of the headers costs more than the rest of a small file's copy.
 
+    known: elf's sections, read already (debuginfo.copy_sections): when they show no ``.note.stapsdt``,
+    elf is not opened.
+
     Raises:
         StoreError: elf cannot be opened or read.
     """
+    if known is not None and known.lacks(_SDT_SECTION):
+        return b""
     try:
         with open(elf, "rb") as f:
             if lacks_section(f.fileno(), _SDT_SECTION):

@@ -30,15 +30,17 @@ directory.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from buildidd.config import Config
 from buildidd.errors import StoreError
 from buildidd.kernel.events import Identity
+from buildidd.store.batch import Batch
 from buildidd.store.counters import Tally
 from buildidd.store.debuginfo import Debuginfo
 from buildidd.store.entries import AddRequest, FileEntries, Limits
@@ -227,6 +229,29 @@ class Store(StoreLookups):
         rel = relative(path)
         with self._lock:
             return self._files.add(AddRequest(fd, path, rel, bid, identity, origin, key))
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Group the calling thread's new entries: their files are written without ``fsync``, their links
+        made when the block ends, after one ``syncfs`` (:mod:`buildidd.store.batch`: the crash order).
+
+        Inside, :meth:`add_from_fd` of a new build-id returns ``added`` before the entry is visible
+        (:meth:`contains` is False until the commit); an add of a build-id the batch holds commits the
+        batch first.  At most :data:`~buildidd.store.batch.BATCH_MAX_ENTRIES` are held; more commit.
+        When the block ends (even by an exception) the batch is committed; the entries it then had to
+        remove are in the yielded :class:`~buildidd.store.batch.Batch`'s ``failed`` (build-id -> why).
+        Adds from other threads take the single path meanwhile.
+
+        Raises:
+            StoreError: a batch is open already.
+        """
+        with self._lock:
+            b = self._files.open_batch()
+        try:
+            yield b
+        finally:
+            with self._lock:
+                self._files.close_batch()
 
     def add_kallsyms(self, kernel_build_id_hex: str, *,
                      kallsyms_path: str | os.PathLike = "/proc/kallsyms",
