@@ -140,17 +140,21 @@ def test_benchmarks_refuse_a_host_where_another_tracer_runs(tmp_path):
     from perfcompare import other_tracers, require_quiet_host
 
     src = tmp_path / "sleeper.c"
-    src.write_text("#include <unistd.h>\nint main(void) { pause(); return 0; }\n")
+    # The stand-in says "up" once it runs: by then its exec is done and /proc/PID/cmdline is its own.
+    src.write_text("#include <stdio.h>\n#include <unistd.h>\n"
+                   "int main(void) { puts(\"up\"); fflush(stdout); pause(); return 0; }\n")
     exe = tmp_path / "perf"           # a stand-in named perf, run as `perf record -a`
     subprocess.run(["gcc", "-o", str(exe), str(src)], check=True)
-    p = subprocess.Popen([str(exe), "record", "-a"])
+    p = subprocess.Popen([str(exe), "record", "-a"], stdout=subprocess.PIPE, text=True)
     try:
+        assert p.stdout.readline() == "up\n"
         assert any(line.startswith(f"{p.pid}: ") and "record -a" in line for line in other_tracers())
         with pytest.raises(SystemExit, match="other tracers are running"):
             require_quiet_host("bench")
     finally:
         p.kill()
         p.wait()
+        p.stdout.close()
     assert not any(line.startswith(f"{p.pid}: ") for line in other_tracers())
 
 

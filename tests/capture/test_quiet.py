@@ -196,13 +196,15 @@ def test_an_idle_recorder_sleeps_and_the_first_record_wakes_it(recorder, workloa
         while rec.stats.events.get("exec", 0) == before and time.monotonic() - t0 < 30:
             time.sleep(0.01)
         took = time.monotonic() - t0
-        # Woken by the ring at the record, not at the end of the 30 s wait.
-        assert took < 2.0, took
-        # A rotation asked meanwhile (control socket: any thread) is done at once.
+        # Woken by the ring at the record, not at the end of the 30 s wait (the bound is half of
+        # it: a busy runner's scheduling delay is not what this shows).
+        assert took < bg.quiet_s / 2, took
+        # A rotation asked meanwhile (control socket: any thread) is done without waiting out the
+        # quiet wait it finds.
         time.sleep(0.5)
         t0 = time.monotonic()
-        assert rec.request_rotate(timeout_s=10.0)
-        assert time.monotonic() - t0 < 2.0
+        assert rec.request_rotate(timeout_s=bg.quiet_s / 2)
+        assert time.monotonic() - t0 < bg.quiet_s / 2
     finally:
         bg.stop()
     execs = [r for r in session_records(rec.session_dir) if r["type"] == "exec"]

@@ -265,8 +265,10 @@ def test_slow_client_times_out(serve, send):
         s.sendall(send)
         lines, closed = read_until_eof(s, timeout_s=5 * TIMEOUT_S)
         waited_s = time.monotonic() - t0
+    # The server answered "timeout" and closed (an event; read_until_eof's 5 * TIMEOUT_S only bounds
+    # a hang), and not before the client's timeout ran out.
     assert [code(r) for r in lines] == ["timeout"] and closed
-    assert TIMEOUT_S * 0.9 <= waited_s < TIMEOUT_S + 1.0
+    assert TIMEOUT_S * 0.9 <= waited_s < 5 * TIMEOUT_S
 
 
 def test_trickling_client_times_out(serve):
@@ -405,11 +407,14 @@ def test_heartbeat_never_stalls_during_abuse(serve):
             except ControlError as e:
                 assert e.code == "busy"
 
+    timeouts_when_good_done: list[int] = []
+
     def good():
         with ControlClient(srv.path) as c:
             for i in range(50):
                 assert c.request("echo", i=i) == {"i": i}
                 good_rounds[0] += 1
+        timeouts_when_good_done.append(srv.stats["errors"].get("timeout", 0))
 
     def guard(fn):
         def run():
@@ -438,8 +443,11 @@ def test_heartbeat_never_stalls_during_abuse(serve):
         t.join()
     assert not errors, errors
     assert good_rounds[0] == 50
-    # A server that waited on a silent client would stall for its stall_s timeout.
-    assert ticks > 300 and max_gap_s < stall_s / 2, (ticks, max_gap_s)
+    # A server that waited on a silent client would serve the good client only after that client's
+    # stall_s timeout: the good client's 50 rounds end before any silent client is timed out (an
+    # order of events), and the caller's ticker never stops for a whole stall_s.
+    assert timeouts_when_good_done == [0], timeouts_when_good_done
+    assert ticks > 300 and max_gap_s < stall_s, (ticks, max_gap_s)
     wait_for(lambda: len(srv._conns) == 0, timeout_s=5 * stall_s)
     assert srv.stats["dropped"] == 2
     assert srv.stats["errors"]["timeout"] >= 2 and srv.stats["errors"]["too_large"] == 1

@@ -109,19 +109,26 @@ def _variant(path, i, src="/bin/true"):
         f.write(bytes([i]))                        # each its own inode and contents
 
 
-def _run_variants(tmp_path, n, live_s=0.0):
-    """n programs, each its own inode, each run once (living live_s: its uid is then read from /proc
-    while it lives; a program gone before its event is read is charged to no known uid)."""
+def _run_variants(tmp_path, n, until=None):
+    """n programs, each its own inode, each run once; their identities.  With until (a condition on
+    the identities): each lives until it holds (then is killed), so its uid is read from /proc while
+    it lives (a program gone before its event is read is charged to no known uid); _wait's timeout
+    only bounds a hang."""
     idents, procs = [], []
     for i in range(n):
         prog = tmp_path / f"prog{i}"
-        _variant(prog, i, "/bin/sleep" if live_s else "/bin/true")
+        _variant(prog, i, "/bin/sleep" if until else "/bin/true")
         idents.append(_ident(prog))
-        procs.append(subprocess.Popen([str(prog)] + ([str(live_s)] if live_s else [])))
-        if not live_s:
-            procs[-1].wait()
-    for proc in procs:
-        assert proc.wait() == 0
+        procs.append(subprocess.Popen([str(prog)] + (["600"] if until else [])))
+        if not until:
+            assert procs[-1].wait() == 0
+    if until:
+        try:
+            assert _wait(lambda: until(idents), timeout_s=60)
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
     return idents
 
 
@@ -147,8 +154,7 @@ def _held(p, ident) -> bool:
 
 def test_a_users_pins_are_capped_at_their_share_and_named_uid_pin_cap(pins, tmp_path):
     p = pins(max_files=64, ttl_s=30, uid_share=0.25)
-    idents = _run_variants(tmp_path, 24, live_s=1.0)
-    assert _wait(lambda: p.status()["by_uid"].get("0", {}).get("uid_cap", 0) >= 8)
+    idents = _run_variants(tmp_path, 24, until=lambda _ids: p.status()["by_uid"].get("0", {}).get("uid_cap", 0) >= 8)
     assert p.status()["by_uid"]["0"]["held"] <= 16
     assert not _held(p, idents[0]) and p.closed_reason(idents[0], 0) == "uid_pin_cap"
     assert p.closed_reason(idents[0], 12345) is None          # root's pin: not another user's gap
@@ -158,8 +164,8 @@ def test_a_users_flood_of_execs_of_roots_files_closes_that_users_pins_not_roots(
                                                                                public_tmp_factory):
     from conftest import as_user
     p = pins(max_files=256, ttl_s=60)
-    (root_ident,) = _run_variants(tmp_path, 1, live_s=0.5)   # root's program, pinned first (the oldest)
-    assert _wait(lambda: _held(p, root_ident))
+    # root's program, pinned first (the oldest)
+    (root_ident,) = _run_variants(tmp_path, 1, until=lambda ids: _held(p, ids[0]))
     work = public_tmp_factory()
     for i in range(96):                  # root-owned programs the user may run: charged to the user
         _variant(work / f"u{i}", i, "/bin/sleep")
@@ -177,8 +183,7 @@ def test_an_unconfirmed_pin_is_closed_once_the_recording_thread_read_past_it(pin
     from buildidd import clock
     from buildidd.kernel.events import st_dev_to_kdev
     p = pins(max_files=256, ttl_s=60, uid_share=1.0, confirm_s=0.5)
-    failed, ok = _run_variants(tmp_path, 2, live_s=0.2)
-    assert _wait(lambda: _held(p, failed) and _held(p, ok))
+    failed, ok = _run_variants(tmp_path, 2, until=lambda ids: all(_held(p, i) for i in ids))
     # The recording thread took ok's exec record (pid unknown here: its uid's pin of the file is it).
     p.recorded([(0, 0, st_dev_to_kdev(ok.dev), ok.ino, clock.boot_ns())], clock.boot_ns() - 10**9)
     assert _wait(lambda: p.status()["confirms"] >= 1)
@@ -195,11 +200,11 @@ def test_an_unconfirmed_pin_is_closed_once_the_recording_thread_read_past_it(pin
 
 def test_a_claimed_pin_outlives_its_ttl_until_its_hand_over_ran(pins, tmp_path):
     p = pins(max_files=256, ttl_s=1, uid_share=1.0)
-    claimed, other = _run_variants(tmp_path, 2, live_s=0.5)  # charged to root (read while it lives)
-    assert _wait(lambda: _held(p, claimed) and _held(p, other))
+    # charged to root (read while it lives)
+    claimed, other = _run_variants(tmp_path, 2, until=lambda ids: all(_held(p, i) for i in ids))
     p.claim(claimed, 0, 0)                                    # a hand-over of it is queued
-    time.sleep(2.5)
-    assert not _held(p, other) and p.status()["expired"] >= 1
+    assert _wait(lambda: not _held(p, other) and p.status()["expired"] >= 1, timeout_s=60)   # past ttl_s
+    assert _held(p, claimed)
     p.unclaim(claimed)
     p.claim(claimed, 0, 0)
     fd = p.take(claimed)
@@ -211,6 +216,7 @@ def test_a_pin_nobody_takes_expires(pins, tmp_path):
     p = pins(max_files=64, ttl_s=1)
     (ident,) = _run_variants(tmp_path, 1)
     assert _wait(lambda: p.status()["pinned"] >= 1)
-    time.sleep(2.5)                                          # ttl_s, and the reader's 1 s poll
+    # ttl_s, and the reader's 1 s poll (the timeout only bounds a hang)
+    assert _wait(lambda: p.status()["expired"] >= 1, timeout_s=60)
     assert p.take(ident) is None
     assert p.status()["expired"] >= 1 and p.status()["file_cap"] == 0
