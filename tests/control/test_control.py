@@ -304,12 +304,12 @@ def test_client_that_never_reads_is_dropped_without_blocking_others(serve):
     size_bytes = 900_000  # below the 1 MiB response cap, far above the socket buffer
     with raw(srv.path) as hog:
         hog.sendall(json.dumps({"cmd": "big", "args": {"size_bytes": size_bytes}}).encode() + b"\n")
-        # While the hog's response is stuck, others are served promptly.
-        t0 = time.monotonic()
+        # While the hog's response is stuck, others are served: before the hog is dropped at its
+        # timeout (an order of events, not a wall-clock budget).
         with ControlClient(srv.path) as c:
             for _ in range(20):
                 assert c.request("echo", x=1) == {"x": 1}
-        assert time.monotonic() - t0 < TIMEOUT_S
+        assert srv.stats["dropped"] == 0
         wait_for(lambda: srv.stats["dropped"] == 1, timeout_s=5 * TIMEOUT_S)
         got = b""
         while chunk := hog.recv(1 << 20):  # what the kernel had buffered, then EOF

@@ -75,11 +75,13 @@ class Weed:
                 time.sleep(0.2)
         raise AssertionError(f"weed did not serve S3 within {timeout_s} s: {self.log_path.read_text()[-3000:]}")
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 20) -> None:
+        """SIGTERM (a server stopped as an operator stops it), SIGKILL after grace_s seconds; grace_s=0:
+        SIGKILL at once (nothing left to judge, at teardown)."""
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
+            os.killpg(self.proc.pid, 15 if grace_s > 0 else 9)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=grace_s or None)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
@@ -109,4 +111,4 @@ def weed(tmp_path, aws_env):
     import boto3
     boto3.client("s3", endpoint_url=w.endpoint, region_name="us-east-1").create_bucket(Bucket="fleet-test")
     yield w
-    w.stop()
+    w.stop(grace_s=0)
