@@ -1,11 +1,14 @@
 /*
- * failexec_flood SECONDS PATH...: call execve(PATH, (char **)1, NULL) on each PATH in turn, for
- * SECONDS, from this one process (no fork).  Each call fails with EFAULT, but only after the kernel
+ * failexec_flood MAX_SECONDS MIN_CALLS PATH...: call execve(PATH, (char **)1, NULL) on each PATH in
+ * turn, from this one process (no fork), until it made MIN_CALLS calls and was sent SIGTERM (or
+ * MAX_SECONDS passed: a bound on a hang).  Each call fails with EFAULT, but only after the kernel
  * opened the file for exec (a fanotify FAN_OPEN_EXEC event: what an exec pin costs), so one
  * unprivileged process makes tens of thousands of exec opens a second without running anything.
- * Prints the number of calls made on stdout.
+ * Prints "ready" on stdout once it made MIN_CALLS / 4 calls (the flood is at full rate), then at
+ * the end the number of calls made and of those that failed other than with EFAULT.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -19,23 +22,39 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static volatile sig_atomic_t stop;
+
+static void on_term(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
 int main(int argc, char **argv)
 {
 	char **volatile bad_argv = (char **)1;	/* an address no process maps: EFAULT */
 	double end;
-	long calls = 0, other = 0;
+	long calls = 0, other = 0, min_calls;
+	int ready = 0;
 
-	if (argc < 3) {
-		fprintf(stderr, "usage: failexec_flood SECONDS PATH...\n");
+	if (argc < 4) {
+		fprintf(stderr, "usage: failexec_flood MAX_SECONDS MIN_CALLS PATH...\n");
 		return 2;
 	}
+	signal(SIGTERM, on_term);
 	end = now() + atof(argv[1]);
-	while (now() < end) {
-		for (int i = 2; i < argc; i++) {
+	min_calls = atol(argv[2]);
+	while ((!stop || calls < min_calls) && now() < end) {
+		for (int i = 3; i < argc; i++) {
 			execve(argv[i], bad_argv, NULL);
 			calls++;
 			if (errno != EFAULT)
 				other++;
+		}
+		if (!ready && calls >= min_calls / 4) {
+			ready = 1;
+			printf("ready\n");
+			fflush(stdout);
 		}
 	}
 	printf("%ld %ld\n", calls, other);

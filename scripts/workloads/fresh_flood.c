@@ -1,5 +1,6 @@
 /*
- * fresh_flood TEMPLATE OFFSET DIR SECONDS: for SECONDS, write a fresh copy of
+ * fresh_flood TEMPLATE OFFSET DIR SECONDS [FILES]: for SECONDS (or, given FILES,
+ * until it mapped FILES files: SECONDS then bounds a hang), write a fresh copy of
  * the ELF file TEMPLATE into DIR under a new name, with a build-id of its own
  * (the 8 bytes at OFFSET, inside its GNU build-id note's descriptor, replaced
  * by a counter and the pid), map it PROT_READ|PROT_EXEC, unmap it and unlink
@@ -25,7 +26,7 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-	if (argc < 5) { fprintf(stderr, "usage: fresh_flood TEMPLATE OFFSET DIR SECONDS\n"); return 2; }
+	if (argc < 5) { fprintf(stderr, "usage: fresh_flood TEMPLATE OFFSET DIR SECONDS [FILES]\n"); return 2; }
 	int tfd = open(argv[1], O_RDONLY);
 	struct stat st;
 	if (tfd < 0 || fstat(tfd, &st) < 0) { perror(argv[1]); return 1; }
@@ -41,7 +42,8 @@ int main(int argc, char **argv)
 	uint32_t pid = (uint32_t)getpid();
 	long n = 0;
 	char name[32];
-	while ((n & 63) != 0 || now() - t0 < seconds) {
+	long files = argc > 5 ? atol(argv[5]) : 0;
+	while (files > 0 ? n < files && now() - t0 < seconds : (n & 63) != 0 || now() - t0 < seconds) {
 		uint64_t tag = ((uint64_t)pid << 40) ^ (uint64_t)n;
 		memcpy(img + off, &tag, 8);
 		snprintf(name, sizeof(name), "f%ld", n);

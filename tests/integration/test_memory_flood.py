@@ -1,5 +1,5 @@
 """Issue 42, bounded memory: a real unprivileged user maps fresh ELF files (each its own build-id,
-PROT_EXEC) from a directory ~3,700 characters deep, unlinking each, for FLOOD_S seconds, while a real
+PROT_EXEC) from a directory ~3,700 characters deep, unlinking each, FLOOD_FILES of them, while a real
 Recorder (BPF, a store) records the host: the recording process's RSS, sampled, grows by no more
 than RSS_GROWTH_MAX_BYTES.
 
@@ -29,8 +29,12 @@ from buildidd import heap
 from conftest import as_user, gcc, readelf_build_id
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Seconds the user floods (the issue's goal: a 20 s flood).
-FLOOD_S = 8            # the 20 s flood of the issue's goal runs in test_hostile_battery.py
+#: Files the user's flood maps: twice what the assertions below need recorded, and enough for every
+#: per-file cache to pass its budget (their evictions are asserted).  The flood ends on this count,
+#: not a clock (a flood of a fixed duration, as the issue's 20 s goal, is a bench scenario).
+FLOOD_FILES = 16_000
+#: Bounds a hang only.
+FLOOD_MAX_S = 300
 #: Characters of the flooding user's directory.
 DEEP_CHARS = 3700
 #: Growth of the recording process's RSS allowed during the flood and just after it: the daemon's
@@ -107,7 +111,7 @@ class RssSampler:
 
 def _flood_setup(attacker, public_tmp_factory) -> tuple[list[str], Path]:
     """The flood's argv (fresh_flood built in a public directory, the template, its build-id's offset,
-    a deep directory the attacker owns, FLOOD_S) and the deep directory."""
+    a deep directory the attacker owns, FLOOD_MAX_S, FLOOD_FILES) and the deep directory."""
     pub = public_tmp_factory("buildidd-memflood-")
     so = gcc(TEMPLATE_SRC, pub / "t.so", *TEMPLATE_FLAGS)
     os.chmod(so, 0o644)
@@ -115,7 +119,7 @@ def _flood_setup(attacker, public_tmp_factory) -> tuple[list[str], Path]:
     os.chmod(flood, 0o755)
     deep = deep_dir(pub, DEEP_CHARS, attacker[:2])
     assert len(str(deep)) >= DEEP_CHARS
-    return [str(flood), str(so), str(build_id_offset(so)), str(deep), str(FLOOD_S)], deep
+    return [str(flood), str(so), str(build_id_offset(so)), str(deep), str(FLOOD_MAX_S), str(FLOOD_FILES)], deep
 
 
 def test_buildidd_runs_rss_stays_within_the_goal_during_a_flood_without_the_uid_budget(bpf, attacker,
@@ -137,8 +141,8 @@ def test_buildidd_runs_rss_stays_within_the_goal_during_a_flood_without_the_uid_
         while b"READY=1" not in sock.recv(4096).split(b"\n"):
             pass
         rss = RssSampler(pid=p.pid)
-        got = as_user(attacker, argv, timeout=FLOOD_S + 60)
-        time.sleep(3.0)
+        got = as_user(attacker, argv, timeout=FLOOD_MAX_S + 60)
+        time.sleep(3.0)                           # the RSS sampled while what the flood queued drains
         peak = rss.stop()
         p.send_signal(signal.SIGTERM)
         t_stop = time.monotonic()
@@ -154,7 +158,7 @@ def test_buildidd_runs_rss_stays_within_the_goal_during_a_flood_without_the_uid_
         sock.close()
     assert got.returncode == 0, got.stderr
     files, rate = (int(x) for x in got.stdout.split())
-    print(f"\nbuildidd run: {files} files in {FLOOD_S} s ({rate}/s); RSS {rss.base / 2**20:.1f} MiB after READY, "
+    print(f"\nbuildidd run: {files} files ({rate}/s); RSS {rss.base / 2**20:.1f} MiB after READY, "
           f"peak {peak / 2**20:.1f} MiB (goal {DAEMON_RSS_MAX_BYTES >> 20} MiB); "
           f"{'exited' if exited else 'not exited'} {stop_s:.1f} s after SIGTERM")
     assert files >= 8_000
@@ -190,8 +194,12 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
     time.sleep(1.0)
     rss = RssSampler()
     try:
-        got = as_user(attacker, argv, timeout=FLOOD_S + 60)
-        time.sleep(3.0)                           # what the flood left queued is recorded
+        got = as_user(attacker, argv, timeout=FLOOD_MAX_S + 60)
+        files = int(got.stdout.split()[0]) if got.returncode == 0 else 0
+        deadline = time.monotonic() + 120         # what the flood left queued is recorded (bounds a hang)
+        while (rec.stats.events.get("mmap", 0) + sum(rec.stats.lost.values())
+               + rec.status()["throttled"]["records"] < files // 2 and time.monotonic() < deadline):
+            time.sleep(0.1)
     finally:
         peak = rss.stop()
         stop.set()
@@ -201,7 +209,7 @@ def test_a_users_flood_of_fresh_deep_files_keeps_the_recorders_rss_bounded(recor
     status = rec.status()
     caches, throttled = status["caches"], status["throttled"]["records"]
     growth = peak - rss.base
-    print(f"\nflood: {files} files in {FLOOD_S} s ({rate}/s), paths of {len(str(deep)) + 8} characters; "
+    print(f"\nflood: {files} files ({rate}/s), paths of {len(str(deep)) + 8} characters; "
           f"recorder RSS {rss.base / 2**20:.1f} MiB before, peak {peak / 2**20:.1f} MiB "
           f"(+{growth / 2**20:.1f} MiB, bound +{RSS_GROWTH_MAX_BYTES >> 20} MiB); events {rec.stats.events}, "
           f"lost {rec.stats.lost}, held back by the uid budget {throttled}")

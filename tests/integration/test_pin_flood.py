@@ -2,7 +2,7 @@
 
 A real unprivileged user (conftest ``attacker``) loops ``execve(path,
 (char **)1, NULL)`` over the root-owned executables under /usr
-(scripts/workloads/execfault.c): each call fails with EFAULT after the kernel
+(scripts/workloads/failexec_flood.c): each call fails with EFAULT after the kernel
 opened the file, so each costs a FAN_OPEN_EXEC event and a pin, with no
 process made.  Meanwhile root, a second user (``bystander``) and the attacker
 itself each run 20 fresh programs once and rename a new build over each the
@@ -29,9 +29,13 @@ from buildidd.store.coverage import GAP_REASONS
 from conftest import as_user_popen
 from integration.test_keep_binaries import daemon  # noqa: F401  (the fixture)
 
-from workloads.upgrade import HERE as WORKLOADS, build_race, race_script
+from workloads.build import build_floods
+from workloads.upgrade import build_race, race_script
 
-FLOOD_S = 10.0         # test_hostile_battery.py runs the 20 s flood beside a bystander too
+#: The flood ends on a count, not a clock: it makes at least this many calls, and lasts while the
+#: three users' programs run (test_hostile_battery.py runs it beside a bystander too).
+FLOOD_CALLS = 20_000
+FLOOD_MAX_S = 300      # bounds a hang only
 PROGRAMS = 20
 
 
@@ -77,8 +81,7 @@ def _pins(sock: str) -> dict:
 def test_a_failing_exec_flood_costs_only_the_flooding_users_pins(daemon, attacker, bystander,  # noqa: F811
                                                                  public_tmp_factory, tmp_path):
     targets = public_tmp_factory()
-    (targets / "list").write_text("\n".join(_root_executables()) + "\n")
-    subprocess.run(["gcc", "-O2", "-o", str(targets / "execfault"), str(WORKLOADS / "execfault.c")], check=True)
+    tools = build_floods(targets)
     races = {"root": _race_dir(public_tmp_factory, None),
              "bystander": _race_dir(public_tmp_factory, bystander[:2]),
              "attacker": _race_dir(public_tmp_factory, attacker[:2])}
@@ -86,18 +89,20 @@ def test_a_failing_exec_flood_costs_only_the_flooding_users_pins(daemon, attacke
     sock = str(tmp_path / "control.sock")
     d = daemon(store_root, socket=sock)
 
-    flood = as_user_popen(attacker, [str(targets / "execfault"), str(targets / "list"), str(FLOOD_S)],
-                          stdout=subprocess.PIPE, text=True)
-    time.sleep(3.0)
+    flood = as_user_popen(attacker, [str(tools["failexec_flood"]), str(FLOOD_MAX_S), str(FLOOD_CALLS),
+                                     *_root_executables()], stdout=subprocess.PIPE, text=True)
+    assert flood.stdout.readline() == "ready\n"        # the flood at full rate first
     cpu0, t0 = _cpu_s(d.proc.pid), time.monotonic()
     runs = [subprocess.Popen(["sh", "-c", race_script(races["root"][0], PROGRAMS, 0, 0)]),
             as_user_popen(bystander, ["sh", "-c", race_script(races["bystander"][0], PROGRAMS, 0, 0)]),
             as_user_popen(attacker, ["sh", "-c", race_script(races["attacker"][0], PROGRAMS, 0, 0)])]
     assert [r.wait(timeout=120) for r in runs] == [0, 0, 0]
     during = _pins(sock)
-    calls, _efault = map(int, flood.communicate(timeout=FLOOD_S + 60)[0].split())
+    flood.terminate()                                   # it stops once it made its count
+    calls, _other = map(int, flood.communicate(timeout=FLOOD_MAX_S + 60)[0].split())
+    assert flood.returncode == 0 and calls >= FLOOD_CALLS
     cpu_s, wall_s = _cpu_s(d.proc.pid) - cpu0, time.monotonic() - t0
-    print(f"\nflood: {calls} failing execs ({calls / FLOOD_S:.0f}/s); daemon CPU {cpu_s:.1f} s over "
+    print(f"\nflood: {calls} failing execs; daemon CPU {cpu_s:.1f} s over "
           f"{wall_s:.1f} s ({100 * cpu_s / wall_s:.0f}% of one CPU)")
     # The reader works through the queue's backlog (up to 16,384 events), then the recording
     # thread's pass plus pin_confirm_s closes what no exec record confirmed.
