@@ -93,11 +93,12 @@ def run_module(module_name: str, names: list[str], rest: list[str], json_path: P
     print(f"\n=== {', '.join(names)} ({module_name}.py) ===", flush=True)
     try:
         rc = module.main(argv) or 0
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else 1
+    except SystemExit as e:            # argparse (--help, a bad option) or a refusal (another tracer runs)
+        if e.code in (0, None):
+            return 0, None
         if not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
-        return rc, {"error": str(e.code)}
+        return e.code if isinstance(e.code, int) else 1, {"error": str(e.code)}
     except Exception:
         print(traceback.format_exc(), file=sys.stderr)
         return 1, {"error": traceback.format_exc(limit=3)}

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.size, args.max_seconds = "4M", 10.0
+        args.size, args.max_seconds = "1M", 5.0
     if not args.smoke:          # a smoke run asserts no figure: it may run beside other work
         require_quiet_host("bench_inject")
     d = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-inject-"))

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         warm = tmp / "warm-store"
-        subprocess.run([sys.executable, "-m", "buildidd.cli", "run", "--duration", "3", "--session-root",
+        subprocess.run([sys.executable, "-m", "buildidd.cli", "run", "--duration", "1" if args.smoke else "3", "--session-root",
                         str(tmp / "warmup"), "--store-root", str(warm), "--control-socket", ""],
                        check=True, capture_output=True)
         modes = [("buildidd, fresh store", "fresh"), ("buildidd, warm store", "warm")]

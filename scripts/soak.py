@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the samples here")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.minutes, args.rate, args.sample_seconds, args.settle_seconds = 0.1, 5000, 1.0, 2.0
+        args.minutes, args.rate, args.sample_seconds, args.settle_seconds = 0.05, 5000, 1.0, 1.0
     if not args.smoke:          # a smoke run asserts no figure: it may run beside other work
         require_quiet_host("soak")
     work = Path(tempfile.mkdtemp(prefix="buildidd-soak-"))

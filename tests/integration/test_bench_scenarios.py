@@ -38,6 +38,7 @@ def _storms(r: dict) -> None:
         assert m["held_min"] == farm["programs"] and m["named_min"] == farm["programs"] and m["lost"] == 0, m
     # perf's MMAP2 records carry the build-id of every program it saw exec'd (the pages were just written)
     assert farm["modes"]["perf"]["named_min"] == farm["programs"], farm["modes"]["perf"]
+    return True
 
 
 #: module -> (extra options, lines the output holds, check of its JSON figures)
@@ -55,7 +56,7 @@ SMOKE = {
                         lambda r: set(r["scenarios"]) == {"exec", "dlopen", "mmap"}
                         and all(s["kernel_ns_per_event"] > 0 for s in r["scenarios"].values())),
     "soak": ([], ["RSS MiB", "RSS after the first"], lambda r: len(r) >= 2 and r[-1]["events"] > 0),
-    "bench_upgrade_race": ([], ["perf record --buildid-all", "buildidd, warm store"],
+    "bench_upgrade_race": ([], ["perf record --buildid-all", "buildidd, warm store", "buildidd, fresh store"],
                            lambda r: [x["mode"] for x in r][-1] == "perf record --buildid-all"
                            and all(x.get("unnamed", 0) == 0 for x in r)),
     "bench_footprint": ([], ["READY by kind of start", "| perf"],
