@@ -81,10 +81,12 @@ def ready_vs_procs(w: dict, workdir: Path, counts: list[int], store: Path) -> li
     return rows
 
 
-def ready_by_start(workdir: Path, store: Path, reps: int = 3, kinds: tuple[str, ...] = ("cold", "boot", "restart")) -> dict:
+def ready_by_start(workdir: Path, store: Path, reps: int = 3,
+                   kinds: tuple[str, ...] = ("cold", "boot", "restart")) -> dict:
     """READY (s, median of reps) of buildidd by kind of start, beside perf's (which has one kind):
     cold (no bpffs pins, no compile cache: after an install or a kernel upgrade), first start of a
-    boot (pins gone, compile cache warm: kernel.progcache) and restart (pins: kernel.pinned).
+    boot (pins gone, compile cache warm: kernel.progcache) and restart (pins: kernel.pinned).  kinds: which of
+    them, in this order (a restart follows the start before it).
     A pin root and cache of its own, removed at the end."""
     pin_root = f"/sys/fs/bpf/buildidd-bench-{os.getpid()}"
     cache = workdir / "bpf-cache"

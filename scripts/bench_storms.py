@@ -300,7 +300,9 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
         perf.finish()
         raise
     try:
-        subprocess.run(workload, check=True, stdout=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(workload, stdout=subprocess.DEVNULL, env=env)
+        if proc.wait():
+            raise subprocess.CalledProcessError(proc.returncode, workload)
         time.sleep(0.3)
         maps = perf.stop()
         records = d.stop()
@@ -308,13 +310,29 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
         if perf.proc.poll() is None:
             perf.finish()
         d.kill_if_running()
-    c = compare(maps, records, comms=comms)
+    # Only the workload's own processes: another bench on the host may run the same programs.
+    c = compare(maps, records, comms=comms, pids=process_tree(records, proc.pid))
     res.completeness = c.as_dict()
     res.losses += lost_count(records)
     if c.examples:
         print(f"  {name}: mismatches, e.g. {c.examples[:3]}", flush=True)
     d.cleanup()
     return res
+
+
+def process_tree(records: list[dict], root: int) -> set[int]:
+    """root and every process a session's fork records (pid, ppid: tgids) show descending from it."""
+    children: dict[int, list[int]] = {}
+    for r in records:
+        if r.get("type") == "fork" and r.get("pid") != r.get("ppid"):
+            children.setdefault(r["ppid"], []).append(r["pid"])
+    tree, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return tree
 
 
 def many_processes(n: int, w: dict, workdir: Path, reps: int, store: Path | None) -> Result:

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         warm = tmp / "warm-store"
-        subprocess.run([sys.executable, "-m", "buildidd.cli", "run", "--duration", "1" if args.smoke else "3", "--session-root",
+        warm_s = "1" if args.smoke else "3"
+        subprocess.run([sys.executable, "-m", "buildidd.cli", "run", "--duration", warm_s, "--session-root",
                         str(tmp / "warmup"), "--store-root", str(warm), "--control-socket", ""],
                        check=True, capture_output=True)
         modes = [("buildidd, fresh store", "fresh"), ("buildidd, warm store", "warm")]

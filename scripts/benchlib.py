@@ -236,7 +236,8 @@ def run_mmap_storms(w: dict, rate: int, procs: int, seconds: float) -> tuple[int
     return count * procs, achieved
 
 
-def storm_argv(w: dict, exec_n: int, dlopen_libs: int, dlopen_rounds: int, mmap_n: int) -> dict[str, tuple[list[str], set[str]]]:
+def storm_argv(w: dict, exec_n: int, dlopen_libs: int, dlopen_rounds: int,
+               mmap_n: int) -> dict[str, tuple[list[str], set[str]]]:
     """The storms of scripts/workloads, the one definition every benchmark runs:
     name -> (argv, the comms of the workload's processes), for "exec" (storm.c forking exec_n
     child.c), "dlopen" (dlopen_storm.c, dlopen_rounds rounds over lib0..lib{dlopen_libs-1}) and

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     print(f"{'t s':>6} {'RSS MiB':>8} {'USS MiB':>8} {'events':>10} {'ev/s':>8} {'lost':>5} "
           f"{'cache':>6} {'segments':>8}", flush=True)
     try:
-        while time.monotonic() < end:
+        while time.monotonic() < end or (args.smoke and len(rows) < 3):    # a smoke run: 3 samples however slow
             subprocess.run([str(w["storm"]), "50", str(w["child"])], check=True)
             subprocess.run([str(w["dlopen_storm"]), "2", *libs], check=True)
             if time.monotonic() >= next_sample:
