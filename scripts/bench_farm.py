@@ -19,7 +19,7 @@ Modes, alternating within each repetition:
   --against TREE adds both buildidd modes run from that tree.
 
 The store is the bench's warm one.  The window runs from the workload's start until the store holds every program (cold) and the
-daemon has gone quiet; the session log's compression is counted as in bench.py (the finishing
+daemon has gone quiet; the session log's compression is counted as in bench_storms.py (the finishing
 thread's share of the window's bytes).  Printed: daemon CPU per program beside perf's, the share of
 the programs the store holds and the session named with their build-id (perf: its MMAP2 records
 that carry it), and where the daemon's CPU went by thread.
@@ -261,7 +261,7 @@ def prepare(work: Path, store: Path, programs: int, rename_every: int, farm_dir:
 def run(work: Path, store: Path, programs: int, rename_every: int, reps: int,
         against_env: dict | None = None, farm_dir: Path | None = None) -> dict:
     """The farm's modes alternating for reps repetitions; a dict of per-mode lists of FarmRun
-    figures (per program) for bench.py's table and JSON.  farm_dir: where the farm is built and run
+    figures (per program) for bench_storms.py's table and JSON.  farm_dir: where the farm is built and run
     (None: a new directory under FARM_PARENT, removed after)."""
     own = farm_dir is None
     farm_dir = Path(tempfile.mkdtemp(prefix="buildidd-bench-farm-", dir=FARM_PARENT)) if own else farm_dir

@@ -1,4 +1,8 @@
-"""How buildidd's cost grows, beside perf record --buildid-mmap (scripts/bench.py --footprint).
+"""How buildidd's cost grows, beside perf record --buildid-mmap.
+
+Run as root after scripts/setup:
+    scripts/bench --scenarios footprint [--fp-procs 500,2000,5000] [--fp-dsos 100,1000,10000]
+                  [--fp-rates 50000,100000,200000,0] [--seconds 3] [--reps 3]
 
 Four lines, each bounded in time (the development machines have 2 CPUs):
 - READY by kind of start: cold, first start of a boot (compile cache), restart (pins);
@@ -6,14 +10,18 @@ Four lines, each bounded in time (the development machines have 2 CPUs):
 - RSS against the number of distinct DSOs seen (one tiny library copied N
   times, each copy with its own GNU build-id, dlopen'd once each);
 - daemon CPU per mapping event against the event rate (paced mmap storms and
-  an unpaced one), from bench.ramp.
+  an unpaced one), from the ramp scenario (bench_storms.ramp).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
 import os
 import shutil
+import sys
+import tempfile
 import statistics
 import subprocess
 import time
@@ -21,9 +29,9 @@ from pathlib import Path
 
 import psutil
 
-from bench import ramp
-from benchlib import SETTLE_S, Buildidd, RssSampler, parse_ramp, uss_of
-from perfcompare import PerfRecorder
+from bench_storms import ramp
+from benchlib import SETTLE_S, Buildidd, RssSampler, build, parse_ramp, uss_of, warm_store
+from perfcompare import PerfRecorder, require_quiet_host
 from buildidd.resolve.buildid import read_build_id_fd
 
 
@@ -73,19 +81,21 @@ def ready_vs_procs(w: dict, workdir: Path, counts: list[int], store: Path) -> li
     return rows
 
 
-def ready_by_start(workdir: Path, store: Path, reps: int = 3) -> dict:
+def ready_by_start(workdir: Path, store: Path, reps: int = 3,
+                   kinds: tuple[str, ...] = ("cold", "boot", "restart")) -> dict:
     """READY (s, median of reps) of buildidd by kind of start, beside perf's (which has one kind):
     cold (no bpffs pins, no compile cache: after an install or a kernel upgrade), first start of a
-    boot (pins gone, compile cache warm: kernel.progcache) and restart (pins: kernel.pinned).
+    boot (pins gone, compile cache warm: kernel.progcache) and restart (pins: kernel.pinned).  kinds: which of
+    them, in this order (a restart follows the start before it).
     A pin root and cache of its own, removed at the end."""
     pin_root = f"/sys/fs/bpf/buildidd-bench-{os.getpid()}"
     cache = workdir / "bpf-cache"
     config = workdir / "ready-by-start.toml"
     config.write_text(f'bpf_pin_root = "{pin_root}"\nbpf_cache_dir = "{cache}"\n')
-    times: dict[str, list[float]] = {"cold": [], "boot": [], "restart": [], "perf": []}
+    times: dict[str, list[float]] = {**{k: [] for k in kinds}, "perf": []}
     try:
         for _ in range(reps):
-            for kind in ("cold", "boot", "restart"):
+            for kind in kinds:
                 if kind != "restart":
                     shutil.rmtree(pin_root, ignore_errors=True)
                 if kind == "cold":
@@ -156,18 +166,20 @@ def rss_vs_dsos(w: dict, workdir: Path, counts: list[int], store: Path) -> list[
     return rows
 
 
-def run(w: dict, workdir: Path, store: Path, *, procs: str, dsos: str, rates: str, seconds: float) -> dict:
+def run(w: dict, workdir: Path, store: Path, *, procs: str, dsos: str, rates: str, seconds: float,
+        reps: int = 3, kinds: tuple[str, ...] = ("cold", "boot", "restart")) -> dict:
     """The lines; returns {"ready_by_start": {...}, "ready_vs_procs": [...], "rss_vs_dsos": [...],
     "cpu_vs_rate": [...]}."""
     ints = lambda spec: [int(x) for x in spec.split(",") if x.strip()]  # noqa: E731
-    out = {"ready_by_start": ready_by_start(workdir, store),
+    out = {"ready_by_start": ready_by_start(workdir, store, reps, kinds),
            "ready_vs_procs": ready_vs_procs(w, workdir, ints(procs), store),
            "rss_vs_dsos": rss_vs_dsos(w, workdir, ints(dsos), store),
            "cpu_vs_rate": ramp(w, workdir, parse_ramp(rates), seconds, store)}
     r = out["ready_by_start"]
-    print(f"\nREADY by kind of start (s, median of 3): buildidd cold (nothing cached) {r['cold']:.2f} | "
-          f"first start of a boot (compile cache) {r['boot']:.2f} | restart (bpffs pins) {r['restart']:.2f} "
-          f"| perf {r['perf']:.2f}")
+    what = {"cold": "cold (nothing cached)", "boot": "first start of a boot (compile cache)",
+            "restart": "restart (bpffs pins)"}
+    print(f"\nREADY by kind of start (s, median of {reps}): buildidd "
+          + " | ".join(f"{what[k]} {r[k]:.2f}" for k in kinds) + f" | perf {r['perf']:.2f}")
     print("READY against running processes (s; RSS MiB after READY):")
     for r in out["ready_vs_procs"]:
         print(f"  {r['procs']:>6} processes: buildidd {r['buildidd_ready_s']:.2f} s "
@@ -183,3 +195,33 @@ def run(w: dict, workdir: Path, store: Path, *, procs: str, dsos: str, rates: st
               f"{r['cpu_us_per_event']:.2f} µs/ev, lost {r['losses']}, peak RSS {r['rss_peak_mib']} MiB | perf "
               f"achieved {r['perf_achieved_per_s']}/s, {r['perf_cpu_us_per_event']:.2f} µs/ev, lost {r['perf_lost']}")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fp-procs", default="500,2000,5000", help="running processes")
+    ap.add_argument("--fp-dsos", default="100,1000,10000", help="distinct DSOs dlopen'd")
+    ap.add_argument("--fp-rates", default="50000,100000,200000,0", help="RATE[xPROCS],... (0 = max)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="seconds of each storm of the rate line")
+    ap.add_argument("--reps", type=int, default=3, help="starts of each kind for READY by start")
+    ap.add_argument("--smoke", action="store_true", help="a few processes, DSOs and one paced rate")
+    ap.add_argument("--json", type=Path, help="write the lines here")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.fp_procs, args.fp_dsos, args.fp_rates, args.seconds, args.reps = "20", "10", "20000", 0.5, 1
+    kinds = ("cold",) if args.smoke else ("cold", "boot", "restart")   # smoke: one start (its own cache: a compile)
+    if os.geteuid() != 0:
+        print("bench_footprint: must run as root", file=sys.stderr)
+        return 2
+    if not args.smoke:          # a smoke run asserts no figure: it may run beside other work
+        require_quiet_host("bench_footprint")
+    workdir = Path(tempfile.mkdtemp(prefix="buildidd-footprint-"))
+    try:
+        w = build.build(workdir / "bin", n_libs=4)     # idle links 4 of them, as in the storm scenarios
+        out = run(w, workdir, warm_store(workdir), procs=args.fp_procs, dsos=args.fp_dsos, rates=args.fp_rates,
+                  seconds=args.seconds, reps=args.reps, kinds=kinds)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0

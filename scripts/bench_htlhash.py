@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the htlhash (resolve.fileid.file_id) adds to a hand-over, per file.
 
 A hand-over to the store (resolve.handover.HandOverJob.run, a worker thread, never the
@@ -10,16 +9,18 @@ read a file without a GNU build-id adds.  Mean and 99th percentile in microsecon
 ``--count`` shared objects and executables, ``--rounds`` passes after one warm-up.
 A measurement, not a test.
 
-Usage: scripts/bench_htlhash.py [--count 500] [--rounds 5]
+Usage: scripts/bench --micro htlhash [--count 500] [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
 import statistics
 import time
+from pathlib import Path
 
 from buildidd.errors import ElfError
 from buildidd.resolve.buildid import read_build_id_fd
@@ -59,11 +60,15 @@ def timed(fn, fds: list[int], rounds: int) -> list[float]:
     return per
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="20 files, one round")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.count, args.rounds = 20, 1
     paths = files(args.count)
     fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths]
     try:
@@ -74,10 +79,11 @@ def main() -> None:
         for fd in fds:
             os.close(fd)
     print(f"{len(paths)} files, {args.rounds} rounds, warm page cache; microseconds per file")
+    out = {}
     for name, us in rows.items():
         us.sort()
-        print(f"  {name:50s} mean {statistics.fmean(us):7.2f}  p99 {us[int(len(us) * 0.99) - 1]:7.2f}")
-
-
-if __name__ == "__main__":
-    main()
+        out[name] = {"mean_us": statistics.fmean(us), "p99_us": us[max(0, int(len(us) * 0.99) - 1)]}
+        print(f"  {name:50s} mean {out[name]['mean_us']:7.2f}  p99 {out[name]['p99_us']:7.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """``buildidd inject`` against ``perf inject --buildid-all`` on one real profile: records/s and peak RSS.
 
 Makes the input as an analyst would: ``buildidd run`` records a session
@@ -16,7 +15,7 @@ divide the same number.  Also printed: inject's summary (mappings matched,
 samples in mappings with a build-id).  Stops the daemon and perf it
 started; refuses to run beside another tracer (their cost would mix in).
 
-    .venv/bin/python scripts/bench_inject.py [--size 1G] [--max-seconds 150] [--keep DIR]
+    scripts/bench --scenarios inject [--size 1G] [--max-seconds 150] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -94,14 +93,19 @@ def measured(argv: list[str], stdout=subprocess.DEVNULL) -> tuple[float, int, in
     return wall, ru.ru_maxrss * 1024, p.returncode
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1G", help="profile size to reach (bytes, or with K/M/G; default 1G)")
     ap.add_argument("--max-seconds", type=float, default=150, help="longest recording (default 150 s)")
     ap.add_argument("--period", type=int, default=20000, help="cpu-clock sample period, ns (default 20000)")
     ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a temporary directory)")
-    args = ap.parse_args()
-    require_quiet_host("bench_inject")
+    ap.add_argument("--smoke", action="store_true", help="a profile of a few MiB")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.size, args.max_seconds = "1M", 5.0
+    if not args.smoke:          # a smoke run asserts no figure: it may run beside other work
+        require_quiet_host("bench_inject")
     d = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-inject-"))
     d.mkdir(parents=True, exist_ok=True)
     daemon, session = start_daemon(d)
@@ -132,6 +136,11 @@ def main() -> int:
         print(f"{name:28}{wall:8.2f}{n / wall:12.0f}{size_mib / wall:8.1f}{rss / 2**20:14.1f}"
               + ("" if rc == 0 else f"  (exit {rc})"))
     print(f"buildidd/perf records/s: {perf_s / ours_s:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"records": n, "profile_mib": size_mib,
+                                         "perf": {"wall_s": perf_s, "peak_rss": perf_rss, "exit": perf_rc},
+                                         "buildidd": {"wall_s": ours_s, "peak_rss": ours_rss}, "summary": s},
+                                        indent=2))
     sm = s["samples"]
     print(f"inject: {s['matched']} of {s['user_mappings']} user-space mappings given a build-id, not matched "
           f"{s['not_matched']}; samples in mappings with a build-id {sm.get('in_mapping_with_build_id')} of "
@@ -139,7 +148,3 @@ def main() -> int:
     if not args.keep:
         shutil.rmtree(d, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """Kernel ns per event of buildidd's BPF programs (bpf_stats), per storm, for one source tree.
 
-Run as root:  .venv/bin/python scripts/bench_kernel_ns.py [--tree DIR] [--reps N] [--perf] [--no-kfuncs]
+Run as root:  scripts/bench --scenarios kernel-ns [--tree DIR] [--reps N] [--perf] [--no-kfuncs] [--storms exec,...]
 
-For each storm of scripts/workloads (exec, dlopen, mmap; the sizes scripts/bench.py
-uses by default) it starts ``buildidd run`` from DIR/daemon (default: this
+For each storm of scripts/workloads (exec, dlopen, mmap: benchlib.storm_argv, at the sizes the storm
+scenarios use by default) it starts ``buildidd run`` from DIR/daemon (default: this
 checkout; DIR may be a ``git worktree`` of an older commit, with its fast path
 built in place), turns kernel.bpf_stats_enabled on, and reads run_time_ns and
 run_cnt of every BPF program the daemon holds (``bpftool prog show --json``;
@@ -40,7 +40,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-from benchlib import Buildidd, build  # noqa: E402
+from benchlib import Buildidd, build, link_bpf_sources, storm_argv  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -79,28 +79,6 @@ def run_workload(argv: list[str]) -> float:
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def storms(w: dict, args) -> dict[str, tuple[list[str], set[str]]]:
-    """scenario -> (argv, the workload's comms)."""
-    libs = [str(w[f"lib{i}"]) for i in range(args.dlopen_libs)]
-    return {"exec": ([str(w["storm"]), str(args.exec_n), str(w["child"])], {"bidd_child", "bidd_storm"}),
-            "dlopen": ([str(w["dlopen_storm"]), str(args.dlopen_rounds), *libs], {"bidd_dlopen"}),
-            "mmap": ([str(w["mmap_storm"]), libs[0], str(args.mmap_n)], {"bidd_mmap"})}
-
-
-def link_bpf_sources(tree: Path) -> None:
-    """Make tree's daemon load tree's own BPF sources.
-
-    The package data ``buildidd.bpf`` is bpf/ at the top of a tree (pyproject's
-    package-dir); an editable install of another checkout would hand out that
-    checkout's bpf/.  A link daemon/buildidd/bpf -> ../../bpf in tree is found
-    first through PYTHONPATH (made here when missing, and said so).
-    """
-    link = tree / "daemon" / "buildidd" / "bpf"
-    if not link.exists():
-        link.symlink_to(Path("..") / ".." / "bpf")
-        print(f"made {link} -> ../../bpf (the tree's own BPF sources)", flush=True)
 
 
 #: --no-kfuncs: a sitecustomize for the daemon's interpreter that makes tracer.kld_support answer
@@ -147,7 +125,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", type=Path, default=HERE.parent, help="source tree whose daemon/ to run")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--scenarios", default="exec,dlopen,mmap")
+    ap.add_argument("--storms", default="exec,dlopen,mmap", help="which storms, comma-separated")
     ap.add_argument("--exec-n", type=int, default=2000)
     ap.add_argument("--dlopen-libs", type=int, default=50)
     ap.add_argument("--dlopen-rounds", type=int, default=200)
@@ -156,11 +134,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-kfuncs", action="store_true",
                     help="the fallback of kernels without bpf_rdonly_cast: compiled with -DNO_KFUNCS")
+    ap.add_argument("--smoke", action="store_true", help="tiny storms, one repetition, perf beside")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds, args.mmap_n = 1, 50, 4, 3, 2000
+        args.perf = True
     if os.geteuid() != 0:
         print("bench_kernel_ns: must run as root", file=sys.stderr)
         return 2
-    require_quiet_host("bench_kernel_ns")
+    if not args.smoke:          # a smoke run asserts no figure: it may run beside other work
+        require_quiet_host("bench_kernel_ns")
     if args.tree.resolve() != HERE.parent:
         link_bpf_sources(args.tree)
     old = STATS_SYSCTL.read_text().strip()
@@ -175,8 +158,9 @@ def main(argv=None) -> int:
             site.mkdir()
             (site / "sitecustomize.py").write_text(NO_KFUNCS_SITE)
             out["no_kfuncs"] = True
-        for name, (cmd, comms) in storms(w, args).items():
-            if name not in args.scenarios.split(","):
+        storm = storm_argv(w, args.exec_n, args.dlopen_libs, args.dlopen_rounds, args.mmap_n)
+        for name, (cmd, comms) in storm.items():
+            if name not in args.storms.split(","):
                 continue
             runs = [measure(args.tree, cmd, comms, workdir, site) for _ in range(args.reps)]
             row = {"runs": runs, "kernel_ns_per_event": statistics.median(r["kernel_ns_per_event"] or 0 for r in runs)}
@@ -207,7 +191,3 @@ def main(argv=None) -> int:
         STATS_SYSCTL.write_text(old)
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

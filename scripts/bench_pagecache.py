@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cost of bpf/pagecache.h: kernel ns per build-id read and verifier instructions.
 
 Loads bpf/pagecache_probe.bpf.c with kernel.bpf_stats_enabled=1 and triggers,
@@ -8,15 +7,17 @@ also read the build-id; the difference of the program's run_time_ns/run_cnt
 count is the program's verified_insns minus that of the same program
 compiled with -DPC_NO_BUILD_ID.
 
-Usage (root): .venv/bin/python scripts/bench_pagecache.py [-n 2000] [FILE...]
+Usage (root): scripts/bench --micro pagecache [-n 2000] [--cflag -DPC_WIN=4096] [FILE...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import glob
 import os
 import statistics
+from pathlib import Path
 
 from buildidd.kernel.pagecache import PageCacheProbe, PcStatus, discover_bases
 
@@ -42,13 +43,17 @@ def per_call_ns(probe: PageCacheProbe, fd: int, n: int, call) -> float:
     return (after["run_time_ns"] - before["run_time_ns"]) / max(1, after["run_cnt"] - before["run_cnt"])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=2000, help="requests of each kind per file")
     ap.add_argument("--cflag", action="append", default=[], help="extra -D for pagecache.h")
     ap.add_argument("files", nargs="*")
-    args = ap.parse_args()
-    files = args.files or sorted(glob.glob("/usr/lib/x86_64-linux-gnu/lib*.so.*"))[:40]
+    ap.add_argument("--smoke", action="store_true", help="50 requests on 3 files")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.n = 50
+    files = args.files or sorted(glob.glob("/usr/lib/x86_64-linux-gnu/lib*.so.*"))[:3 if args.smoke else 40]
     base = PageCacheProbe(cflags=("-DPC_NO_BUILD_ID", *args.cflag))
     base_insns = probe_fdinfo(base)["verified_insns"]
     base.close()
@@ -74,13 +79,14 @@ def main() -> None:
             finally:
                 os.close(fd)
     finally:
+        probe.close()
         with open(STATS, "w") as f:
             f.write(old)
     print(f"files read: {len(costs)}; build-id read: median {statistics.median(costs):.0f} ns, "
           f"min {min(costs):.0f}, max {max(costs):.0f} ns per read (bpf_stats, minus baseline)")
     print(f"verifier: {insns} instructions with the read, {base_insns} without: "
           f"{insns - base_insns} for pagecache_build_id()")
-
-
-if __name__ == "__main__":
-    main()
+    if args.json:
+        args.json.write_text(json.dumps({"read_ns_median": statistics.median(costs), "read_ns": costs,
+                                         "verified_insns": insns, "verified_insns_without": base_insns}, indent=2))
+    return 0

@@ -1,10 +1,10 @@
 """Ring-buffer size against losses: the smallest per-CPU ring that loses nothing at the storm's maximum rate.
 
-Run as root after scripts/setup:  .venv/bin/python scripts/bench_rings.py [--sizes 256K,512K,1M,2M]
+Run as root after scripts/setup:  scripts/bench --scenarios rings [--sizes 256K,512K,1M,2M]
 
 For each size, the real daemon (``buildidd run --config F`` with ``ring_bytes``
 = size: one ring of that size per CPU, at most 8) records while unpaced mmap storms (scripts/workloads/mmap_storm.c, as
-scripts/bench.py's ramp runs them: one process, then one per CPU) map and unmap
+the ramp scenario runs them: one process, then one per CPU) map and unmap
 one library as fast as they can.  Reported per run: the storms' achieved rate,
 the daemon's ``lost`` records (kernel-side drops, per cause), the storm
 mappings recorded out of those made, and the daemon's RSS at the end.
@@ -16,13 +16,12 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-from benchlib import Buildidd, build, lost_count, storms, warm_store  # noqa: E402
+from benchlib import Buildidd, build, lost_count, run_mmap_storms, warm_store  # noqa: E402
 
 from buildidd.config import parse_size  # noqa: E402
 
@@ -33,7 +32,7 @@ def run_once(w: dict, workdir: Path, store: Path, ring_bytes: int, procs: int, s
     cfg.write_text(f"ring_bytes = {ring_bytes}\n")
     d = Buildidd(workdir, extra=["--config", str(cfg)], store=store)
     time.sleep(0.3)
-    count, achieved = storms(w, 0, procs, seconds)
+    count, achieved = run_mmap_storms(w, 0, procs, seconds)
     time.sleep(0.5)
     rss = d.ps.memory_info().rss
     records = d.stop()
@@ -57,7 +56,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--smoke", action="store_true", help="one size, one storm, one short run")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.procs, args.reps, args.seconds = "2M", "1", 1, 0.3
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="bench-rings-"))
     rows = []
@@ -85,7 +87,3 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

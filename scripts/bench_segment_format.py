@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """What a mapping costs the session log: its JSON line (as segments hold them) against its raw record.
 
 Measures the two formats on the same mapping records of one known file (the mmap storm's
 common record: the C fast path's), each step of the path a mapping takes after the rings:
 
 - **json**: the line formatted by the fast path (a Recorder driven without BPF, as
-  scripts/bench_handoff.py does), written to a file, compressed at the daemon's zstd level;
+  the handoff micro-benchmark does), written to a file, compressed at the daemon's zstd level;
 - **raw**: the ring record as the BPF side wrote it (bpf/events.h's struct map_event, its path
   included), joined, written and compressed alike: what a binary segment formatted as JSON
   when read would cost the recording side.
@@ -14,31 +13,28 @@ Prints ns per mapping of each step and bytes per mapping before and after compre
 perf's figures from scripts/bench, to say how far each format can go.  A loop on a hot cache:
 the daemon pays more per step (threads woken, memory left idle), the same for both formats.
 
-    .venv/bin/python scripts/bench_segment_format.py [--events 200000] [--batch 2000]
+    scripts/bench --micro segment-format [--events 200000] [--batch 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import zstandard
 
-from buildidd.capture.recorder import Recorder
-from buildidd.config import Config
 from buildidd.kernel.events import MapEvent
 from buildidd.resolve.procfs import identity_of
 from buildidd.sessionlog.compress import compressor
 from buildidd.sessionlog.segments import ZSTD_LEVEL
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_handoff import _Feed, _map_raw  # noqa: E402  (the recorder's stand-in tracer and records)
+from microlib import map_record, offline_recorder
+from workloads import build
 
 #: map_event.start's offset (bpf/events.h, through its ctypes mirror)
 _START = MapEvent.start.offset
@@ -52,7 +48,7 @@ def _records(path: bytes, ident, n: int) -> list[bytes]:
     t = 10**12
     for _ in range(n):
         t += rng.randrange(2000, 6000)
-        raw = bytearray(_map_raw(ident, path, 4242, t))
+        raw = bytearray(map_record(ident, path, 4242, t))
         start = 0x7F0000000000 + rng.randrange(1 << 28) * 4096
         raw[_START:_START + 8] = start.to_bytes(8, "little")
         out.append(bytes(raw))
@@ -84,36 +80,35 @@ class _Sink:
         os.unlink(self.name)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=2000, help="records per step")
     ap.add_argument("--dir", default="/var/tmp", help="where the segments are written (a disk, not tmpfs)")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="a few thousand records")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.events, args.batch = 4000, 500
     with tempfile.TemporaryDirectory(prefix="bench-segfmt-") as tmp:
-        lib = Path(tmp) / "libbench.so"
-        src = Path(tmp) / "lib.c"
-        src.write_text("int f(void) { return 1; }\n")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--build-id=sha1", "-o", str(lib), str(src)], check=True)
+        lib = build.shared_lib(tmp, 0)
         fd = os.open(lib, os.O_RDONLY)
         ident = identity_of(fd)
         os.close(fd)
         raws = _records(str(lib).encode(), ident, args.events)
-        rec = Recorder(Config(session_root=str(Path(tmp) / "s"), store_root=""))
-        rec.tracer = rec.rings = _Feed()
-        rec.recovery.next_check = float("inf")
+        rec = offline_recorder(Path(tmp) / "s")
         rec.tracer.rings.feed(raws[:1])          # the first sighting: resolved, then known
         rec.step()
         rec.tables.out.clear()
-        json, raw = _Sink(args.dir), _Sink(args.dir)
+        lines, raw = _Sink(args.dir), _Sink(args.dir)
         try:
             for k in range(1, len(raws), args.batch):
                 part = raws[k:k + args.batch]
                 rec.tracer.rings.feed(part)
                 t0 = time.thread_time()
                 rec.step()                      # take, the fast path's lines into tables.out
-                json.record_s += time.thread_time() - t0
-                json.take(bytes(rec.tables.out))
+                lines.record_s += time.thread_time() - t0
+                lines.take(bytes(rec.tables.out))
                 rec.tables.out.clear()
                 t0 = time.thread_time()
                 block = b"".join(part)          # a binary segment's block: the records as they came
@@ -121,12 +116,12 @@ def main() -> int:
                 raw.take(block)
                 del block                       # freed at once, as a step's buffer is reused
         finally:
-            json.close()
+            lines.close()
             raw.close()
         assert rec.stats.events.get("mmap", 0) == len(raws), rec.stats.events
         n = len(raws) - 1
         rows = [(name, sink.record_s / n * 1e9, sink.write_s / n * 1e9, sink.zstd_s / n * 1e9, sink.written / n,
-                 sink.packed / n) for name, sink in (("json", json), ("raw", raw))]
+                 sink.packed / n) for name, sink in (("json", lines), ("raw", raw))]
     print(f"{n} mappings of one known file, {args.batch} a step; zstd level {ZSTD_LEVEL}; written under {args.dir}")
     print(f"{'format':<6} {'record ns':>10} {'write ns':>9} {'zstd ns':>8} {'total ns':>9} "
           f"{'bytes':>6} {'zstd bytes':>10}")
@@ -137,8 +132,7 @@ def main() -> int:
           f"written.  'record ns' is, for json, the whole step (the ring read included); for raw, only the\n"
           f"join of records already copied out of the ring: raw's figure is a lower bound.  The bytes are of\n"
           f"one file mapped by one process at random addresses, the mmap storm's records.")
+    if args.json:
+        cols = ("record_ns", "write_ns", "zstd_ns", "bytes", "zstd_bytes")
+        args.json.write_text(json.dumps({name: dict(zip(cols, vals)) for name, *vals in rows}, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """What every syscall pays while buildidd records, beside perf: the floor of a raw_syscalls hook.
 
-Run as root after scripts/setup:  .venv/bin/python scripts/bench_syscall_tax.py [--reps 4]
+Run as root after scripts/setup:  scripts/bench --scenarios syscall-tax [--reps 4]
 
 buildidd sees mmap, mprotect and pkey_mprotect (native and i386) at one raw
 ``sys_exit`` tracepoint program (bpf/buildidd.bpf.c on_sys_exit): kprobes and
@@ -39,6 +39,7 @@ mmap returns is not known before).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -53,32 +54,13 @@ from benchlib import Buildidd, build  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 from buildidd.kernel.attach import ensure_tracefs  # noqa: E402
 
-SYSLOOP_C = r"""
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-int main(int argc, char **argv) { long n = atol(argv[1]); for (long i = 0; i < n; i++) syscall(SYS_getppid); return 0; }
-"""
-#: A raw sys_exit program that does nothing: what any raw_syscalls hook costs at the least.
-EMPTY_PROG = "int on_exit(struct bpf_raw_tracepoint_args *ctx) { return 0; }"
-#: An empty program on one classic syscall tracepoint (BCC attaches it when it loads).
-EMPTY_SYSCALL_TP = "TRACEPOINT_PROBE(syscalls, sys_exit_mmap) { return 0; }"
-#: The same plus a probe read of pt_regs->orig_ax (offset from BTF): on_sys_exit's first step
-#: until 2026-11-25, when it became a KLD load (bpf/kfuncs.h), which costs less.
-ORIG_AX_PROG = """
-int on_exit(struct bpf_raw_tracepoint_args *ctx)
-{
-	unsigned long nr = 0;
-
-	bpf_probe_read_kernel(&nr, sizeof(nr), (void *)(ctx->args[0] + ORIG_AX));
-	if (nr == 9)
-		bpf_trace_printk("mmap\\n");
-	return 0;
-}
-"""
+#: The BPF programs of the comparison (BCC C): -DTAX_SYSCALL_TP an empty program on the classic
+#: syscalls:sys_exit_mmap tracepoint (BCC attaches it when it loads); -DTAX_ORIG_AX on_exit reading
+#: pt_regs->orig_ax (-DORIG_AX=offset from BTF); neither: an empty on_exit, attached to raw tracepoints.
+TAX_PROGS = HERE / "workloads" / "syscall_tax.bpf.c"
 
 
-#: The conditions that attach EMPTY_PROG (ORIG_AX_PROG for "orig_ax prog") to raw tracepoints.
+#: The conditions that attach the empty on_exit (the orig_ax one for "orig_ax prog") to raw tracepoints.
 #: "empty lock+ma_write" is the pair a capture without syscall hooks would need (ma_write for
 #: the new VMA, mmap_lock_released to learn that its syscall is over), measured 2026-11-26.
 RAW_TP = {"empty prog": ("sys_exit",), "orig_ax prog": ("sys_exit",), "empty ma_write": ("ma_write",),
@@ -107,10 +89,11 @@ class Condition:
         elif self.kind == "empty sys_exit_mmap":
             from bcc import BPF
             ensure_tracefs()
-            self.h = BPF(text=EMPTY_SYSCALL_TP)
+            self.h = BPF(src_file=str(TAX_PROGS), cflags=["-DTAX_SYSCALL_TP"])
         elif self.kind in RAW_TP:
             from bcc import BPF
-            self.h = BPF(text=ORIG_AX_PROG if self.kind == "orig_ax prog" else EMPTY_PROG, cflags=self.cflags)
+            extra = ["-DTAX_ORIG_AX"] if self.kind == "orig_ax prog" else []
+            self.h = BPF(src_file=str(TAX_PROGS), cflags=[*self.cflags, *extra])
             for tp in RAW_TP[self.kind]:
                 self.h.attach_raw_tracepoint(tp=tp, fn_name="on_exit")
         return self
@@ -130,20 +113,22 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--syscalls", type=int, default=5_000_000)
     ap.add_argument("--mappings", type=int, default=200_000)
+    ap.add_argument("--smoke", action="store_true", help="one repetition of short loops")
+    ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.reps, args.syscalls, args.mappings = 1, 200_000, 5_000
     if os.geteuid() != 0:
         print("bench_syscall_tax: must run as root", file=sys.stderr)
         return 2
-    require_quiet_host("bench_syscall_tax")
+    if not args.smoke:          # a smoke run asserts no figure: it may run beside other work
+        require_quiet_host("bench_syscall_tax")
     from buildidd.kernel.btf import Btf
     orig_ax = Btf.load().offsetof("pt_regs", "orig_ax")
     work = Path(tempfile.mkdtemp(prefix="buildidd-tax-"))
     try:
-        src = work / "sysloop.c"
-        src.write_text(SYSLOOP_C)
-        sysloop = work / "sysloop"
-        subprocess.run(["gcc", "-O2", "-o", str(sysloop), str(src)], check=True)
         w = build.build(work / "bin", n_libs=1)
+        sysloop = w["sysloop"]
         storm = [str(w["mmap_storm"]), str(w["lib0"]), str(args.mappings)]
         kinds = ["nothing", "perf", "empty prog", "orig_ax prog", "empty sys_exit_mmap", "empty ma_write",
                  "empty lock+ma_write", "buildidd"]
@@ -171,10 +156,8 @@ def main(argv=None) -> int:
         print(f"    an empty program on raw sys_exit {ns_map['empty prog'] - ns_map['nothing']:.0f} ns/mapping, "
               f"on maple_tree:ma_write {ns_map['empty ma_write'] - ns_map['nothing']:.0f}, "
               f"on mmap_lock_released and ma_write {ns_map['empty lock+ma_write'] - ns_map['nothing']:.0f}")
+        if args.json:
+            args.json.write_text(json.dumps({"ns_per_syscall": ns_call, "ns_per_mapping": ns_map}, indent=2))
     finally:
         subprocess.run(["rm", "-rf", str(work)], check=False)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

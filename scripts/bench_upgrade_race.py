@@ -1,7 +1,7 @@
 """The upgrade race: does the store keep binaries that are replaced the moment their process exits?
 
 Run as root after scripts/setup:
-    .venv/bin/python scripts/bench_upgrade_race.py [--programs 200] [--libs 20] [--life-ms 30]
+    scripts/bench --scenarios upgrade-race [--programs 200] [--libs 20] [--life-ms 30]
 
 Workloads, built with gcc at bench time, each file with its own random build-id:
   exec    each of --programs programs is run once and a new build is renamed over
@@ -81,14 +81,17 @@ def held(store: Path, bids: list[str]) -> int:
     return sum(1 for b in bids if (store / ".build-id" / b[:2] / b[2:]).exists())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--programs", type=int, default=200)
     ap.add_argument("--libs", type=int, default=20)
     ap.add_argument("--life-ms", type=int, default=30, help="how long each dlopen process lives, ms")
     ap.add_argument("--no-perf", action="store_true")
     ap.add_argument("--json", metavar="FILE")
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="10 programs, 3 libraries")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.programs, args.libs, args.life_ms = 10, 3, 10
     if os.geteuid() != 0:
         raise SystemExit("run as root")
     tmp = Path(tempfile.mkdtemp(prefix="buildidd-race-"))
@@ -96,7 +99,8 @@ def main() -> int:
     rows = []
     try:
         warm = tmp / "warm-store"
-        subprocess.run([sys.executable, "-m", "buildidd.cli", "run", "--duration", "3", "--session-root",
+        warm_s = "1" if args.smoke else "3"
+        subprocess.run([sys.executable, "-m", "buildidd.cli", "run", "--duration", warm_s, "--session-root",
                         str(tmp / "warmup"), "--store-root", str(warm), "--control-socket", ""],
                        check=True, capture_output=True)
         modes = [("buildidd, fresh store", "fresh"), ("buildidd, warm store", "warm")]
@@ -136,7 +140,3 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,8 +23,9 @@ import psutil
 from buildidd.sessionlog import read_session
 from workloads import build
 
-__all__ = ["FINISHER", "ONE_SEGMENT", "PY", "SETTLE_S", "Buildidd", "RssSampler", "build", "cpu_s_of", "lost_count", "mapping_records",
-           "page_touch_cost", "parse_ramp", "storms", "uss_of", "warm_store"]
+__all__ = ["FINISHER", "ONE_SEGMENT", "PY", "SETTLE_S", "Buildidd", "RssSampler", "build", "cpu_s_of",
+           "link_bpf_sources", "lost_count", "mapping_records",
+           "page_touch_cost", "parse_ramp", "run_mmap_storms", "storm_argv", "uss_of", "warm_store"]
 
 PY = sys.executable
 #: Seconds both daemons get between READY and the workload (the same for both).
@@ -221,7 +222,7 @@ def parse_ramp(spec: str) -> list[tuple[int, int]]:
     return out
 
 
-def storms(w: dict, rate: int, procs: int, seconds: float) -> tuple[int, int]:
+def run_mmap_storms(w: dict, rate: int, procs: int, seconds: float) -> tuple[int, int]:
     """procs mmap storms at once (each rate maps/s, 0 = unpaced): (mappings made, total rate achieved)."""
     count = int(rate * seconds) if rate else int(400_000 * seconds)
     ps = [subprocess.Popen([str(w["mmap_storm"]), str(w["lib0"]), str(count), str(rate)],
@@ -233,3 +234,29 @@ def storms(w: dict, rate: int, procs: int, seconds: float) -> tuple[int, int]:
             raise RuntimeError(f"mmap_storm exited {p.returncode}")
         achieved += int(out.strip())
     return count * procs, achieved
+
+
+def storm_argv(w: dict, exec_n: int, dlopen_libs: int, dlopen_rounds: int,
+               mmap_n: int) -> dict[str, tuple[list[str], set[str]]]:
+    """The storms of scripts/workloads, the one definition every benchmark runs:
+    name -> (argv, the comms of the workload's processes), for "exec" (storm.c forking exec_n
+    child.c), "dlopen" (dlopen_storm.c, dlopen_rounds rounds over lib0..lib{dlopen_libs-1}) and
+    "mmap" (mmap_storm.c mapping lib0 mmap_n times, unpaced).  w: build.build()'s answer."""
+    libs = [str(w[f"lib{i}"]) for i in range(dlopen_libs)]
+    return {"exec": ([str(w["storm"]), str(exec_n), str(w["child"])], {"bidd_child", "bidd_storm"}),
+            "dlopen": ([str(w["dlopen_storm"]), str(dlopen_rounds), *libs], {"bidd_dlopen"}),
+            "mmap": ([str(w["mmap_storm"]), libs[0], str(mmap_n)], {"bidd_mmap"})}
+
+
+def link_bpf_sources(tree: Path) -> None:
+    """Make tree's daemon load tree's own BPF sources.
+
+    The package data ``buildidd.bpf`` is bpf/ at the top of a tree (pyproject's
+    package-dir); an editable install of another checkout would hand out that
+    checkout's bpf/.  A link daemon/buildidd/bpf -> ../../bpf in tree is found
+    first through PYTHONPATH (made here when missing, and said so).
+    """
+    link = tree / "daemon" / "buildidd" / "bpf"
+    if not link.exists():
+        link.symlink_to(Path("..") / ".." / "bpf")
+        print(f"made {link} -> ../../bpf (the tree's own BPF sources)", flush=True)

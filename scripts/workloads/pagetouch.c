@@ -7,7 +7,7 @@
  * the VMs buildidd is benchmarked on (2026-11-26) the host takes back idle
  * guest memory: 36 ns after 1 ms asleep, 1,900 after 50 ms, 20,000 after 1 s,
  * so any daemon that sleeps between steps pays per page it touches, in
- * proportion to how long it slept (scripts/bench.py prints this line).
+ * proportion to how long it slept (the storm scenarios of scripts/bench print this line).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -18,8 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROG = "int main(void) { return 0; }\n"
-LIB = "int libfn(void) { return 1; }\n"
 
 
 def _gcc(*args: str) -> None:
@@ -36,12 +34,11 @@ def link_variant(obj: Path, dest: Path, *flags: str, build_id_hex: str | None = 
 
 
 def objects(dest: Path) -> tuple[Path, Path]:
-    """The program's and the library's object files under dest: (prog.o, lib.o)."""
+    """The program's and the library's object files under dest (child.c and lib.c of this
+    directory): (prog.o, lib.o)."""
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "prog.c").write_text(PROG)
-    (dest / "lib.c").write_text(LIB)
-    _gcc("-O1", "-c", "-o", str(dest / "prog.o"), str(dest / "prog.c"))
-    _gcc("-O1", "-fPIC", "-c", "-o", str(dest / "lib.o"), str(dest / "lib.c"))
+    _gcc("-O1", "-c", "-o", str(dest / "prog.o"), str(HERE / "child.c"))
+    _gcc("-O1", "-fPIC", "-DLIB_ID=1", "-c", "-o", str(dest / "lib.o"), str(HERE / "lib.c"))
     return dest / "prog.o", dest / "lib.o"
 
 

@@ -2,7 +2,7 @@
 libLLVM, libclang or libbcc (BCC compiles in kernel.loader's short-lived child).
 
 Its RSS and USS after READY are printed (``pytest -s``), not asserted: sizes and
-times belong to scripts/bench.py.
+times belong to the bench (`scripts/bench --scenarios footprint`).
 """
 
 from __future__ import annotations

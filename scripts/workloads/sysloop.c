@@ -1,0 +1,13 @@
+/* sysloop N: N getppid(2) calls, nothing else (what a syscall pays: bench_syscall_tax.py). */
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+	long n = argc > 1 ? atol(argv[1]) : 0;
+
+	for (long i = 0; i < n; i++)
+		syscall(SYS_getppid);
+	return 0;
+}
