@@ -220,3 +220,30 @@ def test_a_pin_nobody_takes_expires(pins, tmp_path):
     assert _wait(lambda: p.status()["expired"] >= 1, timeout_s=60)
     assert p.take(ident) is None
     assert p.status()["expired"] >= 1 and p.status()["file_cap"] == 0
+
+
+def test_a_held_file_released_with_no_pin_open_gets_its_ignore_mark_at_its_next_exec(pins, tmp_path):
+    p = pins(max_files=64, ttl_s=30)
+    prog = tmp_path / "prog"
+    shutil.copy("/bin/true", prog)
+    ident = _ident(prog)
+    p.release(ident, held=True)                    # settled in the store; no exec of it yet, no pin
+    time.sleep(1.2)                                # the reader thread's next round (at most 1 s apart) reads it
+    subprocess.run([str(prog)], check=True)
+    assert _wait(lambda: p.status()["held_ignored"] == 1 and p.status()["ignore_marks"] == 1)
+    for _ in range(5):
+        subprocess.run([str(prog)], check=True)
+    _variant(tmp_path / "marker", 9)
+    marker = _ident(tmp_path / "marker")
+    subprocess.run([str(tmp_path / "marker")], check=True)   # its event is read after prog's (one queue)
+    assert _wait(lambda: p.ledger.of_inode(marker.dev, marker.ino) != [])
+    assert p.status()["held_ignored"] == 1         # the mark stopped prog's later events
+    assert p.take(ident) is None                   # and none made a pin
+    _variant(tmp_path / "new", 7)
+    os.rename(tmp_path / "new", prog)              # other contents under the name: pinned as before
+    new = _ident(prog)
+    subprocess.run([str(prog)], check=True)
+    assert _wait(lambda: p.ledger.of_inode(new.dev, new.ino) != [])
+    fd = p.take(new)
+    assert fd is not None
+    os.close(fd)

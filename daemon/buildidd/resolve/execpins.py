@@ -22,7 +22,9 @@ snapshotter calls :meth:`ExecPins.ignore` once the copy is held, never when
 it is only queued), so its later execs make no event until it is modified
 (an ignore mask is cleared by a modification unless
 ``FAN_MARK_IGNORED_SURV_MODIFY``) or its inode leaves the cache (an
-evictable mark never pins an inode).
+evictable mark never pins an inode).  A held file with no pin then is remembered
+(:data:`HELD_MAX`; inode, size, mtime, ctime): its next event sets the mark through
+its own descriptor and makes no pin, and its exec confirmations are dropped.
 
 Charges (:mod:`buildidd.resolve.pinledger`): a pin is charged to the real uid
 of the task that exec'd, never to the file's owner.  The event gives a pid
@@ -78,9 +80,10 @@ from dataclasses import dataclass
 
 from buildidd import clock
 from buildidd.kernel.events import Identity
+from buildidd.memo import LruCache
 from buildidd.resolve.execuids import ExecUids
 from buildidd.resolve.fanotify import FAN_Q_OVERFLOW, FanotifyGroup
-from buildidd.resolve.pininbox import QUIET, PinInbox, apply_notes, drop_released
+from buildidd.resolve.pininbox import QUIET, PinInbox, apply_notes, drop_released, is_held, note_held
 from buildidd.resolve.pinledger import UNKNOWN_UID, Pin, PinLedger
 from buildidd.resolve.procfs import identity_of, mismatch
 
@@ -90,6 +93,9 @@ __all__ = ["CLAIM_MAX_S", "ExecPins", "PinPolicy"]
 
 #: Seconds a claimed pin (a hand-over of it queued) is held at most without an event.
 CLAIM_MAX_S = 600.0
+#: Files the store holds (release(held=True), ignore) remembered for their ignore mark, at most:
+#: ExecPins._held, (st_dev, ino) -> (size, mtime_ns, ctime_ns or 0: unknown), guarded by its _lock.
+HELD_MAX = 65536
 
 
 @dataclass(frozen=True)
@@ -135,12 +141,13 @@ class ExecPins:
         self.inbox = PinInbox()
         #: The uid of an event's pid (the reader thread's, or a hand-over's under _reading).
         self._uids = ExecUids()
+        self._held: LruCache[tuple[int, int], tuple[int, int, int]] = LruCache("exec_pins_held", HELD_MAX)
         self._stop = threading.Event()
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
         #: Counters.  Guarded by _lock.
         self.stats = {"events": 0, "pinned": 0, "repeats": 0, "taken": 0, "released": 0,
-                      "confirms": 0, "uid_unknown": 0, "overflow": 0, "not_regular": 0, "read_errors": 0}
+                      "confirms": 0, "uid_unknown": 0, "overflow": 0, "held_ignored": 0, "not_regular": 0, "read_errors": 0}
         #: Guarded by _lock.
         self.last_error: str | None = None
 
@@ -248,11 +255,13 @@ class ExecPins:
         Any thread; no system call."""
         self.inbox.release(ident, held)
 
-    def ignore(self, fd: int) -> None:
-        """FanotifyGroup.ignore: fd's file (the store holds it) makes no exec event until modified.
-        Called once the copy is held (the snapshotter's on_held), or for a settled file."""
+    def ignore(self, fd: int, remember: bool = True) -> None:
+        """FanotifyGroup.ignore: fd's file (the store holds it, remember: noted as held) makes no exec
+        event until modified.  Called once the copy is held (the snapshotter's on_held), or when settled."""
         if self.group is not None:
             self.group.ignore(fd)
+            if remember and (ident := _fd_identity(fd)) is not None:
+                self.inbox.release(ident, True)
 
     def mark_exe_of(self, pid: int, dev: int) -> bool:
         """FanotifyGroup.mark_exe_of (hand-over workers: a file system met in another mount namespace)."""
@@ -365,6 +374,9 @@ class ExecPins:
             return
         with self._lock:
             pending = self.ledger.pending.pop((st.st_dev, st.st_ino, pid), None)
+            self.stats["held_ignored"] += (held := pending is None and is_held(self._held, self.ledger, st))
+        if held:
+            return _ignore_and_close(self, fd)
         uid = pending[0] if pending is not None else self._uids.of(pid)
         key = (st.st_dev, st.st_ino, uid)
         now = time.monotonic()
@@ -393,7 +405,9 @@ class ExecPins:
         progress = notes.progress_ns
         with self._lock:
             self.stats["confirms"] += len(notes.confirms)
-            closed = [(p, False) for p in apply_notes(self.ledger, notes, time.monotonic(), self.policy.ttl_s)]
+            closed = [(p, False) for p in apply_notes(self.ledger, notes, time.monotonic(), self.policy.ttl_s,
+                                                      self._held.entries)]
+            note_held(self._held, notes.released)
             released = drop_released(self.ledger, notes.released)
             self.stats["released"] += len(released)
             closed += released
@@ -403,8 +417,24 @@ class ExecPins:
             closed += [(p, False) for p in self.ledger.expired(time.monotonic(), self.policy.ttl_s, CLAIM_MAX_S)]
         for pin, ignore in closed:
             if ignore:
-                self.ignore(pin.fd)
+                self.ignore(pin.fd, remember=False)     # remembered from its release
             os.close(pin.fd)
+
+
+def _ignore_and_close(pins: ExecPins, fd: int) -> None:
+    """An event of a held file: the ignore mark set through its descriptor (the exact inode the kernel
+    opened), which is then closed; no pin."""
+    pins.ignore(fd, remember=False)
+    os.close(fd)
+
+
+def _fd_identity(fd: int) -> Identity | None:
+    """fd's file's Identity from fstat (generation 0: not compared here), None when fstat fails."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return Identity(st.st_dev, st.st_ino, 0, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _same_contents(a: os.stat_result, b: os.stat_result) -> bool:

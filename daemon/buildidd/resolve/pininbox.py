@@ -13,11 +13,13 @@ pinned file was queued or has run (:meth:`PinInbox.claim`,
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from typing import NamedTuple
 
 from buildidd.kernel.events import Identity, kdev_to_st_dev
+from buildidd.memo import LruCache
 from buildidd.resolve.pinledger import Pin, PinLedger
 
 __all__ = ["CONFIRMS_MAX", "QUIET", "Claim", "Notes", "PinInbox", "apply_notes", "drop_released"]
@@ -112,13 +114,18 @@ class PinInbox:
             return self.confirms_dropped
 
 
-def apply_notes(ledger: PinLedger, notes: Notes, now: float, ttl_s: float) -> list[Pin]:
+def apply_notes(ledger: PinLedger, notes: Notes, now: float, ttl_s: float, held=frozenset()) -> list[Pin]:
     """Confirm the pins the exec records and the hand-overs' claims name (the pins' lock held); a
-    confirmation whose pin is not read yet waits in the ledger's pending (trimmed past ttl_s).
-    Returns the pins a move to another uid closed at its caps."""
+    confirmation whose pin is not read yet waits in the ledger's pending (trimmed past ttl_s), but
+    one of a file in held ((st_dev, ino) keys: the store holds it, its event makes no pin) with no
+    pin is dropped.  Returns the pins a move to another uid closed at its caps."""
     closed: list[Pin] = []
+    pinned = ledger.inodes()
     for pid, uid, kdev, ino, _t in notes.confirms:
-        closed += ledger.confirm_exec((kdev_to_st_dev(kdev), ino, pid), uid, False, now)
+        dev = kdev_to_st_dev(kdev)
+        if (dev, ino) in held and (dev, ino) not in pinned:
+            continue
+        closed += ledger.confirm_exec((dev, ino, pid), uid, False, now)
     for c in notes.claims:
         if c.claim:
             closed += ledger.confirm_exec((c.ident.dev, c.ident.ino, c.pid), c.uid, True, now)
@@ -147,3 +154,19 @@ def drop_released(ledger: PinLedger, released: list[tuple[Identity, bool]]) -> l
             out.append((pin, not marked))
             marked = True                 # one ignore mark per inode
     return out
+
+
+def note_held(held: LruCache, released: list[tuple[Identity, bool]]) -> None:
+    """Remember the files released as held by the store (held: (st_dev, ino) -> (size, mtime_ns,
+    ctime_ns, 0 when unknown)), whether or not a pin of them is open (ExecPins' ignore at next event)."""
+    for ident, is_store_held in released:
+        if is_store_held:
+            held.put((ident.dev, ident.ino), (ident.size, ident.mtime_ns, ident.ctime_ns))
+
+
+def is_held(held: LruCache, ledger: PinLedger, st: os.stat_result) -> bool:
+    """True when st's file has no pin and its contents (size, mtime, ctime when known) are the ones
+    remembered in held (note_held): its exec event then only sets the ignore mark."""
+    got = held.peek((st.st_dev, st.st_ino))
+    return got is not None and got[:2] == (st.st_size, st.st_mtime_ns) and got[2] in (0, st.st_ctime_ns) \
+        and (st.st_dev, st.st_ino) not in ledger.inodes()
