@@ -309,6 +309,8 @@ class Config:
                                 "a file larger than this is uploaded in parts of this size (multipart); push holds "
                                 "at most push_concurrency parts in memory; 5M..5G.")
     push_timeout_s: float = _key(60.0, "seconds", "connect and read timeout of each request to the bucket.")
+    push_metrics_listen: str = _key("", "address", "buildidd-push.service's /metrics (backlog, oldest unpushed age, "
+                                    "bytes, errors by cause): 127.0.0.1:PORT, [::1]:PORT or unix:PATH; \"\": none.")
     push_stop_budget_s: float = _key(10.0, "seconds",
                                      "on SIGTERM buildidd-push.service finishes the uploads in progress for up to "
                                      "this long and counts what it leaves (status.json); at most 60.")

@@ -8,7 +8,7 @@ import re
 
 from buildidd import clock
 from buildidd.cli.common import add_client_options, daemon_request, paragraph
-from buildidd.config import format_size
+from buildidd.config import Config, format_size
 from buildidd.errors import BuildiddError, PrivilegeError
 from buildidd.inputs import parse_address
 
@@ -204,8 +204,30 @@ def _human_status(s: dict) -> str:
 def cmd_status(args) -> int:
     """`buildidd status`: the daemon's status over the control socket."""
     s = daemon_request(args, "status")
-    print(json.dumps(s, indent=2) if args.json else _human_status(s))
+    push = _push_status(args.push_state_dir)
+    if args.json:
+        print(json.dumps({**s, "push": push}, indent=2))
+        return 0
+    print(_human_status(s))
+    if push is not None:
+        backlog, errors = push.get("backlog") or {}, {k[7:]: v for k, v in (push.get("totals") or {}).items()
+                                                      if k.startswith("errors_")}
+        print(f"push      backlog {backlog.get('entries', '?')} binaries ({backlog.get('entry_bytes', '?')} bytes), "
+              f"{backlog.get('segments', '?')} segments ({backlog.get('segment_bytes', '?')} bytes); oldest "
+              f"unpushed {push.get('oldest_unpushed_age_s')} s; errors by cause {errors or 'none'} "
+              "(buildidd push --status)")
     return 0
+
+
+def _push_status(state_dir: str) -> dict | None:
+    """The push service's last status (fleet.push.read_status), or None: push never ran there, or this
+    user may not read its state directory (root's, 0700)."""
+    from buildidd.errors import PushError
+    from buildidd.fleet.push import read_status
+    try:
+        return read_status(state_dir)
+    except PushError:
+        return None
 
 
 def cmd_rotate(args) -> int:
@@ -251,6 +273,9 @@ def register(sub) -> None:
                                     "Exit status 3 when no daemon listens on the socket.")
     add_client_options(st)
     st.add_argument("--json", action="store_true", help="the same as one JSON object")
+    st.add_argument("--push-state-dir", metavar="PATH", default=Config.push_state_dir,
+                    help="where buildidd-push.service writes its status.json: its backlog is shown (default "
+                         "%(default)s; nothing when absent or unreadable)")
     st.set_defaults(func=cmd_status)
     ro = sub.add_parser("rotate", help="close the daemon's current segment",
                         description="Close the daemon's current segment (it is compressed); the next record "

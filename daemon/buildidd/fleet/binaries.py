@@ -15,6 +15,12 @@ The rules (README "fleet"):
 * **one existence check**: a HEAD of the executable key, once per (host,
   entry); the ledger remembers the answer.  The executable object is written
   last (after its debuginfo), so its presence means the build-id is complete.
+* **debuginfo that comes later**: an entry whose store copy gains a separate
+  debuginfo after its executable was pushed changes its ledger stamp, so it is
+  planned again; the executable is then present, and the debuginfo goes up
+  when the bucket has none at that key (counted ``debuginfo_added``).  The
+  executable's ``debuginfo`` metadata stays as first written (objects never
+  change): readers look for the debuginfo key unless it says ``self``.
 * **never overwrite**: writes are conditional (``If-None-Match: *``) where the
   server supports it; a present object whose sha256 differs from this host's
   copy is left alone and this host's copy is kept aside at
@@ -40,9 +46,10 @@ SKIP_REASONS = ("private", "untrusted", "no_file", "unavailable")
 no_file (a kernel entry without vmlinux: nothing a debuginfod client could fetch), unavailable (the
 store could not be read just now; tried again next pass)."""
 
-OUTCOMES = ("uploaded", "present", "conflict")
-"""What a push of an entry did: uploaded its objects; found them present (same content); found another
-content at the canonical key and kept this host's aside."""
+OUTCOMES = ("uploaded", "present", "debuginfo_added", "conflict")
+"""What a push of an entry did: uploaded its objects; found them present (same content); found the
+executable present and added the separate debuginfo the bucket lacked; found another content at the
+canonical key and kept this host's aside."""
 
 
 @dataclass(frozen=True)
@@ -193,11 +200,24 @@ def _put(bucket: Bucket, path: Path, key: str, metadata: dict, result: EntryResu
         pass
 
 
+def _late_debuginfo(bucket: Bucket, keys: Keys, plan: EntryPlan, result: EntryResult) -> None:
+    """This host has a separate debuginfo the bucket's executable object was pushed without (it came to
+    the store later, or another host pushed the binary without one): upload it when the debuginfo key is
+    free (a HEAD first: a server without conditional writes would overwrite), never over another object."""
+    debug_key = keys.binary(plan.hex_key, DEBUGINFO, plan.trusted)
+    if bucket.head(debug_key) is None:
+        _put(bucket, plan.debug, debug_key, _facts(plan, keys.host, plan.debug).metadata(), result)
+        result.outcome = "debuginfo_added" if result.objects else result.outcome
+
+
 def _present(bucket: Bucket, keys: Keys, plan: EntryPlan, exe: ObjectFacts, have: dict) -> EntryResult:
     """The executable key is taken: the same content is ``present``; another is left alone and this
     host's copy kept aside under ``conflicts/`` (never at the canonical key)."""
     if have.get("sha256") == exe.sha256:
-        return EntryResult("present")
+        result = EntryResult("present")
+        if plan.debug is not None and have.get("debuginfo") != DEBUG_SEPARATE:
+            _late_debuginfo(bucket, keys, plan, result)
+        return result
     result = EntryResult("conflict")
     aside = keys.conflict(plan.hex_key, exe.sha256, EXECUTABLE, plan.trusted)
     meta = {**exe.metadata(), "canonical-sha256": str(have.get("sha256", "unknown"))[:64]}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from buildidd.errors import ArchiveError
 from buildidd.fleet.bucket import Bucket
-from buildidd.fleet.keys import DEBUG_SEPARATE, DEBUGINFO, EXECUTABLE, Keys, check_host, check_prefix
+from buildidd.fleet.keys import DEBUG_SELF, DEBUGINFO, EXECUTABLE, Keys, check_host, check_prefix
 from buildidd.offline import manifest as mf
 from buildidd.offline.importer import ImportReport, import_members
 from buildidd.offline.untar import ImportLimits
@@ -135,7 +135,7 @@ def _locate(bucket: Bucket, keys: Keys, ref: mf.BuildIdRef, where: dict[str, str
     exec_name = next((f.name for f in ref.files if f.name in _EXEC_NAMES), ELF_NAME)
     files = [mf.FileRef(exec_name, exec_size)]
     where[mf.cache_member(ref.entry, exec_name)] = exec_key
-    if head.get("debuginfo") == DEBUG_SEPARATE:
+    if head.get("debuginfo") != DEBUG_SELF:      # "none" too: a debuginfo may have been added later (binaries)
         debug_key = keys.binary(ref.build_id, DEBUGINFO, trusted)
         debug_size = _size(bucket.head(debug_key))
         if debug_size is not None:

@@ -9,6 +9,8 @@ halved, so that a fleet whose bucket came back does not return in step).
 SIGTERM (or SIGINT) starts no new upload, lets those in progress run for up to
 ``push_stop_budget_s``, writes the status with what is left (the backlog:
 pushed by the next start, since the store and sessions are the queue) and returns.
+With ``push_metrics_listen`` set, the same status is served as Prometheus text
+(fleet.metrics) while the loop runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import random
 import signal
 import threading
 
+from buildidd.fleet.metrics import MetricsServer
 from buildidd.fleet.push import Pusher
 
 __all__ = ["backoff_s", "run_service"]
@@ -43,6 +46,19 @@ def run_service(pusher: Pusher, stop: threading.Event | None = None) -> int:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _n, _f: stop.set())
+    state: dict = {}
+    metrics = MetricsServer(cfg.push_metrics_listen, lambda: {**pusher.status(), "service": dict(state)}) \
+        if cfg.push_metrics_listen else None
+    try:
+        return _loop(pusher, stop, state)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _loop(pusher: Pusher, stop: threading.Event, state: dict) -> int:
+    """The passes of :func:`run_service`; state is the service's part of the status (kept current)."""
+    cfg = pusher.cfg
     failures = 0
     log.info("push: to bucket %s prefix %r as host %s, every %.0f s", cfg.push_bucket, cfg.push_prefix,
              pusher.keys.host, cfg.push_interval_s)
@@ -50,8 +66,8 @@ def run_service(pusher: Pusher, stop: threading.Event | None = None) -> int:
         report = pusher.run_pass(stop.is_set)
         failures = failures + 1 if report.failed else 0
         delay = backoff_s(failures, cfg.push_retry_max_s) if failures else cfg.push_interval_s
-        pusher.write_status({"service": {"consecutive_failures": failures, "next_pass_in_s": round(delay, 3),
-                                         "stopping": stop.is_set()}})
+        state.update(consecutive_failures=failures, next_pass_in_s=round(delay, 3), stopping=stop.is_set())
+        pusher.write_status({"service": dict(state)})
         if report.counts.get("sent_bytes") or report.failed:
             log.info("push: pass: %s%s", dict(report.counts), f"; {report.error}" if report.error else "")
         stop.wait(delay)

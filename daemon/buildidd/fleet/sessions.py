@@ -25,7 +25,7 @@ from buildidd.fleet.keys import Keys
 from buildidd.fleet.ledger import Ledger
 from buildidd.offline import manifest as mf
 from buildidd.offline.archive import build_manifest
-from buildidd.offline.sessions import read_marker_bytes, session_facts
+from buildidd.offline.sessions import read_marker_bytes, session_dirs, session_facts
 from buildidd.sessionlog import list_segments
 from buildidd.store import Store
 
@@ -72,16 +72,9 @@ def session_work(session_root: str | os.PathLike, ledger: Ledger) -> list[Sessio
     Raises:
         SessionLogError: a session directory cannot be listed.
     """
-    root = Path(session_root)
-    try:
-        names = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return []
     out = []
-    for name in names:
-        d = root / name
-        if name.startswith(".") or d.is_symlink() or not d.is_dir():
-            continue
+    for d in session_dirs(session_root):
+        name = d.name
         closed = read_marker_bytes(d) is not None
         done = ledger.stamps(f"session:{name}/")
         work = SessionWork(d, closed)

@@ -29,7 +29,7 @@ from buildidd.offline.resolutions import TIMEOUT, identity_of
 from buildidd.sessionlog import find_gap_file, list_segments, read_gaps, read_session
 
 __all__ = ["MAX_PATHS_PER_BUILD_ID", "MAX_UNRESOLVED", "BuildIdUse", "SessionFacts", "SessionInfo",
-           "list_sessions", "read_marker", "read_marker_bytes", "session_facts", "session_info"]
+           "list_sessions", "read_marker", "session_dirs", "read_marker_bytes", "session_facts", "session_info"]
 
 #: Paths kept per build-id (a build-id mapped from more paths keeps the first ones).
 MAX_PATHS_PER_BUILD_ID = 16
@@ -405,15 +405,20 @@ def list_sessions(session_root: str | os.PathLike,
     Raises:
         SessionLogError: a session or a segment cannot be read.
     """
+    return [session_info(d, holds) for d in session_dirs(session_root) if list_segments(d)]
+
+
+def session_dirs(session_root: str | os.PathLike) -> list[Path]:
+    """The session directories under session_root, in name order: its subdirectories that are neither
+    hidden nor symlinks (with segments or not).  A missing root is an empty list.
+
+    Raises:
+        OSError: session_root cannot be listed (other than missing).
+    """
     root = Path(session_root)
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
         return []
-    out = []
-    for name in names:
-        d = root / name
-        if name.startswith(".") or d.is_symlink() or not d.is_dir() or not list_segments(d):
-            continue
-        out.append(session_info(d, holds))
-    return out
+    return [root / name for name in names
+            if not name.startswith(".") and not (root / name).is_symlink() and (root / name).is_dir()]
