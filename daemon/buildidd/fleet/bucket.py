@@ -180,10 +180,25 @@ class Bucket:
         except botocore.exceptions.ClientError as e:
             if _status(e) == 404 or e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
+            if _status(e) == 403:
+                raise PushError(self._refusal(key), f"HEAD {key}: {e}") from e
             raise _error(e, f"HEAD {key}") from e
         except (botocore.exceptions.BotoCoreError, OSError) as e:
             raise _error(e, f"HEAD {key}") from e
         return {**{k.lower(): v for k, v in r.get("Metadata", {}).items()}, "content-length": r.get("ContentLength")}
+
+    def _refusal(self, key: str) -> str:
+        """Why a HEAD was refused (403): an answer to HEAD has no body to name its error code, so one byte of
+        the key is asked for with GET, whose error answer does (``InvalidAccessKeyId``: ``credentials``,
+        ``AccessDenied``: ``denied``).  The cause word; ``denied`` when the GET does not say otherwise."""
+        try:
+            self._s3.get_object(Bucket=self.name, Key=key, Range="bytes=0-0")["Body"].close()
+        except botocore.exceptions.ClientError as e:
+            cause = cause_of(e)
+            return cause if cause in ("credentials", "denied", "full", "throttled", "server") else "denied"
+        except (botocore.exceptions.BotoCoreError, OSError) as e:
+            return cause_of(e)
+        return "denied"
 
     def put_bytes(self, key: str, data: bytes, metadata: dict | None = None, *, if_absent: bool = False) -> None:
         """PUT a small object from memory (a manifest, a marker).
