@@ -211,3 +211,31 @@ def test_debuginfo_that_comes_later_is_pushed_and_pulled(tmp_path, weed, public_
     assert r.installed == [bid]
     pulled = list((tmp_path / "analyst-debug").glob(f"**/{bid}/debug"))
     assert len(pulled) == 1 and pulled[0].read_bytes() == kept.read_bytes()
+
+
+def test_metrics_on_a_unix_socket_root_only_and_loopback_only(tmp_path):
+    """push_metrics_listen = unix:PATH: a 0600 socket answering /metrics; a non-loopback address is refused."""
+    import http.client
+    import os
+    from buildidd.errors import PushError
+    from buildidd.fleet.metrics import MetricsServer
+    path = tmp_path / "push-metrics.sock"
+    server = MetricsServer(f"unix:{path}", lambda: {"backlog": {"entries": 3, "entry_bytes": 300},
+                                                    "totals": {"errors_full": 2, "sent_bytes": 10}})
+    try:
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        conn = http.client.HTTPConnection("localhost")
+        conn.sock = socket.socket(socket.AF_UNIX)
+        conn.sock.connect(str(path))
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for f in text_string_to_metric_families(text) for s in f.samples}
+        assert m[("buildidd_push_backlog", (("kind", "entries"),))] == 3
+        assert m[("buildidd_push_errors_total", (("cause", "full"),))] == 2
+    finally:
+        server.close()
+    assert not path.exists()
+    for bad in ("0.0.0.0:9100", "10.1.2.3:9100", "localhost:9100", "unix:relative.sock", "127.0.0.1:99999"):
+        with pytest.raises(PushError, match="push_metrics_listen"):
+            MetricsServer(bad, dict)
