@@ -5,14 +5,15 @@ prometheus_client's parser), passes fail and are counted by cause, the waits bet
 back off with jitter, nothing is marked pushed, and once the fault is mended the backlog
 drains and every object in the bucket is the host's file.  Refused credentials are real
 (weed's S3 identities without the pusher's key); slow and full come from a loopback proxy
-in front of weed (tests/fleet/proxy.py): weed cannot be made to crawl, and a full weed
-(a volume size limit or a bucket quota) answers with errors that do not say "full".
+in front of weed (tests/fleet/proxy.py): weed cannot be made to crawl, and a weed made full for
+real (a small volume size limit or a bucket quota) was not tried: the proxy answers what S3 answers.
 Also: a debuginfo that reaches the store after its executable was pushed goes up too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -24,6 +25,7 @@ import boto3
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from buildidd.cli.ctl import push_line
 from buildidd.fleet.fetch import Target, fetch_session
 from buildidd.fleet.bucket import Bucket, BucketOptions
 from buildidd.fleet.service import run_service
@@ -119,6 +121,9 @@ def fault_then_mend(host: Host, weed, endpoint: str, cause: str, mend, **cfg) ->
         assert m[("buildidd_push_backlog_bytes", (("kind", "segments"),))] > 0
         assert m[("buildidd_push_oldest_unpushed_age_seconds", ())] > 0
         assert m[("buildidd_push_consecutive_failures", ())] >= 2
+        line = push_line(failing)                                               # buildidd status's push line
+        assert re.search(rf"^push +backlog 2 binaries \(\d+ bytes\), [1-9]\d* segments .*errors by cause .*"
+                         rf"{cause} [1-9]", line), line
         assert not failing["totals"].get("objects") and not failing["totals"].get("uploaded")   # nothing went
         mend()
         svc.until(lambda s: s["backlog"]["entries"] == 0 and s["backlog"]["segments"] == 0

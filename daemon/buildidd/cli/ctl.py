@@ -210,13 +210,19 @@ def cmd_status(args) -> int:
         return 0
     print(_human_status(s))
     if push is not None:
-        backlog, errors = push.get("backlog") or {}, {k[7:]: v for k, v in (push.get("totals") or {}).items()
-                                                      if k.startswith("errors_")}
-        print(f"push      backlog {backlog.get('entries', '?')} binaries ({backlog.get('entry_bytes', '?')} bytes), "
-              f"{backlog.get('segments', '?')} segments ({backlog.get('segment_bytes', '?')} bytes); oldest "
-              f"unpushed {push.get('oldest_unpushed_age_s')} s; errors by cause {errors or 'none'} "
-              "(buildidd push --status)")
+        print(push_line(push))
     return 0
+
+
+def push_line(push: dict) -> str:
+    """The ``push`` line of ``buildidd status``: the backlog, oldest unpushed age and errors by cause of the
+    push service's status (fleet.push's status.json)."""
+    backlog = push.get("backlog") or {}
+    errors = {k[len("errors_"):]: v for k, v in (push.get("totals") or {}).items() if k.startswith("errors_")}
+    return (f"push      backlog {backlog.get('entries', '?')} binaries ({backlog.get('entry_bytes', '?')} bytes), "
+            f"{backlog.get('segments', '?')} segments ({backlog.get('segment_bytes', '?')} bytes); oldest "
+            f"unpushed {push.get('oldest_unpushed_age_s')} s; errors by cause "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(errors.items())) or 'none'} (buildidd push --status)")
 
 
 def _push_status(state_dir: str) -> dict | None:
