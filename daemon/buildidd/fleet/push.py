@@ -105,6 +105,8 @@ class Pusher:
         self.privacy = Privacy(cfg.store_share_private)
         self.policy = f"share_private={cfg.store_share_private}|untrusted={cfg.push_untrusted}"
         self.last: PassReport | None = None
+        #: What the caller added to the status (the service's part): kept in every later write.
+        self._extra: dict = {}
 
     # -- the queue -----------------------------------------------------------------------
 
@@ -265,12 +267,14 @@ class Pusher:
                 "totals": self.ledger.counters()}
 
     def write_status(self, extra: dict | None = None) -> None:
-        """Write :meth:`status` (and extra) to ``STATE_DIR/status.json`` (temporary file, then rename)."""
+        """Write :meth:`status` (and extra, merged into what earlier calls gave: a pass's own write keeps
+        the service's part) to ``STATE_DIR/status.json`` (temporary file, then rename)."""
+        self._extra.update(extra or {})
         path = Path(self.cfg.push_state_dir) / STATUS_NAME
         tmp = path.with_name(f".{STATUS_NAME}.tmp")
         try:
             with open(tmp, "w") as f:
-                json.dump({**self.status(), **(extra or {})}, f, indent=1, sort_keys=True)
+                json.dump({**self.status(), **self._extra}, f, indent=1, sort_keys=True)
             os.replace(tmp, path)
         except OSError as e:
             log.warning("push: cannot write %s: %s", path, e)
