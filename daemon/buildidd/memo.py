@@ -14,8 +14,9 @@ per-object cache (the enricher's identity cache) is reported by its owner.
 Storage is an OrderedDict (``entries``): least recently used first.  The C
 fast path (capture/_fastpath.c) reads ``entries`` of a :class:`Memo` directly,
 adds its hits to ``hits`` at the end of a run, and calls :meth:`Memo.fill` on
-a miss; its hits do not refresh recency (a move_to_end call per lookup cost
-~4% of the fast path's time per event), so for entries only C reads, the
+a miss; its hits do not refresh recency (a move_to_end call per lookup is a
+visible share of the fast path's time per event: docs/performance-history.md,
+'Memo recency'), so for entries only C reads, the
 order is insertion order: an entry evicted in its turn is computed again.
 
 A shared module: imports no stage of the pipeline (pyproject.toml's contract).

@@ -51,9 +51,9 @@ class Pacer:
     #: the last interval, or a drain that finds one BOOST_FILL full (the
     #: thread came late: a full WAKE_BYTES was waiting).  Below CALM_RATE
     #: (a ring in 640 ms) for CALM_S seconds, it goes back to the process's own.
-    #: Two unpaced mmap storms fill a 2 MiB ring in ~50 ms (~20 rings/s);
-    #: the exec storm ~0.5 rings/s, which a recorder at the workload's own
-    #: priority keeps up with.
+    #: Unpaced mmap storms fill rings far above BOOST_RATE, an exec storm far
+    #: below it, where a recorder at the workload's own priority keeps up
+    #: (their fill rates: docs/performance-history.md, 'Pacing').
     BOOST_RATE = 6.25
     BOOST_FILL = 1 / 8
     CALM_RATE = 1.5625

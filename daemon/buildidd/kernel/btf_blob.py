@@ -35,8 +35,8 @@ __all__ = ["BtfBlob", "MAX_BTF_BYTES", "MAX_RESOLVE_DEPTH", "VMLINUX_BTF_PATH"]
 #: Where the kernel exposes its own BTF (CONFIG_DEBUG_INFO_BTF, sysfs).
 VMLINUX_BTF_PATH = "/sys/kernel/btf/vmlinux"
 
-#: Largest BTF file :meth:`BtfBlob.load` reads, in bytes.  vmlinux BTF is about
-#: 5.5 MB on the 6.18 development kernels; the cap only bounds a runaway read.
+#: Largest BTF file :meth:`BtfBlob.load` reads, in bytes.  vmlinux BTF is a few
+#: MB (docs/performance-history.md, 'BTF'); the cap only bounds a runaway read.
 MAX_BTF_BYTES = 256 * 1024 * 1024
 
 #: Longest chain of TYPEDEF/CONST/VOLATILE/RESTRICT/TYPE_TAG links, nested
@@ -239,8 +239,8 @@ class BtfBlob:
         self._str_len = str_len
 
         # One pass over the type section: the byte position of every record and
-        # the ids of records whose names are indexed.  Kept deliberately flat;
-        # this loop runs ~130,000 times for vmlinux.
+        # the ids of records whose names are indexed.  Kept deliberately flat:
+        # this loop runs once per type, over a hundred thousand for vmlinux.
         offsets = [-1]  # type id 0 is void and has no record
         append = offsets.append
         named = []

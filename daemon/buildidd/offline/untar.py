@@ -34,7 +34,8 @@ class ImportLimits:
         max_total_bytes: decompressed bytes of the whole stream.
         max_ratio: decompressed bytes per compressed byte read, checked once
             ``ratio_floor_bytes`` have been decompressed (binaries compress
-            2-5x and the tar's padding more; 1 GiB of zeros is ~30,000x).
+            a few times, the tar's padding more, and a run of zeros by orders
+            of magnitude beyond this cap: docs/performance-history.md, 'Archive').
         ratio_floor_bytes: decompressed bytes before the ratio is checked.
         max_manifest_bytes: the manifest member.
         max_header_bytes: a pax or GNU long-name header member (held in memory by tarfile).

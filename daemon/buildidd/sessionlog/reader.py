@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Compressed bytes fed to the decompressor per call.  A zstd block decodes to
 #: at most 128 KiB and needs at least 4 bytes (RLE block, RFC 8878 §3.1.1.2),
-#: so one call yields at most 32 MiB even for a hostile file; typically
-#: 10-100 KiB.
+#: so one call yields at most 32 MiB even for a hostile file, and far less
+#: for the segments the writer makes.
 _ZSTD_INPUT_CHUNK_BYTES = 1 << 10
 
 

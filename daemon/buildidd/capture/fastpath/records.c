@@ -156,8 +156,8 @@ static void release_state(struct run_state *st)
 
 /*
  * memo(key) for a Memo's entries: a hit is counted (not made the most recent:
- * a call of move_to_end per lookup cost ~4% of the fast path's time per
- * event, and an entry evicted in its turn is only computed again); a miss
+ * a call of move_to_end per lookup is a visible share of the fast path's time
+ * per event, and an entry evicted in its turn is only computed again); a miss
  * calls memo.fill(key) (which counts it and stores the value).
  * New reference to bytes, or NULL with an error set.
  */
