@@ -120,3 +120,23 @@ def test_every_gap_reason_is_documented():
         text = (ROOT / doc).read_text()
         missing = [r for r in GAP_REASONS if r not in status_only and f"`{r}`" not in text]
         assert not missing, f"{doc} lacks the gap reasons {missing}"
+
+
+def test_readme_module_table_is_the_docstrings():
+    """README.md's module table is what scripts/gen-modules makes of the modules' docstrings now."""
+    got = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-modules"), "--check"],
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+
+
+def test_module_table_lists_every_module():
+    """Every module file of daemon/buildidd (but __main__) has its row, so a new module shows up."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("<!-- modules:begin -->"):readme.index("<!-- modules:end -->")]
+    pkg = ROOT / "daemon" / "buildidd"
+    for p in pkg.rglob("*.py"):
+        rel = p.relative_to(pkg)
+        if p.name == "__main__.py":
+            continue
+        name = f"{rel.parent}/" if p.name == "__init__.py" and str(rel.parent) != "." else str(rel)
+        assert f"`{name}`" in table, f"{name} has no row in README.md's module table"

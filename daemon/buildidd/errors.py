@@ -1,4 +1,4 @@
-"""The exception hierarchy.
+"""The exception hierarchy: BuildiddError and one subclass per kind of failure, each with its exit status.
 
 Every error buildidd raises on purpose derives from :class:`BuildiddError`, so a
 caller can tell our failures (with context) from bugs.  Set-up failures (a probe
