@@ -140,3 +140,28 @@ def test_module_table_lists_every_module():
             continue
         name = f"{rel.parent}/" if p.name == "__init__.py" and str(rel.parent) != "." else str(rel)
         assert f"`{name}`" in table, f"{name} has no row in README.md's module table"
+
+
+#: Words the code uses as terms of its own, each with the spelling the code uses (a regex, case-insensitive)
+#: and the glossary's bold entry that defines it.
+GLOSSARY_TERMS = {
+    "settled": r"\bsettled\b", "hand-over": r"\bhand-?over", "hand-over queue": r"hand-?over ?queue",
+    "pin": r"\bpins?\b", "route": r"\broutes?\b", "held": r"\bheld\b", "bulk": r"\bbulk\b", "live": r"\bLIVE\b",
+    "at-risk": r"\bat[-_ ]risk\b", "throttled": r"\bthrottled\b", "gap": r"\bgaps?\b", "origin": r"\borigin\b",
+    "provenance": r"\bprovenance\b", "quality": r"\bquality\b", "sighting": r"\bsightings?\b",
+    "identity": r"\bidentity\b", "resolution": r"\bresolution\b", "copy queue": r"copy ?queue",
+    "throttle": r"\bthrottle\b", "payer": r"\bpayer\b", "charged uid": r"\bcharged\b", "uid budget": r"uid_budget",
+    "coverage ledger": r"\bcoverage\b", "file key": r"file ?keys?", "unreached": r"\bunreached\b",
+    "synthesized": r"\bsynthesi[sz]", "step": r"\bstep\b", "quiet wait": r"quiet[_ ]wait", "rescan": r"\brescan\b",
+    "seal": r"\bseal", "write-behind": r"write-?behind", "fast path": r"fast ?path", "alt": r"\balt\b",
+}
+
+
+def test_glossary_defines_the_words_the_code_uses():
+    """Each listed term is used by the code (so the list stays honest) and has a bold entry in docs/glossary.md."""
+    code = "\n".join(p.read_text() for p in (ROOT / "daemon" / "buildidd").rglob("*.py"))
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    unused = [t for t, rx in GLOSSARY_TERMS.items() if not re.search(rx, code, re.IGNORECASE)]
+    assert not unused, f"terms the code no longer uses (drop them here and from the glossary?): {unused}"
+    missing = [t for t in GLOSSARY_TERMS if f"**{t}**" not in glossary]
+    assert not missing, f"docs/glossary.md has no entry for {missing}"
