@@ -55,6 +55,7 @@ SCENARIOS: dict[str, tuple[str, str]] = {
     "upgrade-race": ("bench_upgrade_race", "binaries renamed over 0 ms after exit: does the store keep them"),
     "footprint": ("bench_footprint", "how cost grows: READY by start and processes, RSS by DSOs, CPU by rate"),
     "inject": ("bench_inject", "buildidd inject against perf inject --buildid-all on one profile"),
+    "fleet": ("bench_fleet", "issue 44's goals: three hosts pushing to a real weed bucket, one gone, an outage"),
 }
 #: Micro-benchmark -> (module under scripts/, what it times).  One line adds one.
 MICRO: dict[str, tuple[str, str]] = {
