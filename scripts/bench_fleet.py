@@ -396,11 +396,14 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
         private = Path(tempfile.mkdtemp(prefix="buildidd-fleet-priv-", dir="/tmp"))
         made += [public, private]
         others = [program(public, "untrusted"), program(private, "private")]
+        w0 = wire.sent
         t_exec = run_programs(progs)
         run_programs(others)
         probe = probe_run(sysdir, work)
         lat = latency(poller, t_exec)
         passes = {h.name: (h.status().get("last_pass") or {}).get("duration_s") for h in hosts}
+        wait_for(lambda: all(h.drained() for h in hosts), 300)
+        steady = {"wire_bytes": wire.sent - w0, "program_bytes": sum(p.stat().st_size for p, _b in progs)}
         out = outage(weed, hosts, sysdir, outage_s) if outage_s > 0 else None
         for h in hosts[:-1]:
             h.stop()
@@ -409,7 +412,7 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
         g = gone(weed, last, work, probe)
         statuses.append(last.final_status)
         return {"latency": lat, "passes": passes, "outage": out, "gone": g,
-                "dedup": {**dedup(weed.endpoint, statuses), "wire_bytes": wire.sent}}
+                "dedup": {**dedup(weed.endpoint, statuses), "wire_bytes": wire.sent, "steady": steady}}
     finally:
         wire.close()
         poller.stop()
@@ -509,6 +512,10 @@ def fmt(res: dict) -> list[str]:
         lines.append(f"  uploaded / unique: {d['wire_bytes'] / 2**20:.1f} / {d['unique_bytes'] / 2**20:.1f} MiB = "
                      f"{d['wire_bytes'] / d['unique_bytes']:.3f} on the wire (goal ≤ 1.05); the push services' own "
                      f"count {d['ratio']:.3f} (per host {[round(x / 2**20, 1) for x in d['per_host_sent']]} MiB)")
+        st = d["steady"]
+        lines.append(f"    the programs run once all hosts were up: {st['wire_bytes'] / 2**20:.1f} MiB on the wire for "
+                     f"{st['program_bytes'] / 2**20:.1f} MiB of programs = {st['wire_bytes'] / st['program_bytes']:.3f} "
+                     "(sessions' segments included)")
     if o:
         lines.append(f"  outage {o['outage_s']:.0f} s: {o['programs']} programs, {o['segments']} segments; drained in "
                      f"{o['drain_s'] if o['drain_s'] is None else round(o['drain_s'], 1)} s; lost "

@@ -33,9 +33,13 @@ S3_CONFIG = {"identities": [
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below 55536: weed derives gRPC ports as port + 10000, which must stay valid."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 55536:
+            return port
 
 
 class Weed:

