@@ -16,7 +16,6 @@ counters kept in the ledger.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -112,8 +111,7 @@ class Pusher:
     # -- the queue -----------------------------------------------------------------------
 
     def _entry_work(self, report: PassReport) -> list[tuple[EntryPlan, str]]:
-        """Store entries whose stamp the ledger does not hold: their plans (skipped ones marked at once),
-        in an order of this host's own (a hash of host name and key)."""
+        """Store entries whose stamp the ledger does not hold: their plans (skipped ones marked at once)."""
         if self.store is None:
             return []
         done = self.ledger.stamps("entry:")
@@ -129,9 +127,6 @@ class Pusher:
                     self.ledger.mark(f"entry:{entry.build_id_hex}", stamp)
                 continue
             work.append((plan, stamp))
-        # each host in its own order: hosts that start together with the same programs take different
-        # entries first, so one finds in its HEAD what another uploaded, instead of all sending the same bytes
-        work.sort(key=lambda item: hashlib.sha256(f"{self.keys.host}/{item[0].hex_key}".encode()).digest())
         return work
 
     # -- a pass --------------------------------------------------------------------------------
