@@ -163,17 +163,19 @@ class SlowProxy:
 class Host:
     """One host: ``buildidd run`` (its own store and session root) and ``buildidd push --service`` as host name."""
 
-    def __init__(self, base: Path, name: str, endpoint: str, prefix: str = PREFIX, interval_s: float = 1.0,
-                 retry_max_s: float = 300.0, segment_age: str = "5s"):
+    def __init__(self, base: Path, name: str, endpoint: str, prefix: str = PREFIX, retry_max_s: float = 300.0,
+                 segment_age: str = "5s", seed: Path | None = None):
         base.mkdir(parents=True, exist_ok=True)
         self.base, self.name, self.prefix = base, name, prefix
         self.store, self.state = base / "store", base / "state"
+        if seed is not None:                      # a host made from the fleet's image: its store to start with
+            subprocess.run(["cp", "-a", "--reflink=auto", str(seed), str(self.store)], check=True)
         self.daemon = Buildidd(base, store=self.store, compress=True,
                                extra=["--segment-max-bytes", "1M", "--segment-max-age", segment_age])
         self.conf = base / "push.toml"
         keys = {"store_root": self.store, "session_root": self.daemon.root, "push_bucket": BUCKET,
                 "push_endpoint_url": endpoint, "push_prefix": prefix, "push_host": name, "push_state_dir": self.state,
-                "push_interval_s": f"{interval_s}s", "push_retry_max_s": f"{retry_max_s}s"}
+                "push_retry_max_s": f"{retry_max_s}s", "push_timeout_s": "10s"}
         self.conf.write_text("".join(f'{k} = "{v}"\n' for k, v in keys.items()))
         self.push = None
         self.start_push()
@@ -343,21 +345,26 @@ def gone(weed: Weed, host: Host, tmp: Path, probe: dict) -> dict:
     body = s3(weed.endpoint).get_object(Bucket=BUCKET, Key=f"{PREFIX}/sessions/{host.name}/{sdir.name}/manifest.json")
     listed = {r["build_id"]: r for r in json.loads(body["Body"].read())["build_ids"]}
     excluded = {b for b, r in listed.items() if r.get("reason") == "private" or r.get("provenance") == "untrusted"}
-    want = sorted(named - excluded)
-    fetched = fetch_all(weed.endpoint, want, tmp / "client-cache")
-    failed = [b for b, ok in fetched.items() if not ok]
+    # named by the session, but its store never held them (the manifest says so: not_in_store): nothing was
+    # there to push; counted apart, and asked for all the same (they must not be in the bucket by accident)
+    never = {b for b, r in listed.items() if r.get("reason") == "not_in_store"} & named
+    want = sorted(named - excluded - never)
+    fetched = fetch_all(weed.endpoint, want + sorted(never), tmp / "client-cache")
+    failed = [b for b in want if not fetched[b]]
     return {"named": len(named), "excluded_private_untrusted": len(named & excluded), "wanted": len(want),
             "fetched": len(want) - len(failed), "fetched_pct": 100.0 * (len(want) - len(failed)) / max(1, len(want)),
+            "never_held": len(never), "never_held_in_bucket": sum(fetched[b] for b in never),
             "not_fetched": {b: listed.get(b, {}).get("reason", "not in manifest") for b in failed},
             "gdb_ok": gdb_reads_bucket(weed.endpoint, probe["path"], probe["name"], tmp),
             **analyst(weed.endpoint, host.name, sdir.name, tmp, probe["perf_data"], probe["pid"], probe["addr"],
                       probe["name"])}
 
 
-def dedup(endpoint: str, statuses: list[dict]) -> dict:
-    """Bytes the push services sent / unique bytes in the bucket (objects with one ETag and size once)."""
+def dedup(endpoint: str, statuses: list[dict], before: set[str]) -> dict:
+    """Bytes the push services sent / unique bytes they added to the bucket (objects with one ETag and
+    size once; those of the keys in before, the seed's, left out)."""
     sent = sum((st.get("totals") or {}).get("sent_bytes", 0) for st in statuses)
-    objs = listing(endpoint)
+    objs = {k: o for k, o in listing(endpoint).items() if k not in before}
     unique = sum(size for _etag, size in {(o["ETag"], o["Size"]) for o in objs.values()})
     return {"sent_bytes": sent, "unique_bytes": unique, "objects": len(objs), "ratio": sent / unique if unique else None,
             "per_host_sent": [(st.get("totals") or {}).get("sent_bytes", 0) for st in statuses]}
@@ -377,19 +384,41 @@ def probe_run(sysdir: Path, tmp: Path) -> dict:
     return {"path": path, "bid": bid, "name": "probe", "perf_data": data, "pid": pid, "addr": addr}
 
 
+def seed_store(weed: Weed, work: Path) -> tuple[Path, dict]:
+    """The fleet's image: the machine's running binaries snapshotted once (benchlib.warm_store) and pushed
+    once by a one-shot ``buildidd push`` as host ``seed``; each host starts with a copy of this store, so
+    what the run measures is what the hosts add.  (store, the seed push's status)."""
+    from benchlib import warm_store
+    store = warm_store(work)
+    state = work / "seed-state"
+    conf = work / "seed-push.toml"
+    conf.write_text(f'store_root = "{store}"\npush_bucket = "{BUCKET}"\npush_endpoint_url = "{weed.endpoint}"\n'
+                    f'push_prefix = "{PREFIX}"\npush_host = "seed"\npush_state_dir = "{state}"\nsession_root = ""\n')
+    t = time.monotonic()
+    subprocess.run([*BUILDIDD, "push", "--config", str(conf)], env={**os.environ, **aws_env()}, check=True,
+                   stdout=subprocess.DEVNULL)
+    status = json.loads((state / "status.json").read_text())
+    print(f"  seed pushed: {(status.get('totals') or {}).get('sent_bytes', 0) / 2**20:.1f} MiB in "
+          f"{time.monotonic() - t:.1f} s", flush=True)
+    return store, status
+
+
 def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outage_s: float,
-          retry_max_s: float = 300.0) -> dict:
-    """Hosts, programs (small ones, one of big_mb MiB, an untrusted one, a private one), latency, outage,
-    the last host gone, dedup."""
+          retry_max_s: float = 300.0, seeded: bool = True) -> dict:
+    """Hosts (from one seeded image, or with cold stores), programs (small ones, one of big_mb MiB, an
+    untrusted one, a private one), latency, outage, the last host gone, dedup."""
     sysdir = system_dir()
     hosts: list[Host] = []
     made: list[Path] = []
+    work.mkdir(parents=True, exist_ok=True)
+    seed = seed_store(weed, work)[0] if seeded else None
+    seed_keys = set(listing(weed.endpoint))
     poller = Poller(weed.endpoint)
     wire = SlowProxy(int(weed.endpoint.rsplit(":", 1)[1]), delay_s=0.0, rate=float("inf"))
     try:
         hosts = [Host(work / f"host-{i + 1}", f"host-{i + 1}", f"http://127.0.0.1:{wire.port}",
-                      retry_max_s=retry_max_s) for i in range(n_hosts)]
-        wait_for(lambda: all(h.drained() for h in hosts), 300)      # what ran before: each store's start
+                      retry_max_s=retry_max_s, seed=seed) for i in range(n_hosts)]
+        start_s = wait_for(lambda: all(h.drained() for h in hosts), 300)   # what ran before: each store's start
         progs = [program(sysdir, f"p{i}") for i in range(n_progs)] + [program(sysdir, "big", big_mb << 20)]
         public = Path(tempfile.mkdtemp(prefix="buildidd-fleet-pub-", dir="/tmp"))
         os.chmod(public, 0o755)
@@ -411,8 +440,8 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
         last = hosts[-1]
         g = gone(weed, last, work, probe)
         statuses.append(last.final_status)
-        return {"latency": lat, "passes": passes, "outage": out, "gone": g,
-                "dedup": {**dedup(weed.endpoint, statuses), "wire_bytes": wire.sent, "steady": steady}}
+        return {"latency": lat, "passes": passes, "outage": out, "gone": g, "seeded": seeded, "start_s": start_s,
+                "dedup": {**dedup(weed.endpoint, statuses, seed_keys), "wire_bytes": wire.sent, "steady": steady}}
     finally:
         wire.close()
         poller.stop()
@@ -420,6 +449,8 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
             h.kill()
         for d in (sysdir, *made):
             shutil.rmtree(d, ignore_errors=True)
+        if seed is not None:
+            subprocess.run(["rm", "-rf", "--one-file-system", str(seed)])
 
 
 def attached(mode: str, weed: Weed, proxy: SlowProxy, workdir: Path, store: Path, workload: list[str], tag: str) -> dict:
@@ -503,7 +534,9 @@ def fmt(res: dict) -> list[str]:
                      f"p99 {lat['p99_s']:.2f} s, max {lat['max_s']:.2f} s (goal p99 ≤ 10 s)")
     if g:
         lines.append(f"  host gone: {g['fetched']}/{g['wanted']} build-ids fetched ({g['fetched_pct']:.1f}%, goal 100%; "
-                     f"{g['excluded_private_untrusted']} private/untrusted excepted); gdb {'ok' if g['gdb_ok'] else 'FAILED'}; "
+                     f"{g['excluded_private_untrusted']} private/untrusted excepted; {g['never_held']} named that its "
+                     f"store never held, manifest reason not_in_store, {g['never_held_in_bucket']} of them in the "
+                     f"bucket from other hosts); gdb {'ok' if g['gdb_ok'] else 'FAILED'}; "
                      f"pull rc {g['pull_rc']} ({g.get('installed')} installed); inject matched {g['inject_matched']}; "
                      f"resolve {'ok' if g['resolve_ok'] else 'FAILED'}")
         if g["not_fetched"]:
@@ -536,7 +569,8 @@ def run(args) -> dict:
     weed.start()
     try:
         s3(weed.endpoint).create_bucket(Bucket=BUCKET)
-        res = fleet(weed, work / "fleet", args.hosts, args.programs, args.big_mb, args.outage_s)
+        res = fleet(weed, work / "fleet", args.hosts, args.programs, args.big_mb, args.outage_s,
+                    retry_max_s=args.retry_max_s, seeded=not args.cold_stores)
         if args.reps:
             res["recording"] = recording(weed, work, args.reps, args.exec_n)
         print("\nfleet goals (issue 44):\n" + "\n".join(fmt(res)), flush=True)
@@ -554,8 +588,15 @@ def main(argv=None) -> int:
     ap.add_argument("--outage-s", type=float, default=600.0, help="bucket outage (0: none)")
     ap.add_argument("--reps", type=int, default=5, help="recording: repetitions (0: skip)")
     ap.add_argument("--exec-n", type=int, default=2000)
+    ap.add_argument("--retry-max-s", type=float, default=300.0, help="the push services' push_retry_max_s")
+    ap.add_argument("--cold-stores", action="store_true",
+                    help="hosts start with empty stores (not the seeded image): each pushes the machine's running "
+                         "binaries at the same moment (the claims' race)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: 3 hosts, 2 programs, 5 MiB, 5 s outage")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.programs, args.big_mb, args.outage_s, args.reps, args.retry_max_s = 2, 5, 5.0, 0, 4.0
     res = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))

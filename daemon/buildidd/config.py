@@ -113,6 +113,13 @@ def _key(default, unit: str, doc: str):
     return field(default=default, metadata={"unit": unit, "doc": doc})
 
 
+_RANGES = {"recording_nice": (-20, 19), "resolve_workers": (1, 64), "snapshot_queue_max": (16, 1 << 20),
+           "snapshot_fds_max": (0, 65536), "pin_max_files": (0, 65536), "pin_ttl_s": (1, 600),
+           "pin_confirm_s": (0.1, 60), "push_concurrency": (1, 64), "push_wake_s": (0.2, 60),
+           "push_timeout_s": (0.1, 600)}
+"""Config keys whose values must lie in [low, high]."""
+
+
 @dataclass(frozen=True)
 class Config:
     """Every tunable of the daemon; each field's unit and meaning are in its metadata
@@ -297,8 +304,8 @@ class Config:
                                "where push remembers what the bucket holds (one existence check per build-id, "
                                "then none), its counters and its status.json; root's, mode 0700.")
     push_interval_s: float = _key(30.0, "seconds",
-                                  "buildidd-push.service looks for new store entries and closed segments this "
-                                  "often (sooner after a failed pass, with backoff: push_retry_max_s).")
+                                  "buildidd-push.service goes over the whole store this often (new entries and "
+                                  "closed segments go sooner: push_wake_s; after a failure: push_retry_max_s).")
     push_retry_max_s: float = _key(300.0, "seconds",
                                    "after failed passes push waits 1 s, 2 s, 4 s ... (each times a random factor "
                                    "in [0.5, 1]: jitter) up to this long before the next.")
@@ -308,7 +315,14 @@ class Config:
     push_part_bytes: int = _key(16 << 20, "bytes",
                                 "a file larger than this is uploaded in parts of this size (multipart); push holds "
                                 "at most push_concurrency parts in memory; 5M..5G.")
-    push_timeout_s: float = _key(60.0, "seconds", "connect and read timeout of each request to the bucket.")
+    push_timeout_s: float = _key(60.0, "seconds", "connect and read timeout of each of a request's 3 attempts.")
+    push_wake_s: float = _key(1.0, "seconds", "how often the service looks for new store entries (one stat per "
+                              ".build-id/XX directory) and closed segments, and pushes them; 0.2..60.")
+    push_manifest_interval_s: float = _key(300.0, "seconds", "an open session's manifest (which reads the whole "
+                                           "session) is rewritten at most this often; a closed one's at once.")
+    push_claim_min_bytes: int = _key(1 << 20, "bytes", "files this large are claimed (PREFIX/claims/HEX) before "
+                                     "upload, so that hosts upload them once (0: never).")
+    push_claim_lease_s: float = _key(600.0, "seconds", "a claim older than this is taken over (its host died).")
     push_metrics_listen: str = _key("", "address", "buildidd-push.service's /metrics (backlog, oldest unpushed age, "
                                     "bytes, errors by cause): 127.0.0.1:PORT, [::1]:PORT or unix:PATH; \"\": none.")
     push_stop_budget_s: float = _key(10.0, "seconds",
@@ -347,22 +361,14 @@ class Config:
             if sessions.startswith(store.rstrip("/") + "/"):
                 raise ConfigError("session_root must not lie inside store_root (the quota and readers "
                                   "of the store walk it)")
-        if not -20 <= self.recording_nice <= 19:
-            raise ConfigError("recording_nice must be in -20..19")
         if self.identity_cache_entries < 16:
             raise ConfigError("identity_cache_entries must be at least 16")
         if not 0 < self.resolve_deadline_s <= 10:
             raise ConfigError("resolve_deadline_s must be in (0, 10]")
-        if not 1 <= self.resolve_workers <= 64:
-            raise ConfigError("resolve_workers must be in 1..64")
         if not 0 < self.store_uid_share <= 1:
             raise ConfigError("store_uid_share must be in (0, 1]")
         if self.snapshot_stop_budget_s > 60:
             raise ConfigError("snapshot_stop_budget_s must be at most 60 (inside the unit's TimeoutStopSec=90)")
-        if not 16 <= self.snapshot_queue_max <= 1 << 20:
-            raise ConfigError("snapshot_queue_max must be in 16..1048576")
-        if not 0 <= self.snapshot_fds_max <= 65536:
-            raise ConfigError("snapshot_fds_max must be in 0..65536")
         if not 0 <= self.snapshot_at_risk_reserve <= 0.5:
             raise ConfigError("snapshot_at_risk_reserve must be in [0, 0.5]")
         if not 0 < self.queue_uid_share <= 1:
@@ -371,20 +377,15 @@ class Config:
             raise ConfigError("coverage_max_bytes must be at least 1M")
         if not 0 < self.coverage_uid_share <= 1:
             raise ConfigError("coverage_uid_share must be in (0, 1]")
-        if not 0 <= self.pin_max_files <= 65536:
-            raise ConfigError("pin_max_files must be in 0..65536")
-        if not 1 <= self.pin_ttl_s <= 600:
-            raise ConfigError("pin_ttl_s must be in [1, 600]")
         if not 0 < self.pin_uid_share <= 1:
             raise ConfigError("pin_uid_share must be in (0, 1]")
-        if not 0.1 <= self.pin_confirm_s <= 60:
-            raise ConfigError("pin_confirm_s must be in [0.1, 60]")
         if self.push_untrusted not in ("host", "skip"):
             raise ConfigError(f"push_untrusted must be \"host\" or \"skip\", not {self.push_untrusted!r}")
-        if not 1 <= self.push_concurrency <= 64:
-            raise ConfigError("push_concurrency must be in 1..64")
         if not 5 << 20 <= self.push_part_bytes <= 5 << 30:
             raise ConfigError("push_part_bytes must be in 5M..5G (S3's part size limits)")
+        for name, (low, high) in _RANGES.items():
+            if not low <= getattr(self, name) <= high:
+                raise ConfigError(f"{name} must be in {low}..{high}")
         if self.push_stop_budget_s > 60:
             raise ConfigError("push_stop_budget_s must be at most 60 (inside the unit's TimeoutStopSec=90)")
         if self.push_prefix.startswith("/") or self.push_prefix.endswith("/"):

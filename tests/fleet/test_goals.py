@@ -4,12 +4,15 @@ Three ``buildidd run`` daemons on this machine, each with its own store, session
 (``buildidd push --service``) under its own host name, see the same programs (a 20 MiB one among
 them); the bucket is stopped for 20 s while programs run and segments close; then the last host
 disappears and its session's binaries are fetched from the bucket with debuginfod-find and gdb, its
-session pulled, injected and resolved elsewhere.  The figures are printed (pytest -s shows them).
+session pulled, injected and resolved elsewhere.  The hosts start from one image: a store of the
+machine's running binaries, snapshotted and pushed once before (bench_fleet.seed_store), so what
+is measured is what the hosts add.  The figures are printed (pytest -s shows them).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -25,8 +28,10 @@ def bench_bucket(weed):
 
 def test_fleet_goals_three_hosts_an_outage_and_a_host_gone(bench_bucket, tmp_path):
     need(os.geteuid() == 0, "buildidd run needs root")
+    t0 = time.monotonic()
     res = bench_fleet.fleet(bench_bucket, tmp_path / "fleet", n_hosts=3, n_progs=4, big_mb=20, outage_s=20,
                             retry_max_s=4.0)
+    took_s = time.monotonic() - t0
     print("\n".join(bench_fleet.fmt(res)))
     lat, out, gone, dd = res["latency"], res["outage"], res["gone"], res["dedup"]
     assert lat["in_bucket"] == lat["programs"] == 5
@@ -37,17 +42,15 @@ def test_fleet_goals_three_hosts_an_outage_and_a_host_gone(bench_bucket, tmp_pat
     assert not out["programs_missing"] and not out["segments_lost"], out
     assert any((b.get("entries") or b.get("segments")) for b in out["backlog_at_end"].values()), out
     # the gone host: every build-id its session names, from the bucket, but the private and untrusted ones
-    # and those its store never held (the manifest's reason says which)
+    # and those its store never held (the manifest names them, reason not_in_store: counted apart)
     assert gone["excluded_private_untrusted"] >= 2, gone
-    assert set(gone["not_fetched"].values()) <= {"not_in_store"}, gone
-    assert gone["fetched"] >= gone["wanted"] - len(gone["not_fetched"]) and gone["fetched"] >= 5, gone
+    assert gone["fetched"] == gone["wanted"] and gone["fetched"] >= 5 and not gone["not_fetched"], gone
     assert gone["gdb_ok"] and gone["pull_rc"] == 0 and gone["resolve_ok"], gone
     assert isinstance(gone["inject_matched"], int) and gone["inject_matched"] >= 1, gone
-    # each binary about once over three hosts: the programs run once the hosts were up went over the wire
-    # once (their sessions' segments on top); the hosts' cold starts, each pushing the machine's running
-    # binaries at the same moment, race for the large ones (at most once per host: the ledger)
+    # each binary about once over three hosts, on the wire (requests, lost races and segments included)
     assert dd["steady"]["wire_bytes"] / dd["steady"]["program_bytes"] <= 1.05, dd
-    assert dd["wire_bytes"] / dd["unique_bytes"] <= 3.0, dd
+    assert dd["wire_bytes"] / dd["unique_bytes"] <= 1.05, dd
+    assert took_s <= 150, took_s
 
 
 def test_recording_is_unaffected_by_push_reachable_slow_or_down(bench_bucket, tmp_path):

@@ -68,6 +68,9 @@ SMOKE = {
     "bench_segment_format": ([], ["raw / json"], lambda r: r["json"]["bytes"] > r["raw"]["zstd_bytes"] > 0),
     "bench_htlhash": ([], ["htlhash (added)"], lambda r: all(v["mean_us"] > 0 for v in r.values())),
     "bench_pagecache": ([], ["build-id read: median", "verifier:"], lambda r: r["verified_insns"] > 0),
+    "bench_fleet": ([], ["exec → bucket: 3/3 programs", "host gone:", "uploaded / unique:", "  outage "],
+                    lambda r: r["latency"]["in_bucket"] == 3 and r["gone"]["fetched"] == r["gone"]["wanted"]
+                    and not r["outage"]["programs_missing"] and not r["outage"]["segments_lost"]),
 }
 
 

@@ -21,6 +21,8 @@ The rules (README "fleet"):
   when the bucket has none at that key (counted ``debuginfo_added``).  The
   executable's ``debuginfo`` metadata stays as first written (objects never
   change): readers look for the debuginfo key unless it says ``self``.
+* **one upload across hosts**: a large canonical entry is claimed first (fleet.claims);
+  a host that finds another's live claim leaves it and looks again later.
 * **never overwrite**: writes are conditional (``If-None-Match: *``) where the
   server supports it; a present object whose sha256 differs from this host's
   copy is left alone and this host's copy is kept aside at
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from buildidd.fleet.bucket import Bucket, Exists
+from buildidd.fleet.claims import ClaimPolicy, take
 from buildidd.fleet.keys import DEBUG_NONE, DEBUG_SELF, DEBUG_SEPARATE, DEBUGINFO, EXECUTABLE, Keys, ObjectFacts
 from buildidd.offline.serve.debuginfod import Privacy, Unavailable, Withheld, find_debuginfo, find_executable
 from buildidd.store import DEBUG_NAME, TRUSTED, Store
@@ -46,10 +49,10 @@ SKIP_REASONS = ("private", "untrusted", "no_file", "unavailable")
 no_file (a kernel entry without vmlinux: nothing a debuginfod client could fetch), unavailable (the
 store could not be read just now; tried again next pass)."""
 
-OUTCOMES = ("uploaded", "present", "debuginfo_added", "conflict")
+OUTCOMES = ("uploaded", "present", "debuginfo_added", "conflict", "claimed_elsewhere")
 """What a push of an entry did: uploaded its objects; found them present (same content); found the
 executable present and added the separate debuginfo the bucket lacked; found another content at the
-canonical key and kept this host's aside."""
+canonical key and kept this host's aside; left it to the host whose claim on it is live (fleet.claims)."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +154,15 @@ class EntryResult:
     copies: int = 0
 
 
-def push_entry(bucket: Bucket, keys: Keys, plan: EntryPlan) -> EntryResult:
+def push_entry(bucket: Bucket, keys: Keys, plan: EntryPlan, claims: ClaimPolicy | None = None) -> EntryResult:
     """Push one entry's objects (see the module docstring for the order and the rules).
+
+    Args:
+        claims: take a claim (fleet.claims) before uploading a large canonical entry; None: never.
+
+    Returns:
+        What it did; ``claimed_elsewhere``: another host holds a live claim on it, nothing was uploaded,
+        and the entry is to be looked at again later.
 
     Raises:
         PushError: a request failed, or a store file could not be read (``source``); what was
@@ -164,6 +174,22 @@ def push_entry(bucket: Bucket, keys: Keys, plan: EntryPlan) -> EntryResult:
     have = bucket.head(exe_key)                       # the one existence check
     if have is not None:
         return _present(bucket, keys, plan, exe, have)
+    claim = None
+    if claims is not None and plan.trusted and claims.wanted(bucket, plan.size_bytes):
+        claim = take(bucket, keys.claim(plan.hex_key), keys.host, claims.lease_s)
+        if not claim.held:
+            return EntryResult("claimed_elsewhere", sent_bytes=claim.sent_bytes)
+    try:
+        result = _upload(bucket, keys, plan, exe, exe_key)
+    finally:
+        if claim is not None:
+            claim.release(bucket)
+    result.sent_bytes += claim.sent_bytes if claim is not None else 0
+    return result
+
+
+def _upload(bucket: Bucket, keys: Keys, plan: EntryPlan, exe: ObjectFacts, exe_key: str) -> EntryResult:
+    """The uploads of an entry found absent: its debuginfo, then its executable (conditional writes)."""
     result = EntryResult("uploaded")
     debug_key = keys.binary(plan.hex_key, DEBUGINFO, plan.trusted)
     if plan.debug is not None:
@@ -174,7 +200,8 @@ def push_entry(bucket: Bucket, keys: Keys, plan: EntryPlan) -> EntryResult:
             try:
                 result.sent_bytes += bucket.put_file(plan.executable, debug_key, exe.metadata(), if_absent=True)
                 result.objects += 1
-            except Exists:
+            except Exists as e:
+                result.sent_bytes, e.sent_bytes = result.sent_bytes + e.sent_bytes, 0
                 if (bucket.head(debug_key) or {}).get("sha256") != exe.sha256:
                     raise                             # not ours: never copied under the executable key
             bucket.copy(debug_key, exe_key, exe.metadata())
@@ -182,10 +209,10 @@ def push_entry(bucket: Bucket, keys: Keys, plan: EntryPlan) -> EntryResult:
         else:
             result.sent_bytes += bucket.put_file(plan.executable, exe_key, exe.metadata(), if_absent=True)
             result.objects += 1
-    except Exists:                                    # another host was quicker: compare with its object
+    except Exists as e:                               # another host was quicker: compare with its object
         have = bucket.head(exe_key) or {}
         found = _present(bucket, keys, plan, exe, have)
-        found.sent_bytes += result.sent_bytes
+        found.sent_bytes += result.sent_bytes + e.sent_bytes
         found.objects += result.objects
         return found
     return result
@@ -196,8 +223,8 @@ def _put(bucket: Bucket, path: Path, key: str, metadata: dict, result: EntryResu
     try:
         result.sent_bytes += bucket.put_file(path, key, metadata, if_absent=True)
         result.objects += 1
-    except Exists:
-        pass
+    except Exists as e:
+        result.sent_bytes += e.sent_bytes
 
 
 def _late_debuginfo(bucket: Bucket, keys: Keys, plan: EntryPlan, result: EntryResult) -> None:

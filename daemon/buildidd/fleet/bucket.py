@@ -42,7 +42,15 @@ _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimi
 
 
 class Exists(Exception):
-    """A conditional PUT found the key taken (412 Precondition Failed)."""
+    """A conditional PUT found the key taken (412 Precondition Failed).
+
+    Attributes:
+        sent_bytes: body bytes sent by the refused request (they crossed the wire all the same).
+    """
+
+    def __init__(self, key: str, sent_bytes: int = 0):
+        super().__init__(key)
+        self.sent_bytes = sent_bytes
 
 
 class RateLimit:
@@ -76,10 +84,11 @@ class BucketOptions:
         bucket: the bucket's name.
         endpoint_url: the S3 endpoint; "" for AWS's.
         region: the signing region; "" for the AWS chain's (else us-east-1).
-        timeout_s: connect and read timeout of each request, seconds.
+        timeout_s: connect and read timeout of each attempt of a request, seconds.
         part_bytes: parts of a multipart upload, bytes; files larger than this go in parts.
         rate_bytes_per_s: upload bandwidth for all uploads together (0: none).
         concurrency: connections kept (one per upload thread).
+        attempts: tries of each request (botocore's standard retries).
     """
 
     bucket: str
@@ -89,6 +98,7 @@ class BucketOptions:
     part_bytes: int = 16 << 20
     rate_bytes_per_s: int = 0
     concurrency: int = 4
+    attempts: int = 3
 
     @classmethod
     def from_config(cls, cfg) -> BucketOptions:
@@ -140,13 +150,16 @@ class Bucket:
     Attributes:
         name: the bucket's name.
         conditional: the server honours ``If-None-Match: *`` on PUT (until it answers 501 to it).
-        sent_bytes: body bytes uploaded since construction (parts and whole objects; copies send none).
+        sent_bytes: body bytes uploaded since construction (parts and whole objects, those a conditional PUT
+            refused included; copies send none).
     """
 
     def __init__(self, opts: BucketOptions):
         cfg = botocore.config.Config(
-            connect_timeout=opts.timeout_s, read_timeout=opts.timeout_s,
-            retries={"mode": "standard", "max_attempts": 3},
+            # both bounded: a bucket that accepts connections and never answers (a server stopping, a
+            # listen backlog nobody accepts from) fails each attempt within connect + read timeout
+            connect_timeout=opts.timeout_s, read_timeout=opts.timeout_s, tcp_keepalive=True,
+            retries={"mode": "standard", "total_max_attempts": opts.attempts},
             max_pool_connections=max(10, opts.concurrency * 2),
             s3={"addressing_style": "path"},
             # CRC trailers (aws-chunked bodies) only where an operation requires them: S3-compatible
@@ -208,7 +221,12 @@ class Bucket:
             PushError: the request failed.
         """
         self._rate.acquire(len(data))
-        self._put(key, data, metadata or {}, if_absent)
+        try:
+            self._put(key, data, metadata or {}, if_absent)
+        except Exists as e:
+            self._sent(len(data))        # the body went (a lost race still costs its bytes)
+            e.sent_bytes = len(data)
+            raise
         self._sent(len(data))
 
     def _put(self, key: str, body: bytes, metadata: dict, if_absent: bool) -> None:
@@ -238,7 +256,7 @@ class Bucket:
             Bytes sent.
 
         Raises:
-            Exists: if_absent and the key is taken (nothing was written).
+            Exists: if_absent and the key is taken (nothing was written; its sent_bytes say what was sent).
             PushError: a request failed, or the file could not be read (``source``); an unfinished
                 multipart upload is aborted.
         """
@@ -281,7 +299,7 @@ class Bucket:
         except botocore.exceptions.ClientError as e:
             self._abort(key, upload)
             if _status(e) == 412:
-                raise Exists(key) from e
+                raise Exists(key, size) from e
             raise _error(e, f"multipart {key}") from e
         except (botocore.exceptions.BotoCoreError, OSError, PushError) as e:
             self._abort(key, upload)
@@ -311,6 +329,20 @@ class Bucket:
             raise _error(e, f"abort {key}") from e
         if self.journal is not None:
             self.journal.end_upload(upload)
+
+    def delete(self, key: str) -> None:
+        """Delete an object (one that is absent counts as deleted).
+
+        Raises:
+            PushError: the request failed.
+        """
+        try:
+            self._s3.delete_object(Bucket=self.name, Key=key)
+        except botocore.exceptions.ClientError as e:
+            if _status(e) != 404:
+                raise _error(e, f"DELETE {key}") from e
+        except (botocore.exceptions.BotoCoreError, OSError) as e:
+            raise _error(e, f"DELETE {key}") from e
 
     def copy(self, source_key: str, key: str, metadata: dict) -> None:
         """Server-side copy (no bytes uploaded), with new metadata.

@@ -136,6 +136,10 @@ class Keys:
             raise ValueError(f"conflict key {hex_key!r}/{sha256!r}")
         return f"{self.tree(trusted)}conflicts/{hex_key}/{sha256}/{kind}"
 
+    def claim(self, hex_key: str) -> str:
+        """``PREFIX/claims/HEX``: the claim a host takes before uploading a large canonical object (fleet.claims)."""
+        return f"{self._base}claims/{hex_key}"
+
     def sessions(self, host: str | None = None) -> str:
         """``[P/]sessions/HOST/`` (this host's when host is None)."""
         return f"{self._base}sessions/{check_host(host or self.host)}/"

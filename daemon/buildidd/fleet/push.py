@@ -31,11 +31,12 @@ from buildidd.config import Config
 from buildidd.errors import PushError, SessionLogError, StoreError
 from buildidd.fleet.binaries import EntryPlan, entry_stamp, plan_entry, push_entry
 from buildidd.fleet.bucket import FATAL_CAUSES, Bucket, BucketOptions
+from buildidd.fleet.claims import ClaimPolicy
 from buildidd.fleet.keys import Keys
 from buildidd.fleet.ledger import Ledger, ledger_path
 from buildidd.fleet.sessions import Destination, SessionWork, push_session, session_work
 from buildidd.offline.serve.debuginfod import Privacy
-from buildidd.store import Store
+from buildidd.store import BUILD_ID_DIR, Store
 
 __all__ = ["Pusher", "PassReport", "STATUS_NAME", "read_status", "host_name"]
 
@@ -107,34 +108,81 @@ class Pusher:
         self.last: PassReport | None = None
         #: What the caller added to the status (the service's part): kept in every later write.
         self._extra: dict = {}
+        self.claims = ClaimPolicy.from_config(cfg)
+        self._heads: dict[str, int] = {}          # .build-id/XX -> its mtime (ns) at the last look
+        self._retry: set[str] = set()             # keys a quick pass looks at again (claimed elsewhere, failed)
+        self._manifest_at: dict[str, float] = {}  # session name -> monotonic s its manifest was last written
 
     # -- the queue -----------------------------------------------------------------------
 
-    def _entry_work(self, report: PassReport) -> list[tuple[EntryPlan, str]]:
-        """Store entries whose stamp the ledger does not hold: their plans (skipped ones marked at once)."""
+    def _entry_work(self, report: PassReport, keys: Iterable[str]) -> list[tuple[EntryPlan, str]]:
+        """Of keys, the store entries whose stamp the ledger does not hold: their plans (skipped ones
+        marked at once)."""
         if self.store is None:
             return []
         done = self.ledger.stamps("entry:")
         work = []
-        for entry in self.store.entries():
-            stamp = entry_stamp(self.store, entry.build_id_hex, self.policy)
-            if done.get(f"entry:{entry.build_id_hex}") == stamp:
+        for hex_key in keys:
+            stamp = entry_stamp(self.store, hex_key, self.policy)
+            if done.get(f"entry:{hex_key}") == stamp:
+                self._retry.discard(hex_key)
                 continue
-            plan = plan_entry(self.store, entry.build_id_hex, self.privacy, self.cfg.push_untrusted)
+            plan = plan_entry(self.store, hex_key, self.privacy, self.cfg.push_untrusted)
             if isinstance(plan, str):
                 report.counts[f"skipped_{plan}"] += 1
                 if plan != "unavailable":
-                    self.ledger.mark(f"entry:{entry.build_id_hex}", stamp)
+                    self.ledger.mark(f"entry:{hex_key}", stamp)
+                    self._retry.discard(hex_key)
                 continue
             work.append((plan, stamp))
         return work
 
+    def _changed_heads(self) -> list[str]:
+        """The store's ``.build-id/XX`` directories made or changed since the last look (one stat each:
+        a new entry's link changes its directory's mtime).  One changed within the last second is
+        looked at again next time too: two links made within one tick of the file system's clock
+        leave the same mtime."""
+        top = Path(self.cfg.store_root) / BUILD_ID_DIR
+        try:
+            names = [n for n in os.listdir(top) if len(n) == 2]
+        except OSError:
+            return []
+        seen, changed, recent = {}, [], time.time_ns() - 1_000_000_000
+        for n in names:
+            try:
+                seen[n] = os.stat(top / n).st_mtime_ns
+            except OSError:
+                continue
+            if self._heads.get(n) != seen[n] or seen[n] > recent:
+                changed.append(n)
+        self._heads = seen
+        return changed
+
+    def _quick_keys(self) -> list[str]:
+        """The keys of the entries under changed ``.build-id/XX`` directories, and those to look at again."""
+        top = Path(self.cfg.store_root) / BUILD_ID_DIR
+        keys = set(self._retry)
+        for head in self._changed_heads():
+            try:
+                keys.update(head + tail for tail in os.listdir(top / head))
+            except OSError:
+                continue
+        return sorted(k for k in keys if len(k) >= 4 and all(c in "0123456789abcdef" for c in k))
+
+    def _all_keys(self) -> list[str]:
+        self._changed_heads()                     # what a quick pass compares with from now on
+        return [] if self.store is None else [e.build_id_hex for e in self.store.entries()]
+
     # -- a pass --------------------------------------------------------------------------------
 
-    def run_pass(self, stop: Callable[[], bool] = lambda: False, stop_budget_s: float | None = None) -> PassReport:
+    def run_pass(self, stop: Callable[[], bool] = lambda: False, stop_budget_s: float | None = None,
+                 full: bool = True) -> PassReport:
         """Push what the ledger does not hold; never raises for a request that failed (it is counted).
 
         Args:
+            full: go over every store entry; False (a quick pass): only the entries under the store's
+                ``.build-id/XX`` directories that changed since the last pass, and those a pass left
+                (claimed elsewhere, failed); its backlog is then of those only.  Sessions: every one.
             stop: polled between items; once True no item is started.
             stop_budget_s: after stop() turns True, how long uploads in progress may go on
                 (default push_stop_budget_s); those still running then are abandoned (counted).
@@ -146,7 +194,8 @@ class Pusher:
         t0 = time.monotonic()
         failure = threading.Event()
         self._abort_stale(report, failure)
-        entries = [] if failure.is_set() else self._entry_work(report)
+        keys = [] if failure.is_set() or self.store is None else self._all_keys() if full else self._quick_keys()
+        entries = self._entry_work(report, keys)
         left = self._parallel(entries, lambda item: self._one_entry(item, report, failure),
                               lambda: stop() or failure.is_set(), report,
                               self.cfg.push_stop_budget_s if stop_budget_s is None else stop_budget_s)
@@ -174,12 +223,17 @@ class Pusher:
     def _one_entry(self, item: tuple[EntryPlan, str], report: PassReport, failure: threading.Event) -> bool:
         plan, stamp = item
         try:
-            r = push_entry(self.bucket, self.keys, plan)
+            r = push_entry(self.bucket, self.keys, plan, self.claims)
         except PushError as e:
             self._failed(e, report, failure, plan.hex_key)
+            self._retry.add(plan.hex_key)
             return False
         report.counts.update({r.outcome if r.outcome != "conflict" else "conflicts_kept_aside": 1,
                               "objects": r.objects, "copies": r.copies, "sent_bytes": r.sent_bytes})
+        if r.outcome == "claimed_elsewhere":
+            self._retry.add(plan.hex_key)         # looked at again (a HEAD) by the next pass
+            return False
+        self._retry.discard(plan.hex_key)
         self.ledger.mark(f"entry:{plan.hex_key}", stamp)
         return True
 
@@ -201,11 +255,18 @@ class Pusher:
             if stop() or failure.is_set():
                 left.append(work)
                 continue
+            last = self._manifest_at.get(work.name)
+            manifest = work.closed or last is None or time.monotonic() - last >= self.cfg.push_manifest_interval_s
+            if not work.segments and not manifest:
+                report.counts["manifests_deferred"] += 1
+                continue
             try:
                 r = push_session(Destination(self.bucket, self.keys, self.ledger), work, self.store,
-                                 share_private=self.cfg.store_share_private, stop=stop)
+                                 share_private=self.cfg.store_share_private, stop=stop, manifest=manifest)
                 report.counts.update({"sent_bytes": r.sent_bytes, "objects": r.objects, "sessions": 1,
                                       "segments": len(work.segments)})
+                if manifest:
+                    self._manifest_at[work.name] = time.monotonic()
             except PushError as e:
                 self._failed(e, report, failure, f"session {work.name}")
                 left.append(work)

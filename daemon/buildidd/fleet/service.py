@@ -1,5 +1,12 @@
-"""buildidd-push.service's loop: a pass every ``push_interval_s``, backoff with jitter after failures, and
-a stop within ``push_stop_budget_s``.
+"""buildidd-push.service's loop: a quick pass every ``push_wake_s``, a full one every ``push_interval_s``,
+backoff with jitter after failures, and a stop within ``push_stop_budget_s``.
+
+A quick pass (Pusher.run_pass(full=False)) looks only at the store's
+``.build-id/XX`` directories that changed (one stat each) and at the sessions'
+closed segments, so a new binary or segment goes up within about push_wake_s
+of reaching the store; a full pass goes over every entry (what a quick one
+cannot see: a main copy replaced, a debuginfo added).  The first pass, and the
+first after a failed one, is full.
 
 After a pass that ended on a failure concerning every request (the bucket
 unreachable, slow, refusing credentials, full), the next one waits
@@ -19,6 +26,7 @@ import logging
 import random
 import signal
 import threading
+import time
 
 from buildidd.fleet.metrics import MetricsServer
 from buildidd.fleet.push import Pusher
@@ -59,13 +67,16 @@ def run_service(pusher: Pusher, stop: threading.Event | None = None) -> int:
 def _loop(pusher: Pusher, stop: threading.Event, state: dict) -> int:
     """The passes of :func:`run_service`; state is the service's part of the status (kept current)."""
     cfg = pusher.cfg
-    failures = 0
-    log.info("push: to bucket %s prefix %r as host %s, every %.0f s", cfg.push_bucket, cfg.push_prefix,
-             pusher.keys.host, cfg.push_interval_s)
+    failures, next_full = 0, 0.0
+    log.info("push: to bucket %s prefix %r as host %s, new entries every %.1f s, all every %.0f s",
+             cfg.push_bucket, cfg.push_prefix, pusher.keys.host, cfg.push_wake_s, cfg.push_interval_s)
     while not stop.is_set():
-        report = pusher.run_pass(stop.is_set)
+        full = failures > 0 or time.monotonic() >= next_full
+        if full:
+            next_full = time.monotonic() + cfg.push_interval_s
+        report = pusher.run_pass(stop.is_set, full=full)
         failures = failures + 1 if report.failed else 0
-        delay = backoff_s(failures, cfg.push_retry_max_s) if failures else cfg.push_interval_s
+        delay = backoff_s(failures, cfg.push_retry_max_s) if failures else cfg.push_wake_s
         state.update(consecutive_failures=failures, next_pass_in_s=round(delay, 3), stopping=stop.is_set())
         pusher.write_status({"service": dict(state)})
         if report.counts.get("sent_bytes") or report.failed:

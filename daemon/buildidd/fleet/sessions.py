@@ -113,7 +113,7 @@ class Destination:
 
 
 def push_session(dest: Destination, work: SessionWork, store: Store | None, *,
-                 share_private: bool = False, stop=lambda: False) -> SessionResult:
+                 share_private: bool = False, stop=lambda: False, manifest: bool = True) -> SessionResult:
     """Push a session's closed segments not yet pushed, then its manifest and marker (see the module docstring).
 
     Args:
@@ -122,6 +122,8 @@ def push_session(dest: Destination, work: SessionWork, store: Store | None, *,
         store: the store whose entries the manifest describes (None: every build-id ``no_store``).
         share_private: the manifest lists private entries as held (``store_share_private``).
         stop: called between segments; True ends the push early (what is left is pushed next time).
+        manifest: write the manifest (and marker) after the segments; False: the segments only (the
+            manifest reads the whole session: the caller rations it for an open session).
 
     Raises:
         PushError: a request failed, or a segment could not be read (``source``).
@@ -135,6 +137,8 @@ def push_session(dest: Destination, work: SessionWork, store: Store | None, *,
         result.sent_bytes += bucket.put_file(path, keys.session_file(work.name, path.name), {}, if_absent=False)
         result.objects += 1
         ledger.mark(f"session:{work.name}/{path.name}", str(size))
+    if not manifest:
+        return result
     marker = read_marker_bytes(work.directory) if work.closed else None
     facts = session_facts(work.directory)
     names = sorted(work.pushed + [p.name for p, _, _ in work.segments])
