@@ -169,13 +169,14 @@ class Host:
         self.base, self.name, self.prefix = base, name, prefix
         self.store, self.state = base / "store", base / "state"
         if seed is not None:                      # a host made from the fleet's image: its store to start with
-            subprocess.run(["cp", "-a", "--reflink=auto", str(seed), str(self.store)], check=True)
+            # hard links: store files never change once published (a new copy is a new file renamed in)
+            subprocess.run(["cp", "-al", str(seed), str(self.store)], check=True)
         self.daemon = Buildidd(base, store=self.store, compress=True,
                                extra=["--segment-max-bytes", "1M", "--segment-max-age", segment_age])
         self.conf = base / "push.toml"
         keys = {"store_root": self.store, "session_root": self.daemon.root, "push_bucket": BUCKET,
                 "push_endpoint_url": endpoint, "push_prefix": prefix, "push_host": name, "push_state_dir": self.state,
-                "push_retry_max_s": f"{retry_max_s}s", "push_timeout_s": "10s"}
+                "push_retry_max_s": f"{retry_max_s}s", "push_timeout_s": "10s", "push_untrusted": "skip"}
         self.conf.write_text("".join(f'{k} = "{v}"\n' for k, v in keys.items()))
         self.push = None
         self.start_push()
@@ -191,17 +192,21 @@ class Host:
         except (OSError, ValueError):
             return {}
 
-    def drained(self) -> bool:
-        """The last pass left nothing (binaries, segments, sessions) and did not fail."""
+    def drained(self, since_ns: int = 0) -> bool:
+        """The last pass (one started after since_ns, ns since the epoch) left nothing (binaries, segments,
+        sessions) and did not fail."""
         st = self.status()
         last, backlog = st.get("last_pass") or {}, st.get("backlog") or {}
-        return bool(backlog) and not last.get("error") and not any(backlog.values())
+        return (bool(backlog) and not last.get("error") and not any(backlog.values())
+                and last.get("started_wall_ns", 0) > since_ns)
 
     def stop(self) -> None:
-        """The daemon (its session closes), then the push service once it pushed the closed session."""
+        """The daemon (its session closes), then the push service once a pass begun after that pushed
+        the closed session."""
         if self.daemon.proc.poll() is None:
             self.daemon.stop(read=False)
-        wait_for(self.drained, 120)
+        stopped_ns = time.time_ns()
+        wait_for(lambda: self.drained(stopped_ns), 120)
         self.stop_push()
 
     def stop_push(self) -> None:
