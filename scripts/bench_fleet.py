@@ -365,14 +365,19 @@ def gone(weed: Weed, host: Host, tmp: Path, probe: dict) -> dict:
                       probe["name"])}
 
 
+def unique_bytes(objs: dict[str, dict], before: set[str]) -> int:
+    """Bytes of the objects of a listing not in before, those with the same ETag and size once."""
+    return sum(size for _etag, size in {(o["ETag"], o["Size"]) for k, o in objs.items() if k not in before})
+
+
 def dedup(endpoint: str, statuses: list[dict], before: set[str]) -> dict:
     """Bytes the push services sent / unique bytes they added to the bucket (objects with one ETag and
     size once; those of the keys in before, the seed's, left out)."""
     sent = sum((st.get("totals") or {}).get("sent_bytes", 0) for st in statuses)
-    objs = {k: o for k, o in listing(endpoint).items() if k not in before}
-    unique = sum(size for _etag, size in {(o["ETag"], o["Size"]) for o in objs.values()})
+    objs = listing(endpoint)
+    unique = unique_bytes(objs, before)
     return {"sent_bytes": sent, "unique_bytes": unique, "objects": len(objs), "ratio": sent / unique if unique else None,
-            "per_host_sent": [(st.get("totals") or {}).get("sent_bytes", 0) for st in statuses]}
+            "objects_added": len(set(objs) - before), "per_host_sent": [(st.get("totals") or {}).get("sent_bytes", 0) for st in statuses]}
 
 
 def probe_run(sysdir: Path, tmp: Path) -> dict:
@@ -430,14 +435,15 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
         private = Path(tempfile.mkdtemp(prefix="buildidd-fleet-priv-", dir="/tmp"))
         made += [public, private]
         others = [program(public, "untrusted"), program(private, "private")]
-        w0 = wire.sent
+        w0, before = wire.sent, listing(weed.endpoint)
         t_exec = run_programs(progs)
         run_programs(others)
         probe = probe_run(sysdir, work)
         lat = latency(poller, t_exec)
         passes = {h.name: (h.status().get("last_pass") or {}).get("duration_s") for h in hosts}
         wait_for(lambda: all(h.drained() for h in hosts), 300)
-        steady = {"wire_bytes": wire.sent - w0, "program_bytes": sum(p.stat().st_size for p, _b in progs)}
+        steady = {"wire_bytes": wire.sent - w0, "program_bytes": sum(p.stat().st_size for p, _b in progs),
+                  "unique_bytes": unique_bytes(listing(weed.endpoint), set(before))}
         out = outage(weed, hosts, sysdir, outage_s) if outage_s > 0 else None
         for h in hosts[:-1]:
             h.stop()
@@ -551,9 +557,10 @@ def fmt(res: dict) -> list[str]:
                      f"{d['wire_bytes'] / d['unique_bytes']:.3f} on the wire (goal ≤ 1.05); the push services' own "
                      f"count {d['ratio']:.3f} (per host {[round(x / 2**20, 1) for x in d['per_host_sent']]} MiB)")
         st = d["steady"]
-        lines.append(f"    the programs run once all hosts were up: {st['wire_bytes'] / 2**20:.1f} MiB on the wire for "
-                     f"{st['program_bytes'] / 2**20:.1f} MiB of programs = {st['wire_bytes'] / st['program_bytes']:.3f} "
-                     "(sessions' segments included)")
+        lines.append(f"    while the programs ran (all hosts up): {st['wire_bytes'] / 2**20:.1f} MiB on the wire / "
+                     f"{st['unique_bytes'] / 2**20:.1f} MiB added = {st['wire_bytes'] / st['unique_bytes']:.3f} "
+                     f"({st['program_bytes'] / 2**20:.1f} MiB of programs; the machine's other new binaries and "
+                     "the sessions' segments in it too)")
     if o:
         lines.append(f"  outage {o['outage_s']:.0f} s: {o['programs']} programs, {o['segments']} segments; drained in "
                      f"{o['drain_s'] if o['drain_s'] is None else round(o['drain_s'], 1)} s; lost "
