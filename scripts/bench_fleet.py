@@ -2,7 +2,11 @@
 
 Three hosts on this machine: three ``buildidd run`` daemons, each with its own store, session
 root and host name, each with its push service (``buildidd push --service``).  They all see the
-same programs (BPF sees every exec of the machine).  Printed:
+same programs (BPF sees every exec of the machine).  The hosts start from one image: a store of
+the machine's running binaries snapshotted and pushed once (host ``seed``), each host's store a
+copy of it, so the run measures what the hosts add (--cold-stores: empty stores, each host pushes
+the machine's binaries at the same moment: the claims' race).  The hosts' untrusted entries are
+not pushed (push_untrusted = "skip": a per-host tree is each host's own by design).  Printed:
 
 - latency: from a program's first exec to its object in the bucket (p50, p99, max; a ~100 MB one
   included), polling the bucket's listing every 0.25 s;
@@ -12,8 +16,9 @@ same programs (BPF sees every exec of the machine).  Printed:
   session names is fetched with debuginfod-find from the bucket's HTTP front (private and untrusted
   ones excepted), gdb reads one program's debuginfo through DEBUGINFOD_URLS, ``buildidd fleet pull``
   brings the session back and ``inject`` and ``resolve`` work on it;
-- dedup: bytes uploaded (the push services' totals) / unique bytes in the bucket (listing,
-  objects with the same ETag and size once);
+- dedup: bytes on the wire (a counting proxy between the hosts and the bucket; the services' own
+  totals beside) / unique bytes the hosts added to the bucket (listing, objects with the same ETag
+  and size once), over the run and over the programs' phase;
 - recording: an exec storm with one daemon, paired per repetition against the same daemon without
   push, with push on and the bucket reachable, slow (a TCP proxy adding delay and a rate limit), and
   down (weed stopped): median workload-time ratio, daemon CPU per event ratio, losses.

@@ -180,7 +180,10 @@ def push_entry(bucket: Bucket, keys: Keys, plan: EntryPlan, claims: ClaimPolicy 
         if not claim.held:
             return EntryResult("claimed_elsewhere", sent_bytes=claim.sent_bytes)
     try:
-        result = _upload(bucket, keys, plan, exe, exe_key)
+        # a claim freed by a winner that finished between the HEAD above and the claim: look once more
+        have = bucket.head(exe_key) if claim is not None else None
+        result = _present(bucket, keys, plan, exe, have) if have is not None else _upload(bucket, keys, plan, exe,
+                                                                                          exe_key)
     finally:
         if claim is not None:
             claim.release(bucket)
