@@ -315,7 +315,8 @@ class Config:
     push_part_bytes: int = _key(16 << 20, "bytes",
                                 "a file larger than this is uploaded in parts of this size (multipart); push holds "
                                 "at most push_concurrency parts in memory; 5M..5G.")
-    push_timeout_s: float = _key(60.0, "seconds", "connect and read timeout of each of a request's 3 attempts.")
+    push_timeout_s: float = _key(60.0, "seconds", "read timeout (connect: up to 10 s) of each of a request's 3 "
+                                 "attempts.")
     push_wake_s: float = _key(1.0, "seconds", "how often the service looks for new store entries (one stat per "
                               ".build-id/XX directory) and closed segments, and pushes them; 0.2..60.")
     push_manifest_interval_s: float = _key(300.0, "seconds", "an open session's manifest (which reads the whole "

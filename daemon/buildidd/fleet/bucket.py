@@ -41,6 +41,11 @@ _FULL_CODES = {"InsufficientStorage", "QuotaExceeded", "EntityTooLarge", "Servic
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
 
 
+CONNECT_TIMEOUT_MAX_S = 10.0
+"""A connection not made within this long (or push_timeout_s when shorter) fails the attempt: a bucket that
+does not complete a TCP handshake in 10 s is down, whatever the read timeout that large parts need."""
+
+
 class Exists(Exception):
     """A conditional PUT found the key taken (412 Precondition Failed).
 
@@ -84,7 +89,8 @@ class BucketOptions:
         bucket: the bucket's name.
         endpoint_url: the S3 endpoint; "" for AWS's.
         region: the signing region; "" for the AWS chain's (else us-east-1).
-        timeout_s: connect and read timeout of each attempt of a request, seconds.
+        timeout_s: read timeout of each attempt of a request (and its connect timeout, up to
+            CONNECT_TIMEOUT_MAX_S), seconds.
         part_bytes: parts of a multipart upload, bytes; files larger than this go in parts.
         rate_bytes_per_s: upload bandwidth for all uploads together (0: none).
         concurrency: connections kept (one per upload thread).
@@ -158,7 +164,7 @@ class Bucket:
         cfg = botocore.config.Config(
             # both bounded: a bucket that accepts connections and never answers (a server stopping, a
             # listen backlog nobody accepts from) fails each attempt within connect + read timeout
-            connect_timeout=opts.timeout_s, read_timeout=opts.timeout_s, tcp_keepalive=True,
+            connect_timeout=min(opts.timeout_s, CONNECT_TIMEOUT_MAX_S), read_timeout=opts.timeout_s, tcp_keepalive=True,
             retries={"mode": "standard", "total_max_attempts": opts.attempts},
             max_pool_connections=max(10, opts.concurrency * 2),
             s3={"addressing_style": "path"},
