@@ -112,6 +112,7 @@ class Pusher:
         self._heads: dict[str, int] = {}          # .build-id/XX -> its mtime (ns) at the last look
         self._retry: set[str] = set()             # keys a quick pass looks at again (claimed elsewhere, failed)
         self._manifest_at: dict[str, float] = {}  # session name -> monotonic s its manifest was last written
+        self._finished: set[str] = set()          # closed sessions wholly pushed: quick passes skip them
 
     # -- the queue -----------------------------------------------------------------------
 
@@ -182,7 +183,8 @@ class Pusher:
         Args:
             full: go over every store entry; False (a quick pass): only the entries under the store's
                 ``.build-id/XX`` directories that changed since the last pass, and those a pass left
-                (claimed elsewhere, failed); its backlog is then of those only.  Sessions: every one.
+                (claimed elsewhere, failed); its backlog is then of those only.  Sessions: every one but
+                the closed ones a pass found wholly pushed.
             stop: polled between items; once True no item is started.
             stop_budget_s: after stop() turns True, how long uploads in progress may go on
                 (default push_stop_budget_s); those still running then are abandoned (counted).
@@ -199,7 +201,10 @@ class Pusher:
         left = self._parallel(entries, lambda item: self._one_entry(item, report, failure),
                               lambda: stop() or failure.is_set(), report,
                               self.cfg.push_stop_budget_s if stop_budget_s is None else stop_budget_s)
-        sessions = [] if self.cfg.session_root == "" else session_work(self.cfg.session_root, self.ledger)
+        if full:
+            self._finished.clear()                # a full pass looks at every session again
+        sessions = [] if self.cfg.session_root == "" else session_work(self.cfg.session_root, self.ledger,
+                                                                       set(self._finished), self._finished)
         unpushed = list(sessions)
         if not (stop() or failure.is_set()):
             unpushed = self._sessions(sessions, report, failure, stop)

@@ -66,8 +66,14 @@ def _closed_segments(directory: Path, closed: bool) -> list[Path]:
     return [p for p in list_segments(directory) if closed or p.name.endswith(".zst")]
 
 
-def session_work(session_root: str | os.PathLike, ledger: Ledger) -> list[SessionWork]:
+def session_work(session_root: str | os.PathLike, ledger: Ledger, skip: frozenset[str] | set[str] = frozenset(),
+                 finished: set[str] | None = None) -> list[SessionWork]:
     """Every session under session_root with something to push, oldest first.
+
+    Args:
+        skip: names of sessions not to look at (closed ones already wholly pushed: a closed session
+            never changes).
+        finished: when given, the names of the closed sessions found wholly pushed are added to it.
 
     Raises:
         SessionLogError: a session directory cannot be listed.
@@ -75,6 +81,8 @@ def session_work(session_root: str | os.PathLike, ledger: Ledger) -> list[Sessio
     out = []
     for d in session_dirs(session_root):
         name = d.name
+        if name in skip:
+            continue
         closed = read_marker_bytes(d) is not None
         done = ledger.stamps(f"session:{name}/")
         work = SessionWork(d, closed)
@@ -92,6 +100,8 @@ def session_work(session_root: str | os.PathLike, ledger: Ledger) -> list[Sessio
         work.manifest_due = done.get(f"session:{name}/{MANIFEST_KEY_NAME}") != work.manifest_stamp()
         if work.segments or work.manifest_due:
             out.append(work)
+        elif closed and finished is not None:
+            finished.add(name)
     return out
 
 
