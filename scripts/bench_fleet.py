@@ -287,11 +287,15 @@ def outage(weed: Weed, hosts: list[Host], sysdir: Path, seconds: float, every_s:
     oldest = max((h.status().get("oldest_unpushed_age_s") or 0) for h in hosts)
     weed.start()
     drain_s = wait_for(lambda: all(h.drained() for h in hosts), drain_timeout_s)
+    # what to find in the bucket: the segments closed (compressed, renamed in) well before a pass that
+    # began after the drain and drained too (a .zst's mtime is its last write, just before its rename)
+    checked_ns = time.time_ns()
+    wait_for(lambda: all(h.drained(checked_ns) for h in hosts), 60)
     held = listing(weed.endpoint)
     missing = [bid for _p, bid in progs if f"{PREFIX}/buildid/{bid}/executable" not in held]
     segs = {}
     for h in hosts:
-        segs.update(closed_segments(h, h.status()["last_pass"]["started_wall_ns"]))
+        segs.update(closed_segments(h, checked_ns - 2_000_000_000))
     lost = [k for k, size in segs.items() if k not in held or held[k]["Size"] != size]
     return {"outage_s": round(time.monotonic() - t0 - (drain_s or 0), 1), "programs": len(progs),
             "backlog_at_end": backlog, "oldest_unpushed_age_s": oldest, "drain_s": drain_s,
