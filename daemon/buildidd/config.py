@@ -140,8 +140,9 @@ class Config:
                            "size of each BPF ring buffer, a power-of-two number of pages; one ring per "
                            "CPU, at most 8 (CPU n uses ring n mod 8).  The daemon maps each twice, so "
                            "its RSS holds 2 x rings x ring_bytes.  A ring must hold what the host maps "
-                           "while the daemon is off the CPU: scripts/bench_rings.py measures losses by "
-                           "size under unpaced mmap storms (its results: docs/performance-history.md, 'Ring size').")
+                           "while the daemon is off the CPU: `scripts/bench --scenarios rings` measures losses "
+                           "by size under unpaced mmap storms (the runs that chose 2 MiB: "
+                           "docs/performance-history.md, 'Ring size').")
     poll_interval_s: float = _key(0.005, "seconds",
                                   "while events arrive the ring buffers are drained at the pace that lets the "
                                   "fullest fill to a tenth, but at most this often, and at once when a CPU "
