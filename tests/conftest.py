@@ -243,6 +243,36 @@ def public_checkout() -> Path:
     return _PUBLIC["checkout"]
 
 
+def public_wheel() -> Path:
+    """The buildidd wheel built once per test session from this checkout, readable by every user.
+
+    Built as scripts/install builds one (``pip wheel --no-deps --no-build-isolation`` on a copy of the
+    sources, no tests); the install tests hand it to scripts/install through BUILDIDD_WHEEL and install
+    it into fresh venvs, so each of them installs what the checkout builds without building it again.
+    """
+    if "wheel" not in _PUBLIC:
+        import tempfile
+        out = _public_dir("buildidd-public-wheel-")
+        with tempfile.TemporaryDirectory(prefix="buildidd-wheel-src-") as tmp:
+            src = Path(tmp) / "buildidd"
+            shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+                ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", "*.so", "tests"))
+            r = subprocess.run([sys.executable, "-m", "pip", "-q", "--no-cache-dir", "wheel", "--no-deps",
+                                "--no-build-isolation", "-w", str(out), str(src)],
+                               capture_output=True, text=True, env={**os.environ, "PIP_NO_INDEX": "1"})
+        assert r.returncode == 0, r.stdout + r.stderr
+        (wheel,) = out.glob("buildidd-*.whl")
+        _readable(out)
+        _PUBLIC["wheel"] = wheel
+    return _PUBLIC["wheel"]
+
+
+@pytest.fixture(scope="session")
+def buildidd_wheel() -> Path:
+    """public_wheel(): one buildidd wheel per test session (see there)."""
+    return public_wheel()
+
+
 def public_python() -> str:
     """A Python interpreter every user can run that imports this checkout's buildidd and its dependencies.
 

@@ -1,9 +1,9 @@
 """A plain (non-editable) ``pip install .`` works: the BPF sources travel as package data.
 
-The package is installed into a fresh venv made from /usr/bin/python3 with
---system-site-packages (so that Debian's bcc imports, as in scripts/setup); its
-pure-Python dependencies are taken from the project's .venv through a .pth line
-(no network).  Then ``buildidd --version`` runs from that venv, and the BPF
+The wheel the checkout builds (one per test session, tests/conftest.py public_wheel(), built by
+``pip wheel`` as ``pip install .`` builds one) is installed into a fresh venv made from
+/usr/bin/python3 with --system-site-packages (so that Debian's bcc imports, as in scripts/setup); its
+pure-Python dependencies are taken from the project's .venv through a .pth line (no network).  Then ``buildidd --version`` runs from that venv, and the BPF
 program compiles and loads from the installed copy of bpf/ (not the checkout).
 """
 
@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
+from conftest import public_wheel
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_pip_install_non_editable_runs_and_loads_bpf_from_the_installed_package(bpf, tmp_path):
+def test_pip_install_non_editable_runs_and_loads_bpf_from_the_installed_package(bpf, buildidd_wheel, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = venv / "bin" / "python"
@@ -28,10 +29,7 @@ def test_pip_install_non_editable_runs_and_loads_bpf_from_the_installed_package(
                           check=True, capture_output=True, text=True).stdout.strip()
     # The project's own dependencies (pyelftools, psutil, zstandard ...) from the dev venv.
     Path(site, "_buildidd_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    build = tmp_path / "src"   # the working tree as it is, without the dev venv and built files
-    shutil.copytree(ROOT, build, ignore=shutil.ignore_patterns(".git", ".venv", "*.so", "*.egg-info", "build",
-                                                               "__pycache__", ".pytest_cache"))
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(build)],
+    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(buildidd_wheel)],
                        capture_output=True, text=True, env={**os.environ, "PIP_NO_INDEX": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert not any(p.name.startswith("__editable__") for p in Path(site).iterdir())
@@ -56,8 +54,9 @@ def test_pip_install_non_editable_runs_and_loads_bpf_from_the_installed_package(
 
 
 def _install(dest: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """DESTDIR=dest scripts/install args, installing the session's wheel (BUILDIDD_WHEEL) unless env names one."""
     return subprocess.run([str(ROOT / "scripts" / "install"), *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "DESTDIR": str(dest), **env})
+                          env={**os.environ, "DESTDIR": str(dest), "BUILDIDD_WHEEL": str(public_wheel()), **env})
 
 
 def _files(root: Path) -> list[str]:
@@ -69,7 +68,9 @@ def test_install_into_its_own_prefix_upgrades_in_place_and_uninstalls(tmp_path):
     anywhere without the clone; a second install reuses the venv and replaces buildidd's files; uninstall
     removes every file install added, and keeps a configuration the operator changed."""
     dest = tmp_path / "root"
-    r = _install(dest, PREFIX="/opt/bid", BINDIR="/usr/bin")
+    # The first install builds its own wheel from the clone (no BUILDIDD_WHEEL: the default); the others
+    # install the session's.
+    r = _install(dest, PREFIX="/opt/bid", BINDIR="/usr/bin", BUILDIDD_WHEEL="")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ("install: staged under {0} (buildidd in /opt/bid, /usr/bin/buildidd, units, configuration, "
                         "man page); nothing started\n".format(dest))
@@ -122,4 +123,6 @@ def test_install_refuses_a_prefix_inside_the_clone_and_unknown_arguments(tmp_pat
                                               "of its own\n")
     r = _install(tmp_path, "--frobnicate")
     assert r.returncode == 2 and r.stderr == "install: unknown argument '--frobnicate' (none, or --uninstall)\n"
+    r = _install(tmp_path / "root", BUILDIDD_WHEEL=str(tmp_path / "none.whl"))
+    assert r.returncode == 2 and r.stderr == f"install: BUILDIDD_WHEEL {tmp_path}/none.whl is not a file\n"
     assert not any(tmp_path.iterdir())

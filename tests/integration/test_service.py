@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import need, public_checkout, session_records
+from conftest import need, public_checkout, public_wheel, session_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,8 +127,9 @@ def test_sighup_rotates(bpf, tmp_path):
 
 
 def _install(dest: Path, *prefix: str, path_dir: Path | None = None) -> subprocess.CompletedProcess:
-    """DESTDIR=dest scripts/install; with a prefix (another user), the copy of the checkout that user can read."""
-    env = {**os.environ, "DESTDIR": str(dest), "HOME": "/nonexistent"}
+    """DESTDIR=dest scripts/install of the session's wheel; with a prefix (another user), the copy of the
+    checkout that user can read."""
+    env = {**os.environ, "DESTDIR": str(dest), "HOME": "/nonexistent", "BUILDIDD_WHEEL": str(public_wheel())}
     if path_dir is not None:
         env["PATH"] = f"{path_dir}:{env['PATH']}"
     root = public_checkout() if prefix else ROOT
