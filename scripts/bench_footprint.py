@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the lines here")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.fp_procs, args.fp_dsos, args.fp_rates, args.seconds, args.reps = "10", "5", "20000", 0.3, 1
+        args.fp_procs, args.fp_dsos, args.fp_rates, args.seconds, args.reps = "20", "10", "20000", 0.5, 1
     kinds = ("cold",) if args.smoke else ("cold", "boot", "restart")   # smoke: one start (its own cache: a compile)
     if os.geteuid() != 0:
         print("bench_footprint: must run as root", file=sys.stderr)

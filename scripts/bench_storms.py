@@ -652,10 +652,10 @@ def main(argv=None) -> int:
         # delivery, not this VM's speed of the moment (20,000, ~5.6 MB, lost 0-5,500 records at
         # times on 2026-11-26, old and new code alike, while the daemon spent 2-5 µs per event).
         # Bursts that need the daemon to keep up: tests/integration/test_loss.py, the full bench.
-        args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 4, 3
+        args.reps, args.exec_n, args.dlopen_libs, args.dlopen_rounds = 1, 200, 10, 3
         args.mmap_n, args.procs, args.ramp, args.ramp_seconds = 5_000, 50, "50000x2", 1.0
         args.idle_seconds = 1.0
-        args.farm_n = min(args.farm_n, 20)
+        args.farm_n = min(args.farm_n, 60)
     workdir = Path(tempfile.mkdtemp(prefix="buildidd-bench-"))
     try:
         w = build.build(workdir / "bin", n_libs=args.dlopen_libs)

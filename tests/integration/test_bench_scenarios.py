@@ -43,9 +43,9 @@ def _storms(r: dict) -> None:
 
 #: module -> (extra options, lines the output holds, check of its JSON figures)
 SMOKE = {
-    "bench_storms": (["--farm-n", "8", "--farm-rename-every", "4"],
+    "bench_storms": (["--farm-n", "20", "--farm-rename-every", "4"],
                      ["buildidd against perf in the same repetition", "| perf: achieved", "idle host",
-                      "build farm, 8 new programs", "goal: cold store"], _storms),
+                      "build farm, 20 new programs", "goal: cold store"], _storms),
     "bench_first_storm": ([], ["  perf  ", "  buildidd  ", "buildidd, no store"],
                           lambda r: set(r["storm_s"]) == {"perf", "buildidd", "buildidd, no store"}),
     "bench_rings": ([], ["ring KiB/CPU", "smallest size with 0 lost"],
