@@ -63,11 +63,6 @@ from buildidd.store.throttle import TokenBucket
 
 log = logging.getLogger(__name__)
 
-#: Seconds a batch of copies (Store.batch) goes on taking the jobs queued meanwhile, at most: its new
-#: entries become visible (linked) at its end, so this bounds how late a copy's link comes.
-BATCH_WINDOW_S = 0.25
-
-
 @dataclass(frozen=True)
 class SnapshotPolicy:
     """How the snapshot worker copies.
@@ -127,29 +122,6 @@ def open_unchanged(path: str, ident: Identity | None) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def store_status(store: Store) -> dict:
-    """The store's part of the snapshotter's status: its bytes (apparent and on disk), quota, root, and
-    the counters of its adds (conflicts, promotions, untrusted and private copies, evictions)."""
-    c = store.counters
-    return {"store_bytes": store.size_bytes(), "store_disk_bytes": store.disk_bytes(),
-            "quota_bytes": store.quota_bytes, "store": str(store.root),
-            **{k: c[k] for k in ("conflicts", "promoted", "untrusted", "private", "evicted", "evicted_in_use",
-                                 "evicted_for_root")}}
-
-
-def wait_drained(queued: Callable[[], int], working: Callable[[], bool], deadline: float, stall_s: float) -> None:
-    """Wait until queued() is 0, working() is False, time.monotonic() reaches deadline, or queued()
-    stays the same for stall_s seconds (a copy stuck on a slow file system), whichever comes first."""
-    left, progress = queued(), time.monotonic()
-    while left and working():
-        now = time.monotonic()
-        if queued() != left:
-            left, progress = queued(), now
-        if now >= deadline or now - progress >= stall_s:
-            break
-        time.sleep(0.02)
 
 
 class Snapshotter:
@@ -284,7 +256,14 @@ class Snapshotter:
         queue no shorter for stall_s seconds (a slow file system) ends the wait early."""
         deadline = time.monotonic() + budget_s
         self.bucket.lift()
-        wait_drained(self.queued, self._thread.is_alive, deadline, stall_s)
+        left, progress = self.queued(), time.monotonic()
+        while self.queued() and self._thread.is_alive():
+            now = time.monotonic()
+            if self.queued() != left:
+                left, progress = self.queued(), now
+            if now >= deadline or now - progress >= stall_s:
+                break
+            time.sleep(0.02)
         with self._cv:
             self._stop = True
             self._cv.notify()
@@ -305,20 +284,27 @@ class Snapshotter:
         """Counters for `buildidd status`; ``coverage`` is Coverage.report (not final, 8 uids) without its
         list, with the ledger's bytes, budget and top uids (``ledger``); ``queue`` is CopyQueue.status
         (slots and descriptors by uid).  Counters are taken under _cv."""
+        c = self.store.counters
         cov = self.coverage.report(self.store.contains, final=False, listed_bytes=0, uids_listed=8)
         del cov["missing"], cov["missing_listed"]
         with self._cv:
             stats, queue, skipped = dict(self.stats), self._queue.status(), dict(self.skipped)
             last_error, suppressed = self.last_error, dict(self.lines.suppressed)
-        return {**stats, "queued": queue["jobs"], "queue": queue, **store_status(self.store),
+        return {**stats, "queued": queue["jobs"], "queue": queue, "store_bytes": self.store.size_bytes(),
+                "store_disk_bytes": self.store.disk_bytes(),
+                "quota_bytes": self.store.quota_bytes, "store": str(self.store.root),
                 "skipped": skipped, "fds_held": queue["fds"], "coverage": cov,
+                "conflicts": c["conflicts"], "promoted": c["promoted"], "untrusted": c["untrusted"],
+                "private": c["private"], "evicted": c["evicted"], "evicted_in_use": c["evicted_in_use"],
+                "evicted_for_root": c["evicted_for_root"],
                 "last_error": last_error, "log_lines_suppressed": suppressed,
                 "memory": self.memory()}
 
     def memory(self) -> dict:
-        """What the per-file structures hold (JSON-ready): {name: {"entries", "bytes", "max_bytes", ...}} for
-        ``seen`` (sightings and build-ids submitted), ``settled`` (settled answers) and ``queue`` (jobs
-        waiting); bytes are estimates (text by length, a constant per entry).  Any thread."""
+        """What the snapshotter's per-file structures hold (JSON-ready): {name: {"entries", "bytes",
+        "max_bytes", ...}} for ``seen`` (sightings and build-ids submitted), ``settled`` (settled
+        answers) and ``queue`` (jobs waiting); bytes are estimates (text by length, a constant per
+        entry).  Any thread."""
         with self._cv:
             queue, seen = self._queue.memory(), self._sightings.memory()
         return {"seen": seen, "settled": self.view.answers.memory(), "queue": queue}
@@ -337,33 +323,21 @@ class Snapshotter:
                     return
                 job = self._queue.pop()
             if job is not None:
-                self._copy_batch(job)
+                try:
+                    self._copy(job)
+                except Exception as e:      # a bug: counted, named, and the worker goes on
+                    self._note("failed", error=f"snapshot worker: {e!r}")
+                    self.coverage.outcome(job.build_id, "failed", job.path, job.uid)
+                    log.exception("snapshot of %s failed", job.path)
             if time.monotonic() >= next_housekeeping and not self._stop:
                 next_housekeeping = time.monotonic() + self.housekeeping_interval_s
                 self.housekeeping()
 
-    def _copy_batch(self, job: CopyJob | None) -> None:
-        """Copy job, then the jobs queued meanwhile (BATCH_WINDOW_S at most), in one Store.batch (one syncfs);
-        an entry the batch removed again (its sync or link failed) is counted failed, not stored."""
-        jobs, t0 = [], time.monotonic()
-        with self.store.batch() as batch:
-            while job is not None:
-                jobs.append(job)
-                self._copy(job)
-                with self._cv:
-                    more = len(self._queue) and not self._stop and time.monotonic() - t0 < BATCH_WINDOW_S
-                    job = self._queue.pop() if more else None
-        for job in (j for j in jobs if j.build_id in batch.failed):
-            self._note("failed", error=batch.failed[job.build_id], unstored=True)
-            self.coverage.outcome(job.build_id, "failed", job.path, job.uid)
-
     def _note(self, stat: str | None = None, *, skipped: str | None = None, error: str | None = None,
-              line: tuple | None = None, unstored: bool = False) -> None:
+              line: tuple | None = None) -> None:
         """One outcome, under _cv (caller does not hold it): stats[stat] += 1, skipped[skipped] += 1,
-        last_error = error, line = (key, level, msg, *args) through the log limiter; unstored: a copy
-        counted stored is taken back (its batch removed it)."""
+        last_error = error, and line = (key, level, msg, *args) through the log limiter."""
         with self._cv:
-            self.stats["stored"] -= unstored
             if stat is not None:
                 self.stats[stat] += 1
             if skipped is not None:
@@ -428,10 +402,6 @@ class Snapshotter:
         except OSError as e:
             self._note("failed", error=f"{path}: {e}")
             self.coverage.outcome(build_id, "failed", path, uid)
-        except Exception as e:              # a bug: counted, named, and the worker goes on
-            self._note("failed", error=f"snapshot worker: {e!r}")
-            self.coverage.outcome(build_id, "failed", path, uid)
-            log.exception("snapshot of %s failed", path)
         finally:
             if fd is not None:
                 os.close(fd)
