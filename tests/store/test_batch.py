@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from buildidd.store import batch as batch_mod
 from buildidd.store.origin import read_origin
 
 from conftest import gcc, need
+from store.test_crash_order import trace_store_calls
 
 TRACED = ("fsync", "syncfs", "rename", "symlink", "mkdir")
 
@@ -50,8 +49,6 @@ for r in range(int(rounds)):
             st.remove(bid)
 """
 
-_CALL = re.compile(r'^(?P<name>\w+)\((?P<args>.*)\)\s+= (?P<ret>-?\d+)')
-
 
 @pytest.fixture
 def binaries(tmp_path) -> list[tuple[Path, str]]:
@@ -71,21 +68,8 @@ def _args(store: Path, binaries, rounds: int = 1) -> list[str]:
 
 
 def _strace(store: Path, binaries, *inject: str) -> tuple[int, list[tuple[str, str, int]]]:
-    """The child under strace; (exit status, [(call, arguments, which call of that name, from 1)]) for the
-    calls on the store, in order."""
-    need(shutil.which("strace") is not None, "needs strace")
-    log = store.with_name(store.name + ".trace")
-    cmd = ["strace", "-qq", "-y", "-o", str(log), "-e", "trace=" + ",".join(TRACED), *inject, *_args(store, binaries)]
-    r = subprocess.run(cmd, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True)
-    calls, nth = [], dict.fromkeys(TRACED, 0)
-    for line in log.read_text().splitlines():
-        m = _CALL.match(line)
-        if m is None:
-            continue
-        nth[m["name"]] += 1
-        if str(store) in m["args"]:
-            calls.append((m["name"], m["args"], nth[m["name"]]))
-    return r.returncode, calls
+    """The child under strace: test_crash_order.trace_store_calls."""
+    return trace_store_calls(store, _args(store, binaries), TRACED, *inject)
 
 
 def _whole(store: Path, binaries) -> int:

@@ -39,15 +39,16 @@ Store(root, debug_root=root + "-no-debug").add_from_fd(fd, path, bid)
 _CALL = re.compile(r'^(?P<name>\w+)\((?P<args>.*)\)\s+= (?P<ret>-?\d+)')
 
 
-def _strace(store: Path, exe: Path, bid: str, *inject: str) -> tuple[int, list[tuple[str, str, int]]]:
-    """Run CHILD under strace (fds shown as paths); (exit status, [(call, its arguments, which call of
-    that name it is, from 1)] for the calls on the store, in order)."""
+def trace_store_calls(store: Path, argv: list[str], traced: tuple[str, ...], *inject: str
+                      ) -> tuple[int, list[tuple[str, str, int]]]:
+    """Run argv under strace (fds shown as paths, traced calls only, strace's fault injections inject);
+    (exit status, [(call, its arguments, which call of that name it is, from 1)] for the calls on the
+    store, in order).  Shared with test_batch.py."""
     need(shutil.which("strace") is not None, "needs strace")
     log = store.with_name(store.name + ".trace")
-    cmd = ["strace", "-qq", "-y", "-o", str(log), "-e", "trace=" + ",".join(TRACED), *inject,
-           sys.executable, "-c", CHILD, str(store), str(exe), bid]
+    cmd = ["strace", "-qq", "-y", "-o", str(log), "-e", "trace=" + ",".join(traced), *inject, *argv]
     r = subprocess.run(cmd, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True)
-    calls, nth = [], dict.fromkeys(TRACED, 0)
+    calls, nth = [], dict.fromkeys(traced, 0)
     for line in log.read_text().splitlines():
         m = _CALL.match(line)
         if m is None:
@@ -56,6 +57,11 @@ def _strace(store: Path, exe: Path, bid: str, *inject: str) -> tuple[int, list[t
         if str(store) in m["args"]:
             calls.append((m["name"], m["args"], nth[m["name"]]))
     return r.returncode, calls
+
+
+def _strace(store: Path, exe: Path, bid: str, *inject: str) -> tuple[int, list[tuple[str, str, int]]]:
+    """CHILD adding exe under strace: :func:`trace_store_calls`."""
+    return trace_store_calls(store, [sys.executable, "-c", CHILD, str(store), str(exe), bid], TRACED, *inject)
 
 
 def _complete(store: Path, bid: str, exe: Path) -> bool:
