@@ -322,7 +322,7 @@ class Config:
                               ".build-id/XX directory) and closed segments, and pushes them; 0.2..60.")
     push_manifest_interval_s: float = _key(300.0, "seconds", "an open session's manifest (which reads the whole "
                                            "session) is rewritten at most this often; a closed one's at once.")
-    push_claim_min_bytes: int = _key(1 << 20, "bytes", "files this large are claimed (PREFIX/claims/HEX) before "
+    push_claim_min_bytes: int = _key(128 << 10, "bytes", "files this large are claimed (PREFIX/claims/HEX) before "
                                      "upload, so that hosts upload them once (0: never).")
     push_claim_lease_s: float = _key(600.0, "seconds", "a claim older than this is taken over (its host died).")
     push_metrics_listen: str = _key("", "address", "buildidd-push.service's /metrics (backlog, oldest unpushed age, "

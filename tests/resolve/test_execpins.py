@@ -247,3 +247,28 @@ def test_a_held_file_released_with_no_pin_open_gets_its_ignore_mark_at_its_next_
     fd = p.take(new)
     assert fd is not None
     os.close(fd)
+
+
+def test_a_gone_users_pid_keeps_the_uid_it_was_read_with_a_gone_roots_is_unknown(attacker, monkeypatch):
+    """A failing-exec flood's events outlive its process: charged to no known uid they would fill that
+    share and close others' short-lived programs' pins in it (the hostile battery's failing-exec flood)."""
+    from buildidd.resolve import execuids
+    from buildidd.resolve.pinledger import UNKNOWN_UID
+    from buildidd.resolve.procfs import read_uid
+    from conftest import as_user_popen
+    uids = execuids.ExecUids()
+    user = as_user_popen(attacker, ["sleep", "60"])
+    root = subprocess.Popen(["sleep", "60"])
+    try:
+        assert _wait(lambda: read_uid(user.pid) == attacker[0])          # setpriv dropped to the user
+        assert uids.of(user.pid) == attacker[0] and uids.of(root.pid) == 0
+    finally:
+        for p in (user, root):
+            p.kill()
+            p.wait()
+    assert read_uid(user.pid) == -1 and read_uid(root.pid) == -1
+    assert uids.of(user.pid) == attacker[0]              # gone: the uid it was last read with
+    assert uids.of(root.pid) == UNKNOWN_UID              # root's is never kept
+    monkeypatch.setattr(execuids, "UID_CACHE_S", 0.0)
+    monkeypatch.setattr(execuids, "UID_GONE_S", 0.0)
+    assert uids.of(user.pid) == UNKNOWN_UID              # past the window: no known uid
