@@ -62,7 +62,7 @@ TAX_PROGS = HERE / "workloads" / "syscall_tax.bpf.c"
 
 #: The conditions that attach the empty on_exit (the orig_ax one for "orig_ax prog") to raw tracepoints.
 #: "empty lock+ma_write" is the pair a capture without syscall hooks would need (ma_write for
-#: the new VMA, mmap_lock_released to learn that its syscall is over), measured 2026-11-26.
+#: the new VMA, mmap_lock_released to learn that its syscall is over).
 RAW_TP = {"empty prog": ("sys_exit",), "orig_ax prog": ("sys_exit",), "empty ma_write": ("ma_write",),
           "empty lock+ma_write": ("mmap_lock_released", "ma_write")}
 

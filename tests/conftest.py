@@ -267,6 +267,29 @@ def public_wheel() -> Path:
     return _PUBLIC["wheel"]
 
 
+def offline_pip_env() -> dict[str, str]:
+    """Environment for a pip run that installs buildidd's dependencies offline, from a wheelhouse
+    downloaded once per test session: ``PIP_NO_INDEX`` and ``PIP_FIND_LINKS``.
+
+    The wheelhouse holds pyproject's dependencies (and theirs) as wheels, systemd-python left out
+    (Debian's python3-systemd serves it through --system-site-packages), fetched by ``pip download``
+    from pip's cache that scripts/setup filled.  The install tests that check what scripts/install
+    renders and stages use it, so each install's venv costs no downloads; test_install's first install
+    fetches from the index as an operator's does.
+    """
+    if "wheelhouse" not in _PUBLIC:
+        import tomllib
+        out = _public_dir("buildidd-wheelhouse-")
+        deps = [d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+                if not d.startswith("systemd-python")]
+        r = subprocess.run([sys.executable, "-m", "pip", "-q", "download", "--only-binary=:all:", "-d", str(out),
+                            *deps], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        _readable(out)
+        _PUBLIC["wheelhouse"] = out
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(_PUBLIC["wheelhouse"])}
+
+
 @pytest.fixture(scope="session")
 def buildidd_wheel() -> Path:
     """public_wheel(): one buildidd wheel per test session (see there)."""

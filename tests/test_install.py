@@ -16,7 +16,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from conftest import public_wheel
+from conftest import offline_pip_env, public_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,9 +54,12 @@ def test_pip_install_non_editable_runs_and_loads_bpf_from_the_installed_package(
 
 
 def _install(dest: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """DESTDIR=dest scripts/install args, installing the session's wheel (BUILDIDD_WHEEL) unless env names one."""
+    """DESTDIR=dest scripts/install args, installing the session's wheel (BUILDIDD_WHEEL) and its dependencies
+    from the session's wheelhouse (conftest.offline_pip_env), unless env names a wheel or none."""
+    offline = offline_pip_env() if env.get("BUILDIDD_WHEEL", "-") else {}
     return subprocess.run([str(ROOT / "scripts" / "install"), *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "DESTDIR": str(dest), "BUILDIDD_WHEEL": str(public_wheel()), **env})
+                          env={**os.environ, "DESTDIR": str(dest), "BUILDIDD_WHEEL": str(public_wheel()), **offline,
+                               **env})
 
 
 def _files(root: Path) -> list[str]:

