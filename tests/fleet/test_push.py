@@ -275,3 +275,17 @@ def test_service_pushes_then_stops_on_sigterm_within_its_budget(host_a, weed, tm
     r = subprocess.run([sys.executable, "-m", "buildidd.cli", "push", "--status", "--config", str(conf)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "backlog: 0 binaries" in r.stdout, r.stdout + r.stderr
+
+
+def test_buildidd_status_reads_the_push_status_without_importing_an_s3_client(tmp_path):
+    """`buildidd status` shows the push line from status.json (fleet.status): boto3 is the push's, not status's."""
+    import sys
+    from buildidd.fleet.status import write_status
+    write_status(tmp_path, {"backlog": {"entries": 2}, "totals": {"errors_network": 1}})
+    code = ("import sys; from buildidd.cli.ctl import _push_status, push_line; "
+            f"print(push_line(_push_status({str(tmp_path)!r}))); print('boto3' in sys.modules, 'botocore' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    line, imported = r.stdout.splitlines()
+    assert line.startswith("push      backlog 2 binaries") and "network 1" in line, line
+    assert imported == "False False"

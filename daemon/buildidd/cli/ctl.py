@@ -226,10 +226,10 @@ def push_line(push: dict) -> str:
 
 
 def _push_status(state_dir: str) -> dict | None:
-    """The push service's last status (fleet.push.read_status), or None: push never ran there, or this
+    """The push service's last status (fleet.status.read_status), or None: push never ran there, or this
     user may not read its state directory (root's, 0700)."""
     from buildidd.errors import PushError
-    from buildidd.fleet.push import read_status
+    from buildidd.fleet.status import read_status
     try:
         return read_status(state_dir)
     except PushError:

@@ -39,7 +39,7 @@ def cmd_push(args) -> int:
     """`buildidd push`: one pass (default), the service loop (--service), or the last status (--status)."""
     cfg = _config(args)
     if args.status:
-        from buildidd.fleet.push import read_status
+        from buildidd.fleet.status import read_status
         _print_status(read_status(cfg.push_state_dir), args.json)
         return 0
     from buildidd.fleet.push import Pusher

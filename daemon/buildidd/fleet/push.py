@@ -16,7 +16,6 @@ counters kept in the ledger.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -35,14 +34,14 @@ from buildidd.fleet.claims import ClaimPolicy
 from buildidd.fleet.keys import Keys
 from buildidd.fleet.ledger import Ledger, ledger_path
 from buildidd.fleet.sessions import Destination, SessionWork, push_session, session_work
+from buildidd.fleet.status import STATUS_NAME, write_status
 from buildidd.offline.serve.debuginfod import Privacy
 from buildidd.store import BUILD_ID_DIR, Store
 
-__all__ = ["Pusher", "PassReport", "STATUS_NAME", "read_status", "host_name"]
+__all__ = ["Pusher", "PassReport", "host_name"]
 
 log = logging.getLogger(__name__)
 
-STATUS_NAME = "status.json"
 
 
 def host_name(cfg: Config) -> str:
@@ -336,14 +335,10 @@ class Pusher:
         """Write :meth:`status` (and extra, merged into what earlier calls gave: a pass's own write keeps
         the service's part) to ``STATE_DIR/status.json`` (temporary file, then rename)."""
         self._extra.update(extra or {})
-        path = Path(self.cfg.push_state_dir) / STATUS_NAME
-        tmp = path.with_name(f".{STATUS_NAME}.tmp")
         try:
-            with open(tmp, "w") as f:
-                json.dump({**self.status(), **self._extra}, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
+            write_status(self.cfg.push_state_dir, {**self.status(), **self._extra})
         except OSError as e:
-            log.warning("push: cannot write %s: %s", path, e)
+            log.warning("push: cannot write %s/%s: %s", self.cfg.push_state_dir, STATUS_NAME, e)
 
     def close(self) -> None:
         self.ledger.close()
@@ -364,18 +359,3 @@ def _backlog(entries: Iterable[tuple[EntryPlan, str]], sessions: Iterable[Sessio
             out["segment_bytes"] += size
             oldest = mtime_ns if oldest is None else min(oldest, mtime_ns)
     return out, oldest
-
-
-def read_status(state_dir: str | os.PathLike) -> dict:
-    """The last status a push wrote under state_dir.
-
-    Raises:
-        PushError: ``config``: none there (push never ran with this state directory), or unreadable.
-    """
-    path = Path(state_dir) / STATUS_NAME
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise PushError("config", f"{path}: no status: push has not run with push_state_dir = {state_dir}") from e
-    except (OSError, ValueError) as e:
-        raise PushError("config", f"{path}: {e}") from e
