@@ -272,8 +272,8 @@ def offline_pip_env() -> dict[str, str]:
     downloaded once per test session: ``PIP_NO_INDEX`` and ``PIP_FIND_LINKS``.
 
     The wheelhouse holds pyproject's dependencies (and theirs) as wheels, systemd-python left out
-    (Debian's python3-systemd serves it through --system-site-packages), fetched by ``pip download``
-    from pip's cache that scripts/setup filled.  The install tests that check what scripts/install
+    (Debian's python3-systemd serves it through --system-site-packages), made by ``pip wheel`` from
+    pip's cache that scripts/setup filled (a dependency published as an sdist only is built once here).  The install tests that check what scripts/install
     renders and stages use it, so each install's venv costs no downloads; test_install's first install
     fetches from the index as an operator's does.
     """
@@ -282,8 +282,8 @@ def offline_pip_env() -> dict[str, str]:
         out = _public_dir("buildidd-wheelhouse-")
         deps = [d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
                 if not d.startswith("systemd-python")]
-        r = subprocess.run([sys.executable, "-m", "pip", "-q", "download", "--only-binary=:all:", "-d", str(out),
-                            *deps], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "-q", "wheel", "-w", str(out), *deps],
+                           capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
         _readable(out)
         _PUBLIC["wheelhouse"] = out
