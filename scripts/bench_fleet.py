@@ -430,14 +430,24 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
     hosts: list[Host] = []
     made: list[Path] = []
     work.mkdir(parents=True, exist_ok=True)
+    clock = [time.monotonic()]
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:            # seconds since the previous phase ended
+        now = time.monotonic()
+        phases[name] = round(now - clock[0], 2)
+        clock[0] = now
+
     seed = seed_store(weed, work)[0] if seeded else None
     seed_keys = set(listing(weed.endpoint))
+    phase("seed")
     poller = Poller(weed.endpoint)
     wire = SlowProxy(int(weed.endpoint.rsplit(":", 1)[1]), delay_s=0.0, rate=float("inf"))
     try:
         hosts = [Host(work / f"host-{i + 1}", f"host-{i + 1}", f"http://127.0.0.1:{wire.port}",
                       retry_max_s=retry_max_s, seed=seed) for i in range(n_hosts)]
         start_s = wait_for(lambda: all(h.drained() for h in hosts), 300)   # what ran before: each store's start
+        phase("hosts_up")
         progs = [program(sysdir, f"p{i}") for i in range(n_progs)] + [program(sysdir, "big", big_mb << 20)]
         public = Path(tempfile.mkdtemp(prefix="buildidd-fleet-pub-", dir="/tmp"))
         os.chmod(public, 0o755)
@@ -448,19 +458,26 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
         t_exec = run_programs(progs)
         run_programs(others)
         probe = probe_run(sysdir, work)
+        phase("programs")
         lat = latency(poller, t_exec)
+        phase("latency")
         passes = {h.name: (h.status().get("last_pass") or {}).get("duration_s") for h in hosts}
         wait_for(lambda: all(h.drained() for h in hosts), 300)
         steady = {"wire_bytes": wire.sent - w0, "program_bytes": sum(p.stat().st_size for p, _b in progs),
                   "unique_bytes": unique_bytes(listing(weed.endpoint), set(before))}
+        phase("steady_drained")
         out = outage(weed, hosts, sysdir, outage_s) if outage_s > 0 else None
+        phase("outage")
         for h in hosts[:-1]:
             h.stop()
         statuses = [h.status() for h in hosts[:-1]]
+        phase("hosts_stopped")
         last = hosts[-1]
         g = gone(weed, last, work, probe)
         statuses.append(last.final_status)
+        phase("gone")
         return {"latency": lat, "passes": passes, "outage": out, "gone": g, "seeded": seeded, "start_s": start_s,
+                "phases_s": phases,
                 "dedup": {**dedup(weed.endpoint, statuses, seed_keys), "wire_bytes": wire.sent, "steady": steady}}
     finally:
         wire.close()
@@ -578,6 +595,8 @@ def fmt(res: dict) -> list[str]:
         lines.append(f"  recording (exec storm, off {rec['off']['wall_s']:.3f} s): "
                      + "; ".join(f"{m} ×{rec[m]['wall_ratio']:.3f} time, ×{rec[m]['cpu_ratio'] or 0:.3f} CPU/ev, "
                                  f"lost {rec[m]['losses']}" for m in ("reachable", "slow", "down")))
+    if res.get("phases_s"):
+        lines.append("  the run's phases, s: " + ", ".join(f"{k} {v:g}" for k, v in res["phases_s"].items()))
     return lines
 
 

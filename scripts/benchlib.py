@@ -187,14 +187,15 @@ def lost_count(records: list[dict]) -> int:
     return sum(sum(r["counts"].values()) for r in records if r.get("type") == "lost")
 
 
-def page_touch_cost(w: dict) -> dict[int, int]:
-    """ns of CPU per page read after the thread slept, by ms asleep (workloads/pagetouch.c): the machine's.
+def page_touch_cost(w: dict, max_ms: int = 1000) -> dict[int, int]:
+    """ns of CPU per page read after the thread slept, by ms asleep up to max_ms (workloads/pagetouch.c):
+    the machine's.
 
     Where the host takes back idle guest memory, every daemon step after a sleep costs in
     proportion to the pages it touches, so buildidd's CPU per event (and perf's) means little
     without this line beside it.
     """
-    out = subprocess.run([str(w["pagetouch"])], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([str(w["pagetouch"]), str(max_ms)], check=True, capture_output=True, text=True).stdout
     return {int(ms): int(ns) for ms, ns in (line.split() for line in out.splitlines())}
 
 

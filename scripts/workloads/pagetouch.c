@@ -1,7 +1,8 @@
 /*
  * pagetouch: what touching memory costs after the thread slept (the machine's, not buildidd's).
  *
- * 8 MiB are written once; then, for each sleep length, the thread sleeps and
+ * pagetouch [MAX_MS]: 8 MiB are written once; then, for each sleep length up to MAX_MS
+ * (default 1000), the thread sleeps and
  * reads one byte of every page, 5 times; printed: "<sleep ms> <ns of thread
  * CPU per page>" per line.  On bare metal every line is some tens of ns.  On
  * a VM whose host takes back idle guest memory the cost grows with the sleep
@@ -26,15 +27,16 @@ static double cpu_ns(void)
 	return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	static const int sleep_ms[] = {0, 1, 10, 50, 200, 1000};
+	int max_ms = argc > 1 ? atoi(argv[1]) : 1000;
 	char *b = malloc((size_t)PAGES * 4096);
 
 	if (!b)
 		return 1;
 	memset(b, 1, (size_t)PAGES * 4096);
-	for (unsigned k = 0; k < sizeof(sleep_ms) / sizeof(sleep_ms[0]); k++) {
+	for (unsigned k = 0; k < sizeof(sleep_ms) / sizeof(sleep_ms[0]) && sleep_ms[k] <= max_ms; k++) {
 		double total = 0;
 
 		for (int r = 0; r < REPS; r++) {

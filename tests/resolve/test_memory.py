@@ -53,9 +53,13 @@ def test_kernel_answers_handed_over_stay_within_the_hand_overs_budgets():
                       lambda bid, path, reason, uid: gaps.append(reason) if len(gaps) < 10 else None)
     q = HandOverQueue(job, enrich.Offload().pool, 0.25)
     e = Enricher(on_build_id=lambda *a: None, hand_over=q.offer)
+    # Each hand-over of a deep path is about 4 KiB: a fifth of a flood fills the handed record
+    # (HANDED_MAX_BYTES) and the unreached list many times over, and each hand-over runs a job.
+    n = FLOOD_N // 5
+    assert n * len(deep_path(0)) > 10 * handoverqueue.HANDED_MAX_BYTES
     try:
         def flood():
-            for i in range(FLOOD_N):
+            for i in range(n):
                 res = e.resolve(_kernel_map(i))
                 assert res.build_id == i.to_bytes(20, "little").hex()
                 if i % 1000 == 999:
