@@ -632,11 +632,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cold-stores", action="store_true",
                     help="hosts start with empty stores (not the seeded image): each pushes the machine's running "
                          "binaries at the same moment (the claims' race)")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes: 3 hosts, 2 programs, 5 MiB, 5 s outage")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: 3 hosts, 2 programs, 5 MiB, 3 s outage")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.programs, args.big_mb, args.outage_s, args.reps, args.retry_max_s = 2, 5, 5.0, 0, 4.0
+        args.programs, args.big_mb, args.outage_s, args.reps, args.retry_max_s = 2, 5, 3.0, 0, 4.0
     res = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str))

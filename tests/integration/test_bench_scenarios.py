@@ -42,7 +42,7 @@ def _storms(r: dict) -> None:
 
 
 def _fleet_goals(r: dict) -> bool:
-    """Issue 44's goals at the smoke's size (three hosts, a 5 MiB program, a 5 s outage, a host gone)."""
+    """Issue 44's goals at the smoke's size (three hosts, a 5 MiB program, a 3 s outage, a host gone)."""
     lat, out, gone, dd = r["latency"], r["outage"], r["gone"], r["dedup"]
     assert lat["in_bucket"] == lat["programs"] == 3 and lat["p99_s"] <= 10.0, lat
     assert not out["programs_missing"] and not out["segments_lost"], out

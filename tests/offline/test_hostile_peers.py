@@ -125,7 +125,7 @@ def test_archive_readers_that_never_read_stall_nothing(world, attacker):
     every executor thread; lookups, /sessions and /metrics must answer, and the readers be cut."""
     serve = _serve(world, "stall")
     try:
-        holders = _start_holders(attacker, serve, 6, f"/sessions/{SESSION}/archive", hold_s=12)
+        holders = _start_holders(attacker, serve, 6, f"/sessions/{SESSION}/archive", hold_s=8)
         time.sleep(1.0)
         bid = world["bids"]["small"]
         answers = [_timed(serve, p, _auth()) for p in (f"/buildid/{bid}/executable", "/sessions", "/metrics",
