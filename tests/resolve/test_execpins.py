@@ -272,3 +272,27 @@ def test_a_gone_users_pid_keeps_the_uid_it_was_read_with_a_gone_roots_is_unknown
     monkeypatch.setattr(execuids, "UID_CACHE_S", 0.0)
     monkeypatch.setattr(execuids, "UID_GONE_S", 0.0)
     assert uids.of(user.pid) == UNKNOWN_UID              # past the window: no known uid
+
+
+def test_a_gone_programs_event_takes_the_uid_of_an_exec_record_published_before_it_was_read(pins, attacker,
+                                                                                          public_tmp_factory):
+    """The reader is behind (held here); the program has exited and its exec record was published: the
+    event is charged to the record's uid at once, never to no known uid (whose share a flood may fill)."""
+    from buildidd import clock
+    from buildidd.kernel.events import st_dev_to_kdev
+    from conftest import as_user_popen
+    p = pins(max_files=256, ttl_s=60)
+    exe = public_tmp_factory() / "short"
+    _variant(exe, 7, "/bin/true")
+    ident = _ident(exe)
+    added = []                                                # the keys the reader pins under, in order
+    add = p.ledger.add
+    p.ledger.add = lambda key, pin: (added.append(key), add(key, pin))[1]
+    with p._reading:                                          # the reader thread waits: it is behind
+        prog = as_user_popen(attacker, [str(exe)])
+        assert prog.wait(timeout=30) == 0
+        p.recorded([(prog.pid, attacker[0], st_dev_to_kdev(ident.dev), ident.ino, clock.boot_ns())],
+                   clock.boot_ns())
+    # its pin is the user's from the start, never first charged to no known uid
+    assert _wait(lambda: _held(p, ident)), p.status()
+    assert [k[2] for k in added if k[:2] == (ident.dev, ident.ino)] == [attacker[0]], added

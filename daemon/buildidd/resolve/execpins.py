@@ -35,7 +35,8 @@ thread (:meth:`ExecPins.recorded`: "pid P exec'd file F as uid U", from the
 ring's EXEC records and EXEC_MAIN/EXEC_INTERP mappings) confirms the pin and
 moves it to U.  A process gone before its event was read (a short-lived
 program, or a user forking a child per exec) is charged to its exec
-record's uid when that came first, else to no known uid
+record's uid when that came first (the confirmations the recording thread
+has published are applied before such an event is charged), else to no known uid
 (:data:`~buildidd.resolve.pinledger.UNKNOWN_UID`, a share of its own) until
 its record comes: never to the file's owner, which would let a user's execs
 of root's files spend root's share.
@@ -377,7 +378,7 @@ class ExecPins:
             self.stats["held_ignored"] += (held := pending is None and is_held(self._held, self.ledger, st))
         if held:
             return _ignore_and_close(self, fd)
-        uid = pending[0] if pending is not None else self._uids.of(pid)
+        pending, uid, closed = _charged_to(self, st, pid, pending)
         key = (st.st_dev, st.st_ino, uid)
         now = time.monotonic()
         with self._lock:
@@ -385,11 +386,11 @@ class ExecPins:
             if old is not None and _same_contents(old.st, st):
                 self.ledger.refresh(key, now)     # the same file again, by the same user: one pin
                 self.stats["repeats"] += 1
-                closed = [fd]
+                closed.append(fd)
                 if pending is not None:
                     closed += [p.fd for p in self.ledger.confirm(key, uid, pending[1])[1]]
             else:
-                closed = [self.ledger.remove(key).fd] if old is not None else []
+                closed += [self.ledger.remove(key).fd] if old is not None else []
                 pin = Pin(fd, st, pid, uid, now, clock.boot_ns(), pending is not None,
                           int(pending is not None and pending[1]))
                 closed += [p.fd for p in self.ledger.add(key, pin)]
@@ -419,6 +420,28 @@ class ExecPins:
             if ignore:
                 self.ignore(pin.fd, remember=False)     # remembered from its release
             os.close(pin.fd)
+
+
+def _charged_to(pins: ExecPins, st: os.stat_result, pid: int, pending: tuple | None) -> tuple:
+    """The uid an event of pid's exec of st's file is charged to: its exec record's (pending, a
+    confirmation that came first), else pid's real uid (ExecUids).  For a gone process (no known uid)
+    the confirmations published so far (PinInbox.take_confirms) are applied first: one of them may
+    give its uid (a short-lived program whose record the recording thread read while the reader was
+    behind); without this, under a flood that fills the no-known-uid share, such a pin could be closed
+    at that cap before its confirmation came round.  Returns (the confirmation or None, the uid, the
+    descriptors of pins the confirmations' moves closed at their caps: the caller closes them)."""
+    if pending is not None:
+        return pending, pending[0], []
+    uid = pins._uids.of(pid)
+    notes = pins.inbox.take_confirms() if uid == UNKNOWN_UID else None
+    if not notes or not notes.confirms:
+        return None, uid, []
+    with pins._lock:
+        pins.stats["confirms"] += len(notes.confirms)
+        closed = [p.fd for p in apply_notes(pins.ledger, notes, time.monotonic(), pins.policy.ttl_s,
+                                            pins._held.entries)]
+        pending = pins.ledger.pending.pop((st.st_dev, st.st_ino, pid), None)
+    return pending, pending[0] if pending is not None else uid, closed
 
 
 def _ignore_and_close(pins: ExecPins, fd: int) -> None:

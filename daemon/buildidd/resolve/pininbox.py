@@ -108,6 +108,14 @@ class PinInbox:
             self._claims.clear()
         return notes
 
+    def take_confirms(self) -> Notes:
+        """The exec records' confirmations only (the reader thread, for an event whose process is gone:
+        one of them may name it), without the progress: those taken later still cover what it says."""
+        with self._lock:
+            notes = Notes([], list(self._confirms), [], None)
+            self._confirms.clear()
+        return notes
+
     def dropped(self) -> int:
         """confirms_dropped (any thread)."""
         with self._lock:
