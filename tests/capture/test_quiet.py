@@ -197,8 +197,12 @@ def test_an_idle_recorder_sleeps_and_the_first_record_wakes_it(recorder, workloa
         # begin (pacing.Pacer.drained): at most RAMP polls per busy step, counted, not timed.
         busy = steps - polls
         assert polls <= 12 + RAMP * busy, (steps, polls)
-        quiet = rec.status()["quiet"]                   # what the control socket's status shows
-        assert quiet["waits"] >= 1 and quiet["asleep_s"] > 0.1, quiet
+        # It goes quiet (what the control socket's status shows) in the first lull: a host busy with
+        # others' work (a bench beside the suite) keeps it awake meanwhile; waited for, not timed.
+        deadline = time.monotonic() + 120
+        while not ((quiet := rec.status()["quiet"])["waits"] >= 1 and quiet["asleep_s"] > 0.1):
+            assert time.monotonic() < deadline, quiet
+            time.sleep(0.1)
         before = rec.stats.events.get("exec", 0)
         t0 = time.monotonic()
         subprocess.run([str(workloads["child"])], check=True)
