@@ -225,8 +225,7 @@ def run_perf(farm: Farm, work: Path) -> FarmRun:
             ["perf", "script", "-i", str(perf.output), "--show-mmap-events"],
             capture_output=True, text=True, errors="replace").stdout)
     finally:
-        if perf.proc.returncode is None:
-            perf.finish()
+        perf.finish()
         shutil.rmtree(fs.run, ignore_errors=True)
     want = set(fs.bids)
     return FarmRun(ru.ru_utime + ru.ru_stime - c0, None, len({m.build_id for m in maps if m.build_id in want}),

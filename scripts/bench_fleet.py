@@ -49,6 +49,7 @@ for p in (HERE, HERE.parent / "tests"):
         sys.path.insert(0, str(p))
 
 from benchlib import PY, SETTLE_S, Buildidd, build as workloads, lost_count, mapping_records  # noqa: E402
+from perfcompare import perf_record_lock  # noqa: E402
 from fleet.conftest import ACCESS_KEY, SECRET_KEY, Weed  # noqa: E402
 from fleet.world import system_dir  # noqa: E402
 
@@ -393,11 +394,9 @@ def probe_run(sysdir: Path, tmp: Path) -> dict:
     """A program run under perf record (the profile the analyst later injects): its pid and function address."""
     path, bid = program(sysdir, "probe")
     data = tmp / "probe.perf.data"
-    for _ in range(3):                            # perf aborts at times while other perf sessions start
+    with perf_record_lock():
         r = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-o", str(data), "--", str(path)],
                            capture_output=True, text=True)
-        if r.returncode == 0:
-            break
     r.check_returncode()
     pid, addr = r.stdout.split()[:2]
     return {"path": path, "bid": bid, "name": "probe", "perf_data": data, "pid": pid, "addr": addr}

@@ -34,6 +34,7 @@ from buildidd.sessionlog import read_session
 from buildidd.store import Store
 
 HERE = Path(__file__).resolve().parent
+from perfcompare import perf_record_lock  # noqa: E402
 from workloads.upgrade import build_race, race_script  # noqa: E402
 
 
@@ -72,9 +73,10 @@ def run_perf(cache: Path, work: Path, script: str) -> None:
     """perf record -a --buildid-all around the script, its build-id cache at cache (filled by path
     when the recording ends, as perf does)."""
     env = {k: v for k, v in os.environ.items() if k != "DEBUGINFOD_URLS"}
-    subprocess.run(["perf", "--buildid-dir", str(cache), "record", "-q", "-a", "--buildid-all", "-e", "dummy",
-                    "-o", str(work / "perf.data"), "--", "sh", "-c", script + "sleep 1\n"],
-                   check=True, env=env, capture_output=True)
+    with perf_record_lock():
+        subprocess.run(["perf", "--buildid-dir", str(cache), "record", "-q", "-a", "--buildid-all", "-e", "dummy",
+                        "-o", str(work / "perf.data"), "--", "sh", "-c", script + "sleep 1\n"],
+                       check=True, env=env, capture_output=True)
 
 
 def held(store: Path, bids: list[str]) -> int:

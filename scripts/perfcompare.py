@@ -15,6 +15,8 @@ chunk.  compare() drops such copies (same record, same ns timestamp).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import signal
@@ -22,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 # comm pid [cpu] time: PERF_RECORD_MMAP2 pid/tid: [0xSTART(0xLEN) @ PGOFF <BUILDID>]: perms path
 # or ... @ PGOFF MAJ:MIN INO GEN]: perms path
@@ -31,6 +33,43 @@ _MMAP2 = re.compile(
     r"(?P<pid>-?\d+)/(?P<tid>-?\d+):\s+\[0x(?P<start>[0-9a-f]+)\(0x(?P<len>[0-9a-f]+)\)\s+@\s+"
     r"(?P<pgoff>0x[0-9a-f]+|0)\s+(?:<(?P<bid>[0-9a-f]*)>|(?P<maj>[0-9a-f]+):(?P<min>[0-9a-f]+)\s+"
     r"(?P<ino>\d+)\s+(?P<gen>\d+))\]:\s+(?P<perms>\S+)\s+(?P<path>.*)$")
+
+
+#: The host's lock for perf record sessions (flock(2)), taken around every perf record the bench and
+#: the tests start: see perf_record_lock.
+PERF_RECORD_LOCK = Path("/run/lock/buildidd-perf-record.lock")
+
+
+@contextlib.contextmanager
+def perf_record_lock(timeout_s: float = 900.0, path: Path = PERF_RECORD_LOCK) -> Iterator[None]:
+    """Hold the host's perf record lock for the body: one perf record session at a time among the bench
+    and the tests on this host.
+
+    Why: while one session records with --buildid-mmap, the kernel gives other sessions' MMAP2 records
+    the build-id flag over their maj/min/ino (kernel/events/core.c perf_event_mmap_output sets
+    PERF_RECORD_MISC_MMAP_BUILD_ID in the mmap event every perf event shares and does not restore it;
+    see buildidd.offline.inject.flag_without_build_id), and perf 6.1 then aborts reading them
+    (util/build-id.c build_id__init: a "build-id" of 254 bytes, the disk's major, copied into 20).
+    The lock is one open file description per holder: do not nest it in one process.
+
+    Raises:
+        TimeoutError: another holder kept it for timeout_s seconds.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path}: held by another perf record for {timeout_s:.0f} s") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)     # releases the lock
 
 
 def other_tracers() -> list[str]:
@@ -117,14 +156,28 @@ class PerfRecorder:
         extra: more perf record options.
         base: the event and mode options (default the yardstick's: dummy, -a, --buildid-mmap).
         perf: the perf command and its global options (e.g. ``("perf", "--buildid-dir", DIR)``).
+    Holds perf_record_lock from start to finish() (waiting for it before perf starts).
     Raises:
         RuntimeError: perf is missing or did not start.
+        TimeoutError: the host's perf record lock stayed taken (perf_record_lock).
     """
 
     def __init__(self, output: str | os.PathLike, *, extra: Iterable[str] = (),
                  base: Iterable[str] = ("-e", "dummy", "-a", "--buildid-mmap"), perf: Iterable[str] = ("perf",)):
         self.output = Path(output)
         self.output.unlink(missing_ok=True)
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(perf_record_lock())
+        try:
+            self._start(perf, base, extra)
+        except BaseException:
+            if getattr(self, "proc", None) is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._lock.close()
+            raise
+
+    def _start(self, perf: Iterable[str], base: Iterable[str], extra: Iterable[str]) -> None:
         t0 = time.monotonic()
         self.proc = subprocess.Popen([*perf, "record", *base, "-q", "-o", str(self.output), *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -153,13 +206,18 @@ class PerfRecorder:
         return self.proc.pid
 
     def finish(self) -> None:
-        """SIGINT perf and wait until it has written the file (killed after 60 s)."""
-        self.proc.send_signal(signal.SIGINT)
+        """SIGINT perf, wait until it has written the file (killed after 60 s), and release the lock.
+        Once perf has exited (reaped by the caller, its returncode set), only releases the lock."""
         try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            if self.proc.returncode is None:
+                self.proc.send_signal(signal.SIGINT)
+                try:
+                    self.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        finally:
+            self._lock.close()
 
     def stop(self) -> list[PerfMmap]:
         """SIGINT perf, wait for it, and return its executable MMAP2 records."""

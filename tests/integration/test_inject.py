@@ -23,7 +23,7 @@ import pytest
 from buildidd.store import Store
 
 from conftest import Background, gcc, need, readelf_build_id
-from perfcompare import PerfRecorder, other_tracers
+from perfcompare import PerfRecorder, perf_record_lock
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
 
@@ -114,12 +114,9 @@ def _run(cmd, **kw) -> str:
 
 
 def _perf_record(out: Path, base: tuple, perf: tuple) -> PerfRecorder:
-    """perf record started once no other perf records with --buildid-mmap (waits up to 60 s): while one does,
-    the kernel flags this one's MMAP2 records as carrying build-ids (inject.flag_without_build_id) and perf
-    record's own build-id pass aborts."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any("--buildid-mmap" in t and "perf" in t for t in other_tracers()):
-        time.sleep(0.5)
+    """perf record started under the host's perf record lock (perfcompare.perf_record_lock): while another
+    session records with --buildid-mmap, the kernel flags this one's MMAP2 records as carrying build-ids
+    (inject.flag_without_build_id) and perf record's own build-id pass aborts."""
     return PerfRecorder(out, base=base, perf=perf)
 
 
@@ -428,10 +425,9 @@ def test_per_process_profile_with_no_buildid(recorder, tmp_path, public_tmp_fact
     _install(v1, app)
     data = tmp_path / "pp.data"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any("--buildid-mmap" in t and "perf" in t for t in other_tracers()):
-            time.sleep(0.5)
-        _run(["perf", "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-o", str(data), "--", str(app), "0.5"])
+        with perf_record_lock():
+            _run(["perf", "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-o", str(data), "--", str(app),
+                  "0.5"])
         _install(v2, app)
         store = Store(store_root)
         deadline = time.monotonic() + 20

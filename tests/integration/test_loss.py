@@ -8,6 +8,13 @@ import time
 
 from conftest import readelf_build_id, session_records
 
+#: Seconds a test waits for the host to be calm (the recorder's pacer: CALM_S without a backlog): a bound
+#: against a hang, not a budget; a bench beside the suite keeps the host busy for stretches.
+CALM_WAIT_S = 120
+#: Records from processes other than a test's own beyond which a wake-up test's premise (the test's
+#: mappings are all the ring holds) does not hold, and it tries again.
+FOREIGN_MAX = 100
+
 
 def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
     rec = recorder(ring_bytes=4096)   # one page per ring: a few dozen events
@@ -54,8 +61,9 @@ def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(rec
     try:
         tid = bg.thread.native_id
         # No backlog: the process's own.  A burst elsewhere on the host (15 mappings fill 1/32 of
-        # this 128 KiB ring) may have raised it already: wait for the calm that lowers it.
-        deadline = time.monotonic() + rec.pacer.CALM_S + 3
+        # this 128 KiB ring; a bench beside the suite makes many) may have raised it already: wait for
+        # the calm that lowers it (CALM_S without a backlog; CALM_WAIT_S is a hang bound).
+        deadline = time.monotonic() + CALM_WAIT_S
         while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != 0:
             time.sleep(0.05)
         assert os.getpriority(os.PRIO_PROCESS, tid) == 0
@@ -67,7 +75,7 @@ def test_recording_thread_is_raised_while_a_backlog_builds_and_lowered_after(rec
             seen.add(os.getpriority(os.PRIO_PROCESS, tid))
             time.sleep(0.002)
         assert -5 in seen, seen
-        deadline = time.monotonic() + rec.pacer.CALM_S + 3
+        deadline = time.monotonic() + CALM_WAIT_S
         while time.monotonic() < deadline and os.getpriority(os.PRIO_PROCESS, tid) != 0:
             time.sleep(0.05)
         assert os.getpriority(os.PRIO_PROCESS, tid) == 0          # calm again: back down
@@ -93,13 +101,38 @@ def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, worklo
     # a first trickle makes the storm's files known.
     subprocess.run([str(workloads["mmap_storm"]), lib0, "20"], check=True, stdout=subprocess.DEVNULL)
     rec.step()
-    rec.rings.wait(0.01)                # takes the wake-ups that trickle forced (edge-triggered)
+    for attempt in range(1, 11):
+        seen = len(session_records(rec.session_dir))
+        lost_before = dict(rec.summary()["lost"])
+        ours = set()
+        woke, slept, burst_woke, burst_s, wakeups = _trickle_then_burst(rec, workloads, ours)
+        rec.step()
+        records = session_records(rec.session_dir)[seen:]
+        foreign = sum(1 for r in records if "pid" in r and r["pid"] not in ours)
+        if foreign <= FOREIGN_MAX or attempt == 10:
+            break
+        print(f"\nattempt {attempt}: {foreign} records of other processes meanwhile; again")
+    assert woke is False and slept >= 0.45
+    assert burst_woke is True and burst_s < 5.0
+    assert wakeups == 1
+    assert len([r for r in records if r["type"] == "mmap" and r["path"] == lib0]) == 2020
+    assert rec.summary()["lost"] == lost_before
+
+
+def _trickle_then_burst(rec, workloads, ours: set) -> tuple[bool, float, bool, float, int]:
+    """A trickle of 20 known mappings, then a burst of 2,000, each waited on with Rings.wait; the storms'
+    pids added to ours.  Returns (the trickle woke it, seconds slept, the burst woke it, seconds to that
+    wake-up, wake-ups counted)."""
+    lib0 = str(workloads["lib0"])
+    rec.rings.wait(0.01)                # takes the wake-ups earlier mappings forced (edge-triggered)
     rec.tracer.reset_wakeups()          # what a drain of any record does
     # A trickle of known files: 20 mappings (~5 KiB) are far below 128 KiB: no wake-up.
-    subprocess.run([str(workloads["mmap_storm"]), lib0, "20"], check=True, stdout=subprocess.DEVNULL)
+    trickle = subprocess.Popen([str(workloads["mmap_storm"]), lib0, "20"], stdout=subprocess.DEVNULL)
+    ours.add(trickle.pid)
+    assert trickle.wait() == 0
     t0 = time.monotonic()
-    assert rec.rings.wait(0.5) is False
-    assert time.monotonic() - t0 >= 0.45
+    woke = rec.rings.wait(0.5)
+    slept = time.monotonic() - t0
     assert rec.step() >= 20
     # A drain bumps drain_gen through its mapping, and the BPF side reads that very value
     # (bpf(2) lookup): every CPU counts from zero at its next record, so the next wake-up needs
@@ -108,15 +141,13 @@ def test_a_burst_wakes_the_idle_recorder_and_a_trickle_does_not(recorder, worklo
     rec.tracer.reset_wakeups()
     assert rec.tracer.drain_generation() == gen + 1
     # A burst of 2,000 (~450 KiB, three and a half eighths of the ring): woken at once.
+    wakeups_before = rec.rings.wakeups
     storm = subprocess.Popen([str(workloads["mmap_storm"]), lib0, "2000"], stdout=subprocess.DEVNULL)
+    ours.add(storm.pid)
     try:
         t0 = time.monotonic()
-        assert rec.rings.wait(10.0) is True
-        assert time.monotonic() - t0 < 5.0
-        assert rec.rings.wakeups == 1
+        burst_woke = rec.rings.wait(10.0)
+        burst_s = time.monotonic() - t0
     finally:
         storm.wait()
-    rec.step()
-    records = [r for r in session_records(rec.session_dir) if r["type"] == "mmap" and r["path"] == lib0]
-    assert len(records) == 2040
-    assert rec.summary()["lost"] == {}
+    return woke, slept, burst_woke, burst_s, rec.rings.wakeups - wakeups_before

@@ -13,6 +13,7 @@ import time
 from buildidd.store import Store
 
 from conftest import ServeProcess, gcc, need, readelf_build_id
+from perfcompare import perf_record_lock
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
 
@@ -72,8 +73,9 @@ def test_record_replace_delete_archive_import_then_perf_gdb_and_debuginfod_find(
     try:
         _wait_exec(pa, app_a)
         _wait_exec(pb, app_b)
-        _run(["perf", "record", "-N", "-q", "-e", "cpu-clock", "-o", str(data), "-p", str(pa.pid),
-              "--", "sleep", "0.5"], cwd=tmp_path)
+        with perf_record_lock():
+            _run(["perf", "record", "-N", "-q", "-e", "cpu-clock", "-o", str(data), "-p", str(pa.pid),
+                  "--", "sleep", "0.5"], cwd=tmp_path)
         _install(v2, app_a)           # upgraded: a new build-id at the same path
         os.unlink(app_b)              # removed
         store = Store(store_root)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
+import perfcompare
 from perfcompare import PerfRecorder, compare
 
 from conftest import Background, need, session_records
@@ -73,3 +76,37 @@ def test_every_mapping_perf_saw_with_a_build_id_has_the_same_build_id(recorder, 
         if r["type"] == "mmap" and r["pid"] in kids:
             by_pid.setdefault(r["pid"], set()).add(r["origin"])
     assert all({"exec", "interp", "mmap"} <= by_pid.get(pid, set()) for pid in kids)
+
+
+def test_perf_records_take_turns_on_the_host_and_why(tmp_path):
+    """perf_record_lock: while a PerfRecorder (--buildid-mmap) runs, another holder waits; and the reason, shown
+    on this kernel: a per-process perf record beside it (without the lock) gets MMAP2 records flagged as
+    carrying a build-id over their maj/min/ino (inject.flag_without_build_id), which perf 6.1 cannot read.
+    If the second half fails, the kernel restores the flag (kernel/events/core.c perf_event_mmap_output)
+    and the lock is no longer needed."""
+    from buildidd.offline.inject import flag_without_build_id
+    from buildidd.offline.perfabi import PERF_RECORD_MMAP2
+    from buildidd.offline.perffile import PerfFile
+
+    need(shutil.which("perf") is not None, "perf (linux-perf) not installed")
+    try_lock = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import perfcompare\n"
+                "with perfcompare.perf_record_lock(timeout_s=float(sys.argv[2])): print('held')",
+                str(Path(perfcompare.__file__).parent)]
+    perf = PerfRecorder(tmp_path / "yardstick.data")
+    try:
+        r = subprocess.run([*try_lock, "0.5"], capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and "TimeoutError" in r.stderr, (r.stdout, r.stderr)
+        plain = tmp_path / "plain.data"
+        subprocess.run(["perf", "record", "-q", "-N", "-B", "-e", "cpu-clock", "-o", str(plain), "--", "true"],
+                       check=True, capture_output=True, timeout=60)
+    finally:
+        perf.finish()
+    r = subprocess.run([*try_lock, "10"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == "held\n", r.stderr
+    with open(plain, "rb") as f:
+        pf = PerfFile.open(plain, f)
+        mmap2 = [(misc, bytes(rec)) for _, rtype, misc, rec in pf.records(f) if rtype == PERF_RECORD_MMAP2]
+    flagged = [m for m in mmap2 if flag_without_build_id(PERF_RECORD_MMAP2, m[0], memoryview(m[1]))]
+    print(f"\nper-process perf beside --buildid-mmap: {len(flagged)} of {len(mmap2)} MMAP2 records flagged "
+          "over dev/inode")
+    assert mmap2 and flagged

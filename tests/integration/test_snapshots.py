@@ -13,6 +13,7 @@ from buildidd.sessionlog import SessionWriter
 from buildidd.store import CopyJob, Snapshotter, Store
 
 from conftest import gcc, need, readelf_build_id, session_records
+from perfcompare import perf_record_lock
 
 SPINNER = """
 volatile int version = VERSION;
@@ -68,8 +69,9 @@ def test_replaced_and_deleted_binaries_are_in_the_store_under_old_build_ids(reco
         # A profile of both, taken without perf's own cache (-N): symbolizing it
         # later needs the very binaries that ran.
         data = tmp_path / "perf.data"
-        _perf("record", "-N", "-q", "-e", "cpu-clock", "-o", str(data), "-p", f"{pa.pid},{pb.pid}",
-              "--", "sleep", "0.5", cwd=tmp_path)
+        with perf_record_lock():
+            _perf("record", "-N", "-q", "-e", "cpu-clock", "-o", str(data), "-p", f"{pa.pid},{pb.pid}",
+                  "--", "sleep", "0.5", cwd=tmp_path)
         _install(v2, app_a)          # a package upgrade renames the new build over the path
         os.unlink(app_b)             # ... or removes the file
         deadline = time.monotonic() + 20

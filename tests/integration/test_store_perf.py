@@ -5,6 +5,7 @@ Needs perf and perf_event_open (root); skips otherwise, fails under BUILDIDD_REQ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -17,6 +18,7 @@ from buildidd.resolve.host import kernel_build_id
 from buildidd.store import KALLSYMS_DSO, Store
 
 from conftest import gcc, need, readelf_build_id
+from perfcompare import perf_record_lock
 
 SPIN_SRC = """
 #include <stdlib.h>
@@ -28,9 +30,11 @@ SYMBOL = "bidd_spin_target"
 
 
 def run_perf(*args: str, buildid_dir: Path, cwd: Path) -> str:
+    """perf ARGS with buildid_dir as its build-id cache; a perf record under the host's perf_record_lock."""
     env = {k: v for k, v in os.environ.items() if k != "DEBUGINFOD_URLS"}
-    r = subprocess.run(["perf", "--buildid-dir", str(buildid_dir), *args], capture_output=True, text=True,
-                       env=env, cwd=cwd)
+    with perf_record_lock() if args[0] == "record" else contextlib.nullcontext():
+        r = subprocess.run(["perf", "--buildid-dir", str(buildid_dir), *args], capture_output=True, text=True,
+                           env=env, cwd=cwd)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -38,8 +42,9 @@ def run_perf(*args: str, buildid_dir: Path, cwd: Path) -> str:
 @pytest.fixture
 def perf_ok(tmp_path):
     need(shutil.which("perf") is not None, "perf (linux-perf) not installed")
-    r = subprocess.run(["perf", "record", "-N", "-q", "-e", "cpu-clock", "-o", str(tmp_path / "probe.data"),
-                        "--", "true"], capture_output=True, text=True)
+    with perf_record_lock():
+        r = subprocess.run(["perf", "record", "-N", "-q", "-e", "cpu-clock", "-o", str(tmp_path / "probe.data"),
+                            "--", "true"], capture_output=True, text=True)
     need(r.returncode == 0, f"perf record does not work here: {r.stderr.strip()[:200]}")
 
 

@@ -3,8 +3,8 @@
 Oracles: /proc/PID/maps (the kernel's own listing of the same VMAs) and
 readelf -n on the mapped files; a library whose pages were dropped from the
 page cache is read by user space through map_files instead (nothing else may
-read it meanwhile: a `perf record -a` starting on the host would, as it
-synthesizes every mapped file's build-id from disk).
+read it meanwhile: another recorder starting on the host would, as it
+synthesizes every mapped file's build-id; the test then evicts it and tries again).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from buildidd.kernel import synth
 from buildidd.kernel.events import EventType, MapEvent
 from buildidd.resolve import procfs
 from conftest import gcc, readelf_build_id, session_records
+from perfcompare import other_tracers
 
 HOLD_SRC = r"""
 #include <fcntl.h>
@@ -44,6 +45,24 @@ def _wait_mapped(pid: int, path: str) -> None:
     while not any(m.path == path for m in procfs.exec_file_mappings(pid)):
         assert time.monotonic() < deadline, f"pid {pid} never mapped {path}"
         time.sleep(0.01)
+
+
+def _synthesized(rec, expected: dict) -> tuple[list[dict], dict[str, set]]:
+    """rec's synthesized mmap records, checked against expected (pid: its /proc/PID/maps mappings), and
+    {path: {(build-id, build_id_source)}} of those of the expected pids."""
+    records = [r for r in session_records(rec.session_dir) if r["type"] == "mmap"]
+    synthesized = [r for r in records if r["origin"] == "synthesized"]
+    assert not any(r["pid"] == os.getpid() for r in synthesized), "the daemon synthesized itself"
+    assert rec.stats.synthesized == len(synthesized)
+    for pid, maps in expected.items():
+        ours = sorted((r["start"], r["start"] + r["len"], r["pgoff"], r["path"])
+                      for r in synthesized if r["pid"] == pid)
+        assert ours == sorted((m.start, m.end, m.offset, m.path) for m in maps), pid
+    by_path = {}
+    for r in synthesized:
+        if r["pid"] in expected:
+            by_path.setdefault(r["path"], set()).add((r["build_id"], r["build_id_source"]))
+    return synthesized, by_path
 
 
 def _resident_pages(path) -> int:
@@ -82,22 +101,17 @@ def test_running_processes_are_synthesized_as_proc_maps_lists_them(recorder, wor
         assert holder.stdout.readline() == b"mapped\n"
         for p in idle:
             _wait_mapped(p.pid, str(workloads["lib3"]))
-        _drop_page_cache(cold)
-        expected = {p.pid: procfs.exec_file_mappings(p.pid) for p in idle + [holder]}
-        assert _resident_pages(cold) == 0
-        rec = recorder()
-        records = [r for r in session_records(rec.session_dir) if r["type"] == "mmap"]
-        synthesized = [r for r in records if r["origin"] == "synthesized"]
-        assert not any(r["pid"] == os.getpid() for r in synthesized), "the daemon synthesized itself"
-        assert rec.stats.synthesized == len(synthesized)
-        for pid, maps in expected.items():
-            ours = sorted((r["start"], r["start"] + r["len"], r["pgoff"], r["path"])
-                          for r in synthesized if r["pid"] == pid)
-            assert ours == sorted((m.start, m.end, m.offset, m.path) for m in maps), pid
-        by_path = {}
-        for r in synthesized:
-            if r["pid"] in expected:
-                by_path.setdefault(r["path"], set()).add((r["build_id"], r["build_id_source"]))
+        for attempt in range(1, 4):
+            _drop_page_cache(cold)
+            expected = {p.pid: procfs.exec_file_mappings(p.pid) for p in idle + [holder]}
+            assert _resident_pages(cold) == 0
+            rec = recorder()
+            synthesized, by_path = _synthesized(rec, expected)
+            # Another recorder starting on this host meanwhile (a bench beside the suite) reads the cold
+            # library back into the page cache as it synthesizes the holder: then evict it and start again.
+            if {src for _, src in by_path[str(cold)]} != {"kernel"} or attempt == 3 or not other_tracers():
+                break
+            print(f"\nattempt {attempt}: {str(cold)!r} read back into the page cache by {other_tracers()}")
         for path, got in by_path.items():
             assert {bid for bid, _ in got} == {readelf_build_id(path)}, path
         assert by_path[str(workloads["lib0"])] == {(readelf_build_id(workloads["lib0"]), "kernel")}

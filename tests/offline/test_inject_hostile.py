@@ -21,22 +21,24 @@ from buildidd.offline.perfabi import FILE_HEADER, SECTION
 from buildidd.offline.perffile import PerfDataError, PerfFile
 
 from conftest import need
+from perfcompare import perf_record_lock
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
-    """A small real profile: perf record -e cpu-clock -g of a shell pipeline.  --no-buildid: perf record's own
-    build-id pass aborts when another perf session on the host records with --buildid-mmap (see
-    inject.flag_without_build_id), and other tests or benchmarks may run one meanwhile."""
+    """A small real profile: perf record -e cpu-clock -g of a shell pipeline, under the host's perf record
+    lock (perfcompare.perf_record_lock)."""
     need(shutil.which("perf") is not None, "perf missing")
     d = tmp_path_factory.mktemp("inject-hostile")
     (d / "bid").mkdir()
     out = d / "perf.data"
-    r = subprocess.run(["perf", "--buildid-dir", str(d / "bid"), "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-g",
-                        "-o", str(out), "--", "sh", "-c", "ls -R /usr/lib >/dev/null; cat /dev/null"],
-                       capture_output=True, text=True, timeout=60)
+    with perf_record_lock():
+        r = subprocess.run(["perf", "--buildid-dir", str(d / "bid"), "record", "-q", "-N", "--no-buildid", "-e",
+                            "cpu-clock", "-g", "-o", str(out), "--", "sh", "-c",
+                            "ls -R /usr/lib >/dev/null; cat /dev/null"],
+                           capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return out
 

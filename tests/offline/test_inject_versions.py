@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import gcc, need, readelf_build_id
+from perfcompare import perf_record_lock
 from offline.test_replay import mmap, write_session
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
@@ -54,7 +55,9 @@ def upgraded(tmp_path_factory):
     prog.chmod(0o755)
     data = d / "perf.data"
     script = f"{prog} & sleep 0.1; cp {new} {prog}.new; mv {prog}.new {prog}; {prog} & {squatter}; wait"
-    _run(["perf", "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-o", str(data), "--", "sh", "-c", script])
+    with perf_record_lock():
+        _run(["perf", "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-o", str(data), "--", "sh", "-c",
+              script])
     # The session: each of the three programs' mappings with the build-id of the file that process ran.
     shown = _run(["perf", "script", "-i", str(data), "--show-mmap-events"]).stdout
     recs, seen = [], []
