@@ -65,6 +65,14 @@ def _synthesized(rec, expected: dict) -> tuple[list[dict], dict[str, set]]:
     return synthesized, by_path
 
 
+def _wait_no_other_tracer(bound_s: float = 120.0) -> None:
+    """Wait (a hang bound) until no other recorder runs on the host: one that is running rescans the
+    processes' mappings after a loss, and one starting synthesizes them, reading the cold library."""
+    deadline = time.monotonic() + bound_s
+    while other_tracers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _resident_pages(path) -> int:
     out = subprocess.run(["fincore", "--noheadings", "--raw", "-o", "PAGES", str(path)],
                          capture_output=True, text=True, check=True).stdout
@@ -102,6 +110,7 @@ def test_running_processes_are_synthesized_as_proc_maps_lists_them(recorder, wor
         for p in idle:
             _wait_mapped(p.pid, str(workloads["lib3"]))
         for attempt in range(1, 4):
+            _wait_no_other_tracer()
             _drop_page_cache(cold)
             expected = {p.pid: procfs.exec_file_mappings(p.pid) for p in idle + [holder]}
             assert _resident_pages(cold) == 0
