@@ -35,6 +35,7 @@ import stat
 import time
 
 from buildidd.errors import ProbeError
+from buildidd.fsio import replace_file
 from buildidd.kernel.compiled import CompiledObject
 from buildidd.kernel.loader import LoadedProgram, LoadSpec, load
 from buildidd.kernel.objload import load_object
@@ -175,23 +176,11 @@ def _read(dir_fd: int, entry: str, key: str) -> CompiledObject | None:
 def _write(dir_fd: int, entry: str, key: str, obj: CompiledObject, name: str) -> None:
     """Write entry atomically (temporary file, fsync, rename) and remove the entries of other
     keys of the same source; a failure is logged and leaves no partial entry."""
-    tmp = f".{entry}.{os.getpid()}.tmp"
     data = json.dumps({"key": key, "object": obj.to_json()}, separators=(",", ":")).encode()
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=dir_fd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, entry, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        os.fsync(dir_fd)
+        replace_file(dir_fd, entry, data, 0o600)
     except OSError as e:
         log.warning("BPF compile cache entry %s not written (%s): the next first start compiles", entry, e)
-        _unlink(dir_fd, tmp)
         return
     for other in os.listdir(dir_fd):     # other keys of this source; temporary files a crash left
         if (other.startswith(f"{name}-") and other.endswith(".json") and other != entry

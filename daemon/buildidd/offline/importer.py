@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildidd.errors import ArchiveError, ElfError
+from buildidd.fsio import write_all
 from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import MISSING, UPSTREAM, Manifest
 from buildidd.offline.trees import GDB_DIR, STAGE_PREFIX, install_links, keep_time, safe_dirs
@@ -181,7 +182,7 @@ class _Staging:
                 chunk = src.read(min(left, _COPY_CHUNK_BYTES))
                 if not chunk:
                     raise ArchiveError("corrupt", f"{'/'.join(exp.rel)}: stream ended {left} bytes early")
-                _write_all(fd, chunk)
+                write_all(fd, chunk)
                 left -= len(chunk)
             if exp.fname in mf.ELF_FILES:
                 _verify_build_id(fd, exp)
@@ -200,12 +201,6 @@ class _Staging:
                 os.rmdir(d)
             except OSError:       # not empty: another import or the user wrote there meanwhile
                 continue
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _verify_build_id(fd: int, exp: _Expect) -> None:
@@ -273,7 +268,7 @@ def _closed_marker(m: Manifest, staged_session: Path) -> None:
         body = {"clean": m.session.get("clean") is not False, "recreated_by": "buildidd import"}
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
         try:
-            _write_all(fd, json.dumps(body, separators=(",", ":")).encode() + b"\n")
+            write_all(fd, json.dumps(body, separators=(",", ":")).encode() + b"\n")
         finally:
             os.close(fd)
 
@@ -301,7 +296,7 @@ def _mark(entry: Path, ref) -> None:
     tmp = entry / f".{PROVENANCE_NAME}{STAGE_PREFIX}{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-        _write_all(fd, f"{ref.provenance or 'unknown'}\n".encode())
+        write_all(fd, f"{ref.provenance or 'unknown'}\n".encode())
     finally:
         os.close(fd)
     os.replace(tmp, entry / PROVENANCE_NAME)

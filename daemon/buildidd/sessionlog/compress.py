@@ -34,7 +34,8 @@ import zstandard
 from buildidd.errors import SessionLogError
 from buildidd.kernel.sched import make_current_thread_background
 from buildidd.sessionlog.writebehind import WriteBehind, drop_cached_file
-from buildidd.sessionlog.segments import READ_CHUNK_BYTES, fsync_dir
+from buildidd.fsio import fsync_dir
+from buildidd.sessionlog.segments import READ_CHUNK_BYTES
 from buildidd.sessionlog.stream import SegmentStream
 
 __all__ = ["STREAM_PENDING_MAX", "SegmentFinisher", "compress_segment", "sync_segment"]

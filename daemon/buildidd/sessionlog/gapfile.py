@@ -24,8 +24,9 @@ from pathlib import Path
 import zstandard
 
 from buildidd.errors import SessionLogError
+from buildidd.fsio import replace_file
 from buildidd.sessionlog.reader import read_segment
-from buildidd.sessionlog.segments import FILE_MODE, MAX_LINE_BYTES, ZSTD_LEVEL, fsync_dir
+from buildidd.sessionlog.segments import FILE_MODE, MAX_LINE_BYTES, ZSTD_LEVEL
 
 __all__ = ["GAPS_NAME", "GAPS_NAMES", "find_gap_file", "read_gaps", "write_gaps"]
 
@@ -68,23 +69,9 @@ def write_gaps(session_dir: str | os.PathLike, gaps: Iterable[dict], *, compress
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        fsync_dir(path.parent)
+        replace_file(path.parent, path.name, data, FILE_MODE)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass                      # not made, or gone: nothing to clean
         raise SessionLogError(f"{path}: cannot write the gap file: {e.strerror}") from e
 
 

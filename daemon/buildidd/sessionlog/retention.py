@@ -16,7 +16,7 @@ from pathlib import Path
 
 from buildidd.errors import SessionLogError
 from buildidd.sessionlog.reader import read_session
-from buildidd.sessionlog.segments import fsync_dir
+from buildidd.fsio import fsync_dir
 
 log = logging.getLogger(__name__)
 

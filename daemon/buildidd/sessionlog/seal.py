@@ -40,10 +40,11 @@ from pathlib import Path
 
 from buildidd import clock
 from buildidd.errors import SessionLogError
+from buildidd.fsio import fsync_dir
 from buildidd.sessionlog.compress import compress_segment
 from buildidd.sessionlog.reader import list_segments, read_segment
 from buildidd.sessionlog.segments import (
-    CLOSED_MARKER, SEGMENT_RE, ZSTD_LEVEL, fsync_dir, lock_session_dir, write_closed_marker,
+    CLOSED_MARKER, SEGMENT_RE, ZSTD_LEVEL, lock_session_dir, write_closed_marker,
 )
 
 __all__ = ["SealReport", "seal_unclosed_sessions"]

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from buildidd.errors import SessionLogError
+from buildidd.fsio import fsync_dir
 
-__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "ZSTD_LEVEL", "SegmentFile", "SegmentStats", "create_session_dir", "fsync_dir",
+__all__ = ["MAX_LINE_BYTES", "SEGMENT_GLOB", "ZSTD_LEVEL", "SegmentFile", "SegmentStats", "create_session_dir",
            "CLOSED_MARKER", "lock_session_dir", "write_closed_marker"]
 
 log = logging.getLogger(__name__)
@@ -65,15 +66,6 @@ READ_CHUNK_BYTES = 256 << 10
 def segment_name(number: int) -> str:
     """The open (uncompressed) segment's file name for segment ``number``."""
     return f"segment-{number:06d}.jsonl"
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so that entries created, renamed or removed in it persist."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def create_session_dir(directory: Path) -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 import zstandard
 
 from buildidd.errors import SessionLogError
-from buildidd.sessionlog.segments import FILE_MODE, fsync_dir
+from buildidd.fsio import fsync_dir, write_all
+from buildidd.sessionlog.segments import FILE_MODE
 
 __all__ = ["SegmentStream"]
 
@@ -54,7 +55,7 @@ class SegmentStream:
             if self._fd is None:
                 self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
                                    FILE_MODE)
-            _write_all(self._fd, self._obj.compress(data))
+            write_all(self._fd, self._obj.compress(data))
             self._last = data[-1]
             self.fed += len(data)
         except (OSError, zstandard.ZstdError) as e:
@@ -90,7 +91,7 @@ class SegmentStream:
                 self._fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
                                    FILE_MODE)
             tail = self._obj.compress(b"\n") if self._last != 0x0A else b""
-            _write_all(self._fd, tail + self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
+            write_all(self._fd, tail + self._obj.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH))
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
@@ -114,13 +115,3 @@ class SegmentStream:
             self.tmp.unlink(missing_ok=True)
         except OSError:
             pass
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is written (raises OSError)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(5, "write accepted no bytes")
-        view = view[n:]

@@ -92,18 +92,6 @@ def _copy_extents(src: int, dst: int, probe: int | None, size: int, copied: Call
     return size
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """os.write until all of data is written (a write may take fewer bytes).
-
-    Raises:
-        OSError: the write failed.
-    """
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
 # --- the ways of copying, tried in order by copy_data ---------------------------------------------------------
 
 

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from buildidd.errors import StoreError, StoreRefusedError
+from buildidd.fsio import fsync_dir
 from buildidd.kernel.events import Identity
 from buildidd.store.counters import Tally
 from buildidd.store.debuginfo import CopySections, Debuginfo, copy_sections
 from buildidd.store.goindex import GoIndex
-from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, fsync_dir, temp_name
+from buildidd.store.install import AddResult, CopyRequest, Installed, Installer, temp_name
 from buildidd.store.layout import (ALT_NAME, DIR_MODE, ELF_NAME, FILE_MODE, KALLSYMS_DSO, MAX_ALT_DIRS,
                                    PRIVATE_DIR_MODE, PROBES_NAME, Layout, alt_dirs, main_file)
 from buildidd.store.origin import KEY_GNU, ORIGIN_NAME, Origin, origin_of_fd, read_origin, sha256_fd

@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildidd.errors import StoreError
+from buildidd.fsio import fsync_dir, write_all
 from buildidd.kernel.events import Identity
 from buildidd.resolve.procfs import identity_of, mismatch
-from buildidd.store.copydata import COPY_CHUNK_BYTES, copy_data, write_all
+from buildidd.store.copydata import COPY_CHUNK_BYTES, copy_data
 from buildidd.store.counters import Tally
 from buildidd.store.layout import DIR_MODE, FILE_MODE, PRIVATE_DIR_MODE, TEMP_INFIX, Layout
 from buildidd.store.origin import KEY_GNU, dir_closed
@@ -51,19 +52,6 @@ from buildidd.store.verify import copy_mismatch
 
 _PROC_READ_MAX_BYTES = 256 << 20
 """Bytes read at most from a /proc file (kallsyms grows with the modules loaded)."""
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """fsync a directory (makes a rename or unlink in it durable).
-
-    Raises:
-        OSError: it cannot be opened or synced.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -33,10 +33,10 @@ import threading
 import time
 
 from buildidd.errors import StoreError, StoreRefusedError
+from buildidd.fsio import fsync_dir
 from buildidd.resolve import procfs
 from buildidd.store import eviction
 from buildidd.store.counters import Tally
-from buildidd.store.install import fsync_dir
 from buildidd.store.layout import KALLSYMS_DSO, TEMP_INFIX, Entry, Layout, alt_dirs, dir_usage, entry_usage
 from buildidd.store.origin import read_origin
 
