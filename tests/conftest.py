@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -361,6 +362,32 @@ def store_add(store, path: Path, name: str | None = None) -> str:
     finally:
         os.close(fd)
     return bid
+
+
+def upgrade_by_rename(built: Path, dest: Path) -> None:
+    """Put built at dest as a package manager does: a copy under a temporary name, then rename(2) over dest
+    (the old inode lives on in the processes that run it)."""
+    tmp = dest.with_name(dest.name + ".new")
+    shutil.copyfile(built, tmp)
+    os.chmod(tmp, 0o755)
+    os.rename(tmp, dest)
+
+
+def wait_exec(p: subprocess.Popen, path: str | os.PathLike, timeout_s: float = 10.0) -> subprocess.Popen:
+    """Wait until process p runs path (its /proc/PID/exe; a hang bound of timeout_s); returns p.
+
+    Raises:
+        AssertionError: it did not within timeout_s.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{p.pid}/exe").startswith(str(path)):
+                return p
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"pid {p.pid} did not exec {path} within {timeout_s} s")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import gcc, need, readelf_build_id, session_records
+from conftest import gcc, need, readelf_build_id, session_records, upgrade_by_rename
 
 from buildidd.offline.replay import Replay
 from buildidd.store import Store
@@ -38,14 +37,6 @@ int main(int argc, char **argv) {
     return buildidd_target_fn(argc) > 0 ? 0 : 1;
 }
 """
-
-
-def _install(built: Path, dest: Path) -> None:
-    """rename(2) built over dest, as a package manager does."""
-    tmp = dest.with_name(dest.name + ".new")
-    shutil.copyfile(built, tmp)
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, dest)
 
 
 def _run(app: Path, *args: str) -> tuple[int, int, int, int]:
@@ -91,10 +82,10 @@ def recorded(recorder, tmp_path, builds):
     store = Store(store_root)
     app = tmp_path / "bin" / "app"
     app.parent.mkdir()
-    _install(v1, app)
+    upgrade_by_rename(v1, app)
     run1 = _run(app)
     assert _step_until(rec, lambda: store.contains(bid1)), "v1 was not snapshotted"
-    _install(v2, app)
+    upgrade_by_rename(v2, app)
     run2 = _run(app, "/bin/true")
     assert _step_until(rec, lambda: store.contains(bid2)), "v2 was not snapshotted"
     rec.close()

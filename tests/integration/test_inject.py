@@ -22,7 +22,7 @@ import pytest
 
 from buildidd.store import Store
 
-from conftest import Background, gcc, need, readelf_build_id
+from conftest import Background, gcc, need, readelf_build_id, upgrade_by_rename
 from perfcompare import PerfRecorder, perf_record_lock
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
@@ -85,14 +85,6 @@ int main(int argc, char **argv) {
 }
 """
 RUN_S = "0.8"
-
-
-def _install(src: Path, dest: Path) -> None:
-    """Copy src to dest by rename (an upgrade: the old inode lives on in running processes)."""
-    tmp = dest.with_name(dest.name + ".new")
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, dest)
 
 
 def _wait_mapped(p: subprocess.Popen, needle: str, timeout_s: float = 10.0) -> None:
@@ -171,11 +163,11 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
         pa = _perf_record(tmp / "p.data", PERF_MODES[mode], perf)
         try:
             prog, lib, same = host / "prog", host / "libw.so", host / "same"
-            _install(builds["spin_v1"], prog)
-            _install(builds["libspin_v1"], lib)
-            _install(builds["same_old"], same)
+            upgrade_by_rename(builds["spin_v1"], prog)
+            upgrade_by_rename(builds["libspin_v1"], lib)
+            upgrade_by_rename(builds["same_old"], same)
             deleted = host / "doomed"
-            _install(builds["spin_deleted"], deleted)
+            upgrade_by_rename(builds["spin_deleted"], deleted)
             mnt = host / "nsmnt"
             mnt.mkdir()
             starts = {
@@ -196,15 +188,15 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
             _wait_mapped(procs[2], str(deleted))
             _wait_mapped(procs[-1], str(same))
             os.unlink(deleted)                       # deleted while it runs
-            _install(builds["spin_v2"], prog)        # upgraded by rename mid-profile
-            _install(builds["libspin_v2"], lib)
-            _install(builds["same_new"], same)
+            upgrade_by_rename(builds["spin_v2"], prog)        # upgraded by rename mid-profile
+            upgrade_by_rename(builds["libspin_v2"], lib)
+            upgrade_by_rename(builds["same_new"], same)
             for name, argv in (("v2", [str(prog), RUN_S]), ("lib2", [str(builds["dlopener"]), str(lib), RUN_S]),
                                ("same_new", [str(same), RUN_S])):
                 procs.append(p := subprocess.Popen(argv))
                 pids[name] = p.pid
             _wait_mapped(procs[-3], str(prog))
-            _install(builds["spin_v3"], prog)        # and again: three versions of one path in the profile
+            upgrade_by_rename(builds["spin_v3"], prog)        # and again: three versions of one path in the profile
             procs.append(p := subprocess.Popen([str(prog), RUN_S]))
             pids["v3"] = p.pid
             for p in procs:
@@ -422,13 +414,13 @@ def test_per_process_profile_with_no_buildid(recorder, tmp_path, public_tmp_fact
     rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
     bg = Background(rec)
     app = public_tmp_factory("buildidd-inject-pp-") / "app"
-    _install(v1, app)
+    upgrade_by_rename(v1, app)
     data = tmp_path / "pp.data"
     try:
         with perf_record_lock():
             _run(["perf", "record", "-q", "-N", "--no-buildid", "-e", "cpu-clock", "-o", str(data), "--", str(app),
                   "0.5"])
-        _install(v2, app)
+        upgrade_by_rename(v2, app)
         store = Store(store_root)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not store.contains(readelf_build_id(v1)):

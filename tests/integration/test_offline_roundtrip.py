@@ -12,7 +12,7 @@ import time
 
 from buildidd.store import Store
 
-from conftest import ServeProcess, gcc, need, readelf_build_id
+from conftest import ServeProcess, gcc, need, readelf_build_id, upgrade_by_rename, wait_exec
 from perfcompare import perf_record_lock
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
@@ -33,25 +33,6 @@ def _run(cmd, **kw):
     return r.stdout
 
 
-def _install(src, dest):
-    tmp = dest.with_name(dest.name + ".new")
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, dest)
-
-
-def _wait_exec(p, path):
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            if os.readlink(f"/proc/{p.pid}/exe").startswith(str(path)):
-                return
-        except OSError:
-            pass
-        time.sleep(0.01)
-    raise AssertionError("no exec")
-
-
 def test_record_replace_delete_archive_import_then_perf_gdb_and_debuginfod_find(recorder, tmp_path,
                                                                                public_tmp_factory):
     need(shutil.which("perf") is not None, "perf missing")
@@ -64,19 +45,19 @@ def test_record_replace_delete_archive_import_then_perf_gdb_and_debuginfod_find(
     rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
     host = public_tmp_factory("buildidd-roundtrip-host-")     # world-readable: archived and served (not private)
     app_a, app_b = host / "app_a", host / "app_b"
-    _install(v1, app_a)
-    _install(gcc(SPINNER, tmp_path / "v3", "-DVERSION=3", "-g"), app_b)     # app_b: a third build-id
+    upgrade_by_rename(v1, app_a)
+    upgrade_by_rename(gcc(SPINNER, tmp_path / "v3", "-DVERSION=3", "-g"), app_b)     # app_b: a third build-id
     deleted = readelf_build_id(app_b)
     deleted_bytes = app_b.read_bytes()
     pa, pb = subprocess.Popen([str(app_a)]), subprocess.Popen([str(app_b)])
     data = tmp_path / "perf.data"
     try:
-        _wait_exec(pa, app_a)
-        _wait_exec(pb, app_b)
+        wait_exec(pa, app_a)
+        wait_exec(pb, app_b)
         with perf_record_lock():
             _run(["perf", "record", "-N", "-q", "-e", "cpu-clock", "-o", str(data), "-p", str(pa.pid),
                   "--", "sleep", "0.5"], cwd=tmp_path)
-        _install(v2, app_a)           # upgraded: a new build-id at the same path
+        upgrade_by_rename(v2, app_a)           # upgraded: a new build-id at the same path
         os.unlink(app_b)              # removed
         store = Store(store_root)
         deadline = time.monotonic() + 20

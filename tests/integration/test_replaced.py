@@ -7,7 +7,7 @@ import os
 import subprocess
 import time
 
-from conftest import gcc, readelf_build_id, session_records
+from conftest import gcc, readelf_build_id, session_records, upgrade_by_rename, wait_exec
 
 SLEEPER = "#include <unistd.h>\nvolatile int version = VERSION;\nint main(void) { for (;;) pause(); }\n"
 QUICK = "volatile int version = VERSION;\nint main(void) { return version - VERSION; }\n"
@@ -23,25 +23,8 @@ def _build(tmp_path, name, src, version):
 TICK_S = 0.05
 
 
-def _install(built, dest):
-    """rename(2) built over dest, as a package manager does."""
-    tmp = dest.with_name(dest.name + ".new")
-    tmp.write_bytes(built.read_bytes())
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, dest)
-
-
 def _start(path):
-    p = subprocess.Popen([str(path)])
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            if os.readlink(f"/proc/{p.pid}/exe").startswith(str(path)):
-                return p
-        except OSError:
-            pass
-        time.sleep(0.01)
-    raise AssertionError("process did not exec")
+    return wait_exec(subprocess.Popen([str(path)]), path)
 
 
 def _exec_maps(records, pid):
@@ -54,15 +37,15 @@ def test_replaced_and_deleted_while_running_keep_the_old_build_id(recorder, tmp_
     v2, new_bid = _build(tmp_path, "sleeper", SLEEPER, 2)
     assert old_bid and new_bid and old_bid != new_bid
     app_a, app_b = tmp_path / "app_a", tmp_path / "app_b"
-    _install(v1, app_a)
-    _install(v1, app_b)
+    upgrade_by_rename(v1, app_a)
+    upgrade_by_rename(v1, app_b)
     # c and d run before the daemon starts: they are found by synthesis.
     app_c, app_d = tmp_path / "app_c", tmp_path / "app_d"
-    _install(v1, app_c)
-    _install(v1, app_d)
+    upgrade_by_rename(v1, app_c)
+    upgrade_by_rename(v1, app_d)
     time.sleep(TICK_S)
     pc, pd = _start(app_c), _start(app_d)
-    _install(v2, app_c)
+    upgrade_by_rename(v2, app_c)
     os.unlink(app_d)
     procs = [pc, pd]
     try:
@@ -71,7 +54,7 @@ def test_replaced_and_deleted_while_running_keep_the_old_build_id(recorder, tmp_
         # the files were replaced and deleted.
         pa, pb = _start(app_a), _start(app_b)
         procs += [pa, pb]
-        _install(v2, app_a)
+        upgrade_by_rename(v2, app_a)
         os.unlink(app_b)
         for _ in range(5):
             rec.step()
@@ -96,13 +79,13 @@ def test_gone_process_with_replaced_file_gets_a_reason_not_a_guess(recorder, tmp
     v1, old_bid = _build(tmp_path, "quick", QUICK, 1)
     v2, new_bid = _build(tmp_path, "quick", QUICK, 2)
     replaced, deleted = tmp_path / "gone_replaced", tmp_path / "gone_deleted"
-    _install(v1, replaced)
-    _install(v1, deleted)
+    upgrade_by_rename(v1, replaced)
+    upgrade_by_rename(v1, deleted)
     time.sleep(TICK_S)
     rec = recorder(kernel_build_id=False)     # the user-space fallback under test
     subprocess.run([str(replaced)], check=True)
     subprocess.run([str(deleted)], check=True)
-    _install(v2, replaced)       # the processes are gone; the paths name other files now
+    upgrade_by_rename(v2, replaced)       # the processes are gone; the paths name other files now
     os.unlink(deleted)
     for _ in range(5):
         rec.step()

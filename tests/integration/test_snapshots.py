@@ -12,7 +12,7 @@ from buildidd.capture.housekeeping import Housekeeping, RetentionPolicy
 from buildidd.sessionlog import SessionWriter
 from buildidd.store import CopyJob, Snapshotter, Store
 
-from conftest import gcc, need, readelf_build_id, session_records
+from conftest import gcc, need, readelf_build_id, session_records, upgrade_by_rename, wait_exec
 from perfcompare import perf_record_lock
 
 SPINNER = """
@@ -31,25 +31,6 @@ def _perf(*args, cwd):
     return r.stdout
 
 
-def _install(src, dest):
-    tmp = dest.with_name(dest.name + ".new")
-    shutil.copyfile(src, tmp)
-    os.chmod(tmp, 0o755)
-    os.rename(tmp, dest)
-
-
-def _wait_exec(p, path):
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            if os.readlink(f"/proc/{p.pid}/exe").startswith(str(path)):
-                return
-        except OSError:
-            pass
-        time.sleep(0.01)
-    raise AssertionError("no exec")
-
-
 def test_replaced_and_deleted_binaries_are_in_the_store_under_old_build_ids(recorder, tmp_path):
     need(shutil.which("perf") is not None, "perf missing")
     v1 = gcc(SPINNER, tmp_path / "v1", "-DVERSION=1", "-Wl,--build-id=sha1")
@@ -60,19 +41,19 @@ def test_replaced_and_deleted_binaries_are_in_the_store_under_old_build_ids(reco
     rec = recorder(store_root=str(store_root), snapshot_rate_bytes_per_s=0)
     app_a, app_b = tmp_path / "bin" / "app_a", tmp_path / "bin" / "app_b"
     app_a.parent.mkdir()
-    _install(v1, app_a)
-    _install(v1, app_b)
+    upgrade_by_rename(v1, app_a)
+    upgrade_by_rename(v1, app_b)
     pa, pb = subprocess.Popen([str(app_a)]), subprocess.Popen([str(app_b)])
     try:
-        _wait_exec(pa, app_a)
-        _wait_exec(pb, app_b)
+        wait_exec(pa, app_a)
+        wait_exec(pb, app_b)
         # A profile of both, taken without perf's own cache (-N): symbolizing it
         # later needs the very binaries that ran.
         data = tmp_path / "perf.data"
         with perf_record_lock():
             _perf("record", "-N", "-q", "-e", "cpu-clock", "-o", str(data), "-p", f"{pa.pid},{pb.pid}",
                   "--", "sleep", "0.5", cwd=tmp_path)
-        _install(v2, app_a)          # a package upgrade renames the new build over the path
+        upgrade_by_rename(v2, app_a)          # a package upgrade renames the new build over the path
         os.unlink(app_b)             # ... or removes the file
         deadline = time.monotonic() + 20
         store = Store(store_root)
