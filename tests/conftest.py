@@ -364,6 +364,33 @@ def store_add(store, path: Path, name: str | None = None) -> str:
     return bid
 
 
+def fill_disk(path: Path) -> None:
+    """Write to path (a file, appended to) until its file system is full (ENOSPC; any other error raises)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for block in (4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"f" * block)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+    finally:
+        os.close(fd)
+
+
+def split_debuginfo(binary: Path, debug_root: Path) -> Path:
+    """Move binary's debuginfo to debug_root/.build-id/xx/rest.debug and strip it (as distributions ship);
+    returns the debuginfo's path."""
+    bid = readelf_build_id(binary)
+    debug = debug_root / ".build-id" / bid[:2] / (bid[2:] + ".debug")
+    debug.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(binary), str(debug)], check=True)
+    subprocess.run(["strip", "-s", str(binary)], check=True)
+    return debug
+
+
 def upgrade_by_rename(built: Path, dest: Path) -> None:
     """Put built at dest as a package manager does: a copy under a temporary name, then rename(2) over dest
     (the old inode lives on in the processes that run it)."""
