@@ -9,8 +9,8 @@ refused by its build-id check, and nothing is installed.
 
 from __future__ import annotations
 
-import json
 import atexit
+import json
 import os
 import subprocess
 import sys
