@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -148,6 +149,19 @@ def parse_perf_script(text: str) -> list[PerfMmap]:
     return out
 
 
+#: PerfRecorders started and not finished (see finish_all).
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+def finish_all() -> int:
+    """Finish every PerfRecorder of this process still running (a test that failed before its stop):
+    perf stopped and the host's perf record lock released.  Returns how many there were."""
+    left = list(_RUNNING)
+    for perf in left:
+        perf.finish()
+    return len(left)
+
+
 class PerfRecorder:
     """A running ``perf record -e dummy -a --buildid-mmap``, started like a daemon.
 
@@ -170,6 +184,7 @@ class PerfRecorder:
         self._lock.enter_context(perf_record_lock())
         try:
             self._start(perf, base, extra)
+            _RUNNING.add(self)
         except BaseException:
             if getattr(self, "proc", None) is not None and self.proc.poll() is None:
                 self.proc.kill()
@@ -217,6 +232,7 @@ class PerfRecorder:
                     self.proc.kill()
                     self.proc.wait()
         finally:
+            _RUNNING.discard(self)
             self._lock.close()
 
     def stop(self) -> list[PerfMmap]:

@@ -27,6 +27,15 @@ if str(SCRIPTS) not in sys.path:
 REQUIRE_BPF = os.environ.get("BUILDIDD_REQUIRE_BPF") == "1"
 
 
+@pytest.fixture(autouse=True)
+def _no_perf_left_running():
+    """A test that failed before stopping its PerfRecorder leaves neither perf running nor the host's
+    perf record lock taken (the next test's perf would wait for it)."""
+    yield
+    import perfcompare
+    perfcompare.finish_all()
+
+
 def need(condition: bool, why: str) -> None:
     """Skip (or fail under BUILDIDD_REQUIRE_BPF=1) when condition is false."""
     if not condition:
