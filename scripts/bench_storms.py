@@ -58,7 +58,7 @@ HERE = Path(__file__).resolve().parent
 from benchlib import (FINISHER, SETTLE_S, Buildidd, RssSampler, build, cpu_s_of, link_bpf_sources,  # noqa: E402
                       lost_count, mapping_records, page_touch_cost, parse_ramp, run_mmap_storms, storm_argv,
                       uss_of, warm_store)
-from perfcompare import PerfRecorder, compare, require_quiet_host  # noqa: E402
+from perfcompare import PerfRecorder, TracerWatch, compare, require_quiet_host  # noqa: E402
 import bench_farm  # noqa: E402
 
 #: The scenarios of scripts/bench that this module runs, in the order they run.
@@ -657,6 +657,8 @@ def main(argv=None) -> int:
         args.idle_seconds = 1.0
         args.farm_n = min(args.farm_n, 60)
     workdir = Path(tempfile.mkdtemp(prefix="buildidd-bench-"))
+    # A smoke may run beside other work: the tracers seen beside it make its losses unjudged (below).
+    watch = TracerWatch().start()
     try:
         w = build.build(workdir / "bin", n_libs=args.dlopen_libs)
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -712,25 +714,33 @@ def main(argv=None) -> int:
             print("\n".join(bench_farm.fmt(farm)))
         print("\nwhere buildidd's time goes (mmap storm, cProfile, own time):")
         print("\n".join("  " + line for line in prof))
-        out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release,
+        watch.stop()
+        out = {"date": started, "cpus": os.cpu_count(), "kernel": os.uname().release, "beside": sorted(watch.seen),
                "page_touch_ns_after_sleep_ms": touch,
                "scenarios": [r.as_dict() for r in results], "ramp": ramp_rows, "idle": idle, "profile": prof, "farm": farm}
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
-        failures = []
+        failures, losses = [], []          # a wrong build-id fails always; a loss only on a quiet host
         for r in results:
             c = r.completeness
             if r.losses:
-                failures.append(f"{r.name}: {r.losses} events lost")
+                losses.append(f"{r.name}: {r.losses} events lost")
             if c.get("wrong"):
                 failures.append(f"{r.name}: {c['wrong']} wrong build-ids")
             if c and c.get("match_rate", 1.0) < 1.0:
-                failures.append(f"{r.name}: completeness {c['match_rate']}")
-        failures += bench_farm.failures(farm) if farm else []
+                losses.append(f"{r.name}: completeness {c['match_rate']}")
+        losses += bench_farm.failures(farm) if farm else []      # a program missed: records lost
         for row in ramp_rows:
             if not row["kept_up"]:
-                failures.append(f"mmap storms at {row['target_per_s']}/s x{row['procs']}: recorded "
-                                f"{row['recorded']}/{row['events']}, lost {row['losses']}")
+                losses.append(f"mmap storms at {row['target_per_s']}/s x{row['procs']}: recorded "
+                              f"{row['recorded']}/{row['events']}, lost {row['losses']}")
+        if losses and watch.seen:
+            # Every tracer's rings take every process's records: another bench's storms beside this
+            # one fill the daemon's rings too, and its CPU is shared; the loss is counted, not judged.
+            print("not judged, other tracers ran beside this run (" + "; ".join(sorted(watch.seen))[:300]
+                  + "): " + "; ".join(losses))
+        else:
+            failures += losses
         if args.smoke and failures:
             print("bench smoke FAILED: " + "; ".join(failures), file=sys.stderr)
             return 1
@@ -738,4 +748,5 @@ def main(argv=None) -> int:
             print("targets missed: " + "; ".join(failures))
         return 0
     finally:
+        watch.stop()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -21,7 +21,9 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -72,8 +74,9 @@ def perf_record_lock(timeout_s: float = 900.0, path: Path = PERF_RECORD_LOCK) ->
         os.close(fd)     # releases the lock
 
 
-def other_tracers() -> list[str]:
-    """Tracers already running on this host: ``perf record`` and ``buildidd run``/``record`` processes.
+def other_tracers(ignore_descendants_of: int | None = None) -> list[str]:
+    """Tracers already running on this host: ``perf record`` and ``buildidd run``/``record`` processes,
+    this process left out, and with ignore_descendants_of the processes that pid started.
 
     Every mapping of every process reaches each of them, so a benchmark run
     beside a forgotten one measures the sum (a stray ``perf record -a
@@ -83,6 +86,8 @@ def other_tracers() -> list[str]:
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        if ignore_descendants_of is not None and _descends_from(int(d.name), ignore_descendants_of):
             continue
         try:
             argv = (d / "cmdline").read_bytes().split(b"\0")
@@ -96,6 +101,57 @@ def other_tracers() -> list[str]:
         if perf or ours:
             found.append(f"{d.name}: {' '.join(words)[:200]}")
     return found
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ancestor started pid (its parent, or its parent's, ...; /proc/PID/stat's ppid)."""
+    for _ in range(64):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+            pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
+class TracerWatch:
+    """The other tracers (other_tracers) seen on this host while the block runs, this process's own
+    children left out: looked for every interval_s seconds by a thread.  ``seen``: "pid: command" lines."""
+
+    def __init__(self, interval_s: float = 0.5):
+        self.interval_s = interval_s
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tracer-watch", daemon=True)
+
+    def start(self) -> TracerWatch:
+        """Start watching; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> set[str]:
+        """Stop watching (once; again: nothing more) and return what was seen."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self.seen.update(other_tracers(os.getpid()))
+        return self.seen
+
+    def __enter__(self) -> TracerWatch:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _watch(self) -> None:
+        while True:
+            self.seen.update(other_tracers(os.getpid()))
+            if self._stop.wait(self.interval_s):
+                return
 
 
 def require_quiet_host(what: str) -> None:
@@ -148,6 +204,19 @@ def parse_perf_script(text: str) -> list[PerfMmap]:
     return out
 
 
+#: PerfRecorders started and not finished (see finish_all).
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+def finish_all() -> int:
+    """Finish every PerfRecorder of this process still running (a test that failed before its stop):
+    perf stopped and the host's perf record lock released.  Returns how many there were."""
+    left = list(_RUNNING)
+    for perf in left:
+        perf.finish()
+    return len(left)
+
+
 class PerfRecorder:
     """A running ``perf record -e dummy -a --buildid-mmap``, started like a daemon.
 
@@ -170,6 +239,7 @@ class PerfRecorder:
         self._lock.enter_context(perf_record_lock())
         try:
             self._start(perf, base, extra)
+            _RUNNING.add(self)
         except BaseException:
             if getattr(self, "proc", None) is not None and self.proc.poll() is None:
                 self.proc.kill()
@@ -217,6 +287,7 @@ class PerfRecorder:
                     self.proc.kill()
                     self.proc.wait()
         finally:
+            _RUNNING.discard(self)
             self._lock.close()
 
     def stop(self) -> list[PerfMmap]:

@@ -27,6 +27,15 @@ if str(SCRIPTS) not in sys.path:
 REQUIRE_BPF = os.environ.get("BUILDIDD_REQUIRE_BPF") == "1"
 
 
+@pytest.fixture(autouse=True)
+def _no_perf_left_running():
+    """A test that failed before stopping its PerfRecorder leaves neither perf running nor the host's
+    perf record lock taken (the next test's perf would wait for it)."""
+    yield
+    import perfcompare
+    perfcompare.finish_all()
+
+
 def need(condition: bool, why: str) -> None:
     """Skip (or fail under BUILDIDD_REQUIRE_BPF=1) when condition is false."""
     if not condition:
@@ -362,6 +371,33 @@ def store_add(store, path: Path, name: str | None = None) -> str:
     finally:
         os.close(fd)
     return bid
+
+
+def fill_disk(path: Path) -> None:
+    """Write to path (a file, appended to) until its file system is full (ENOSPC; any other error raises)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for block in (4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"f" * block)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+    finally:
+        os.close(fd)
+
+
+def split_debuginfo(binary: Path, debug_root: Path) -> Path:
+    """Move binary's debuginfo to debug_root/.build-id/xx/rest.debug and strip it (as distributions ship);
+    returns the debuginfo's path."""
+    bid = readelf_build_id(binary)
+    debug = debug_root / ".build-id" / bid[:2] / (bid[2:] + ".debug")
+    debug.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(binary), str(debug)], check=True)
+    subprocess.run(["strip", "-s", str(binary)], check=True)
+    return debug
 
 
 def upgrade_by_rename(built: Path, dest: Path) -> None:

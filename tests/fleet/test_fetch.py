@@ -9,6 +9,7 @@ refused by its build-id check, and nothing is installed.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -29,8 +30,10 @@ SESSION = "20261122T000000Z-4242"
 def empty_config() -> str:
     """An empty config file (the analyst's machine: no buildidd configuration of its own)."""
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"buildidd-fleet-empty-{os.getpid()}.toml"
-    path.write_text("")
-    path.chmod(0o644)
+    if not path.exists():
+        path.write_text("")
+        path.chmod(0o644)
+        atexit.register(path.unlink, missing_ok=True)
     return str(path)
 
 

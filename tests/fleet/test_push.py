@@ -19,8 +19,8 @@ import boto3
 import pytest
 
 from buildidd.fleet.service import backoff_s
-from conftest import need
-from fleet.world import Host, build, remove, split_debuginfo, system_dir
+from conftest import need, split_debuginfo
+from fleet.world import Host, build, remove, system_dir
 
 PREFIX = "debuginfod"
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 from buildidd.config import Config
 from buildidd.sessionlog import SessionWriter
 from buildidd.store import Store
-from conftest import gcc, readelf_build_id, store_add
+from conftest import gcc, store_add
 
 SRC = """
 #include <stdio.h>
@@ -33,16 +32,6 @@ def system_dir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="buildidd-fleet-", dir="/usr/lib"))
     os.chmod(d, 0o755)
     return d
-
-
-def split_debuginfo(binary: Path, debug_root: Path) -> Path:
-    """binary's debuginfo moved to debug_root/.build-id/xx/rest.debug, binary stripped (as distributions ship)."""
-    bid = readelf_build_id(binary)
-    debug = debug_root / ".build-id" / bid[:2] / (bid[2:] + ".debug")
-    debug.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["objcopy", "--only-keep-debug", str(binary), str(debug)], check=True)
-    subprocess.run(["strip", "-s", str(binary)], check=True)
-    return debug
 
 
 def write_session(session_root: Path, name: str, host: str, bids: dict[str, tuple[str, str]], records: int = 600):

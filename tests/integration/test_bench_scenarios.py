@@ -21,23 +21,28 @@ import bench  # noqa: E402
 
 
 def _storms(r: dict) -> None:
+    """Losses and completeness are judged only when no other tracer ran beside the smoke (``beside``: a bench
+    beside the suite fills every tracer's rings and takes the CPUs); a wrong build-id never passes."""
     names = [s["scenario"] for s in r["scenarios"]]
     assert len(names) == 5 and any("cold store" in n for n in names), names
+    quiet = not r["beside"]
     for s in r["scenarios"]:
-        assert s["losses"] == 0, s
         c = s["completeness"]
-        assert c["wrong"] == 0 and c["match_rate"] == 1.0 and c["perf_with_build_id"] > 0, s
+        assert c["wrong"] == 0 and c["perf_with_build_id"] > 0, s
+        assert not quiet or (s["losses"] == 0 and c["match_rate"] == 1.0), s
         assert s["ready_s"]["buildidd"] is not None and s["ready_s"]["perf"] is not None, s
-    assert r["ramp"] and all(row["losses"] == 0 and row["perf_cpu_us_per_event"] >= 0 for row in r["ramp"])
+    assert r["ramp"] and all(row["perf_cpu_us_per_event"] >= 0 for row in r["ramp"])
+    assert not quiet or all(row["losses"] == 0 for row in r["ramp"]), r["ramp"]
     assert r["profile"], "no profile summary"
     assert set(r["idle"]) == {"buildidd", "perf"} and all(v["cpu_ms_per_s"] >= 0 for v in r["idle"].values())
     farm = r["farm"]
     assert set(farm["modes"]) == {"perf", "warm", "cold"}, farm["modes"]
     for name in ("warm", "cold"):
         m = farm["modes"][name]
-        assert m["held_min"] == farm["programs"] and m["named_min"] == farm["programs"] and m["lost"] == 0, m
+        assert not quiet or (m["held_min"] == farm["programs"] and m["named_min"] == farm["programs"]
+                             and m["lost"] == 0), m
     # perf's MMAP2 records carry the build-id of every program it saw exec'd (the pages were just written)
-    assert farm["modes"]["perf"]["named_min"] == farm["programs"], farm["modes"]["perf"]
+    assert not quiet or farm["modes"]["perf"]["named_min"] == farm["programs"], farm["modes"]["perf"]
     return True
 
 

@@ -100,7 +100,8 @@ def test_perf_records_take_turns_on_the_host_and_why(tmp_path):
         subprocess.run(["perf", "record", "-q", "-N", "-B", "-e", "cpu-clock", "-o", str(plain), "--", "true"],
                        check=True, capture_output=True, timeout=60)
     finally:
-        perf.finish()
+        assert perfcompare.finish_all() == 1          # what a failed test's teardown does (conftest)
+    assert perf.proc.returncode is not None
     r = subprocess.run([*try_lock, "10"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout == "held\n", r.stderr
     with open(plain, "rb") as f:

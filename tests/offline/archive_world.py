@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from buildidd.resolve.host import kernel_build_id
 from buildidd.sessionlog import SessionWriter
 from buildidd.store import Store
-from conftest import gcc, readelf_build_id, store_add
+from conftest import gcc, readelf_build_id, split_debuginfo, store_add
 
 SRC = """
 #include <stdio.h>
@@ -26,16 +25,6 @@ def build_binary(directory: Path, name: str, *flags: str) -> Path:
     """gcc-built program ``name`` with a function ``bidd_archive_fn_<name>``."""
     directory.mkdir(parents=True, exist_ok=True)
     return gcc(SRC % (name, name, name), directory / name, "-g", *flags)
-
-
-def split_debuginfo(binary: Path, debug_root: Path) -> Path:
-    """Move binary's debuginfo to debug_root/.build-id/xx/rest.debug and strip it (as distributions ship)."""
-    bid = readelf_build_id(binary)
-    debug = debug_root / ".build-id" / bid[:2] / (bid[2:] + ".debug")
-    debug.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["objcopy", "--only-keep-debug", str(binary), str(debug)], check=True)
-    subprocess.run(["strip", "-s", str(binary)], check=True)
-    return debug
 
 
 def make_world(tmp: Path, bins: Path, records: int = 2000) -> dict:

@@ -21,6 +21,7 @@ import zstandard
 from buildidd import clock
 from buildidd.sessionlog import SessionWriter, list_segments, read_session, seal_unclosed_sessions
 from buildidd.sessionlog.segments import CLOSED_MARKER
+from conftest import fill_disk
 
 
 def raw_lines(session: Path) -> list[bytes]:
@@ -38,21 +39,6 @@ def raw_lines(session: Path) -> list[bytes]:
 def line(i: int) -> bytes:
     return json.dumps({"type": "mmap", "time_ns": clock.boot_ns(), "i": i, "pad": "p" * 60},
                       separators=(",", ":")).encode()
-
-
-def fill(path: Path) -> None:
-    """Write to path until the file system is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for block in (4096, 1):
-            while True:
-                try:
-                    os.write(fd, b"f" * block)
-                except OSError as e:
-                    assert e.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
 
 
 def wait_for(cond, what: str, limit_s: float = 10.0) -> None:
@@ -113,7 +99,7 @@ def test_enospc_resumes_without_duplicate_or_torn_line(tmpfs_mount, max_segment_
     for _ in range(30):  # the outage goes on: the backlog fills, then records are dropped
         # The finishing thread compresses closed segments meanwhile, which frees
         # space: taken back at once, so the outage lasts.
-        fill(filler)
+        fill_disk(filler)
         offer(7)
     stats = writer.stats
     assert stats["records_lost"]["disk_full"] > 0
@@ -144,7 +130,7 @@ def test_many_outages_each_get_their_lost_record(tmpfs_mount):
     i = 0
     for outage in range(3):
         filler = mnt / f"filler{outage}"
-        fill(filler)
+        fill_disk(filler)
         for _ in range(20):
             batch = [line(k) for k in range(i, i + 5)]
             for k, raw in zip(range(i, i + 5), batch):

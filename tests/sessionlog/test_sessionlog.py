@@ -5,7 +5,6 @@ The zstd CLI (and jq when present) are the oracles for the compressed segments.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -18,6 +17,7 @@ import zstandard
 
 from buildidd.errors import SessionLogError
 from buildidd.sessionlog import SEGMENT_GLOB, SessionWriter, list_segments, read_session
+from conftest import fill_disk
 from buildidd.sessionlog.segments import MAX_LINE_BYTES
 
 
@@ -359,27 +359,12 @@ def small_tmpfs(tmpfs_mount):
     return tmpfs_mount("256k")
 
 
-def fill(path: Path) -> None:
-    """Write to ``path`` until the file system is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for block in (4096, 1):
-            while True:
-                try:
-                    os.write(fd, b"f" * block)
-                except OSError as e:
-                    assert e.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
-
-
 def test_compression_fails_on_full_disk_and_keeps_jsonl(small_tmpfs):
     session = small_tmpfs / "session"
     writer = SessionWriter(session)
     for start in range(0, 200, 20):
         writer.write_lines([encode(noisy_record(k)) for k in range(start, start + 20)])
-    fill(small_tmpfs / "filler")
+    fill_disk(small_tmpfs / "filler")
     writer.rotate()
     writer.close()
     stats = writer.stats
