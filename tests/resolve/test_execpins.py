@@ -274,32 +274,6 @@ def test_a_gone_users_pid_keeps_the_uid_it_was_read_with_a_gone_roots_is_unknown
     assert uids.of(user.pid) == UNKNOWN_UID              # past the window: no known uid
 
 
-def test_a_root_process_that_drops_to_a_user_and_execs_is_read_afresh(attacker, monkeypatch):
-    """Root's uid is cached per pid only while /proc/PID is root's: once a root process has dropped to a
-    user and exec'd (dumpable again, /proc/PID the user's), its events are the user's within the cache
-    window, not root's (a login, or setpriv, exec'ing the user's flood)."""
-    from buildidd.resolve import execuids
-    from buildidd.resolve.procfs import read_uid
-    uid, gid, _ = attacker
-    monkeypatch.setattr(execuids, "UID_CACHE_S", 60.0)              # the window open all along
-    reads = []
-    monkeypatch.setattr(execuids, "read_uid", lambda pid: (reads.append(pid), read_uid(pid))[1])
-    uids = execuids.ExecUids()
-    p = subprocess.Popen(["sh", "-c", f"read x; exec setpriv --reuid={uid} --regid={gid} --clear-groups "
-                          "-- sleep 60"], stdin=subprocess.PIPE, cwd="/")
-    try:
-        assert uids.of(p.pid) == 0 and uids.of(p.pid) == 0            # root's shell: read once, cached
-        assert len(reads) == 1
-        p.stdin.write(b"go\n")
-        p.stdin.flush()
-        assert _wait(lambda: read_uid(p.pid) == uid and os.stat(f"/proc/{p.pid}").st_uid == uid)
-        assert uids.of(p.pid) == uid                                   # read afresh: the user's
-        assert len(reads) == 2
-    finally:
-        p.kill()
-        p.wait()
-
-
 def test_a_gone_programs_event_takes_the_uid_of_an_exec_record_published_before_it_was_read(pins, attacker,
                                                                                           public_tmp_factory):
     """The reader is behind (held here); the program has exited and its exec record was published: the

@@ -29,8 +29,8 @@ its own descriptor and makes no pin, and its exec confirmations are dropped.
 Charges (:mod:`buildidd.resolve.pinledger`): a pin is charged to the real uid
 of the task that exec'd, never to the file's owner.  The event gives a pid
 only: its uid is read from /proc/PID/status when the event is read (a user's
-cached per pid for :data:`~buildidd.resolve.execuids.UID_CACHE_S`, root's only while /proc/PID is root's:
-a root process may drop to a user and exec at once), and an exec record of the recording
+cached per pid for :data:`~buildidd.resolve.execuids.UID_CACHE_S`, root's never: a root process may drop
+to a user and exec at once), and an exec record of the recording
 thread (:meth:`ExecPins.recorded`: "pid P exec'd file F as uid U", from the
 ring's EXEC records and EXEC_MAIN/EXEC_INTERP mappings) confirms the pin and
 moves it to U.  A process gone before its event was read (a short-lived

@@ -1,10 +1,8 @@
 """The uid an exec pin is charged to before its exec record confirms it: the exec'd pid's real uid.
 
 A fanotify event names a pid only; its real uid is read from /proc/PID/status
-(procfs.read_uid) when the event is read and cached per pid for UID_CACHE_S;
-root's cached value is used only while /proc/PID is still owned by root (an
-fstatat of it, a tenth of a status read), so a root process that dropped to a
-user and exec'd is read afresh (see :meth:`ExecUids.of`).
+(procfs.read_uid) when the event is read, cached per pid for a user, never
+for root (see :meth:`ExecUids.of`).
 
 A process gone by the time its later events are read (a flood of failing execs
 from one process that then exits: thousands of its events still queued) keeps
@@ -17,7 +15,6 @@ exec records could confirm them.
 from __future__ import annotations
 
 import collections
-import os
 import time
 
 from buildidd.resolve.pinledger import UNKNOWN_UID
@@ -46,36 +43,25 @@ class ExecUids:
         self._uids: collections.OrderedDict[int, tuple[int, float]] = collections.OrderedDict()
 
     def of(self, pid: int) -> int:
-        """The real uid of pid (procfs.read_uid); UNKNOWN_UID when it is gone.
-
-        A uid read is reused for UID_CACHE_S: a user's as it is (a process cannot make its real uid
-        root's again on its own); root's only while /proc/PID is owned by root (procfs
-        task_dump_owner: the euid of a dumpable process, else root).  A root process that drops to a
-        user (setpriv, a login) and execs the user's program is dumpable again as that user once the
-        exec is done, so its events are read afresh and charged to the user; at most the one exec
-        made while it was not yet dumpable, read within UID_CACHE_S of root's read, is charged to
-        root.  A pid gone keeps the user's uid it was last read with for UID_GONE_S (root's is never
-        kept: a gone root pid is UNKNOWN_UID)."""
+        """The real uid of pid (procfs.read_uid); UNKNOWN_UID when it is gone.  A user's uid is reused
+        for UID_CACHE_S (a process cannot make its real uid root's again on its own); root's is read
+        afresh each time: a root process may drop to a user's uid (setpriv, a login) and exec the user's
+        flood at once, which must not be charged to root.  A pid gone keeps the user's uid it was last
+        read with for UID_GONE_S (root's is never kept: a gone root pid is UNKNOWN_UID)."""
         now = time.monotonic()
         got = self._uids.get(pid)
         if got is not None:
             uid, read_at = got
-            if now - read_at < UID_CACHE_S and (uid != 0 or _owner(pid) == 0):
+            if now - read_at < UID_CACHE_S:
                 return uid
         uid = read_uid(pid)
         if uid < 0:                              # gone: the user's uid it last had, if read lately
-            return got[0] if got is not None and got[0] != 0 and now - got[1] < UID_GONE_S else UNKNOWN_UID
+            return got[0] if got is not None and now - got[1] < UID_GONE_S else UNKNOWN_UID
+        if uid == 0:
+            self._uids.pop(pid, None)            # reused by root: what a user's process left is void
+            return 0
         self._uids[pid] = (uid, now)
         self._uids.move_to_end(pid)
         while len(self._uids) > UID_CACHE_MAX:
             self._uids.popitem(last=False)
         return uid
-
-
-def _owner(pid: int) -> int:
-    """The owner uid of /proc/PID (fs/proc/base.c task_dump_owner: the task's euid while it is dumpable,
-    else root); -1 when the process is gone."""
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return -1
