@@ -307,8 +307,7 @@ def run_scenario(name: str, workload: list[str], comms: set[str], reps: int, wor
         maps = perf.stop()
         records = d.stop()
     finally:
-        if perf.proc.poll() is None:
-            perf.finish()
+        perf.finish()              # once stopped: releases the lock only
         d.kill_if_running()
     # Only the workload's own processes: another bench on the host may run the same programs.
     c = compare(maps, records, comms=comms, pids=process_tree(records, proc.pid))

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -38,8 +37,11 @@ _MMAP2 = re.compile(
 
 
 #: The host's lock for perf record sessions (flock(2)), taken around every perf record the bench and
-#: the tests start: see perf_record_lock.
-PERF_RECORD_LOCK = Path("/run/lock/buildidd-perf-record.lock")
+#: the tests start (see perf_record_lock): root's in /run, where no other user can make the file first.
+PERF_RECORD_LOCK = Path("/run/buildidd-perf-record.lock") if os.geteuid() == 0 else \
+    Path(f"/tmp/buildidd-perf-record-{os.geteuid()}.lock")
+#: Threads (idents) holding the lock in this process.
+_holders: set[int] = set()
 
 
 @contextlib.contextmanager
@@ -52,13 +54,15 @@ def perf_record_lock(timeout_s: float = 900.0, path: Path = PERF_RECORD_LOCK) ->
     PERF_RECORD_MISC_MMAP_BUILD_ID in the mmap event every perf event shares and does not restore it;
     see buildidd.offline.inject.flag_without_build_id), and perf 6.1 then aborts reading them
     (util/build-id.c build_id__init: a "build-id" of 254 bytes, the disk's major, copied into 20).
-    The lock is one open file description per holder: do not nest it in one process.
 
     Raises:
+        RuntimeError: this thread holds it already (a second flock of the file would wait for itself).
         TimeoutError: another holder kept it for timeout_s seconds.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    me = threading.get_ident()
+    if me in _holders:
+        raise RuntimeError("perf_record_lock is held by this thread already: do not nest it")
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -69,7 +73,11 @@ def perf_record_lock(timeout_s: float = 900.0, path: Path = PERF_RECORD_LOCK) ->
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{path}: held by another perf record for {timeout_s:.0f} s") from None
                 time.sleep(0.1)
-        yield
+        _holders.add(me)
+        try:
+            yield
+        finally:
+            _holders.discard(me)
     finally:
         os.close(fd)     # releases the lock
 
@@ -87,8 +95,6 @@ def other_tracers(ignore_descendants_of: int | None = None) -> list[str]:
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
-        if ignore_descendants_of is not None and _descends_from(int(d.name), ignore_descendants_of):
-            continue
         try:
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:   # gone meanwhile
@@ -98,7 +104,8 @@ def other_tracers(ignore_descendants_of: int | None = None) -> list[str]:
         perf = prog == "perf" and "record" in words[1:3]
         ours = any(w.endswith("buildidd.cli") or os.path.basename(w) == "buildidd" for w in words[:3]) \
             and any(w in ("run", "record") for w in words[1:5])
-        if perf or ours:
+        if (perf or ours) and not (ignore_descendants_of is not None
+                                   and _descends_from(int(d.name), ignore_descendants_of)):
             found.append(f"{d.name}: {' '.join(words)[:200]}")
     return found
 
@@ -204,8 +211,9 @@ def parse_perf_script(text: str) -> list[PerfMmap]:
     return out
 
 
-#: PerfRecorders started and not finished (see finish_all).
-_RUNNING: weakref.WeakSet = weakref.WeakSet()
+#: PerfRecorders started and not finished (see finish_all); strong references: one dropped unfinished
+#: would leave perf running and the lock held.
+_RUNNING: set = set()
 
 
 def finish_all() -> int:

@@ -12,6 +12,7 @@ compile-cache entry) use :func:`replace_file`.
 from __future__ import annotations
 
 import os
+import secrets
 
 __all__ = ["fsync_dir", "replace_file", "write_all"]
 
@@ -47,16 +48,10 @@ def fsync_dir(directory: str | os.PathLike | int) -> None:
         os.close(fd)
 
 
-def temp_name_for(name: str) -> str:
-    """The temporary file :func:`replace_file` writes before renaming it to name: ``.NAME.PID.tmp``
-    (hidden, and one per process, so two writers never share one)."""
-    return f".{name}.{os.getpid()}.tmp"
-
-
 def replace_file(directory: str | os.PathLike | int, name: str, data: bytes, mode: int) -> None:
     """Replace directory/name with data, atomically and durably: a new temporary file
-    (:func:`temp_name_for`; O_EXCL, O_NOFOLLOW, mode less the umask), written and fsynced, renamed over
-    name, and the directory fsynced.  On failure the temporary file is removed and name is as it was
+    (``.NAME.PID.RANDOM.tmp``: hidden, one per call; O_EXCL, O_NOFOLLOW, mode less the umask), written
+    and fsynced, renamed over name, and the directory fsynced.  On failure the temporary file is removed and name is as it was
     (or, when only the directory's fsync failed, replaced but not yet durable).
 
     Args:
@@ -65,17 +60,19 @@ def replace_file(directory: str | os.PathLike | int, name: str, data: bytes, mod
         data: the whole new content.
         mode: the new file's permission bits.
     Raises:
-        OSError: a step failed (ENOSPC, EEXIST for a temporary file a crash of this very pid left, ...).
+        OSError: a step failed (ENOSPC, EACCES, ...).
         ValueError: name is not a plain file name.
     """
     if not name or "/" in name or name in (".", ".."):
         raise ValueError(f"not a file name: {name!r}")
     own_fd = not isinstance(directory, int)
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if own_fd else directory
-    tmp = temp_name_for(name)
+    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    made = False
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                      dir_fd=dir_fd)
+        made = True
         try:
             write_all(fd, data)
             os.fsync(fd)
@@ -85,9 +82,10 @@ def replace_file(directory: str | os.PathLike | int, name: str, data: bytes, mod
         os.fsync(dir_fd)
     except BaseException:
         try:
-            os.unlink(tmp, dir_fd=dir_fd)
+            if made:
+                os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
-            pass                      # not made, or renamed already
+            pass                      # renamed already
         raise
     finally:
         if own_fd:

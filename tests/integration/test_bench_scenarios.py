@@ -26,6 +26,8 @@ def _storms(r: dict) -> None:
     names = [s["scenario"] for s in r["scenarios"]]
     assert len(names) == 5 and any("cold store" in n for n in names), names
     quiet = not r["beside"]
+    if not quiet:
+        print(f"\nlosses, completeness and the farm's counts not judged: other tracers ran beside: {r['beside']}")
     for s in r["scenarios"]:
         c = s["completeness"]
         assert c["wrong"] == 0 and c["perf_with_build_id"] > 0, s

@@ -121,6 +121,7 @@ def test_running_processes_are_synthesized_as_proc_maps_lists_them(recorder, wor
             if {src for _, src in by_path[str(cold)]} != {"kernel"} or attempt == 3 or not other_tracers():
                 break
             print(f"\nattempt {attempt}: {str(cold)!r} read back into the page cache by {other_tracers()}")
+            rec.close()              # its workers read nothing more meanwhile (closed again at teardown)
         for path, got in by_path.items():
             assert {bid for bid, _ in got} == {readelf_build_id(path)}, path
         assert by_path[str(workloads["lib0"])] == {(readelf_build_id(workloads["lib0"]), "kernel")}
