@@ -42,9 +42,21 @@ READY_TIMEOUT_S = 120.0
 BPF_RELEASE_LIMIT_S = 10.0
 
 
-def _bpftool(*args: str) -> list[dict]:
-    r = subprocess.run(["bpftool", *args, "-j"], capture_output=True, text=True, check=True)
-    return json.loads(r.stdout or "[]")
+def _bpftool(*args: str, tries: int = 5) -> list[dict]:
+    """``bpftool ARGS -j``, parsed.  bpftool lists ids, then opens each: an object another process frees
+    in between (another daemon's links, on a host with a bench beside) makes it exit 255, so a failed
+    listing is tried again.
+
+    Raises:
+        subprocess.CalledProcessError: it failed tries times in a row.
+    """
+    for attempt in range(tries):
+        r = subprocess.run(["bpftool", *args, "-j"], capture_output=True, text=True)
+        if r.returncode == 0:
+            return json.loads(r.stdout or "[]")
+        time.sleep(0.05 * (attempt + 1))
+    r.check_returncode()
+    return []
 
 
 def bpf_programs() -> list[dict]:
@@ -52,11 +64,14 @@ def bpf_programs() -> list[dict]:
     return _bpftool("prog", "show", "-f")
 
 
-def programs_of(pid: int) -> dict[int, str]:
-    """id → name of the BPF programs process pid holds open (``prog_id:`` in /proc/PID/fdinfo/*)."""
+def _held_ids(pid: int | str) -> set[int]:
+    """Ids of the BPF programs process pid holds open (``prog_id:`` in /proc/PID/fdinfo/*); empty when gone."""
     ids = set()
-    fdinfo = Path(f"/proc/{pid}/fdinfo")
-    for entry in fdinfo.iterdir():
+    try:
+        entries = list(Path(f"/proc/{pid}/fdinfo").iterdir())
+    except OSError:
+        return ids
+    for entry in entries:
         try:
             text = entry.read_text()
         except OSError:
@@ -64,15 +79,32 @@ def programs_of(pid: int) -> dict[int, str]:
         for line in text.splitlines():
             if line.startswith("prog_id:"):
                 ids.add(int(line.split()[1]))
+    return ids
+
+
+def programs_of(pid: int) -> dict[int, str]:
+    """id → name of the BPF programs process pid holds open."""
+    ids = _held_ids(pid)
     return {p["id"]: p.get("name", "") for p in bpf_programs() if p["id"] in ids}
 
 
+def held_by_others(ids: set[int]) -> set[int]:
+    """Those of ids a live process holds open: another daemon on the host that loaded the same pinned
+    programs (a bench beside this run) keeps them attached, and they are its, not left by the kill."""
+    held = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            held |= _held_ids(d.name) & ids
+    return held
+
+
 def running(ids: set[int]) -> tuple[set[int], set[int]]:
-    """(ids of programs that may still run: loaded and unpinned, or attached; ids kept pinned, detached)."""
+    """(ids of programs that may still run: loaded and unpinned, or attached, and held by no live process;
+    ids kept pinned, detached)."""
     loaded = {p["id"]: p.get("pinned") or [] for p in bpf_programs() if p["id"] in ids}
     attached = {x.get("prog_id") for x in _bpftool("link", "show") + _bpftool("perf", "show")}
     left = {i for i, pins in loaded.items() if not pins or i in attached}
-    return left, set(loaded) - left
+    return left - held_by_others(left), set(loaded) - left
 
 
 def gone_within(ids: set[int], limit_s: float) -> tuple[set[int], set[int]]:

@@ -26,6 +26,7 @@ from buildidd.store import Store
 from buildidd.store.coverage import GAP_REASONS
 
 from conftest import as_user, readelf_build_id, session_records
+from perfcompare import TracerWatch
 
 from workloads.upgrade import build_race, link_variant, objects, race_script
 
@@ -119,13 +120,24 @@ def test_programs_renamed_over_at_exit_and_short_lived_dlopens_are_all_kept(daem
 
     d = daemon(store_root)
     script = race_script(work, programs=40, libs=10, life_ms=10) + "./private/prog; ./forged\n"
-    r = as_user(attacker, ["sh", "-c", script])
-    assert r.returncode == 0, r.stderr
-    time.sleep(1.0)
+    with TracerWatch() as watch:        # the promise is a quiet host's: another tracer's storms beside it?
+        r = as_user(attacker, ["sh", "-c", script])
+        assert r.returncode == 0, r.stderr
+        time.sleep(1.0)
     records = d.stop()
 
     missing_progs = [b for b in race["exec"] if not store.contains(b)]
     missing_libs = [b for b in race["dlopen"] if not store.contains(b)]
+    if watch.seen:
+        # A library whose 10 ms process is gone before the daemon, sharing the CPUs and its rings with
+        # the storms beside it, reads the mapping: not kept, but never unsaid (a gap with its reason,
+        # or a lost record counted).
+        gaps = {g["build_id"] for g in read_gaps(d.session_dir)}
+        unsaid = [b for b in missing_progs + missing_libs if b not in gaps and not records[-1]["lost"]]
+        print(f"\nother tracers beside: {sorted(watch.seen)}; missed {len(missing_progs)} programs, "
+              f"{len(missing_libs)} libraries, each named a gap or covered by a counted loss")
+        assert not unsaid, unsaid
+        missing_progs = missing_libs = []
     assert not missing_progs, f"{len(missing_progs)} of 40 programs renamed over at exit not stored"
     assert not missing_libs, f"{len(missing_libs)} of 10 libraries of 10 ms processes not stored"
     for bid in race["exec"][:3]:
@@ -135,14 +147,15 @@ def test_programs_renamed_over_at_exit_and_short_lived_dlopens_are_all_kept(daem
     assert store.origin(libc_bid).trusted                  # the user's claim stands in for nothing
     assert store.path_of(libc_bid).read_bytes() == libc.read_bytes()
     cov = _coverage_names_every_gap(records, store, d.session_dir)
-    assert not cov["gaps"], cov
+    quiet = not watch.seen
+    assert not cov["gaps"] or not quiet, cov
     pins = records[-1]["exec_pins"]
-    assert pins["taken"] >= 40 and pins["file_cap"] == 0, pins
+    assert pins["file_cap"] == 0 and (pins["taken"] >= 40 or not quiet), pins
     out = subprocess.run([sys.executable, "-m", "buildidd.cli", "sessions", "--json", "--session-root",
                           str(d.sessions), "--store-root", str(store_root)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     (row,) = [json.loads(line) for line in out.stdout.splitlines()]
-    assert row["build_ids_stored"] == row["build_ids"], row
+    assert row["build_ids_stored"] == row["build_ids"] or not quiet, row
 
 
 def test_a_stop_with_copies_queued_names_each_build_id_it_abandons(daemon, public_tmp_factory, tmp_path):
