@@ -112,8 +112,11 @@ def test_enospc_resumes_without_duplicate_or_torn_line(tmpfs_mount, max_segment_
     offer(7)
     writer.close()
     ids, lost = check_session(session, offered)
-    assert [r["counts"] for r in lost] == [{"disk_full": writer.stats["records_lost"]["disk_full"]}]
-    # The lost record sits where the gap was: after the records kept, before the later ones.
+    # One lost record per stretch of the outage: usually one; two when the finishing thread's
+    # compression freed space that the retry thread used before the filler took it back (a busy host).
+    assert lost and all(set(r["counts"]) == {"disk_full"} for r in lost), lost
+    assert sum(r["counts"]["disk_full"] for r in lost) == writer.stats["records_lost"]["disk_full"]
+    # The lost records sit where the gaps were: after the records kept, before the later ones.
     assert max(ids) == i - 1
     assert json.loads((session / CLOSED_MARKER).read_bytes())["clean"] is True
     print(f"ENOSPC (segments of {max_segment_bytes} bytes, compress={compress}): {i} records offered, "
