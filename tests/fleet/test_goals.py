@@ -16,6 +16,7 @@ import pytest
 
 import bench_fleet
 from conftest import need
+from perfcompare import TracerWatch
 
 
 @pytest.fixture
@@ -25,9 +26,16 @@ def bench_bucket(weed):
 
 
 def test_recording_is_unaffected_by_push_reachable_slow_or_down(bench_bucket, tmp_path):
+    """Judged on a quiet host only: another tracer's storms beside the run (a bench beside the suite) fill
+    the daemon's rings and share its CPUs, and then the figures are printed, not judged."""
     need(os.geteuid() == 0, "buildidd run needs root")
-    rec = bench_fleet.recording(bench_bucket, tmp_path, reps=1, exec_n=300)
+    with TracerWatch() as watch:
+        rec = bench_fleet.recording(bench_bucket, tmp_path, reps=1, exec_n=300)
     print("\n".join(bench_fleet.fmt({"recording": rec})))
+    assert all(rec[mode]["wall_ratio"] > 0 for mode in ("reachable", "slow", "down")), rec    # every mode ran
+    if watch.seen:
+        print(f"not judged: other tracers ran beside: {sorted(watch.seen)}")
+        return
     for mode in ("reachable", "slow", "down"):
         assert rec[mode]["losses"] == 0, (mode, rec)
         assert rec[mode]["wall_ratio"] < 2.0, (mode, rec)
