@@ -426,6 +426,38 @@ def wait_exec(p: subprocess.Popen, path: str | os.PathLike, timeout_s: float = 1
     raise AssertionError(f"pid {p.pid} did not exec {path} within {timeout_s} s")
 
 
+def free_port(below: int | None = None) -> int:
+    """A loopback TCP port (int) free now, for a server a test starts and names its port to.
+
+    Chosen below the kernel's ephemeral range (net.ipv4.ip_local_port_range) and at random: a port the
+    kernel handed out (bind to port 0) can be taken again, between this call and the server's bind, as the
+    source port of any outgoing connection on the host (a bench beside the suite, the server's own
+    first components); a port below that range is only ever taken by an explicit bind.
+
+    Args:
+        below: an upper bound (exclusive) as well, for a server that derives ports from the one given.
+
+    Raises:
+        AssertionError: no free port found in 1000 tries.
+    """
+    import random
+    import socket
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = min(low, below or low)
+    for _ in range(1000):
+        port = random.randrange(10000, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free loopback port in [10000, {top})")
+
+
 @pytest.fixture(scope="session")
 def public_tmp_factory():
     """Factory ``make(prefix) -> Path``: a new 0755 directory under /tmp that every user can traverse, so that

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from conftest import free_port
 
 WEED = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
 
@@ -32,16 +33,6 @@ S3_CONFIG = {"identities": [
      "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
 
 
-def _free_port() -> int:
-    """A free loopback port below 55536: weed derives gRPC ports as port + 10000, which must stay valid."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 55536:
-            return port
-
-
 class Weed:
     """``weed mini`` on loopback: start(), stop(), and start() again on the same data and ports."""
 
@@ -49,7 +40,10 @@ class Weed:
         self.data_dir, self.log_path = data_dir, log_path
         names = ("s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
                  "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc")
-        self.ports = {n: _free_port() for n in names}
+        # weed derives gRPC ports as port + 10000, which must stay valid
+        self.ports: dict[str, int] = {}
+        while len(set(self.ports.values())) < len(names):
+            self.ports = {n: free_port(below=55536) for n in names}
         self.proc: subprocess.Popen | None = None
         self.config_path = data_dir.parent / "weed-s3.json"
         self.config_path.write_text(json.dumps(S3_CONFIG))

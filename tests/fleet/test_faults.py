@@ -29,19 +29,13 @@ from buildidd.cli.ctl import push_line
 from buildidd.fleet.fetch import Target, fetch_session
 from buildidd.fleet.bucket import Bucket, BucketOptions
 from buildidd.fleet.service import run_service
-from conftest import readelf_build_id
+from conftest import free_port, readelf_build_id
 from fleet.conftest import S3_CONFIG
 from fleet.proxy import Proxy
 from fleet.world import Host, build
 
 PREFIX = "debuginfod"
 RETRY_MAX_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -19,18 +19,12 @@ from pathlib import Path
 import pytest
 
 from buildidd.store import Store
-from conftest import ServeProcess, gcc, store_add
+from conftest import ServeProcess, free_port, gcc, store_add
 
 pytestmark = pytest.mark.skipif(shutil.which("debuginfod") is None or shutil.which("debuginfod-find") is None,
                                 reason="elfutils debuginfod not installed")
 
 SRC = '#include <stdio.h>\nint main(void) { puts("%s"); return 0; }\n'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_listening(port: int, proc: subprocess.Popen, log: Path) -> None:

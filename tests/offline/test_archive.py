@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -20,7 +19,7 @@ from buildidd.offline.manifest import Manifest
 from buildidd.offline.sessions import list_sessions, session_facts
 from buildidd.sessionlog import list_segments, seal_unclosed_sessions
 from buildidd.store import Store
-from conftest import ServeProcess, store_add
+from conftest import ServeProcess, free_port, store_add
 from offline.archive_world import SESSION_NAME, make_world
 
 BUILDIDD = [sys.executable, "-m", "buildidd.cli"]
@@ -116,19 +115,13 @@ def test_exclude_upstream_leaves_out_what_a_buildidd_serve_serves(world, tmp_pat
     assert any(world["bids"]["split"] in n for n in names)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(shutil.which("debuginfod") is None, reason="elfutils debuginfod not installed")
 def test_exclude_upstream_through_elfutils_debuginfod_which_answers_head_with_400(world, tmp_path):
     """The real elfutils debuginfod (0.188 answers HEAD with 400) federating a buildidd serve."""
     upstream_store = Store(tmp_path / "upstream")
     store_add(upstream_store, world["files"]["full"])
     serve = ServeProcess(tmp_path / "upstream", tmp_path / "serve.log")
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, DEBUGINFOD_URLS=serve.url, DEBUGINFOD_CACHE_PATH=str(tmp_path / "fed-cache"))
     with open(tmp_path / "debuginfod.log", "w") as log:
         fed = subprocess.Popen(["debuginfod", "-p", str(port), "-d", str(tmp_path / "fed.sqlite")], env=env,
@@ -159,7 +152,7 @@ def test_exclude_upstream_through_elfutils_debuginfod_which_answers_head_with_40
 
 
 def test_unreachable_upstream_excludes_nothing_and_says_so(world, caplog):
-    url = f"http://127.0.0.1:{_free_port()}"                  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"                  # nothing listens there
     with caplog.at_level(logging.WARNING):
         _data, m = archive_bytes(world, exclude_upstream=url)
     assert m.upstream["reachable"] is False and "Connection" in m.upstream["error"]

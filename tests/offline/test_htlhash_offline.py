@@ -130,7 +130,8 @@ def test_archive_carries_the_htlhash_entry_and_import_installs_it_checked(world,
                     reason="elfutils debuginfod not installed")
 def test_debuginfod_find_fetches_by_htlhash_from_serve_and_through_a_federating_debuginfod(world, tmp_path):
     """debuginfod-find (elfutils 0.188) takes any even-length hex id: a 32-hex htlhash is asked for as is."""
-    from integration.test_federation import free_port, wait_listening
+    from conftest import free_port
+    from integration.test_federation import wait_listening
     serve = ServeProcess(world["store"].root, tmp_path / "serve.log")
     port = free_port()
     log = tmp_path / "debuginfod.log"
