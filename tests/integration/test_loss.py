@@ -17,8 +17,9 @@ FOREIGN_MAX = 100
 
 
 def test_overflow_is_recorded_and_live_mappings_recovered(recorder, workloads):
-    rec = recorder(ring_bytes=4096)   # one page per ring: a few dozen events
+    # t0 before the rings exist: beside other work, they fill (and count losses) before the storm starts
     t0 = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    rec = recorder(ring_bytes=4096)   # one page per ring: a few dozen events
     subprocess.run([str(workloads["storm"]), "100", str(workloads["child"])], check=True)
     idle = subprocess.Popen([str(workloads["idle"])])
     try:
