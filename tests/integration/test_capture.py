@@ -11,6 +11,7 @@ import time
 import pytest
 
 from conftest import gcc, readelf_build_id, session_records
+from perfcompare import TracerWatch
 
 LIB_SRC = "int lib_answer(void) { return 42; }\n"
 MAIN_SRC = r"""
@@ -140,6 +141,7 @@ def test_mprotect_exec_of_anonymous_memory_is_neither_recorded_nor_a_loss(record
     cannot be found is a loss (no_vma), not one without a file.
     """
     rec = recorder()
+    watch = TracerWatch().start()       # a full ring is a busy host's loss, not this test's: judged when quiet
     code = """
 import ctypes, mmap
 libc = ctypes.CDLL(None, use_errno=True)
@@ -157,8 +159,14 @@ for _ in range(200):
     assert _step_until(rec, lambda: any(r.get("path") == exe for r in _mmaps(rec)))
     rec.recovery.next_check = 0
     rec.step()
-    assert rec.summary()["lost"] == {}
-    assert not [r for r in session_records(rec.session_dir) if r["type"] == "lost"]
+    beside = watch.stop()
+    lost = rec.summary()["lost"]
+    lost_records = [r for r in session_records(rec.session_dir) if r["type"] == "lost"]
+    if beside:                          # another tracer's storms fill every tracer's rings
+        assert set(lost) <= {"ringbuf_full"}, lost
+        assert all(set(r["counts"]) <= {"ringbuf_full"} for r in lost_records), lost_records
+    else:
+        assert lost == {} and not lost_records, (lost, lost_records)
     assert p.returncode == 0
 
 
