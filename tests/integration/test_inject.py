@@ -138,7 +138,7 @@ PERF_MODES = {"a": ("-e", "cpu-clock", "-a", "-g", "-N"),
 
 
 @pytest.fixture(scope="module", params=sorted(PERF_MODES))
-def world(request, bpf, tmp_path_factory, public_tmp_factory):
+def world(request, bpf, tmp_path_factory, public_tmp_factory, workloads):
     """The workloads under a daemon session and one perf record -a (PERF_MODES), injected (JSON summary kept)."""
     need(shutil.which("perf") is not None, "perf missing")
     from buildidd.capture.recorder import Recorder
@@ -178,6 +178,9 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
                        f"mount -t tmpfs none {mnt} && cp {builds['spin_ns']} {mnt}/nsprog && exec {mnt}/nsprog {RUN_S}"],
                 "m32": [str(builds["spin_m32"]), RUN_S],
                 "memfd": [str(builds["memfd_exec"]), str(builds["spin_memfd"]), RUN_S],
+                # four libraries dlopened and closed in turn, 20 rounds: mapped one after another at one
+                # address (pid, vm_start and pgoff alike), tens of microseconds apart
+                "dlopen_storm": [str(workloads["dlopen_storm"]), "20", *(str(workloads[f"lib{i}"]) for i in range(4))],
                 "same_old": [str(same), RUN_S],
             }
             for name, argv in starts.items():
@@ -221,7 +224,9 @@ def world(request, bpf, tmp_path_factory, public_tmp_factory):
     summary = json.loads(_run([*BUILDIDD, "inject", str(data), str(rec.session_dir), "-o", str(tmp / "p.injected"),
                                "--json"]))
     assert data.read_bytes() == before                       # the input is never modified
+    storm_libs = {str(workloads[f"lib{i}"]): readelf_build_id(workloads[f"lib{i}"]) for i in range(4)}
     return {"mode": mode, "tmp": tmp, "store": store_root, "bids": bids, "pids": pids, "summary": summary,
+            "storm_libs": storm_libs,
             "prog": str(prog), "lib": str(lib), "same": str(same), "session": rec.session_dir}
 
 
@@ -358,6 +363,24 @@ def test_every_workload_mapping_carries_its_build_id(world):
         listed = _run(["perf", "buildid-list", "-i", str(world["tmp"] / "p.injected"), "--with-hits"])
         for bid in want.values():
             assert bid in listed, (profile, bid, listed)
+
+
+def test_libraries_dlopened_in_turn_at_one_address_each_carry_their_own_build_id(world):
+    """The dlopen storm's mappings: every MMAP2 of a library in the output carries that library's build-id
+    (in mode b the kernel's, which the session's must agree with: test_summary_counts_and_header; in mode a
+    the session's), though the libraries took turns at one vm_start."""
+    from perfcompare import parse_perf_script
+
+    libs, pid = world["storm_libs"], world["pids"]["dlopen_storm"]
+    text = _run(["perf", "script", "-i", str(world["tmp"] / "p.injected"), "--show-mmap-events"])
+    maps = [m for m in parse_perf_script(text) if m.pid == pid and "x" in m.perms and m.path in libs]
+    assert len(maps) >= 4 * 20 * 0.9, (len(maps), maps[:8])               # perf -a may lose a few
+    by_start = {}
+    for m in maps:
+        by_start.setdefault(m.start, set()).add(m.path)
+    assert max(len(paths) for paths in by_start.values()) >= 2, by_start   # the premise: turns at one address
+    wrong = [(m.path, m.start, m.build_id) for m in maps if m.build_id != libs[m.path]]
+    assert not wrong, wrong[:8]
 
 
 def test_summary_counts_and_header(world):

@@ -275,3 +275,21 @@ def test_an_mmap_record_becomes_an_mmap2_with_the_build_id(profile, tmp_path):
                            text=True, timeout=60).stdout
     line = next(x for x in shown.splitlines() if "cd" * 20 in x)
     assert "PERF_RECORD_MMAP2" in line and f"{m.pid}/" in line and "r-xp" in line and m.filename.decode() in line
+
+
+def test_an_mmap_record_is_not_given_the_build_id_a_session_names_at_its_address_for_another_path(profile, tmp_path):
+    """A PERF_RECORD_MMAP has no dev or inode: the session's record at its (pid, vm_start, pgoff) is its file
+    only when the paths agree.  Another path there is identity_differs (not a guess); a record whose
+    path_bytes is not base64 is skipped and counted."""
+    crafted = tmp_path / "mmap.data"
+    m = _as_mmap(profile, crafted)
+    s = tmp_path / "s"
+    s.mkdir()
+    at = {"type": "mmap", "pid": m.pid, "tid": m.pid, "start": m.start, "pgoff": m.pgoff, "len": 4096}
+    lines = [{"type": "session", "time_ns": 1},
+             {**at, "time_ns": 2, "path": "/elsewhere/libother.so", "build_id": "cd" * 20},
+             {**at, "time_ns": 3, "path": m.filename.decode(), "path_bytes": "!not base64!", "build_id": "ef" * 20}]
+    (s / "segment-000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    stats = inject(crafted, s, tmp_path / "out.data")
+    assert stats.matched == 0 and stats.not_matched["identity_differs"] == 1, stats.to_json()
+    assert stats.session_records_skipped == 1

@@ -8,17 +8,29 @@ ino_generation (inode->i_generation; perf's records synthesized from
 /proc/PID/maps carry 0 there, so a 0 is not compared).  The session's ``dev``
 is the user-space st_dev, compared through os.major/os.minor.
 
+Path.  A perf record without dev and inode (an MMAP2 carrying the kernel's
+build-id, or an old MMAP) is compared by its filename with the session's
+``path`` (both are the path in the process's mount namespace; a trailing
+`` (deleted)``, which d_path() appends and the session gives as ``deleted``,
+is not compared); a session path read only in part (``path_truncated``) is
+not compared.  Without it, the libraries a process dlopens one after another
+at one address would be one identity.
+
 Time.  perf's default clock is perf_clock (the kernel's local_clock, a
 sched_clock): it has no reference point in perf.data and is not
 CLOCK_BOOTTIME, the clock of the session's ``time_ns``; the two drift apart
 (NTP slew of CLOCK_BOOTTIME, suspend).  So time is used only when the
 profile was recorded on CLOCK_BOOTTIME (``perf record -k boottime``:
-attr.use_clockid, clockid 7): then of several session records of one
-identity, the newest at or before the perf record's time plus
-:data:`SLACK_NS` is taken (the earliest when none is; a session record is
-written after the kernel's perf event of the same mapping).  Without it, one
-identity with records of different build-ids (a file rewritten in place
-under a reused pid) is left unmatched as ``ambiguous``, never guessed.
+attr.use_clockid, clockid 7).  The kernel writes perf's record of a mapping
+inside the mmap (perf_event_mmap()), exec or mprotect; the session's is
+stamped after it, at the syscall's exit or at sched_process_exec.  So of
+several session records of one identity, the first at or after the perf
+record's time, and at most :data:`SLACK_NS` after it, is that mapping's.
+When none is that close (the session began after the mapping and
+synthesized it, or lost its record), or without the clock, the session's
+records of that identity must agree: one identity with records of different
+build-ids (a file rewritten in place under a reused pid) is left unmatched
+as ``ambiguous``, never guessed.
 
 Memory: only the session records whose (pid, start, pgoff) the profile has
 are kept (the profile's keys are collected first).
@@ -26,6 +38,7 @@ are kept (the profile's keys are collected first).
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from collections.abc import Iterable
@@ -34,8 +47,11 @@ from dataclasses import dataclass, field
 from buildidd.offline.resolutions import TIMEOUT, LateResolutions
 from buildidd.sessionlog import read_session
 
-#: A session record may come this long after perf's record of the same mapping (ns, CLOCK_BOOTTIME).
+#: A session record may come this long after perf's record of the same mapping (ns, CLOCK_BOOTTIME):
+#: the mmap's return, or the rest of an exec, with the task preempted in between.
 SLACK_NS = 50_000_000
+#: What d_path() appends to the name of an unlinked file (perf's filename); the session says ``deleted``.
+DELETED_SUFFIX = b" (deleted)"
 #: Distinct pids remembered from the session (for the reason ``pid_not_in_session``).
 MAX_PIDS = 1 << 22
 
@@ -79,6 +95,7 @@ class _Candidate:
     ino_generation: int | None
     build_id: str | None
     error: str | None
+    path: bytes | None          # the kernel's bytes; None when not read whole
 
 
 @dataclass
@@ -148,9 +165,7 @@ class SessionIndex:
         if not same:
             return None, IDENTITY_DIFFERS
         if self.boottime and m.time_ns:
-            before = [c for c in same if c.time_ns <= m.time_ns + SLACK_NS]
-            best = max(before, key=lambda c: c.time_ns) if before else min(same, key=lambda c: c.time_ns)
-            same = [best]
+            same = _at_time(same, m.time_ns)
         answers = {c.build_id for c in same}
         if len(answers) > 1:
             return None, AMBIGUOUS
@@ -175,7 +190,28 @@ def _candidate(r: dict) -> _Candidate:
     elif not HEX_BUILD_ID.fullmatch(bid):
         bid, error = None, INVALID_BUILD_ID
     return _Candidate(int(r["time_ns"]), _int_or_none(r.get("dev")), _int_or_none(r.get("ino")),
-                      _int_or_none(r.get("ino_generation")), bid, error)
+                      _int_or_none(r.get("ino_generation")), bid, error, _path(r))
+
+
+def _path(r: dict) -> bytes | None:
+    """A session record's path as the kernel's bytes (``path_bytes`` when it was not UTF-8: records.name_json),
+    or ``None`` when the record has none, a malformed one, or one read only in part.
+
+    Raises:
+        ValueError: ``path_bytes`` is not base64.
+    """
+    path = r.get("path")
+    if not isinstance(path, str) or r.get("path_truncated") is True:
+        return None
+    raw = r.get("path_bytes")
+    return base64.b64decode(raw, validate=True) if isinstance(raw, str) else path.encode("utf-8", "surrogateescape")
+
+
+def _at_time(same: list[_Candidate], t_ns: int) -> list[_Candidate]:
+    """Of the session records of one identity, those that may be perf's record at t_ns (CLOCK_BOOTTIME ns):
+    the first at or after it within SLACK_NS, else all of them (module doc)."""
+    after = [c for c in same if t_ns <= c.time_ns <= t_ns + SLACK_NS]
+    return [min(after, key=lambda c: c.time_ns)] if after else same
 
 
 def _int_or_none(v) -> int | None:
@@ -183,9 +219,10 @@ def _int_or_none(v) -> int | None:
 
 
 def _same_file(m: PerfMapping, c: _Candidate) -> bool:
-    """Whether the session record c may be the file of perf mapping m (fields either lacks are not compared)."""
+    """Whether the session record c may be the file of perf mapping m (fields either lacks are not compared):
+    dev, inode and ino_generation where perf's record has them, else the path (module doc)."""
     if m.dev is None:
-        return True
+        return c.path is None or c.path == m.filename.removesuffix(DELETED_SUFFIX) or c.path == m.filename
     if c.dev is not None and (os.major(c.dev), os.minor(c.dev)) != m.dev:
         return False
     if c.ino is not None and m.ino and c.ino != m.ino:
