@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-from benchlib import Buildidd, build, storm_argv, warm_store  # noqa: E402
+from benchlib import Buildidd, build, remove_tree, storm_argv, warm_store  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
 STORMS = 3
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 times[mode].append(got)
                 print(f"  rep {rep + 1}/{args.reps} {mode:<19} " + "  ".join(f"{x:.3f}" for x in got), flush=True)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
     print(f"\ndlopen storm {args.libs}x{args.rounds}, wall s of storms 1..{STORMS} after the start "
           f"(median of {args.reps}):")
     medians = {}

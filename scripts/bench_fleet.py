@@ -48,7 +48,7 @@ for p in (HERE, HERE.parent / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from benchlib import PY, SETTLE_S, Buildidd, build as workloads, lost_count, mapping_records  # noqa: E402
+from benchlib import PY, SETTLE_S, Buildidd, build as workloads, lost_count, mapping_records, remove_tree  # noqa: E402
 from perfcompare import perf_record_lock  # noqa: E402
 from fleet.conftest import ACCESS_KEY, SECRET_KEY, Weed  # noqa: E402
 from fleet.world import system_dir  # noqa: E402
@@ -486,7 +486,7 @@ def fleet(weed: Weed, work: Path, n_hosts: int, n_progs: int, big_mb: int, outag
         for d in (sysdir, *made):
             shutil.rmtree(d, ignore_errors=True)
         if seed is not None:
-            subprocess.run(["rm", "-rf", "--one-file-system", str(seed)])
+            remove_tree(seed)
 
 
 def attached(mode: str, weed: Weed, proxy: SlowProxy, workdir: Path, store: Path, workload: list[str], tag: str) -> dict:
@@ -616,7 +616,7 @@ def run(args) -> dict:
         return res
     finally:
         weed.stop()
-        subprocess.run(["rm", "-rf", "--one-file-system", str(work)])     # stores can be deeper than rmtree recurses
+        remove_tree(work)
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from bench_storms import ramp
-from benchlib import SETTLE_S, Buildidd, RssSampler, build, parse_ramp, uss_of, warm_store
+from benchlib import SETTLE_S, Buildidd, RssSampler, build, parse_ramp, remove_tree, uss_of, warm_store
 from perfcompare import PerfRecorder, require_quiet_host
 from buildidd.resolve.buildid import read_build_id_fd
 
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         out = run(w, workdir, warm_store(workdir), procs=args.fp_procs, dsos=args.fp_dsos, rates=args.fp_rates,
                   seconds=args.seconds, reps=args.reps, kinds=kinds)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return 0

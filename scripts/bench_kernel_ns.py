@@ -40,7 +40,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-from benchlib import Buildidd, build, link_bpf_sources, storm_argv  # noqa: E402
+from benchlib import Buildidd, build, link_bpf_sources, remove_tree, storm_argv  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -189,5 +189,5 @@ def main(argv=None) -> int:
             args.json.write_text(json.dumps(out, indent=2))
     finally:
         STATS_SYSCTL.write_text(old)
-        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+        remove_tree(workdir)
     return 0

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-from benchlib import Buildidd, build, lost_count, run_mmap_storms, warm_store  # noqa: E402
+from benchlib import Buildidd, build, lost_count, remove_tree, run_mmap_storms, warm_store  # noqa: E402
 
 from buildidd.config import parse_size  # noqa: E402
 
@@ -73,7 +72,7 @@ def main(argv=None) -> int:
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)
     print("\nring KiB/CPU  procs  runs  lost (each run)          achieved maps/s (median)  recorded/made")
     for size in sizes:
         for procs in (int(p) for p in args.procs.split(",")):

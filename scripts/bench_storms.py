@@ -42,7 +42,6 @@ import json
 import os
 import pstats
 import re
-import shutil
 import signal
 import math
 import statistics
@@ -55,7 +54,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-from benchlib import (FINISHER, SETTLE_S, Buildidd, RssSampler, build, cpu_s_of, link_bpf_sources,  # noqa: E402
+from benchlib import (FINISHER, SETTLE_S, Buildidd, RssSampler, build, cpu_s_of, link_bpf_sources, remove_tree,  # noqa: E402
                       lost_count, mapping_records, page_touch_cost, parse_ramp, run_mmap_storms, storm_argv,
                       uss_of, warm_store)
 from perfcompare import PerfRecorder, TracerWatch, compare, require_quiet_host  # noqa: E402
@@ -748,4 +747,4 @@ def main(argv=None) -> int:
         return 0
     finally:
         watch.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir)

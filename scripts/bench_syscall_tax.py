@@ -50,7 +50,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-from benchlib import Buildidd, build  # noqa: E402
+from benchlib import Buildidd, build, remove_tree  # noqa: E402
 from perfcompare import PerfRecorder, require_quiet_host  # noqa: E402
 from buildidd.kernel.attach import ensure_tracefs  # noqa: E402
 
@@ -159,5 +159,5 @@ def main(argv=None) -> int:
         if args.json:
             args.json.write_text(json.dumps({"ns_per_syscall": ns_call, "ns_per_mapping": ns_map}, indent=2))
     finally:
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+        remove_tree(work)
     return 0

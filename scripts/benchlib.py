@@ -199,6 +199,13 @@ def page_touch_cost(w: dict, max_ms: int = 1000) -> dict[int, int]:
     return {int(ms): int(ns) for ms, ns in (line.split() for line in out.splitlines())}
 
 
+def remove_tree(path: str | os.PathLike) -> None:
+    """rm -rf of a bench's work directory, on its own file system only.  Not shutil.rmtree: a store
+    there mirrors the paths of the binaries it holds (perf's layout), and the binaries running beside a
+    bench (a test's, a user's) can sit deeper than Python recurses."""
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", os.fspath(path)], check=False)
+
+
 def warm_store(workdir: Path) -> Path:
     """A store holding what a running daemon would have snapshotted already (returned path)."""
     store = workdir / "store"

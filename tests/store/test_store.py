@@ -563,6 +563,18 @@ def test_sweep_temps(st, four_binaries):
     assert not stale.exists() and not os.path.lexists(stale_link) and res.path.exists() and link.exists()
 
 
+def test_sweep_temps_walks_a_store_deeper_than_pythons_recursion_limit(st, four_binaries):
+    """The store mirrors each file's path (perf's layout), and any user can map a file 1,200 directories
+    deep: the sweep still reaches the bottom."""
+    deep = "/" + "d/" * 1200 + "prog"
+    res = add(st, four_binaries[0], name=deep)
+    assert len(res.path.parts) > 1200
+    stale = res.path.with_name(".elf.buildidd-tmp-0123456789ab")
+    stale.write_bytes(b"x")
+    assert st.sweep_temps() == 1
+    assert not stale.exists() and res.path.exists()
+
+
 def test_entry_left_without_link_by_a_crash_is_invisible_then_reused(st, four_binaries):
     exe = four_binaries[0]
     bid = bid_of(exe)

@@ -328,25 +328,35 @@ class Quota(Usage):
     def sweep_temps(self) -> int:
         """Remove temporary files left by a crash (``.NAME.buildidd-tmp-XXXX``); how many.
 
-        Walks the whole store: call it at start, before adding.
+        Walks the whole store: call it at start, before adding.  The walk keeps its own stack, not
+        Python's: the store mirrors the paths of the files it holds (perf's layout), and a user can
+        map a file at a path thousands of directories deep (os.walk recurses once per level).
         """
         count = 0
         with self._lock:
-            for dirpath, dirnames, filenames in os.walk(self.layout.root):
-                # A temporary link to an entry directory is listed in dirnames (os.walk does not follow it).
-                for name in dirnames + filenames:
-                    temp = os.path.join(dirpath, name)
-                    is_temp = name.startswith(".") and TEMP_INFIX in name
-                    if not is_temp:
+            todo = [str(self.layout.root)]
+            while todo:
+                directory = todo.pop()
+                try:
+                    with os.scandir(directory) as it:
+                        entries = list(it)
+                except OSError as e:
+                    self.tally.warn("%s: cannot list: %s", directory, e.strerror)
+                    continue
+                for entry in entries:
+                    # A temporary link to an entry directory is a symlink: listed, never followed.
+                    if not (entry.name.startswith(".") and TEMP_INFIX in entry.name):
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
                         continue
                     try:
-                        if os.path.isdir(temp) and not os.path.islink(temp):
-                            shutil.rmtree(temp)   # a promotion's entry, built aside (see entries)
+                        if entry.is_dir(follow_symlinks=False):
+                            shutil.rmtree(entry.path)   # a promotion's entry, built aside (see entries)
                         else:
-                            os.unlink(temp)
+                            os.unlink(entry.path)
                         count += 1
                     except OSError as e:
-                        self.tally.warn("%s: cannot remove: %s", temp, e.strerror)
+                        self.tally.warn("%s: cannot remove: %s", entry.path, e.strerror)
         return count
 
 
