@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from buildidd.fsio import remove_tree  # noqa: F401 - the benches' one removal of a work directory (a store in it can be deeper than shutil.rmtree recurses)
 from buildidd.sessionlog import read_session
 from workloads import build
 
@@ -197,13 +198,6 @@ def page_touch_cost(w: dict, max_ms: int = 1000) -> dict[int, int]:
     """
     out = subprocess.run([str(w["pagetouch"]), str(max_ms)], check=True, capture_output=True, text=True).stdout
     return {int(ms): int(ns) for ms, ns in (line.split() for line in out.splitlines())}
-
-
-def remove_tree(path: str | os.PathLike) -> None:
-    """rm -rf of a bench's work directory, on its own file system only.  Not shutil.rmtree: a store
-    there mirrors the paths of the binaries it holds (perf's layout), and the binaries running beside a
-    bench (a test's, a user's) can sit deeper than Python recurses."""
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", os.fspath(path)], check=False)
 
 
 def warm_store(workdir: Path) -> Path:

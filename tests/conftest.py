@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from buildidd.fsio import remove_tree  # noqa: F401 - tests import it from here
+
 #: scripts/ holds what tests and benchmarks share: the perf oracle (perfcompare.py).
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 if str(SCRIPTS) not in sys.path:
@@ -473,7 +475,7 @@ def public_tmp_factory():
 
     yield make
     for d in made:
-        shutil.rmtree(d, ignore_errors=True)
+        remove_tree(d)
 
 
 class ServeProcess:

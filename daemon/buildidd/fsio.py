@@ -1,5 +1,5 @@
 """Durable writes every stage uses: all of a buffer to a file descriptor, a directory's entries synced,
-a small file replaced atomically.
+a small file replaced atomically; and a directory tree removed however deep it is.
 
 The crash-safe order for replacing a whole file is rename(2)'s contract (POSIX): write a temporary
 file in the target's directory, fsync it, rename it over the target, fsync the directory; a reader,
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 
-__all__ = ["fsync_dir", "replace_file", "write_all"]
+__all__ = ["fsync_dir", "remove_tree", "replace_file", "write_all"]
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -90,3 +91,16 @@ def replace_file(directory: str | os.PathLike | int, name: str, data: bytes, mod
     finally:
         if own_fd:
             os.close(dir_fd)
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Remove path and everything under it, on its file system only (``rm -rf --one-file-system``);
+    what cannot be removed stays, silently, as with ``shutil.rmtree(ignore_errors=True)``.
+
+    Not shutil.rmtree, which recurses once per directory level (Python 3.11) and raises RecursionError
+    past about a thousand: a store or an imported cache mirrors the path of each file it holds (perf's
+    layout), and a user can map a file at a path 2,047 directories deep (PATH_MAX).  coreutils' rm walks
+    any depth, symlinks removed and never followed.
+    """
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", os.fspath(path)], check=False,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -19,6 +19,7 @@ from buildidd.offline.archive import write_archive
 from buildidd.offline.importer import import_archive
 from buildidd.offline.sessions import session_info
 from buildidd.offline.untar import ImportLimits
+from conftest import readelf_build_id, remove_tree, store_add
 from offline.archive_world import SESSION_NAME, build_binary, make_world
 
 
@@ -301,3 +302,41 @@ def test_target_reached_through_a_symlink_is_refused(world, tmp_path):
         do_import(tmp_path, archive)
     assert e.value.reason == "target_symlink"
     assert list(outside.iterdir()) == []
+
+
+def test_a_binary_mapped_1200_directories_deep_is_archived_and_imported(tmp_path, public_tmp_factory):
+    """A user can map a file at a path deeper than Python recurses; the store, the archive and the imported
+    cache mirror that path (perf's layout).  Import installs it, and removes its staging whole."""
+    from buildidd.sessionlog import SessionWriter
+    from buildidd.store import Store
+
+    top = public_tmp_factory("buildidd-import-deep-")
+    deep = top.joinpath(*["d"] * 1200)
+    subprocess.run(["mkdir", "-p", str(deep)], check=True)          # os.makedirs recurses once per level
+    exe = build_binary(deep, "deep")
+    bid = readelf_build_id(exe)
+    store = Store(tmp_path / "store", debug_root=tmp_path / "no-debug")
+    debug, sessions = tmp_path / "debug", tmp_path / "imported"
+    try:
+        store_add(store, exe)
+        session = tmp_path / "sessions" / SESSION_NAME
+        w = SessionWriter(session, compress=True)
+        w.write({"type": "session", "time_ns": 1_000, "host": "prod-1", "boot_id": "b00t", "kernel_release": "6.18",
+                 "kernel_build_id": None, "module_build_ids": {}, "boot_to_wall_offset_ns": 1_700_000_000 * 10**9})
+        w.write({"type": "mmap", "time_ns": 2_000, "pid": 100, "tid": 100, "comm": "x", "start": 0x400000,
+                 "len": 4096, "pgoff": 0, "path": str(exe), "build_id": bid, "error": None})
+        w.write({"type": "end", "time_ns": 3_000})
+        w.close()
+        archive = tmp_path / "deep.tar.zst"
+        with open(archive, "wb") as out:
+            write_archive(session, store, out)
+        report = import_archive(archive, debug_dir=debug, session_root=sessions)
+        assert report.installed == [bid], [(r.status, r.reason) for r in report.manifest.build_ids]
+        got = subprocess.run(["readelf", "-n", str(debug / ".build-id" / bid[:2] / bid[2:] / "elf")], capture_output=True,
+                             text=True, timeout=60)
+        assert bid in got.stdout, got.stderr
+        assert [p.name for p in debug.iterdir() if p.name.startswith(".buildidd")] == []     # no staging left
+        assert [p.name for p in sessions.iterdir() if p.name.startswith(".")] == []
+    finally:
+        for d in (tmp_path / "store", debug):
+            remove_tree(d)

@@ -30,7 +30,7 @@ from buildidd.store import COPY_CHUNK_BYTES, KALLSYMS_DSO, Store, sdt_probe_cach
 from buildidd.store.debuginfo import lacks_section
 from buildidd.store.sdt import probes_text
 
-from conftest import gcc, need, readelf_build_id
+from conftest import gcc, need, readelf_build_id, remove_tree
 
 HAVE_PERF = shutil.which("perf") is not None
 
@@ -567,12 +567,15 @@ def test_sweep_temps_walks_a_store_deeper_than_pythons_recursion_limit(st, four_
     """The store mirrors each file's path (perf's layout), and any user can map a file 1,200 directories
     deep: the sweep still reaches the bottom."""
     deep = "/" + "d/" * 1200 + "prog"
-    res = add(st, four_binaries[0], name=deep)
-    assert len(res.path.parts) > 1200
-    stale = res.path.with_name(".elf.buildidd-tmp-0123456789ab")
-    stale.write_bytes(b"x")
-    assert st.sweep_temps() == 1
-    assert not stale.exists() and res.path.exists()
+    try:
+        res = add(st, four_binaries[0], name=deep)
+        assert len(res.path.parts) > 1200
+        stale = res.path.with_name(".elf.buildidd-tmp-0123456789ab")
+        stale.write_bytes(b"x")
+        assert st.sweep_temps() == 1
+        assert not stale.exists() and res.path.exists()
+    finally:
+        remove_tree(st.root)
 
 
 def test_entry_left_without_link_by_a_crash_is_invisible_then_reused(st, four_binaries):

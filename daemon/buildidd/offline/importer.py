@@ -68,13 +68,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from buildidd.errors import ArchiveError, ElfError
-from buildidd.fsio import write_all
+from buildidd.fsio import remove_tree, write_all
 from buildidd.offline import manifest as mf
 from buildidd.offline.manifest import MISSING, UPSTREAM, Manifest
 from buildidd.offline.trees import GDB_DIR, STAGE_PREFIX, install_links, keep_time, safe_dirs
@@ -195,7 +194,7 @@ class _Staging:
     def cleanup(self, failed: bool) -> None:
         """Remove the staging directories, and after a refusal the (empty) targets this import made."""
         for r in self.roots.values():
-            shutil.rmtree(r, ignore_errors=True)
+            remove_tree(r)          # it mirrors the archive's paths: deeper than shutil.rmtree recurses
         for d in sorted(self.made, key=lambda d: len(d.parts), reverse=True) if failed else ():
             try:
                 os.rmdir(d)
